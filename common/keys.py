@@ -1,0 +1,59 @@
+"""Every Redis key and TTL embedfleet uses (rq's own keys are listed for the full picture).
+
+    embedfleet:result:<id>          STRING  result blob (common.result), TTL RESULT_TTL
+    embedfleet:notify:<id>          LIST    one element pushed when the result lands (BLPOP wakes the
+                                            waiter), TTL RESULT_TTL
+    embedfleet:models               SET     names of every model ever advertised (lazily pruned)
+    embedfleet:model:<name>         STRING  ModelCapabilities (msgpack), TTL ADVERTISE_TTL, refreshed
+                                            every HEARTBEAT_INTERVAL by each worker serving <name>
+    embedfleet:model:<name>:workers ZSET    worker name -> time of its last heartbeat
+    embedfleet:cancelled:<id>       STRING  "1" while a cancel of a pending request is in force,
+                                            TTL JOB_TTL (the worker skips such jobs)
+
+    rq:queue:<queue>                LIST    pending job ids; <queue> = queue_name(model)
+    rq:queue:<queue>:intermediate   LIST    jobs taken by a worker but not yet in rq:wip:<queue>
+    rq:job:<id>                     HASH    the rq job; `data` = zlib(msgpack([func, None, [request
+                                            bytes], {}])); job id = request id
+    rq:wip:<queue>, rq:finished:<queue>, rq:failed:<queue> ...   ZSET  rq registries
+    rq:worker:<name>, rq:workers, rq:workers:<queue>             rq worker registration
+"""
+
+from __future__ import annotations
+
+PREFIX = "embedfleet"
+
+RESULT_TTL = 3600  # seconds a result blob (and its notify list) is kept
+JOB_TTL = 24 * 3600  # seconds a job may wait in the queue before rq drops it
+FAILURE_TTL = 24 * 3600  # seconds a failed rq job stays in the failed registry (rq's default: forever)
+JOB_TIMEOUT = 600  # seconds; with rq's +60 s this is when a dead worker's job counts as abandoned
+ADVERTISE_TTL = 30  # a worker that stops refreshing stops counting as alive after this long
+HEARTBEAT_INTERVAL = 10
+
+JOB_FUNC = "worker.jobs.embed"  # the rq job's function name; the batch worker runs it in bulk
+
+
+def queue_name(model: str) -> str:
+    return f"{PREFIX}.{model}"
+
+
+def result_key(request_id: str) -> str:
+    return f"{PREFIX}:result:{request_id}"
+
+
+def notify_key(request_id: str) -> str:
+    return f"{PREFIX}:notify:{request_id}"
+
+
+def cancelled_key(request_id: str) -> str:
+    return f"{PREFIX}:cancelled:{request_id}"
+
+
+MODELS_KEY = f"{PREFIX}:models"
+
+
+def model_key(model: str) -> str:
+    return f"{PREFIX}:model:{model}"
+
+
+def model_workers_key(model: str) -> str:
+    return f"{PREFIX}:model:{model}:workers"

@@ -1,0 +1,112 @@
+"""PoolingParams: vLLM's pooling knobs plus the output format, with defaults and verification."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from common.capabilities import ModelCapabilities
+from common.errors import ValidationError
+
+EmbedDtype = Literal["float32", "float16", "bfloat16", "int8", "uint8", "binary", "ubinary"]
+Endianness = Literal["native", "little", "big"]
+EMBED_DTYPES: tuple[str, ...] = EmbedDtype.__args__
+PACKED_DTYPES = ("binary", "ubinary")  # one bit per dimension, eight dimensions per byte
+
+
+class PoolingParams(BaseModel):
+    """Per-request pooling and output options. `None` means "the served model's default"."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    task: Literal["embed"] = "embed"
+    dimensions: int | None = None
+    use_activation: bool | None = None
+    truncate_prompt_tokens: int | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    prompt_name: str | None = None
+    prompt: str | None = None
+    add_special_tokens: bool = True
+    embed_dtype: EmbedDtype = "float32"
+    endianness: Endianness = "native"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_normalize(cls, data):
+        """vLLM's deprecated `normalize` is the same switch as `use_activation`."""
+        if isinstance(data, dict) and "normalize" in data:
+            data = dict(data)
+            normalize = data.pop("normalize")
+            if data.get("use_activation") is not None and normalize is not None \
+                    and data["use_activation"] != normalize:
+                raise ValueError("`normalize` is deprecated and conflicts with `use_activation`; "
+                                 "send only `use_activation`")
+            if normalize is not None:
+                data["use_activation"] = normalize
+        return data
+
+    @field_validator("dimensions")
+    @classmethod
+    def _positive_dimensions(cls, value):
+        if value is not None and value < 1:
+            raise ValueError(f"`dimensions` must be a positive integer, got {value}")
+        return value
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _truncation(cls, value):
+        if value is not None and value != -1 and value < 1:
+            raise ValueError("`truncate_prompt_tokens` must be -1 (the model's max length) or a "
+                             f"positive integer, got {value}")
+        return value
+
+    def resolve(self, caps: ModelCapabilities) -> PoolingParams:
+        """Fill unset fields from the model's defaults and check everything against what it can do.
+
+        Raises ValidationError naming the parameter, the value and what is allowed.
+        """
+        merged = self.model_copy(update={
+            "use_activation": caps.normalize if self.use_activation is None else self.use_activation,
+            "truncation_side": self.truncation_side or caps.truncation_side,
+            "prompt_name": self.prompt_name if (self.prompt_name or self.prompt is not None)
+            else caps.default_prompt_name,
+        })
+        merged._verify(caps)
+        return merged
+
+    def _verify(self, caps: ModelCapabilities) -> None:
+        if self.dimensions is not None:
+            if not caps.is_matryoshka:
+                raise ValidationError(
+                    f"`dimensions` is not supported by model '{caps.name}': it is not a Matryoshka "
+                    f"model, so only its full size ({caps.embedding_size}) is available; omit "
+                    "`dimensions`", param="dimensions")
+            if not 1 <= self.dimensions <= caps.embedding_size:
+                raise ValidationError(
+                    f"`dimensions`={self.dimensions} is out of range for model '{caps.name}': "
+                    f"allowed is 1 to {caps.embedding_size}", param="dimensions")
+            if caps.matryoshka_dimensions and self.dimensions not in caps.matryoshka_dimensions:
+                raise ValidationError(
+                    f"`dimensions`={self.dimensions} is not one of model '{caps.name}''s Matryoshka "
+                    f"dimensions: allowed are {list(caps.matryoshka_dimensions)}", param="dimensions")
+        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens > caps.max_model_len:
+            raise ValidationError(
+                f"`truncate_prompt_tokens`={self.truncate_prompt_tokens} exceeds model "
+                f"'{caps.name}''s max length {caps.max_model_len}: allowed is -1 or 1 to "
+                f"{caps.max_model_len}", param="truncate_prompt_tokens")
+        if self.prompt_name is not None and self.prompt is not None:
+            raise ValidationError("send either `prompt` or `prompt_name`, not both", param="prompt")
+        if self.prompt_name is not None and self.prompt_name not in caps.prompts:
+            known = sorted(caps.prompts) or "none (the model defines no prompts)"
+            raise ValidationError(
+                f"`prompt_name`='{self.prompt_name}' is unknown to model '{caps.name}': known are "
+                f"{known}", param="prompt_name")
+        if self.embed_dtype in PACKED_DTYPES and self.output_size(caps) % 8:
+            raise ValidationError(
+                f"`embed_dtype`='{self.embed_dtype}' packs 8 dimensions per byte, but the output has "
+                f"{self.output_size(caps)} dimensions: use a `dimensions` that is a multiple of 8 "
+                "or another embed_dtype", param="embed_dtype")
+
+    def output_size(self, caps: ModelCapabilities) -> int:
+        return self.dimensions or caps.embedding_size

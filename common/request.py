@@ -1,0 +1,76 @@
+"""EmbedRequest: the frozen wire model a producer enqueues, with its msgpack codec."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from common.capabilities import ModelCapabilities
+from common.codec import packb, unpackb
+from common.errors import DecodeError, ValidationError
+from common.params import PoolingParams
+
+WIRE_VERSION = 1
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class EmbedRequest(BaseModel):
+    """One request: several inputs (texts, or token-id lists) embedded with one set of params."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(default_factory=new_request_id)
+    model: str
+    inputs: list[str] | list[list[int]]
+    params: PoolingParams = PoolingParams()
+    created_at: float = Field(default_factory=time.time)
+    reply_to: str | None = None  # an optional per-producer stream that also gets the id on completion
+
+    @field_validator("inputs")
+    @classmethod
+    def _not_empty(cls, inputs):
+        if not inputs:
+            raise ValueError("`input` must hold at least one text or token-id list")
+        if isinstance(inputs[0], list) and any(not ids for ids in inputs):
+            raise ValueError("a token-id input must hold at least one token id")
+        return inputs
+
+    @property
+    def is_tokens(self) -> bool:
+        return isinstance(self.inputs[0], list)
+
+    def resolve(self, caps: ModelCapabilities) -> EmbedRequest:
+        """Verify against the model and merge its defaults; raises ValidationError."""
+        if len(self.inputs) > caps.max_inputs:
+            raise ValidationError(
+                f"{len(self.inputs)} inputs in one request; model '{caps.name}' allows at most "
+                f"{caps.max_inputs}", param="input")
+        if self.is_tokens:
+            bad = [t for ids in self.inputs for t in ids if not 0 <= t < caps.vocab_size]
+            if bad:
+                raise ValidationError(
+                    f"token id {bad[0]} is outside model '{caps.name}''s vocabulary: allowed is 0 to "
+                    f"{caps.vocab_size - 1}", param="input")
+        return self.model_copy(update={"params": self.params.resolve(caps)})
+
+    def encode(self) -> bytes:
+        return packb({"v": WIRE_VERSION, **self.model_dump(mode="json", exclude_defaults=False)})
+
+    @classmethod
+    def decode(cls, raw: bytes) -> EmbedRequest:
+        """Parse and validate; any failure is one DecodeError that keeps the raw bytes."""
+        try:
+            data = unpackb(raw)
+            if not isinstance(data, dict):
+                raise ValueError(f"expected a map, got {type(data).__name__}")
+            version = data.pop("v", None)
+            if version != WIRE_VERSION:
+                raise ValueError(f"unsupported wire version {version!r} (this build reads {WIRE_VERSION})")
+            return cls.model_validate(data)
+        except Exception as exc:
+            raise DecodeError(f"malformed embed request: {exc}", raw) from exc

@@ -1,0 +1,123 @@
+"""Result blobs: one binary value per request, a msgpack header plus the raw array bytes.
+
+Layout: b"EFR" | version (1 byte) | header length (4 bytes, big-endian) | msgpack header | array bytes.
+The header holds status, model, embed_dtype, shape, endianness, usage and error; the array bytes decode
+with `numpy.frombuffer(data, common.dtypes.storage_dtype(embed_dtype, endianness)).reshape(shape)`.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from common.codec import packb, unpackb
+from common.dtypes import bfloat16_bits_to_float32, from_bytes, resolve_endianness, to_bytes
+from common.errors import DecodeError, EmbedfleetError, error_from_code
+
+MAGIC = b"EFR"
+VERSION = 1
+_PREFIX = struct.Struct(">3sBI")
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens
+
+
+@dataclass(frozen=True)
+class Result:
+    """A finished request: embeddings (status "ok") or an error (status "error")."""
+
+    id: str
+    model: str
+    status: str = "ok"
+    embed_dtype: str = "float32"
+    endianness: str = "little"
+    shape: tuple[int, ...] = (0, 0)
+    usage: Usage = field(default_factory=Usage)
+    data: bytes = b""
+    error_code: str | None = None
+    error_message: str | None = None
+    error_param: str | None = None
+    finished_at: float = field(default_factory=time.time)
+
+    @classmethod
+    def success(cls, request_id: str, model: str, array: np.ndarray, embed_dtype: str,
+                endianness: str, prompt_tokens: int) -> Result:
+        """`array` must already be in the storage type of `embed_dtype` (see common.dtypes)."""
+        order = resolve_endianness(endianness)
+        return cls(id=request_id, model=model, embed_dtype=embed_dtype, endianness=order,
+                   shape=tuple(array.shape), usage=Usage(prompt_tokens),
+                   data=to_bytes(array, embed_dtype, order))
+
+    @classmethod
+    def failure(cls, request_id: str, model: str, error: EmbedfleetError) -> Result:
+        return cls(id=request_id, model=model, status="error", error_code=error.code,
+                   error_message=error.message, error_param=error.param)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def stored(self) -> np.ndarray:
+        """The array exactly as stored (bfloat16 as uint16 bits), in native byte order."""
+        return from_bytes(self.data, self.embed_dtype, self.endianness, self.shape)
+
+    @property
+    def embeddings(self) -> np.ndarray:
+        """Shape (n, d) in native byte order; bfloat16 widened to float32, packed bits left packed."""
+        self.raise_for_error()
+        stored = self.stored
+        return bfloat16_bits_to_float32(stored) if self.embed_dtype == "bfloat16" else stored
+
+    @property
+    def error(self) -> EmbedfleetError | None:
+        if self.ok:
+            return None
+        return error_from_code(self.error_code or "internal_error", self.error_message or "",
+                               self.error_param)
+
+    def raise_for_error(self) -> None:
+        if not self.ok:
+            raise self.error
+
+    def encode(self) -> bytes:
+        header = packb({
+            "id": self.id, "model": self.model, "status": self.status,
+            "embed_dtype": self.embed_dtype, "endianness": self.endianness, "shape": list(self.shape),
+            "usage": {"prompt_tokens": self.usage.prompt_tokens},
+            "error": None if self.ok else
+            {"code": self.error_code, "message": self.error_message, "param": self.error_param},
+            "finished_at": self.finished_at,
+        })
+        return _PREFIX.pack(MAGIC, VERSION, len(header)) + header + self.data
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Result:
+        try:
+            magic, version, size = _PREFIX.unpack_from(raw)
+            if magic != MAGIC or version != VERSION:
+                raise ValueError(f"not a version-{VERSION} result blob")
+            start = _PREFIX.size
+            head = unpackb(raw[start:start + size])
+            error = head["error"] or {}
+            result = cls(
+                id=head["id"], model=head["model"], status=head["status"],
+                embed_dtype=head["embed_dtype"], endianness=head["endianness"],
+                shape=tuple(head["shape"]), usage=Usage(head["usage"]["prompt_tokens"]),
+                data=bytes(raw[start + size:]), error_code=error.get("code"),
+                error_message=error.get("message"), error_param=error.get("param"),
+                finished_at=head["finished_at"])
+            if result.ok:
+                result.stored  # noqa: B018 - checks that the bytes fit the declared shape and dtype
+            return result
+        except Exception as exc:
+            raise DecodeError(f"malformed result blob: {exc}", bytes(raw)) from exc

