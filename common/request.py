@@ -74,3 +74,12 @@ class EmbedRequest(BaseModel):
             return cls.model_validate(data)
         except Exception as exc:
             raise DecodeError(f"malformed embed request: {exc}", raw) from exc
+
+
+def normalize_inputs(inputs) -> list[str] | list[list[int]]:
+    """Accept what OpenAI's `input` accepts: a text, a token-id list, or a list of either."""
+    if isinstance(inputs, str):
+        return [inputs]
+    if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(t, int) for t in inputs):
+        return [list(inputs)]
+    return list(inputs)

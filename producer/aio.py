@@ -1,0 +1,97 @@
+"""AsyncProducer: the asyncio face of Producer, for web apps and the gateway.
+
+Waiting is native asyncio (BLPOP on redis.asyncio, so thousands of waiters cost no threads); rq's
+enqueue/cancel/status calls are synchronous by design and run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis.asyncio as aioredis
+
+from common import keys
+from common.capabilities import ModelCapabilities
+from common.errors import NotFoundError, TimeoutError
+from common.params import PoolingParams
+from common.result import Result
+from producer.client import Producer
+from producer.core import redis_errors
+
+
+class AsyncProducer:
+    """Same methods as Producer, as coroutines. See Producer for the arguments."""
+
+    def __init__(self, redis_url: str = "redis://127.0.0.1:6379/0", *, max_queue_depth: int | None = None):
+        self._sync = Producer(redis_url, max_queue_depth=max_queue_depth)
+        self.redis = aioredis.Redis.from_url(redis_url)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+        await asyncio.to_thread(self._sync.close)
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    @property
+    def max_queue_depth(self) -> int | None:
+        return self._sync.max_queue_depth
+
+    async def models(self) -> dict[str, ModelCapabilities]:
+        return await asyncio.to_thread(self._sync.models)
+
+    async def live_workers(self, model: str) -> int:
+        return await asyncio.to_thread(self._sync.live_workers, model)
+
+    async def queue_depth(self, model: str) -> int:
+        return await asyncio.to_thread(self._sync.queue_depth, model)
+
+    async def submit(self, inputs, model: str | None = None, *, params: PoolingParams | None = None,
+                     reply_to: str | None = None, **fields) -> str:
+        return (await self.submit_many([inputs], model, params=params, reply_to=reply_to, **fields))[0]
+
+    async def submit_many(self, batches: list, model: str | None = None, *,
+                          params: PoolingParams | None = None, reply_to: str | None = None,
+                          **fields) -> list[str]:
+        return await asyncio.to_thread(self._sync.submit_many, batches, model, params=params,
+                                       reply_to=reply_to, **fields)
+
+    async def get(self, request_id: str) -> Result | None:
+        with redis_errors():
+            raw = await self.redis.get(keys.result_key(request_id))
+        return None if raw is None else Result.decode(raw)
+
+    async def wait(self, request_id: str, timeout: float = 60.0) -> Result:
+        """Block until the result lands; raises TimeoutError or the request's own error."""
+        deadline = time.monotonic() + timeout
+        woke = None
+        while True:
+            result = await self.get(request_id)
+            if result is not None:
+                result.raise_for_error()
+                return result
+            if woke is not None:
+                raise NotFoundError(f"the result of request {request_id} has expired")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no result for request {request_id} after {timeout:g} s "
+                                   f"(status: {await self.status(request_id)})")
+            with redis_errors():
+                woke = await self.redis.blpop([keys.notify_key(request_id)], timeout=max(left, 0.01))
+                if woke is not None:  # hand the wake-up on to any other waiter on the same id
+                    await self.redis.pipeline().rpush(woke[0], woke[1]) \
+                        .expire(woke[0], keys.RESULT_TTL).execute()
+
+    async def embed(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> Result:
+        """Submit and wait; returns the Result (`.embeddings`, `.usage`, `.model`)."""
+        return await self.wait(await self.submit(inputs, model, **fields), timeout)
+
+    async def status(self, request_id: str) -> str:
+        return await asyncio.to_thread(self._sync.status, request_id)
+
+    async def cancel(self, request_id: str) -> bool:
+        return await asyncio.to_thread(self._sync.cancel, request_id)

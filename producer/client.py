@@ -1,0 +1,159 @@
+"""Producer: submit embedding requests to the fleet and collect their results (blocking API)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import redis
+from rq import Queue
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
+
+from common import keys
+from common.capabilities import ModelCapabilities
+from common.errors import CancelledError, NotFoundError, QueueFullError, TimeoutError
+from common.params import PoolingParams
+from common.result import Result
+from producer.core import (CAPS_CACHE_SECONDS, SERIALIZER, build_request, enqueue_data, job_state,
+                           model_of_queue, parse_models, pick_model, redis_errors as _redis_errors,
+                           result_state)
+
+
+class Producer:
+    """A client of the fleet: `submit` enqueues, `get`/`wait` read results, `embed` does both.
+
+    Args:
+        redis_url: the Redis the workers listen on.
+        max_queue_depth: refuse submits (QueueFullError) while a model's queue holds this many jobs.
+    """
+
+    def __init__(self, redis_url: str = "redis://127.0.0.1:6379/0", *,
+                 max_queue_depth: int | None = None, connection: redis.Redis | None = None):
+        self.redis = connection or redis.Redis.from_url(redis_url)
+        self.max_queue_depth = max_queue_depth
+        self._served: dict[str, ModelCapabilities] = {}
+        self._served_at = float("-inf")
+
+    def close(self) -> None:
+        self.redis.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- models --------------------------------------------------------------------------------
+    def models(self, refresh: bool = True) -> dict[str, ModelCapabilities]:
+        """Models served by at least one live worker, with their capabilities."""
+        if refresh or time.monotonic() - self._served_at > CAPS_CACHE_SECONDS:
+            with _redis_errors():
+                names = sorted(n.decode() for n in self.redis.smembers(keys.MODELS_KEY))
+                raw = self.redis.mget([keys.model_key(n) for n in names]) if names else []
+            self._served, self._served_at = parse_models(names, raw), time.monotonic()
+        return self._served
+
+    def live_workers(self, model: str) -> int:
+        with _redis_errors():
+            return self.redis.zcount(keys.model_workers_key(model), time.time() - keys.ADVERTISE_TTL, "+inf")
+
+    def queue_depth(self, model: str) -> int:
+        with _redis_errors():
+            return self.redis.llen(self._queue(model).key)
+
+    # -- submit ----------------------------------------------------------------------------------
+    def submit(self, inputs, model: str | None = None, *, params: PoolingParams | None = None,
+               reply_to: str | None = None, **fields) -> str:
+        """Enqueue one request and return its id.
+
+        `inputs`: a text, a list of texts, a token-id list or a list of token-id lists. `fields` are
+        PoolingParams fields (dimensions, use_activation, truncate_prompt_tokens, embed_dtype, ...).
+        Unknown models, parameters the model cannot honour and full queues fail here, before enqueue.
+        """
+        return self.submit_many([inputs], model, params=params, reply_to=reply_to, **fields)[0]
+
+    def submit_many(self, batches: list, model: str | None = None, *, params: PoolingParams | None = None,
+                    reply_to: str | None = None, **fields) -> list[str]:
+        """Enqueue one request per element of `batches` in one round trip; returns their ids."""
+        caps = pick_model(model, self.models(refresh=False))
+        if model is not None and model not in self._served:
+            caps = pick_model(model, self.models())
+        requests = [build_request(inputs, caps, params, fields, reply_to) for inputs in batches]
+        queue = self._queue(caps.name)
+        with _redis_errors():
+            if self.max_queue_depth is not None and queue.count + len(requests) > self.max_queue_depth:
+                raise QueueFullError(f"the queue of model '{caps.name}' holds {queue.count} requests, "
+                                     f"the limit is {self.max_queue_depth}: retry later")
+            queue.enqueue_many([enqueue_data(Queue, r) for r in requests])
+        return [r.id for r in requests]
+
+    # -- results ---------------------------------------------------------------------------------
+    def get(self, request_id: str) -> Result | None:
+        """The result if it has landed (ok or error), else None."""
+        with _redis_errors():
+            raw = self.redis.get(keys.result_key(request_id))
+        return None if raw is None else Result.decode(raw)
+
+    def wait(self, request_id: str, timeout: float = 60.0) -> Result:
+        """Block until the result lands (no polling: BLPOP on the request's notify list).
+
+        Raises common.errors.TimeoutError after `timeout` seconds, or the request's own error.
+        """
+        deadline = time.monotonic() + timeout
+        woke = None
+        while True:
+            result = self.get(request_id)
+            if result is not None:
+                result.raise_for_error()
+                return result
+            if woke is not None:
+                raise NotFoundError(f"the result of request {request_id} has expired")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no result for request {request_id} after {timeout:g} s "
+                                   f"(status: {self.status(request_id)})")
+            with _redis_errors():
+                woke = self.redis.blpop([keys.notify_key(request_id)], timeout=max(left, 0.01))
+                if woke is not None:  # hand the wake-up on to any other waiter on the same id
+                    self.redis.pipeline().rpush(woke[0], woke[1]).expire(woke[0], keys.RESULT_TTL).execute()
+
+    def embed(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> np.ndarray:
+        """Submit and wait: the embeddings as a numpy array of shape (n, d)."""
+        return self.wait(self.submit(inputs, model, **fields), timeout).embeddings
+
+    def status(self, request_id: str) -> str:
+        """queued | started | finished | failed | cancelled | not_found."""
+        result = self.get(request_id)
+        if result is not None:
+            return result_state(result)
+        try:
+            with _redis_errors():
+                return job_state(Job.fetch(request_id, connection=self.redis, serializer=SERIALIZER)
+                                 .get_status())
+        except NoSuchJobError:
+            return "not_found"
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a request that no worker has taken yet; True if it was pending and is now cancelled."""
+        try:
+            job = Job.fetch(request_id, connection=self.redis, serializer=SERIALIZER)
+        except NoSuchJobError:
+            raise NotFoundError(f"no request with id {request_id}") from None
+        with _redis_errors():
+            # LREM is the atomic claim: a job still in the queue list cannot be taken by a worker after this.
+            if not self.redis.lrem(self._queue_key_of(job), 1, request_id):
+                return False
+            job.cancel()
+            blob = Result.failure(request_id, model_of_queue(job.origin), CancelledError(
+                f"request {request_id} was cancelled before a worker took it")).encode()
+            self.redis.pipeline().set(keys.result_key(request_id), blob, ex=keys.RESULT_TTL) \
+                .rpush(keys.notify_key(request_id), 1).expire(keys.notify_key(request_id), keys.RESULT_TTL) \
+                .execute()
+        return True
+
+    def _queue(self, model: str) -> Queue:
+        return Queue(keys.queue_name(model), connection=self.redis, serializer=SERIALIZER)
+
+    def _queue_key_of(self, job: Job) -> str:
+        return Queue(job.origin, connection=self.redis, serializer=SERIALIZER).key

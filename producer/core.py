@@ -1,0 +1,110 @@
+"""What the sync and async producers share: building requests, picking models, reading job state."""
+
+from __future__ import annotations
+
+import contextlib
+
+import redis
+from rq.job import JobStatus
+
+from common import keys
+from common.capabilities import ModelCapabilities
+from common.errors import UnavailableError, UnknownModelError, ValidationError
+from common.params import PoolingParams
+from common.request import EmbedRequest, normalize_inputs
+from common.result import Result
+from common.serializer import MsgpackSerializer
+
+SERIALIZER = MsgpackSerializer
+CAPS_CACHE_SECONDS = 2.0  # how long a producer trusts the advertised capabilities before re-reading them
+
+
+def parse_models(names: list[str], raw_caps: list[bytes | None]) -> dict[str, ModelCapabilities]:
+    """Models whose advertisement has not expired, i.e. served by at least one live worker."""
+    return {name: ModelCapabilities.decode(raw) for name, raw in zip(names, raw_caps) if raw is not None}
+
+
+def pick_model(model: str | None, served: dict[str, ModelCapabilities]) -> ModelCapabilities:
+    if model is None:
+        if len(served) == 1:
+            return next(iter(served.values()))
+        if not served:
+            raise UnknownModelError("no model is served: start a worker (`embedfleet worker --model ...`)",
+                                    param="model")
+        raise ValidationError(f"several models are served, name one with `model`: {sorted(served)}",
+                              param="model")
+    if model not in served:
+        listed = sorted(served) or "none (no worker is running)"
+        raise UnknownModelError(f"model '{model}' is not served by any live worker; served models: {listed}",
+                                param="model")
+    return served[model]
+
+
+def build_request(inputs, caps: ModelCapabilities, params: PoolingParams | None, fields: dict,
+                  reply_to: str | None = None) -> EmbedRequest:
+    """A request checked against the advertised capabilities (the worker checks again).
+
+    The request carries the params as the caller gave them, so the worker merges its own defaults.
+    """
+    try:
+        if params is None:
+            params = PoolingParams(**fields)
+        elif fields:
+            params = params.model_copy(update=fields)
+        request = EmbedRequest(model=caps.name, inputs=normalize_inputs(inputs), params=params,
+                               reply_to=reply_to)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        raise ValidationError(_pydantic_message(exc)) from exc
+    request.resolve(caps)
+    return request
+
+
+def _pydantic_message(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)
+    parts = []
+    for err in errors():
+        where = ".".join(str(p) for p in err.get("loc", ())) or "request"
+        parts.append(f"{where}: {err.get('msg')}")
+    return "; ".join(parts)
+
+
+def enqueue_data(queue_cls, request: EmbedRequest):
+    return queue_cls.prepare_data(
+        keys.JOB_FUNC, args=[request.encode()], job_id=request.id, timeout=keys.JOB_TIMEOUT,
+        result_ttl=keys.RESULT_TTL, ttl=keys.JOB_TTL, failure_ttl=keys.FAILURE_TTL,
+        description=f"embed {len(request.inputs)} input(s) with {request.model}")
+
+
+def job_state(status: JobStatus | None) -> str:
+    """Collapse rq's job statuses into the few a producer reports before a result exists."""
+    if status is None:
+        return "not_found"
+    if status in (JobStatus.QUEUED, JobStatus.DEFERRED, JobStatus.SCHEDULED):
+        return "queued"
+    if status == JobStatus.CANCELED:
+        return "cancelled"
+    if status == JobStatus.STARTED:
+        return "started"
+    return status.value
+
+
+def result_state(result: Result) -> str:
+    if result.ok:
+        return "finished"
+    return "cancelled" if result.error_code == "cancelled" else "failed"
+
+
+def model_of_queue(queue: str) -> str:
+    prefix = keys.queue_name("")
+    return queue[len(prefix):] if queue.startswith(prefix) else queue
+
+
+@contextlib.contextmanager
+def redis_errors():
+    """Turn Redis connection failures into UnavailableError (the gateway maps it to 503)."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise UnavailableError(f"Redis is unreachable: {exc}") from exc

