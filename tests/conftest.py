@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 import redis
+from hypothesis import settings
 
 from common.redisserver import RedisServer
+
+# Shared, noisy 2-core machines: hypothesis' per-example deadline would make tests flaky.
+settings.register_profile("embedfleet", deadline=None)
+settings.load_profile("embedfleet")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,89 @@
+"""Preprocess: a verified request's inputs -> the token-id lists to embed (prompt, special tokens, truncation)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.errors import InputTooLongError, ValidationError
+from common.request import EmbedRequest
+from worker.model import LoadedModel
+
+
+@dataclass
+class Prepared:
+    """One request's token-id lists, ready for batching."""
+
+    token_lists: list[list[int]]
+    prompt_length: int = 0  # tokens to leave out of pooling (only with ST's include_prompt=False)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens actually embedded: after truncation, special and prompt tokens included."""
+        return sum(len(ids) for ids in self.token_lists)
+
+
+def _prompt_text(model: LoadedModel, request: EmbedRequest) -> str | None:
+    params = request.params
+    if params.prompt is not None:
+        return params.prompt
+    return model.caps.prompts.get(params.prompt_name) if params.prompt_name else None
+
+
+def _truncate_text(model: LoadedModel, text: str, ids: list[int], keep: int, side: str,
+                   add_special_tokens: bool) -> list[int]:
+    """Re-tokenise with the tokenizer's own truncation, which keeps the special tokens (as vLLM does)."""
+    tokenizer = model.tokenizer
+    saved = tokenizer.truncation_side
+    try:
+        tokenizer.truncation_side = side
+        cut = tokenizer(text, add_special_tokens=add_special_tokens, truncation=True,
+                        max_length=keep)["input_ids"]
+    except Exception:  # e.g. `keep` smaller than the special tokens alone: fall back to a plain slice
+        cut = None
+    finally:
+        tokenizer.truncation_side = saved
+    if cut is None or len(cut) != keep:
+        cut = _truncate_ids(ids, keep, side)
+    return list(cut)
+
+
+def _truncate_ids(ids: list[int], keep: int, side: str) -> list[int]:
+    return list(ids[-keep:]) if side == "left" else list(ids[:keep])
+
+
+def prepare(model: LoadedModel, request: EmbedRequest) -> Prepared:
+    """Tokenise a request already resolved against the model's caps.
+
+    Texts get the prompt prepended (ST's `prompt + text`) and special tokens per `add_special_tokens`;
+    token-id inputs are embedded exactly as given (no prompt, no special tokens, like vLLM). With
+    `truncate_prompt_tokens` None an input longer than the model's max length raises
+    InputTooLongError; -1 truncates to the max length, k to k tokens, from `truncation_side`.
+    """
+    params, caps = request.params, model.caps
+    keep = None if params.truncate_prompt_tokens is None else \
+        (caps.max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens)
+    side = params.truncation_side or caps.truncation_side
+    prompt_length = 0
+    if request.is_tokens:
+        texts = None
+        token_lists = [list(ids) for ids in request.inputs]
+    else:
+        prompt = _prompt_text(model, request)
+        texts = [prompt + text for text in request.inputs] if prompt else list(request.inputs)
+        token_lists = model.tokenizer(texts, add_special_tokens=params.add_special_tokens)["input_ids"]
+        if prompt and not model.pooler.include_prompt:
+            prompt_length = model.prompt_length(prompt, params.add_special_tokens)
+
+    for index, ids in enumerate(token_lists):
+        if not ids:
+            raise ValidationError(f"input {index} has no tokens to embed: send a non-empty text or keep "
+                                  "add_special_tokens on", param="input")
+        if keep is None and len(ids) > caps.max_model_len:
+            raise InputTooLongError(
+                f"input {index} has {len(ids)} tokens, more than model '{caps.name}''s maximum of "
+                f"{caps.max_model_len}: shorten it, or send truncate_prompt_tokens=-1 to truncate to "
+                "the maximum", param="input")
+        if keep is not None and len(ids) > keep:
+            token_lists[index] = _truncate_ids(ids, keep, side) if texts is None else \
+                _truncate_text(model, texts[index], ids, keep, side, params.add_special_tokens)
+    return Prepared([list(ids) for ids in token_lists], prompt_length)
