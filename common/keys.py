@@ -9,6 +9,8 @@
     embedfleet:model:<name>:workers ZSET    worker name -> time of its last heartbeat
     embedfleet:cancelled:<id>       STRING  "1" while a cancel of a pending request is in force,
                                             TTL JOB_TTL (the worker skips such jobs)
+    embedfleet:job:<id>             STRING  the HTTP gateway's answer options for an async job (JSON:
+                                            encoding_format, explicit layout), TTL JOB_TTL + RESULT_TTL
 
     rq:queue:<queue>                LIST    pending job ids; <queue> = queue_name(model)
     rq:queue:<queue>:intermediate   LIST    jobs taken by a worker but not yet in rq:wip:<queue>
@@ -46,6 +48,10 @@ def notify_key(request_id: str) -> str:
 
 def cancelled_key(request_id: str) -> str:
     return f"{PREFIX}:cancelled:{request_id}"
+
+
+def job_options_key(request_id: str) -> str:
+    return f"{PREFIX}:job:{request_id}"
 
 
 MODELS_KEY = f"{PREFIX}:models"

@@ -33,6 +33,7 @@ class Producer:
         self.redis = connection or redis.Redis.from_url(redis_url)
         self.max_queue_depth = max_queue_depth
         self._served: dict[str, ModelCapabilities] = {}
+        self._known: set[str] = set()
         self._served_at = float("-inf")
 
     def close(self) -> None:
@@ -52,6 +53,7 @@ class Producer:
                 names = sorted(n.decode() for n in self.redis.smembers(keys.MODELS_KEY))
                 raw = self.redis.mget([keys.model_key(n) for n in names]) if names else []
             self._served, self._served_at = parse_models(names, raw), time.monotonic()
+            self._known = set(names)
         return self._served
 
     def live_workers(self, model: str) -> int:
@@ -76,9 +78,10 @@ class Producer:
     def submit_many(self, batches: list, model: str | None = None, *, params: PoolingParams | None = None,
                     reply_to: str | None = None, **fields) -> list[str]:
         """Enqueue one request per element of `batches` in one round trip; returns their ids."""
-        caps = pick_model(model, self.models(refresh=False))
-        if model is not None and model not in self._served:
-            caps = pick_model(model, self.models())
+        served = self.models(refresh=False)
+        if model not in served:  # a worker may have come up since the cached read
+            served = self.models()
+        caps = pick_model(model, served, self._known)
         requests = [build_request(inputs, caps, params, fields, reply_to) for inputs in batches]
         queue = self._queue(caps.name)
         with _redis_errors():

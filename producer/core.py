@@ -9,7 +9,7 @@ from rq.job import JobStatus
 
 from common import keys
 from common.capabilities import ModelCapabilities
-from common.errors import UnavailableError, UnknownModelError, ValidationError
+from common.errors import NoWorkerError, UnavailableError, UnknownModelError, ValidationError
 from common.params import PoolingParams
 from common.request import EmbedRequest, normalize_inputs
 from common.result import Result
@@ -24,20 +24,29 @@ def parse_models(names: list[str], raw_caps: list[bytes | None]) -> dict[str, Mo
     return {name: ModelCapabilities.decode(raw) for name, raw in zip(names, raw_caps) if raw is not None}
 
 
-def pick_model(model: str | None, served: dict[str, ModelCapabilities]) -> ModelCapabilities:
+def pick_model(model: str | None, served: dict[str, ModelCapabilities],
+               known: set[str] = frozenset()) -> ModelCapabilities:
+    """The capabilities of `model` (or of the only served model), or the error that explains why not.
+
+    `known` holds every model ever advertised: one of those without a live worker is a NoWorkerError
+    (retry later), a name never seen an UnknownModelError (the caller's mistake).
+    """
     if model is None:
         if len(served) == 1:
             return next(iter(served.values()))
         if not served:
-            raise UnknownModelError("no model is served: start a worker (`embedfleet worker --model ...`)",
-                                    param="model")
+            raise NoWorkerError("no model is served: no worker is alive (start one with "
+                                "`embedfleet worker --model ...`)", param="model")
         raise ValidationError(f"several models are served, name one with `model`: {sorted(served)}",
                               param="model")
-    if model not in served:
-        listed = sorted(served) or "none (no worker is running)"
-        raise UnknownModelError(f"model '{model}' is not served by any live worker; served models: {listed}",
-                                param="model")
-    return served[model]
+    if model in served:
+        return served[model]
+    if model in known:
+        raise NoWorkerError(f"model '{model}' has no live worker: start one with "
+                            f"`embedfleet worker --served-model-name {model}`", param="model")
+    listed = sorted(served) or "none (no worker is running)"
+    raise UnknownModelError(f"model '{model}' is not served by any live worker; served models: {listed}",
+                            param="model")
 
 
 def build_request(inputs, caps: ModelCapabilities, params: PoolingParams | None, fields: dict,

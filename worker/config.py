@@ -21,6 +21,7 @@ class WorkerSettings(Settings):
     matryoshka_dims: list[int] | None = Field(None, description="Matryoshka dimensions the model supports, "
                                                                 "when its config does not declare them")
     result_ttl: int = Field(keys.RESULT_TTL, description="seconds a result is kept in Redis")
+    poll_timeout: int = Field(5, description="seconds one blocking dequeue waits; a stop is honoured within it")
     burst: bool = Field(False, description="exit once the queue is empty")
     name: str | None = Field(None, description="rq worker name; default: a unique one per start")
 

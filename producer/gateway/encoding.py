@@ -1,0 +1,93 @@
+"""Results as HTTP answers: OpenAI embeddings lists, vLLM pooling lists, and vLLM's raw bytes framing.
+
+Two base64 conventions meet here. OpenAI clients (the `openai` package sends base64 by default) decode
+float32 little-endian, so /v1/embeddings answers that unless the client named `embed_dtype` or
+`endianness` itself. vLLM's /pooling sends the bytes as stored, in the requested dtype and byte order.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+from fastapi.responses import JSONResponse, Response
+
+from common.result import Result
+
+_OPENAI_FLOAT = np.dtype("<f4")
+
+
+def _usage(result: Result, completion: bool = False) -> dict:
+    usage = {"prompt_tokens": result.usage.prompt_tokens, "total_tokens": result.usage.total_tokens}
+    if completion:
+        usage["completion_tokens"] = 0  # vLLM's UsageInfo carries it
+    return usage
+
+
+def _stored_rows(result: Result) -> list[bytes]:
+    """Each row's bytes exactly as the worker stored them (embed_dtype, byte order)."""
+    n = result.shape[0]
+    size = len(result.data) // n if n else 0
+    return [result.data[i * size:(i + 1) * size] for i in range(n)]
+
+
+def _vectors(result: Result, encoding_format: str, openai_base64: bool) -> list:
+    if encoding_format == "float":
+        return result.embeddings.tolist()
+    if openai_base64:
+        rows = [row.tobytes() for row in np.asarray(result.embeddings, dtype=_OPENAI_FLOAT)]
+    else:
+        rows = _stored_rows(result)
+    return [base64.b64encode(row).decode("ascii") for row in rows]
+
+
+def metadata(result: Result) -> dict:
+    """vLLM's `metadata` header for bytes answers: where each item's bytes start and end in the body."""
+    row_shape = list(result.shape[1:])
+    row_bytes = len(result.data) // result.shape[0] if result.shape[0] else 0
+    return {
+        "id": result.id, "created": int(result.finished_at), "model": result.model,
+        "data": [{"index": i, "embed_dtype": result.embed_dtype, "endianness": result.endianness,
+                  "start": i * row_bytes, "end": (i + 1) * row_bytes, "shape": row_shape}
+                 for i in range(result.shape[0])],
+        "usage": _usage(result, completion=True),
+    }
+
+
+def bytes_response(result: Result, encoding_format: str) -> Response:
+    """`bytes`: the stored rows back to back plus a JSON `metadata` header; `bytes_only`: the body alone."""
+    headers = None
+    if encoding_format == "bytes":
+        headers = {"metadata": json.dumps(metadata(result), separators=(",", ":"))}
+    return Response(content=result.data, media_type="application/octet-stream", headers=headers)
+
+
+def embeddings_body(result: Result, encoding_format: str, explicit_layout: bool) -> dict:
+    """OpenAI's CreateEmbeddingResponse (plus the request id and vLLM's `created`)."""
+    vectors = _vectors(result, encoding_format, openai_base64=not explicit_layout)
+    return {
+        "id": result.id, "object": "list", "created": int(result.finished_at), "model": result.model,
+        "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+        "usage": _usage(result),
+    }
+
+
+def embeddings_response(result: Result, encoding_format: str, explicit_layout: bool,
+                        extra: dict | None = None) -> Response:
+    """The JSON list, or vLLM's bytes framing for `bytes`/`bytes_only` (vLLM answers those here too)."""
+    if encoding_format in ("bytes", "bytes_only"):
+        return bytes_response(result, encoding_format)
+    return JSONResponse({**embeddings_body(result, encoding_format, explicit_layout), **(extra or {})})
+
+
+def pooling_response(result: Result, encoding_format: str) -> Response:
+    """vLLM's PoolingResponse: `data[i].data` holds the vector (floats or base64 of the stored bytes)."""
+    if encoding_format in ("bytes", "bytes_only"):
+        return bytes_response(result, encoding_format)
+    vectors = _vectors(result, encoding_format, openai_base64=False)
+    return JSONResponse({
+        "id": result.id, "object": "list", "created": int(result.finished_at), "model": result.model,
+        "data": [{"object": "pooling", "index": i, "data": v} for i, v in enumerate(vectors)],
+        "usage": _usage(result, completion=True),
+    })

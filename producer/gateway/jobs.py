@@ -1,0 +1,79 @@
+"""Durable async jobs for web apps that should not hold a connection open while a worker computes.
+
+POST /v1/jobs -> 202 {id, status}; GET /v1/jobs/{id}[?wait=S] -> 202 while queued/started, 200 with the
+/v1/embeddings body (plus `status`) once finished, or the job's own error in OpenAI's shape and status;
+DELETE /v1/jobs/{id} cancels a job no worker has taken yet. Jobs live in Redis, so any gateway replica
+answers for any job, and a gateway restart loses none.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import JSONResponse, Response
+
+from common.errors import EmbedfleetError, InternalError, NotFoundError, UnavailableError
+from producer.gateway import encoding
+from producer.gateway.auth import require_key
+from producer.gateway.errors import JobNotCancellableError
+from producer.gateway.schemas import EmbedBody
+from producer.gateway.service import Gateway, gateway
+
+router = APIRouter(dependencies=[Depends(require_key)])
+PENDING = ("queued", "started")
+
+
+def _job(job_id: str, status: str, code: int = 202) -> JSONResponse:
+    return JSONResponse({"id": job_id, "object": "job", "status": status}, status_code=code)
+
+
+@router.post("/v1/jobs", status_code=202)
+async def create_job(body: EmbedBody, gw: Gateway = Depends(gateway)) -> JSONResponse:
+    job_id = await gw.submit(body)
+    await gw.save_job_options(job_id, body)
+    response = _job(job_id, "queued")
+    response.headers["Location"] = f"/v1/jobs/{job_id}"
+    return response
+
+
+@router.get("/v1/jobs/{job_id}")
+async def get_job(job_id: str, gw: Gateway = Depends(gateway),
+                  wait: float = Query(0.0, ge=0, description="seconds to long-poll for the result "
+                                                              "(capped by the gateway's max_wait)")
+                  ) -> Response:
+    result = await gw.producer.get(job_id)
+    if result is None:
+        status = await gw.producer.status(job_id)
+        if status == "not_found":
+            raise NotFoundError(f"no job with id {job_id} (never submitted, or its result expired)",
+                                param="id")
+        if status in PENDING and wait > 0:
+            try:  # BLPOP on the job's notify list: returns the moment the result lands
+                await gw.producer.wait(job_id, min(wait, gw.settings.max_wait))
+            except UnavailableError:
+                raise
+            except EmbedfleetError:
+                pass  # a timeout, or the job's own error: the result (if any) is read below
+            result = await gw.producer.get(job_id)
+        if result is None:
+            status = await gw.producer.status(job_id)
+            if status in PENDING:
+                return _job(job_id, status)
+            result = await gw.producer.get(job_id)  # it landed between the two reads
+            if result is None:
+                raise InternalError(f"job {job_id} is {status} but left no result")
+    result.raise_for_error()
+    options = await gw.job_options(job_id)
+    return encoding.embeddings_response(result, options["encoding_format"], options["explicit_layout"],
+                                        extra={"status": "finished"})
+
+
+@router.delete("/v1/jobs/{job_id}")
+async def cancel_job(job_id: str, gw: Gateway = Depends(gateway)) -> JSONResponse:
+    status = await gw.producer.status(job_id)
+    if status == "not_found":
+        raise NotFoundError(f"no job with id {job_id}", param="id")
+    if status == "queued" and await gw.producer.cancel(job_id):
+        return _job(job_id, "cancelled", code=200)
+    if status == "queued":  # a worker took it between the two reads
+        status = await gw.producer.status(job_id)
+    raise JobNotCancellableError(f"job {job_id} is {status}: only a queued job can be cancelled")

@@ -1,0 +1,69 @@
+"""The request body limit, enforced on Content-Length AND on the bytes actually read.
+
+A client can lie in Content-Length or send a chunked body without one, so the body is read here, up to
+the limit, before any route sees it; the route then reads the buffered copy. Bodies are JSON that the
+route must read whole anyway, so buffering costs nothing extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from common.errors import PayloadTooLargeError
+
+
+class BodyLimitMiddleware:
+    def __init__(self, app: ASGIApp, max_bytes: int, reject: Callable[[PayloadTooLargeError], object]):
+        self.app = app
+        self.max_bytes = max_bytes
+        self.reject = reject  # builds the error answer (an ASGI app), so that the error table decides
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await self._too_large(scope, receive, send, f"{declared} bytes declared in Content-Length")
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._too_large(scope, receive, send, f"more than {self.max_bytes} bytes sent")
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # later calls wait for the disconnect, as with the real receive
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send, what: str) -> None:
+        err = PayloadTooLargeError(f"request body too large: {what}; the limit is {self.max_bytes} bytes "
+                                   "(send fewer or shorter inputs per request)")
+        await self.reject(err)(scope, receive, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None

@@ -1,0 +1,73 @@
+"""The synchronous routes: /v1/embeddings (OpenAI), /pooling (vLLM), /v1/models, /health, /metrics."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from common.errors import EmbedfleetError, NoWorkerError
+from producer.gateway import encoding
+from producer.gateway.auth import require_key
+from producer.gateway.errors import error_body, status_of
+from producer.gateway.schemas import EmbedBody, PoolingBody
+from producer.gateway.service import Gateway, gateway
+
+public = APIRouter()
+protected = APIRouter(dependencies=[Depends(require_key)])
+
+
+@protected.post("/v1/embeddings")
+async def create_embeddings(body: EmbedBody, gw: Gateway = Depends(gateway)) -> Response:
+    result = await gw.run(body)
+    return encoding.embeddings_response(result, body.encoding_format, body.explicit_layout)
+
+
+@protected.post("/pooling")
+async def create_pooling(body: PoolingBody, gw: Gateway = Depends(gateway)) -> Response:
+    result = await gw.run(body)
+    return encoding.pooling_response(result, body.encoding_format)
+
+
+@protected.get("/v1/models")
+async def list_models(gw: Gateway = Depends(gateway)) -> dict:
+    served = await gw.producer.models()
+    now = int(time.time())
+    return {"object": "list", "data": [
+        {"id": name, "object": "model", "created": now, "owned_by": "embedfleet",
+         "live_workers": await gw.producer.live_workers(name), "capabilities": caps.model_dump(mode="json")}
+        for name, caps in sorted(served.items())]}
+
+
+@public.get("/health")
+async def health(gw: Gateway = Depends(gateway)) -> JSONResponse:
+    """200 when Redis answers and at least one worker is alive; 503 (with the reason) otherwise."""
+    workers: dict[str, int] = {}
+    try:
+        workers = {name: await gw.producer.live_workers(name) for name in await gw.producer.models()}
+        if not any(workers.values()):
+            raise NoWorkerError("no worker is alive: start one with `embedfleet worker`")
+    except EmbedfleetError as err:
+        gw.metrics.error(err.code)
+        redis_ok = err.code != "redis_unavailable"
+        body = {"status": "unavailable", "redis": "ok" if redis_ok else "unreachable",
+                "models": workers if redis_ok else {}, **error_body(err)}
+        return JSONResponse(body, status_code=status_of(err.code),
+                            headers={"Retry-After": str(gw.settings.retry_after)})
+    return JSONResponse({"status": "ok", "redis": "ok", "models": workers})
+
+
+@protected.get("/metrics")
+async def metrics(gw: Gateway = Depends(gateway)) -> Response:
+    """Prometheus text; the per-model gauges are read from Redis now, at scrape time."""
+    try:
+        served = await gw.producer.models()
+        depths = {name: await gw.producer.queue_depth(name) for name in served}
+        workers = {name: await gw.producer.live_workers(name) for name in served}
+        gw.metrics.set_fleet(depths, workers)
+    except EmbedfleetError as err:  # Redis down: still expose the gateway's own counters
+        gw.metrics.error(err.code)
+        gw.metrics.set_fleet({}, {})
+    return Response(gw.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,67 @@
+"""Request bodies of /v1/embeddings, /v1/jobs (OpenAI) and /pooling (vLLM), mapped onto PoolingParams."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from common.params import EmbedDtype, Endianness, PoolingParams
+
+EncodingFormat = Literal["float", "base64", "bytes", "bytes_only"]
+# OpenAI's four shapes of `input`; the order matters: pydantic's smart union prefers exact matches.
+Input = str | list[str] | list[int] | list[list[int]]
+
+
+class EmbedBody(BaseModel):
+    """OpenAI's embeddings body plus vLLM's pooling extensions (every PoolingParams field)."""
+
+    # Unknown fields are refused, as OpenAI does, so that a misspelt option is not silently ignored.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input: Input = Field(description="a text, a list of texts, a token-id list, or a list of token-id lists")
+    model: str | None = Field(None, description="served model name; omitted: the only served model")
+    encoding_format: EncodingFormat = "float"
+    user: str | None = Field(None, description="accepted for OpenAI compatibility, not used")
+    # PoolingParams, None meaning "the model's default"; PoolingParams verifies the values.
+    task: Literal["embed"] | None = None
+    dimensions: int | None = None
+    use_activation: bool | None = None
+    normalize: bool | None = Field(None, description="vLLM's deprecated alias of use_activation")
+    truncate_prompt_tokens: int | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    prompt_name: str | None = None
+    prompt: str | None = None
+    add_special_tokens: bool | None = None
+    embed_dtype: EmbedDtype | None = None
+    endianness: Endianness | None = None
+
+    @model_validator(mode="after")
+    def _check_params(self) -> EmbedBody:
+        """A value PoolingParams refuses fails here, as a 422 that names the field."""
+        try:
+            self.params()
+        except ValueError as exc:
+            errors = getattr(exc, "errors", None)
+            if not callable(errors):
+                raise
+            raise ValueError("; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'params'}: {e['msg'].removeprefix('Value error, ')}"
+                for e in errors())) from None
+        return self
+
+    def params(self) -> PoolingParams:
+        fields = self.model_dump(include=PARAM_FIELDS, exclude_none=True)
+        return PoolingParams(**fields)
+
+    @property
+    def explicit_layout(self) -> bool:
+        """True when the client chose the bytes' dtype or order itself (vLLM semantics for base64)."""
+        return self.embed_dtype is not None or self.endianness is not None
+
+
+PARAM_FIELDS = frozenset(PoolingParams.model_fields) | {"normalize"}
+
+
+class PoolingBody(EmbedBody):
+    """vLLM's /pooling body: the same fields; `encoding_format` also takes bytes and bytes_only."""

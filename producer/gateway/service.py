@@ -1,0 +1,62 @@
+"""What the routes share: the producer, the settings and the metrics, and the submit/wait steps."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from common import keys
+from common.errors import EmbedfleetError, TimeoutError, ValidationError
+from common.request import normalize_inputs
+from common.result import Result
+from producer import AsyncProducer
+from producer.core import redis_errors
+from producer.gateway.metrics import Metrics
+from producer.gateway.schemas import EmbedBody
+from producer.gateway.settings import GatewaySettings
+
+
+@dataclass
+class Gateway:
+    settings: GatewaySettings
+    producer: AsyncProducer
+    metrics: Metrics
+
+    async def submit(self, body: EmbedBody) -> str:
+        """Enqueue the body's inputs (a fleet with no live worker raises NoWorkerError: a 503)."""
+        inputs = normalize_inputs(body.input)
+        if len(inputs) > self.settings.max_inputs:
+            raise ValidationError(f"{len(inputs)} inputs in one request; this gateway allows at most "
+                                  f"{self.settings.max_inputs} (split the request)", param="input")
+        return await self.producer.submit(inputs, body.model, params=body.params())
+
+    async def run(self, body: EmbedBody) -> Result:
+        """Submit and wait up to the request timeout; a request that timed out is cancelled if still queued,
+        so that no worker spends time on an answer nobody reads."""
+        request_id = await self.submit(body)
+        try:
+            return await self.producer.wait(request_id, self.settings.request_timeout)
+        except TimeoutError:
+            with contextlib.suppress(EmbedfleetError):
+                await self.producer.cancel(request_id)
+            raise
+
+    # -- async jobs: how to answer a job is kept next to it, for GET /v1/jobs/{id} ------------------
+    async def save_job_options(self, request_id: str, body: EmbedBody) -> None:
+        options = json.dumps({"encoding_format": body.encoding_format, "explicit_layout": body.explicit_layout})
+        with redis_errors():
+            await self.producer.redis.set(keys.job_options_key(request_id), options,
+                                          ex=keys.JOB_TTL + keys.RESULT_TTL)
+
+    async def job_options(self, request_id: str) -> dict:
+        with redis_errors():
+            raw = await self.producer.redis.get(keys.job_options_key(request_id))
+        return json.loads(raw) if raw else {"encoding_format": "float", "explicit_layout": False}
+
+
+def gateway(request: Request) -> Gateway:
+    """FastAPI dependency: the app's Gateway, built once in create_app."""
+    return request.app.state.gateway

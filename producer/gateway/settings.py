@@ -1,0 +1,25 @@
+"""The gateway's settings: every field is a flag and an EMBEDFLEET_ env var, built once in main()."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from common.config import Settings
+
+
+class GatewaySettings(Settings):
+    host: str = Field("127.0.0.1", description="interface to listen on")
+    port: int = Field(8000, description="TCP port to listen on")
+    api_key: str | None = Field(None, repr=False, description="when set, every route but /health needs "
+                                                               "`Authorization: Bearer KEY`")
+    max_inputs: int = Field(2048, ge=1, description="inputs allowed in one request (the model's own limit "
+                                                    "also applies)")
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1, description="largest request body accepted, in bytes")
+    max_queue_depth: int | None = Field(10_000, ge=1, description="refuse new requests (429) while a model's "
+                                                                  "queue holds this many")
+    request_timeout: float = Field(60.0, gt=0, description="seconds /v1/embeddings and /pooling wait for a "
+                                                           "result before answering 504")
+    max_wait: float = Field(60.0, ge=0, description="longest long-poll, in seconds, that GET /v1/jobs/{id}"
+                                                    "?wait= may ask for")
+    retry_after: int = Field(1, ge=0, description="seconds sent in Retry-After with 429 and 503 answers")
+    log_level: str = Field("info", description="uvicorn log level")

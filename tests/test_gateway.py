@@ -1,0 +1,390 @@
+"""The HTTP gateway end to end: real uvicorn servers, a real worker process on all-MiniLM-L6-v2, real Redis.
+
+Tests that need "no worker processing" pause the worker process (SIGSTOP): it stays registered and
+advertised, exactly like a worker stuck in a long batch, and SIGCONT lets it carry on.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import redis
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+
+from common.redisserver import free_port
+from producer import Producer
+from producer.gateway import GatewaySettings, create_app
+
+MODEL = "minilm"
+KEY = "test-key"
+TEXTS = ["The cat sits on the mat.", "A fleet of workers embeds text.", "Redis keeps the queue safe."]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Server:
+    """A uvicorn server for one app, in a thread, on a free port."""
+
+    def __init__(self, settings: GatewaySettings):
+        self.server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=settings.port,
+                                                    log_level="warning"))
+        self.url = f"http://127.0.0.1:{settings.port}"
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "gateway did not start"
+            time.sleep(0.02)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@dataclass
+class Fleet:
+    redis_url: str
+    worker: subprocess.Popen
+    producer: Producer
+    main: httpx.Client  # api key, 256 KiB body limit
+    tight: httpx.Client  # no key; max queue depth 2, request timeout 0.5 s, 4 inputs per request
+    reference: np.ndarray  # Producer.embed(TEXTS)
+
+
+def _settings(redis_url: str, **fields) -> GatewaySettings:
+    return GatewaySettings(redis_url=redis_url, port=free_port(), **fields)
+
+
+@pytest.fixture(scope="module")
+def fleet(redis_server, minilm_path):
+    redis.Redis.from_url(redis_server.url).flushall()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_server.url, "--model",
+                               minilm_path, "--served-model-name", MODEL, "--poll-timeout", "1"], env=env)
+    servers = [Server(_settings(redis_server.url, api_key=KEY, max_body_bytes=256 * 1024)),
+               Server(_settings(redis_server.url, max_queue_depth=2, request_timeout=0.5, max_inputs=4))]
+    main = httpx.Client(base_url=servers[0].url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    tight = httpx.Client(base_url=servers[1].url, timeout=60)
+    producer = Producer(redis_server.url)
+    try:
+        deadline = time.monotonic() + 180
+        while main.get("/health").status_code != 200:
+            assert worker.poll() is None, "the worker process exited"
+            assert time.monotonic() < deadline, "no worker came up"
+            time.sleep(0.2)
+        yield Fleet(redis_server.url, worker, producer, main, tight, producer.embed(TEXTS, MODEL, timeout=60))
+    finally:
+        _stop(worker)
+        for client in (main, tight):
+            client.close()
+        producer.close()
+        for server in servers:
+            server.stop()
+
+
+def _stop(worker: subprocess.Popen) -> None:
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGCONT)
+        worker.terminate()
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+
+
+@contextlib.contextmanager
+def paused(fleet: Fleet):
+    """No worker processing: the worker process is stopped (still advertised) until the block ends."""
+    deadline = time.monotonic() + 30
+    while fleet.producer.queue_depth(MODEL):  # what earlier tests left is served first
+        assert time.monotonic() < deadline, "the worker does not drain its queue"
+        time.sleep(0.05)
+    fleet.worker.send_signal(signal.SIGSTOP)
+    try:
+        # A blocking dequeue the worker sent before it stopped still takes the next job inside Redis:
+        # hand it a decoy, so that the jobs the test submits next stay queued.
+        fleet.producer.submit(["decoy"], MODEL)
+        deadline = time.monotonic() + 1.0
+        while fleet.producer.queue_depth(MODEL) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield
+    finally:
+        fleet.worker.send_signal(signal.SIGCONT)
+
+
+def base(fleet: Fleet) -> str:
+    return str(fleet.main.base_url).rstrip("/")
+
+
+def assert_error(response: httpx.Response, status: int, code: str, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == code and error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+# -- without a fleet ------------------------------------------------------------------------------------
+def test_every_error_code_has_a_status_and_every_pooling_param_a_field():
+    from common.errors import _BY_CODE
+    from common.params import PoolingParams
+    from producer.gateway.errors import STATUS
+    from producer.gateway.schemas import EmbedBody
+
+    assert set(_BY_CODE) <= set(STATUS)
+    assert set(PoolingParams.model_fields) <= set(EmbedBody.model_fields)
+
+
+def test_gateway_imports_no_model_code():
+    check = "import sys, producer.gateway; print(sorted({'torch', 'transformers', 'worker'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "[]"
+
+
+def test_entry_point_takes_the_flags_up_passes(redis_server):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "producer.gateway", "--redis-url", redis_server.url,
+                             "--host", "127.0.0.1", "--port", str(port), "--api-key", KEY],
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                response = httpx.get(f"http://127.0.0.1:{port}/v1/models",
+                                     headers={"Authorization": f"Bearer {KEY}"})
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the gateway did not start"
+                time.sleep(0.1)
+        assert response.status_code == 200 and response.json()["object"] == "list"
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+# -- OpenAI /v1/embeddings ---------------------------------------------------------------------------
+def test_openai_client_base64_default_and_float_match_producer(fleet):
+    client = openai.OpenAI(base_url=f"{base(fleet)}/v1", api_key=KEY)
+    for kwargs in ({}, {"encoding_format": "float"}):  # no encoding_format: the client asks for base64
+        response = client.embeddings.create(model=MODEL, input=TEXTS, **kwargs)
+        got = np.array([item.embedding for item in sorted(response.data, key=lambda d: d.index)])
+        np.testing.assert_allclose(got, fleet.reference, atol=1e-6)
+        assert response.model == MODEL and response.object == "list"
+        usage = response.usage
+        assert usage.prompt_tokens > len(TEXTS) and usage.total_tokens == usage.prompt_tokens
+    single = client.embeddings.create(model=MODEL, input=TEXTS[0])
+    np.testing.assert_allclose(single.data[0].embedding, fleet.reference[0], atol=1e-6)
+
+
+def test_token_ids_and_default_model(fleet):
+    ids = [[101, 7592, 2088, 102], [101, 2307, 102]]
+    expected = fleet.producer.embed(ids, MODEL)
+    for body, rows in (({"input": ids}, expected), ({"input": ids[0]}, expected[:1])):
+        response = fleet.main.post("/v1/embeddings", json=body)  # no model: the only served one
+        assert response.status_code == 200, response.text
+        got = np.array([d["embedding"] for d in response.json()["data"]])
+        np.testing.assert_allclose(got, rows, atol=1e-6)
+
+
+# -- vLLM /pooling -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("embed_dtype,endianness", [("float32", "native"), ("float16", "little"),
+                                                    ("float32", "big"), ("float16", "big")])
+def test_pooling_bytes_decode_with_numpy(fleet, embed_dtype, endianness):
+    body = {"model": MODEL, "input": TEXTS, "encoding_format": "bytes", "embed_dtype": embed_dtype,
+            "endianness": endianness}
+    response = fleet.main.post("/pooling", json=body)
+    assert response.status_code == 200 and response.headers["content-type"] == "application/octet-stream"
+    meta = json.loads(response.headers["metadata"])
+    assert meta["model"] == MODEL and meta["usage"]["prompt_tokens"] > 0 and len(meta["data"]) == len(TEXTS)
+    rows = []
+    for item in meta["data"]:
+        order = {"little": "<", "big": ">"}[item["endianness"]]
+        assert item["embed_dtype"] == embed_dtype
+        assert item["endianness"] == (sys.byteorder if endianness == "native" else endianness)
+        chunk = response.content[item["start"]:item["end"]]
+        rows.append(np.frombuffer(chunk, dtype=np.dtype(embed_dtype).newbyteorder(order)).reshape(item["shape"]))
+    np.testing.assert_allclose(np.stack(rows), fleet.reference, atol=1e-6 if embed_dtype == "float32" else 1e-3)
+    only = fleet.main.post("/pooling", json={**body, "encoding_format": "bytes_only"})
+    assert only.content == response.content and "metadata" not in only.headers
+
+
+def test_pooling_json_float_and_base64(fleet):
+    for fmt in ("float", "base64"):
+        response = fleet.main.post("/pooling", json={"model": MODEL, "input": TEXTS, "encoding_format": fmt,
+                                                     "embed_dtype": "float16", "endianness": "big"})
+        assert response.status_code == 200, response.text
+        data = response.json()["data"]
+        assert [d["object"] for d in data] == ["pooling"] * 3 and [d["index"] for d in data] == [0, 1, 2]
+        got = np.array([d["data"] for d in data]) if fmt == "float" else \
+            np.stack([np.frombuffer(base64.b64decode(d["data"]), dtype=">f2") for d in data])
+        np.testing.assert_allclose(got.astype(np.float32), fleet.reference, atol=1e-3)
+
+
+# -- async jobs --------------------------------------------------------------------------------------
+def test_job_round_trip_keeps_its_encoding_format(fleet):
+    created = fleet.main.post("/v1/jobs", json={"model": MODEL, "input": TEXTS, "encoding_format": "base64"})
+    assert created.status_code == 202 and created.json()["status"] == "queued"
+    job_id = created.json()["id"]
+    done = fleet.main.get(f"/v1/jobs/{job_id}", params={"wait": 30})
+    assert done.status_code == 200 and done.json()["status"] == "finished"
+    got = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in done.json()["data"]])
+    np.testing.assert_allclose(got, fleet.reference, atol=1e-6)
+
+
+def test_long_poll_returns_as_soon_as_the_result_lands(fleet):
+    answers = {}
+    with paused(fleet):
+        job_id = fleet.main.post("/v1/jobs", json={"model": MODEL, "input": TEXTS}).json()["id"]
+        assert fleet.main.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
+
+        def poll():
+            answers["response"] = fleet.main.get(f"/v1/jobs/{job_id}", params={"wait": 30})
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        time.sleep(1.0)
+        assert poller.is_alive(), "the long poll answered while no worker was running"
+        resumed = time.monotonic()
+    poller.join(30)
+    elapsed = time.monotonic() - resumed
+    assert answers["response"].status_code == 200 and answers["response"].json()["status"] == "finished"
+    assert elapsed < 10, f"the long poll took {elapsed:.1f} s after the worker resumed (wait=30)"
+    got = np.array([d["embedding"] for d in answers["response"].json()["data"]])
+    np.testing.assert_allclose(got, fleet.reference, atol=1e-6)
+
+
+def test_cancel_a_pending_job(fleet):
+    with paused(fleet):
+        job_id = fleet.main.post("/v1/jobs", json={"model": MODEL, "input": TEXTS}).json()["id"]
+        cancelled = fleet.main.delete(f"/v1/jobs/{job_id}")
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+        assert_error(fleet.main.delete(f"/v1/jobs/{job_id}"), 409, "job_not_cancellable")
+        assert_error(fleet.main.get(f"/v1/jobs/{job_id}"), 409, "cancelled")
+    assert fleet.producer.wait(fleet.producer.submit(TEXTS[:1], MODEL), 30).ok  # the worker went on
+    assert_error(fleet.main.get(f"/v1/jobs/{job_id}"), 409, "cancelled")
+    assert_error(fleet.main.delete("/v1/jobs/no-such-job"), 404, "not_found")
+    assert_error(fleet.main.get("/v1/jobs/no-such-job", params={"wait": 5}), 404, "not_found")
+
+
+# -- errors, each triggered for real -----------------------------------------------------------------
+def test_queue_full_is_429_with_retry_after(fleet):
+    with paused(fleet):
+        statuses = []
+        for _ in range(4):  # the tight gateway allows 2 queued requests per model
+            response = fleet.tight.post("/v1/jobs", json={"model": MODEL, "input": TEXTS[:1]})
+            statuses.append(response.status_code)
+            if response.status_code == 429:
+                break
+        assert statuses[-1] == 429 and set(statuses[:-1]) == {202}, statuses
+        assert_error(response, 429, "queue_full")["type"] == "rate_limit_error"
+        assert response.headers["retry-after"] == "1"
+
+
+def test_timeout_is_504_and_the_request_is_withdrawn(fleet):
+    with paused(fleet):
+        before = fleet.producer.queue_depth(MODEL)
+        start = time.monotonic()
+        assert_error(fleet.tight.post("/v1/embeddings", json={"model": MODEL, "input": TEXTS}), 504, "timeout")
+        assert time.monotonic() - start < 5
+        assert fleet.producer.queue_depth(MODEL) == before  # cancelled: no worker will spend time on it
+
+
+def test_client_errors(fleet):
+    assert_error(fleet.main.post("/v1/embeddings", json={"model": "nope", "input": "x"}), 404,
+                 "model_not_found", "model")
+    assert_error(fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": "x", "dimensions": 128}),
+                 400, "invalid_request", "dimensions")
+    assert_error(fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": "x", "dimensions": 0}),
+                 422, "validation_error")
+    assert_error(fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": [1.5]}), 422,
+                 "validation_error", "input")
+    assert_error(fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": "x", "bogus": 1}), 422,
+                 "validation_error", "bogus")
+    not_json = {"content": b"{not json", "headers": {"content-type": "application/json"}}
+    assert_error(fleet.main.post("/v1/embeddings", **not_json), 400, "decode_error")
+    assert_error(fleet.tight.post("/v1/embeddings", json={"model": MODEL, "input": ["x"] * 5}), 400,
+                 "invalid_request", "input")
+    client = openai.OpenAI(base_url=f"{base(fleet)}/v1", api_key=KEY)
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="nope", input="x")
+
+
+def test_body_limit_on_content_length_and_on_bytes_read(fleet):
+    big = {"model": MODEL, "input": ["word " * 1000] * 60}  # ~300 KB, over the 256 KiB limit
+    assert_error(fleet.main.post("/v1/embeddings", json=big), 413, "payload_too_large")
+    chunks = (json.dumps(big)[i:i + 65536].encode() for i in range(0, 320_000, 65536))
+    assert_error(fleet.main.post("/v1/embeddings", content=chunks, headers={"content-type": "application/json"}),
+                 413, "payload_too_large")  # chunked: no Content-Length to trust
+
+
+def test_auth(fleet):
+    url = base(fleet)
+    assert_error(httpx.get(f"{url}/v1/models"), 401, "unauthorized")
+    assert_error(httpx.post(f"{url}/v1/embeddings", json={"input": "x"}, headers={"Authorization": "Bearer nope"}),
+                 401, "unauthorized")
+    assert_error(httpx.get(f"{url}/metrics"), 401, "unauthorized")
+    assert httpx.get(f"{url}/health").status_code == 200
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{url}/v1", api_key="wrong").embeddings.create(model=MODEL, input="x")
+
+
+def test_redis_down_is_503(fleet):
+    server = Server(_settings(f"redis://127.0.0.1:{free_port()}/0"))
+    try:
+        assert_error(httpx.post(f"{server.url}/v1/embeddings", json={"input": "x"}), 503, "redis_unavailable")
+        health = httpx.get(f"{server.url}/health")
+        assert health.status_code == 503 and health.json()["redis"] == "unreachable"
+    finally:
+        server.stop()
+
+
+# -- models, health, metrics -------------------------------------------------------------------------
+def test_models_and_health(fleet):
+    models = fleet.main.get("/v1/models").json()
+    assert models["object"] == "list" and [m["id"] for m in models["data"]] == [MODEL]
+    entry = models["data"][0]
+    assert entry["object"] == "model" and entry["live_workers"] == 1
+    assert entry["capabilities"]["embedding_size"] == 384 and entry["capabilities"]["name"] == MODEL
+    assert fleet.main.get("/health").json() == {"status": "ok", "redis": "ok", "models": {MODEL: 1}}
+
+
+def test_metrics_parse(fleet):
+    fleet.main.post("/v1/embeddings", json={"model": "nope", "input": "x"})
+    families = {f.name: f for f in text_string_to_metric_families(fleet.main.get("/metrics").text)}
+    requests = families["embedfleet_gateway_requests"].samples
+    assert any(s.labels["route"] == "/v1/embeddings" and s.labels["status"] == "200" for s in requests)
+    assert any(s.labels["route"] == "/v1/jobs/{job_id}" for s in requests)  # templates, never raw ids
+    errors = {s.labels["code"]: s.value for s in families["embedfleet_gateway_errors"].samples
+              if s.name.endswith("_total")}
+    assert errors["model_not_found"] >= 1 and errors["unauthorized"] >= 1
+    assert [s.labels["model"] for s in families["embedfleet_queue_depth"].samples] == [MODEL]
+    assert any(s.name.endswith("_bucket") for s in families["embedfleet_gateway_request_seconds"].samples)
+
+
+def test_no_live_worker_is_503(fleet):
+    """Runs last: stops the worker for good."""
+    fleet.worker.terminate()
+    fleet.worker.wait(30)
+    health = fleet.main.get("/health")
+    assert_error(health, 503, "no_worker")
+    assert health.headers["retry-after"] == "1"
+    assert_error(fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": "x"}), 503, "no_worker", "model")
+    assert_error(fleet.main.post("/v1/embeddings", json={"input": "x"}), 503, "no_worker")

@@ -1,0 +1,38 @@
+"""`python -m worker` (= `embedfleet worker`): load one model and serve its queue until stopped."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import redis
+
+from worker.config import BUNDLED_MODEL_NAME, WorkerSettings, bundled_model_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = WorkerSettings.from_args(argv, "embedfleet worker", __doc__)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from worker.engine import Engine  # noqa: PLC0415 - torch loads after the flags are checked
+    from worker.model import load_model  # noqa: PLC0415
+    from worker.queue import BatchWorker  # noqa: PLC0415
+
+    path, name = settings.model, settings.served_model_name
+    if not path:  # an empty EMBEDFLEET_MODEL (docker compose) counts as unset
+        path, name = bundled_model_path(), name or BUNDLED_MODEL_NAME
+    model = load_model(path, served_name=name, device=settings.device, dtype=settings.dtype,
+                       matryoshka_dims=settings.matryoshka_dims, max_inputs=settings.max_inputs)
+    engine = Engine(model, max_batch_tokens=settings.max_batch_tokens,
+                    max_batch_size=settings.max_batch_size)
+    worker = BatchWorker(engine, redis.Redis.from_url(settings.redis_url), max_jobs=settings.max_jobs,
+                         result_ttl=settings.result_ttl, poll_timeout=settings.poll_timeout,
+                         name=settings.name)
+    logging.getLogger("embedfleet.worker").info(
+        "serving model %s (%s, dim %d, max length %d) from queue %s on %s as %s", model.caps.name, path,
+        model.caps.embedding_size, model.caps.max_model_len, worker.queue.name, settings.redis_url, worker.name)
+    worker.work(burst=settings.burst)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
