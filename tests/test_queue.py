@@ -1,0 +1,209 @@
+"""BatchWorker against a real redis-server and the real Engine on all-MiniLM-L6-v2."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from rq import Queue, SimpleWorker, Worker
+from rq.job import JobStatus
+
+from common.codec import packb
+from common.keys import (FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, MODELS_KEY, RESULT_TTL, cancelled_key,
+                         model_key, model_workers_key, notify_key, queue_name, result_key)
+from common.request import EmbedRequest
+from common.result import Result
+from common.serializer import MsgpackSerializer
+from worker.queue import BatchWorker
+
+
+@pytest.fixture(scope="module")
+def engine(minilm_path):
+    from worker.engine import Engine
+    from worker.model import load_model
+
+    return Engine(load_model(minilm_path))
+
+
+def rq_queue(conn, model: str) -> Queue:
+    return Queue(queue_name(model), connection=conn, serializer=MsgpackSerializer)
+
+
+def enqueue(conn, request: EmbedRequest, *args, **job_kwargs):
+    """Enqueue as the producer does: one rq job per request, job id = request id (args overridable)."""
+    return rq_queue(conn, request.model).enqueue(
+        JOB_FUNC, *(args or (request.encode(),)), job_id=request.id, description=f"embed {len(request.inputs)}",
+        ttl=JOB_TTL, result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, job_timeout=JOB_TIMEOUT, **job_kwargs)
+
+
+def texts(count: int) -> list[str]:
+    words = "red green blue fast slow cat dog river mountain quantum cloud paper".split()
+    return [" ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 9)) for i in range(count)]
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def test_burst_serves_in_batches_and_matches_single_embeddings(engine, redis_client):
+    pool = texts(12)  # 40 requests of 1-2 texts drawn from 12, so each text's reference is computed once
+    requests = [EmbedRequest(model=engine.caps.name, inputs=[pool[i % 12], pool[(i * 5) % 12]][:1 + i % 2])
+                for i in range(40)]
+    for request in requests:
+        enqueue(redis_client, request)
+    passes = engine.forward_passes
+
+    assert BatchWorker(engine, redis_client, max_jobs=64).work(burst=True)
+
+    assert engine.forward_passes - passes < len(requests)
+    alone = {text: engine.run([EmbedRequest(model=engine.caps.name, inputs=[text])])[0].embeddings[0]
+             for text in pool}
+    for request in requests:
+        result = Result.decode(redis_client.get(result_key(request.id)))
+        assert result.ok and result.id == request.id
+        assert result.embeddings.shape == (len(request.inputs), engine.caps.embedding_size)
+        reference = np.stack([alone[text] for text in request.inputs])
+        assert cosine_rows(result.embeddings, reference).min() >= 0.99999
+        assert 0 < redis_client.ttl(result_key(request.id)) <= RESULT_TTL
+        assert 0 < redis_client.ttl(notify_key(request.id)) <= RESULT_TTL
+        assert redis_client.lrange(notify_key(request.id), 0, -1) == [b"1"]
+
+    queue = rq_queue(redis_client, engine.caps.name)
+    ids = {request.id for request in requests}
+    assert set(queue.finished_job_registry.get_job_ids()) == ids
+    assert queue.started_job_registry.get_job_ids() == []
+    assert redis_client.llen(queue.intermediate_queue_key) == 0 and len(queue) == 0
+    for job in (queue.fetch_job(request.id) for request in requests):
+        assert job.get_status() == JobStatus.FINISHED and job.ended_at and job.worker_name
+        assert job.return_value() == {"status": "ok"}  # rq's result stream: a summary, never embeddings
+        assert 0 < redis_client.ttl(job.key) <= RESULT_TTL
+    assert not redis_client.keys("rq:execution*")  # every Execution was cleaned up
+
+
+def test_malformed_messages_fail_clearly_and_the_batch_goes_on(engine, redis_client):
+    model = engine.caps.name
+    good = [EmbedRequest(model=model, inputs=[text]) for text in texts(3)]
+    invalid = EmbedRequest(model=model, inputs=["x"], params={"dimensions": 8})  # not a Matryoshka model
+    garbage, not_a_request, two_args, bad_data, cancelled = (EmbedRequest(model=model, inputs=["?"])
+                                                             for _ in range(5))
+    for request in good[:2]:
+        enqueue(redis_client, request)
+    enqueue(redis_client, garbage, b"garbage")
+    enqueue(redis_client, not_a_request, packb({"hello": "world"}))
+    enqueue(redis_client, two_args, two_args.encode(), b"extra")
+    enqueue(redis_client, bad_data)
+    redis_client.hset(f"rq:job:{bad_data.id}", "data", b"\xc1\xc1 not msgpack")
+    enqueue(redis_client, cancelled)
+    redis_client.set(cancelled_key(cancelled.id), 1)
+    enqueue(redis_client, invalid)
+    enqueue(redis_client, good[2])
+
+    reply = "embedfleet:test:replies"
+    worker = BatchWorker(engine, redis_client, max_jobs=64)
+    worker.work(burst=True)
+    assert worker.batches == 1  # everything above was one batch
+
+    queue = rq_queue(redis_client, model)
+    reasons = {garbage.id: "malformed embed request", not_a_request.id: "malformed embed request",
+               two_args.id: "job args must be", bad_data.id: "job data is not msgpack"}
+    assert set(queue.failed_job_registry.get_job_ids()) == set(reasons)
+    for job_id, reason in reasons.items():
+        job = queue.fetch_job(job_id)
+        assert job.get_status() == JobStatus.FAILED
+        assert reason in job.latest_result().exc_string
+        assert reason in job._exc_info  # also in the job hash, where `rq info`-style tools look
+        answer = Result.decode(redis_client.get(result_key(job_id)))
+        assert answer.error_code == "decode_error" and reason in answer.error_message
+        assert redis_client.llen(notify_key(job_id)) == 1
+
+    for request in good:
+        assert Result.decode(redis_client.get(result_key(request.id))).embeddings.shape == (1, 384)
+    served_error = Result.decode(redis_client.get(result_key(invalid.id)))
+    assert served_error.error_code == "invalid_request" and "dimensions" in served_error.error_message
+    assert queue.fetch_job(invalid.id).return_value() == {"status": "error", "code": "invalid_request"}
+    assert set(queue.finished_job_registry.get_job_ids()) == {r.id for r in good} | {invalid.id}
+
+    assert queue.fetch_job(cancelled.id).get_status() == JobStatus.CANCELED
+    assert queue.canceled_job_registry.get_job_ids() == [cancelled.id]
+    assert Result.decode(redis_client.get(result_key(cancelled.id))).error_code == "cancelled"
+    assert redis_client.llen(queue.intermediate_queue_key) == 0
+    assert not redis_client.exists(reply)
+
+    counts = Worker.find_by_key(worker.key, redis_client)  # rq keeps the dead worker's hash for 60 s
+    assert (counts.successful_job_count, counts.failed_job_count) == (4, 4)
+
+
+def test_reply_stream_gets_the_id(engine, redis_client):
+    request = EmbedRequest(model=engine.caps.name, inputs=["hi"], reply_to="embedfleet:test:replies")
+    enqueue(redis_client, request)
+    BatchWorker(engine, redis_client).work(burst=True)
+    [(_, fields)] = redis_client.xrange("embedfleet:test:replies")
+    assert fields == {b"id": request.id.encode()}
+
+
+class GatedEngine:
+    """The real engine, held inside run() until the test lets it go, to observe a busy worker."""
+
+    def __init__(self, engine):
+        self.engine, self.caps = engine, engine.caps
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def run(self, requests):
+        self.entered.set()
+        assert self.release.wait(20)
+        return self.engine.run(requests)
+
+
+def wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_worker_in_thread_is_registered_honestly_and_advertises(engine, redis_client):
+    name = engine.caps.name
+    requests = [EmbedRequest(model=name, inputs=[text]) for text in texts(3)]
+    for request in requests:  # queued before the start, so that they land in one batch
+        enqueue(redis_client, request)
+    gated = GatedEngine(engine)
+    worker = BatchWorker(gated, redis_client, poll_timeout=1, heartbeat_interval=0.2)
+    thread = threading.Thread(target=worker.work, daemon=True)
+    thread.start()
+    try:
+        assert gated.entered.wait(10)
+        assert 0 < redis_client.ttl(model_key(name)) <= 30
+        assert redis_client.sismember(MODELS_KEY, name)
+        [seen] = Worker.all(connection=redis_client)
+        assert seen.name == worker.name and seen.get_state() == "busy"
+        assert seen.get_current_job().id in {r.id for r in requests}  # read from Redis, as `rq info` does
+        queue = rq_queue(redis_client, name)
+        assert set(queue.started_job_registry.get_job_ids()) == {r.id for r in requests}
+        assert {queue.fetch_job(r.id).get_status() for r in requests} == {JobStatus.STARTED}
+        beat = redis_client.zscore(model_workers_key(name), worker.name)
+        wait_for(lambda: redis_client.zscore(model_workers_key(name), worker.name) > beat)  # beats while busy
+
+        gated.release.set()
+        wait_for(lambda: all(redis_client.exists(result_key(r.id)) for r in requests))
+        wait_for(lambda: Worker.all(connection=redis_client)[0].get_state() == "idle")
+        assert Worker.all(connection=redis_client)[0].get_current_job() is None
+        assert queue.started_job_registry.get_job_ids() == []
+    finally:
+        gated.release.set()
+        worker.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+    assert Worker.all(connection=redis_client) == []
+    assert not redis_client.exists(model_key(name))
+    assert redis_client.zscore(model_workers_key(name), worker.name) is None
+
+
+def test_plain_rq_worker_refuses_embedding_jobs(engine, redis_client):
+    request = EmbedRequest(model=engine.caps.name, inputs=["hi"])
+    job = enqueue(redis_client, request)
+    SimpleWorker([rq_queue(redis_client, request.model)], connection=redis_client,
+                 serializer=MsgpackSerializer).work(burst=True)
+    assert job.get_status() == JobStatus.FAILED
+    assert "run `embedfleet worker`" in job.latest_result().exc_string

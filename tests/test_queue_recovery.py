@@ -1,0 +1,95 @@
+"""A worker dying mid-batch: rq's maintenance recovers its jobs (Retry or failure) and producers get an answer.
+Also: the background heartbeat thread's death is noticed."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from rq import Retry
+from rq.job import JobStatus
+
+from common.keys import result_key
+from common.request import EmbedRequest
+from common.result import Result
+from tests.test_queue import engine, enqueue, rq_queue, wait_for  # noqa: F401 - `engine` is a fixture
+from worker.dequeue import fetch_jobs
+from worker.heartbeat import Heartbeat
+from worker.queue import BatchWorker
+
+
+def test_abandoned_batch_is_failed_or_retried_by_rq_maintenance(engine, redis_client):  # noqa: F811
+    model = engine.caps.name
+    lost, retried = (EmbedRequest(model=model, inputs=[text]) for text in ("lost", "retried"))
+    enqueue(redis_client, lost)
+    enqueue(redis_client, retried, retry=Retry(max=1))
+
+    dead = BatchWorker(engine, redis_client)  # takes the batch, marks it started, then "dies"
+    items = fetch_jobs(redis_client, dead.dequeue_batch(None), dead.serializer)
+    dead.start(items, dead.decode(items))
+    queue = rq_queue(redis_client, model)
+    assert set(queue.started_job_registry.get_job_ids()) == {lost.id, retried.id}
+    assert redis_client.llen(queue.intermediate_queue_key) == 0
+    for member in redis_client.zrange(queue.started_job_registry.key, 0, -1):  # its heartbeats stopped
+        redis_client.zadd(queue.started_job_registry.key, {member: 1})
+
+    rescuer = BatchWorker(engine, redis_client)
+    rescuer.run_maintenance_tasks()  # rq's StartedJobRegistry.cleanup, as every worker runs it
+
+    assert queue.fetch_job(lost.id).get_status() == JobStatus.FAILED
+    assert "AbandonedJobError" in queue.fetch_job(lost.id).latest_result().exc_string
+    answer = Result.decode(redis_client.get(result_key(lost.id)))
+    assert answer.error_code == "internal_error" and "died" in answer.error_message
+    assert queue.get_job_ids() == [retried.id] and not redis_client.exists(result_key(retried.id))
+
+    rescuer.work(burst=True)
+    assert Result.decode(redis_client.get(result_key(retried.id))).ok
+    assert queue.fetch_job(retried.id).get_status() == JobStatus.FINISHED
+
+
+def test_ids_stranded_in_the_intermediate_list_are_failed_with_an_answer(engine, redis_client):  # noqa: F811
+    request = EmbedRequest(model=engine.caps.name, inputs=["stranded"])
+    enqueue(redis_client, request)
+    dead = BatchWorker(engine, redis_client)
+    assert dead.dequeue_batch(None) == [request.id]  # died before marking it started
+    queue = rq_queue(redis_client, request.model)
+    intermediate = queue.intermediate_queue
+    rescuer = BatchWorker(engine, redis_client)
+    rescuer.run_maintenance_tasks()  # rq first only notes when it saw the id ...
+    assert redis_client.lrange(queue.intermediate_queue_key, 0, -1) == [request.id.encode()]
+    redis_client.set(intermediate.get_first_seen_key(request.id), time.time() - 120)  # ... a minute ago
+    rescuer.run_maintenance_tasks()
+
+    assert redis_client.llen(queue.intermediate_queue_key) == 0
+    assert queue.fetch_job(request.id).get_status() == JobStatus.FAILED
+    assert Result.decode(redis_client.get(result_key(request.id))).error_code == "internal_error"
+
+
+class Crash(BaseException):
+    """Escapes the beat's `except Exception`, as a bug or an interpreter-level error would."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_heartbeat_thread_logs_failures_and_a_dead_thread_is_restarted(caplog):
+    calls = []
+
+    def beat():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("redis said no")
+        if len(calls) == 2:
+            raise Crash()
+
+    heartbeat = Heartbeat(beat, 0.01, "test-heartbeat")
+    with caplog.at_level(logging.INFO):
+        heartbeat.start()
+        wait_for(lambda: not heartbeat.alive)
+        assert "test-heartbeat: beat failed" in caplog.text  # logged with its traceback, thread lived on
+        assert "test-heartbeat thread is dying" in caplog.text
+        assert heartbeat.ensure_alive() is False
+        assert "test-heartbeat thread died; restarting it" in caplog.text
+        wait_for(lambda: len(calls) >= 4)
+        assert heartbeat.alive and heartbeat.restarts == 1
+        heartbeat.stop()
+    assert not heartbeat.alive and heartbeat.ensure_alive()  # a stopped heartbeat is not restarted

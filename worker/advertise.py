@@ -1,0 +1,58 @@
+"""Capability heartbeat: tells producers which model this worker serves and that it is alive."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from redis import Redis
+
+from common.capabilities import ModelCapabilities
+from common.keys import ADVERTISE_TTL, MODELS_KEY, model_key, model_workers_key
+
+log = logging.getLogger(__name__)
+
+# Drops stale workers, then deletes the capabilities only if no live worker is left, atomically so that
+# a worker advertising at the same moment is never left without its model key.
+_WITHDRAW = """
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[2])
+if redis.call('ZCARD', KEYS[2]) == 0 then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  return 1
+end
+return 0
+"""
+
+
+class Advertiser:
+    """Writes `caps` under the model's keys for `worker_name` (see common.keys for the layout)."""
+
+    def __init__(self, connection: Redis, caps: ModelCapabilities, worker_name: str,
+                 ttl: int = ADVERTISE_TTL):
+        self.connection = connection
+        self.caps = caps
+        self.worker_name = worker_name
+        self.ttl = ttl
+        self._blob = caps.encode()
+
+    def advertise(self) -> None:
+        """One round trip: capabilities with a TTL, the model name, this worker's beat; prunes dead workers."""
+        now = time.time()
+        name = self.caps.name
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.set(model_key(name), self._blob, ex=self.ttl)
+            pipe.sadd(MODELS_KEY, name)
+            pipe.zadd(model_workers_key(name), {self.worker_name: now})
+            pipe.zremrangebyscore(model_workers_key(name), "-inf", now - self.ttl)
+            pipe.expire(model_workers_key(name), self.ttl * 2)
+            pipe.execute()
+
+    def withdraw(self) -> bool:
+        """Removes this worker; deletes the model's capabilities if no live worker serves it. True if deleted."""
+        name = self.caps.name
+        deleted = self.connection.eval(_WITHDRAW, 2, model_key(name), model_workers_key(name),
+                                       self.worker_name, time.time() - self.ttl)
+        log.info("worker %s: withdrew model %s%s", self.worker_name, name,
+                 " (no worker left, capabilities removed)" if deleted else "")
+        return bool(deleted)
