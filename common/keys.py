@@ -6,9 +6,7 @@
     embedfleet:models               SET     names of every model ever advertised (lazily pruned)
     embedfleet:model:<name>         STRING  ModelCapabilities (msgpack), TTL ADVERTISE_TTL, refreshed
                                             every HEARTBEAT_INTERVAL by each worker serving <name>
-    embedfleet:model:<name>:workers ZSET    worker name -> time of its last heartbeat
-    embedfleet:cancelled:<id>       STRING  "1" while a cancel of a pending request is in force,
-                                            TTL JOB_TTL (the worker skips such jobs)
+    embedfleet:model:<name>:workers ZSET    worker name -> time of its last heartbeat, TTL 2 * ADVERTISE_TTL
     embedfleet:job:<id>             STRING  the HTTP gateway's answer options for an async job (JSON:
                                             encoding_format, explicit layout), TTL JOB_TTL + RESULT_TTL
 
@@ -44,10 +42,6 @@ def result_key(request_id: str) -> str:
 
 def notify_key(request_id: str) -> str:
     return f"{PREFIX}:notify:{request_id}"
-
-
-def cancelled_key(request_id: str) -> str:
-    return f"{PREFIX}:cancelled:{request_id}"
 
 
 def job_options_key(request_id: str) -> str:

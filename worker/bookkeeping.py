@@ -35,7 +35,7 @@ class Item:
 
     job_id: str
     job: Job | None  # None: the hash is gone (expired or deleted) and the id is only dropped
-    cancelled: bool = False
+    cancelled: bool = False  # rq status CANCELED when dequeued: answered "cancelled", never run
     unreadable: str | None = None  # why the rq job hash or its data could not be read
     request: EmbedRequest | None = None
     execution: Execution | None = None

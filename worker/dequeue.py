@@ -12,7 +12,6 @@ import logging
 from redis import Redis
 from rq.job import Job
 
-from common.keys import cancelled_key
 from worker.bookkeeping import Item
 
 log = logging.getLogger(__name__)
@@ -51,28 +50,26 @@ def take_batch(connection: Redis, queue_key: str, intermediate_key: str, max_job
 
 
 def fetch_jobs(connection: Redis, job_ids: list[str], serializer, job_class: type[Job] = Job) -> list[Item]:
-    """Every job hash and every cancel flag of the batch, in one round trip."""
+    """Every job hash of the batch, in one round trip."""
     if not job_ids:
         return []
     with connection.pipeline(transaction=False) as pipe:
         for job_id in job_ids:
             pipe.hgetall(job_class.key_for(job_id))
-        pipe.mget([cancelled_key(job_id) for job_id in job_ids])
-        *hashes, flags = pipe.execute()
-    return [_restore(connection, job_id, raw, flag is not None, serializer, job_class)
-            for job_id, raw, flag in zip(job_ids, hashes, flags)]
+        hashes = pipe.execute()
+    return [_restore(connection, job_id, raw, serializer, job_class) for job_id, raw in zip(job_ids, hashes)]
 
 
-def _restore(connection, job_id, raw, cancelled, serializer, job_class) -> Item:
+def _restore(connection, job_id, raw, serializer, job_class) -> Item:
     if not raw:  # expired or deleted since it was enqueued: rq's dequeue skips such ids too
-        return Item(job_id, None, cancelled)
+        return Item(job_id, None)
     try:
         job = job_class(job_id, connection=connection, serializer=serializer)
     except (TypeError, ValueError) as exc:  # an id no rq enqueue could have written
-        return Item(job_id, None, cancelled, unreadable=f"invalid job id: {exc}")
+        return Item(job_id, None, unreadable=f"invalid job id: {exc}")
     try:
         job.restore(raw)
     except Exception as exc:  # e.g. a hash without `data`: still fail it visibly, under its id
         log.warning("job %s: unreadable job hash: %s", job_id, exc)
-        return Item(job_id, job, cancelled, unreadable=f"unreadable rq job hash: {exc!r}")
-    return Item(job_id, job, cancelled)
+        return Item(job_id, job, unreadable=f"unreadable rq job hash: {exc!r}")
+    return Item(job_id, job)

@@ -8,7 +8,7 @@ trips per batch (take, fetch, start, finish) whatever its size. Status decisions
   decode_error reason and a decode_error result blob; never retried, the bytes will not change;
 - the engine raised or returned a wrong result list: rq job FAILED (internal_error), or requeued by rq's
   Retry when the job has retries left;
-- a cancel flag (common.keys.cancelled_key) or an rq CANCELED status: rq job CANCELED, a `cancelled` result
+- an rq CANCELED status (a cancel that raced the dequeue): rq job CANCELED, a `cancelled` result
   blob unless one exists.
 """
 
@@ -181,7 +181,7 @@ class BatchWorker(SimpleWorker):
         for item in items:
             if item.job is None:
                 continue
-            if item.cancelled or item.job.get_status(refresh=False) == JobStatus.CANCELED:
+            if item.job.get_status(refresh=False) == JobStatus.CANCELED:
                 item.cancelled = True
                 continue
             try:

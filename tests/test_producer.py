@@ -1,0 +1,208 @@
+"""Producer end to end: real redis-server, real rq, the real BatchWorker and Engine on all-MiniLM-L6-v2."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rq import Queue
+from rq.job import JobStatus
+from sentence_transformers import SentenceTransformer
+
+from common import keys
+from common.errors import (InputTooLongError, NoWorkerError, TimeoutError, UnknownModelError,
+                           ValidationError)
+from common.result import Result
+from common.serializer import MsgpackSerializer
+from producer import AsyncProducer, Producer
+from worker.queue import BatchWorker
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "docstrings.json"
+
+
+@pytest.fixture(scope="module")
+def engine(minilm_path):
+    from worker.engine import Engine
+    from worker.model import load_model
+
+    return Engine(load_model(minilm_path, served_name="minilm"), max_batch_tokens=8192)
+
+
+@pytest.fixture(scope="module")
+def reference(minilm_path):
+    return SentenceTransformer(minilm_path, device="cpu")
+
+
+@pytest.fixture
+def producer(redis_url):
+    with Producer(redis_url) as producer:
+        yield producer
+
+
+@pytest.fixture
+def idle_worker(engine, redis_client):
+    """A registered, advertised worker that has not started serving: requests stay pending."""
+    worker = BatchWorker(engine, redis_client, poll_timeout=1)
+    worker.advertiser.advertise()
+    return worker
+
+
+@pytest.fixture
+def serving_worker(engine, redis_client):
+    """A worker serving in a thread until the test ends."""
+    worker = BatchWorker(engine, redis_client, poll_timeout=1)
+    thread = threading.Thread(target=worker.work, daemon=True)
+    thread.start()
+    worker.advertiser.advertise()
+    yield worker
+    worker.stop()
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+def corpus_texts() -> list[str]:
+    """60 real texts of varied length, with some far beyond the model's 256 tokens."""
+    texts = json.loads(CORPUS.read_text()) if CORPUS.exists() else []
+    texts = sorted(texts, key=len)
+    picked = texts[:: max(1, len(texts) // 54)][:54]
+    long = " ".join(texts[-5:]) if texts else "word " * 2000
+    return picked + [long, long[: len(long) // 2], "a", "", "short text", " ".join(["many words"] * 400)]
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def test_embed_matches_sentence_transformers_on_varied_real_texts(producer, serving_worker, reference):
+    texts = corpus_texts()
+    assert len(texts) >= 50
+    assert max(len(reference.tokenizer(t)["input_ids"]) for t in texts) > reference.max_seq_length
+
+    vectors = producer.embed(texts, truncate_prompt_tokens=-1)
+
+    expected = reference.encode(texts)
+    assert vectors.shape == expected.shape == (len(texts), 384) and vectors.dtype == np.float32
+    assert cosines(vectors, expected).min() >= 0.99999
+
+
+def test_requests_submitted_before_a_worker_starts_are_batched(producer, engine, idle_worker, redis_client):
+    texts = corpus_texts()
+    batches = [texts[i % len(texts): i % len(texts) + 1 + i % 3] for i in range(40)]
+    ids = producer.submit_many(batches, "minilm", truncate_prompt_tokens=-1)
+    assert len(ids) == 40 and all(producer.get(i) is None for i in ids)
+    passes = engine.forward_passes
+
+    idle_worker.work(burst=True)
+
+    used = engine.forward_passes - passes
+    assert used < len(ids), f"{used} forward passes for {len(ids)} requests"
+    for request_id, batch in zip(ids, batches):
+        alone = engine.run([producer_request(batch)])[0].embeddings
+        assert cosines(producer.wait(request_id, 5).embeddings, alone).min() >= 0.99999
+
+
+def producer_request(texts):
+    from common.params import PoolingParams
+    from common.request import EmbedRequest
+
+    return EmbedRequest(model="minilm", inputs=texts, params=PoolingParams(truncate_prompt_tokens=-1))
+
+
+def test_pending_request_get_none_wait_times_out_then_result_expires(producer, idle_worker, redis_client):
+    request_id = producer.submit(["pending for now"])
+    assert producer.get(request_id) is None
+    assert producer.status(request_id) == "queued"
+    with pytest.raises(TimeoutError, match=rf"no result for request {request_id} after 0.3 s \(status: queued\)"):
+        producer.wait(request_id, timeout=0.3)
+
+    idle_worker.work(burst=True)
+
+    result = producer.wait(request_id, timeout=5)
+    assert result.ok and result.model == "minilm" and result.embeddings.shape == (1, 384)
+    assert result.usage.prompt_tokens == 5  # [CLS] pending for now [SEP]
+    assert producer.status(request_id) == "finished"
+    assert 0 < redis_client.ttl(keys.result_key(request_id)) <= keys.RESULT_TTL
+    assert 0 < redis_client.ttl(keys.notify_key(request_id)) <= keys.RESULT_TTL
+
+
+def test_wait_wakes_on_the_result_without_polling(producer, serving_worker, redis_client):
+    before = int(redis_client.info("commandstats").get("cmdstat_get", {}).get("calls", 0))
+    request_id = producer.submit("wake me up")
+    result = producer.wait(request_id, timeout=30)
+    gets = int(redis_client.info("commandstats")["cmdstat_get"]["calls"]) - before
+    assert result.ok
+    assert gets <= 3, f"wait issued {gets} GETs: it should block on BLPOP, not poll"
+
+
+def test_unknown_model_fails_at_submit_and_nothing_is_enqueued(producer, idle_worker, redis_client):
+    with pytest.raises(UnknownModelError, match=r"model 'nope' is not served .* served models: \['minilm'\]"):
+        producer.submit("x", model="nope")
+    assert not redis_client.keys("rq:queue:*")
+
+
+def test_no_worker_at_all_fails_at_submit(producer):
+    with pytest.raises(NoWorkerError, match="no worker is alive"):
+        producer.submit("x")
+
+
+def test_invalid_params_fail_at_submit_with_what_is_allowed(producer, idle_worker):
+    with pytest.raises(ValidationError, match=r"`dimensions` is not supported by model 'minilm'.*384"):
+        producer.submit("x", dimensions=64)
+    with pytest.raises(ValidationError, match=r"truncate_prompt_tokens.*-1 .*positive integer"):
+        producer.submit("x", truncate_prompt_tokens=0)
+    with pytest.raises(ValidationError, match=r"embed_dtype.*float32"):
+        producer.submit("x", embed_dtype="float64")
+
+
+def test_over_long_input_fails_alone_with_the_limit(producer, idle_worker):
+    long_text = "many words " * 300
+    bad = producer.submit([long_text])
+    good = producer.submit(["fine"])
+    idle_worker.work(burst=True)
+
+    with pytest.raises(InputTooLongError, match=r"256") as info:
+        producer.wait(bad, 5)
+    assert "truncate_prompt_tokens" in info.value.message and "602" in info.value.message
+    assert producer.status(bad) == "failed"
+    assert producer.wait(good, 5).ok
+
+
+def test_malformed_message_fails_its_job_and_the_worker_goes_on(producer, idle_worker, redis_client):
+    good = producer.submit(["before"])
+    queue = Queue(keys.queue_name("minilm"), connection=redis_client, serializer=MsgpackSerializer)
+    queue.enqueue(keys.JOB_FUNC, b"\xc1 not msgpack", job_id="garbage")
+    after = producer.submit(["after"])
+    idle_worker.work(burst=True)
+
+    assert producer.wait(good, 5).ok and producer.wait(after, 5).ok
+    job = queue.fetch_job("garbage")
+    assert job.get_status() == JobStatus.FAILED
+    assert "malformed embed request" in job.latest_result().exc_string
+    blob = Result.decode(redis_client.get(keys.result_key("garbage")))
+    assert blob.error_code == "decode_error"
+
+
+def test_cancel_a_pending_request(producer, idle_worker):
+    request_id = producer.submit(["never mind"])
+    assert producer.cancel(request_id) is True
+    assert producer.status(request_id) == "cancelled"
+    assert producer.cancel(request_id) is False
+    idle_worker.work(burst=True)
+    assert producer.get(request_id).error_code == "cancelled"
+
+
+def test_async_producer_embeds_concurrently(redis_url, serving_worker, reference):
+    texts = [f"async request number {i}" for i in range(12)]
+
+    async def main():
+        async with AsyncProducer(redis_url) as producer:
+            return await asyncio.gather(*(producer.embed([t]) for t in texts))
+
+    results = asyncio.run(main())
+    vectors = np.concatenate([r.embeddings for r in results])
+    assert cosines(vectors, reference.encode(texts)).min() >= 0.99999
+    assert all(r.model == "minilm" and r.usage.prompt_tokens > 0 for r in results)
