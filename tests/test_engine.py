@@ -14,7 +14,6 @@ from common.dtypes import float32_to_bfloat16_bits
 from common.params import EMBED_DTYPES
 from common.request import EmbedRequest
 from common.result import Result
-from tests.tinymodels import *  # noqa: F403 - session fixtures
 from tests.tinymodels import cosines, embed, engine_for, sample_texts, st_reference
 from worker.engine import Engine
 from worker.model import load_model

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from common.request import EmbedRequest
-from tests.tinymodels import *  # noqa: F403 - session fixtures
 from tests.tinymodels import (cosines, embed, engine_for, sample_texts, save_tiny_bert, save_tiny_decoder,
                               st_reference)
 from worker.engine import Engine

@@ -19,17 +19,15 @@ from common.errors import (InputTooLongError, NoWorkerError, TimeoutError, Unkno
 from common.result import Result
 from common.serializer import MsgpackSerializer
 from producer import AsyncProducer, Producer
+from tests.tinymodels import sample_texts
 from worker.queue import BatchWorker
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "docstrings.json"
 
 
-@pytest.fixture(scope="module")
-def engine(minilm_path):
-    from worker.engine import Engine
-    from worker.model import load_model
-
-    return Engine(load_model(minilm_path, served_name="minilm"), max_batch_tokens=8192)
+@pytest.fixture
+def engine(minilm_engine):
+    return minilm_engine
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +63,14 @@ def serving_worker(engine, redis_client):
 
 
 def corpus_texts() -> list[str]:
-    """60 real texts of varied length, with some far beyond the model's 256 tokens."""
-    texts = json.loads(CORPUS.read_text()) if CORPUS.exists() else []
-    texts = sorted(texts, key=len)
-    picked = texts[:: max(1, len(texts) // 54)][:54]
-    long = " ".join(texts[-5:]) if texts else "word " * 2000
+    """60 texts of varied length (real ones from the shared corpus when it is there), some far beyond the
+    model's 256 tokens."""
+    if CORPUS.exists():
+        texts = sorted(json.loads(CORPUS.read_text()), key=len)
+        picked = texts[:: len(texts) // 54][:54]
+    else:
+        picked = sample_texts(54, max_words=80)
+    long = " ".join(picked[-5:] * 20)
     return picked + [long, long[: len(long) // 2], "a", "", "short text", " ".join(["many words"] * 400)]
 
 

@@ -19,12 +19,9 @@ from common.serializer import MsgpackSerializer
 from worker.queue import BatchWorker
 
 
-@pytest.fixture(scope="module")
-def engine(minilm_path):
-    from worker.engine import Engine
-    from worker.model import load_model
-
-    return Engine(load_model(minilm_path))
+@pytest.fixture
+def engine(minilm_engine):
+    return minilm_engine
 
 
 def rq_queue(conn, model: str) -> Queue:

@@ -1,7 +1,7 @@
 """Tiny random models saved as sentence-transformers folders, built offline for tests (no hub).
 
 Builders write a folder and return its path; the session fixtures at the bottom build each flavour once.
-Import the fixtures into a test module with `from tests.tinymodels import *  # noqa: F403`.
+Its fixtures reach every test module through `pytest_plugins` in tests/conftest.py.
 """
 
 from __future__ import annotations
