@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-import redis.asyncio as aioredis
-
 from common import keys
 from common.capabilities import ModelCapabilities
 from common.errors import NotFoundError, TimeoutError
 from common.params import PoolingParams
+from common.redisclient import block_for, connect_async
 from common.result import Result
 from producer.client import Producer
 from producer.core import redis_errors
@@ -25,7 +24,7 @@ class AsyncProducer:
 
     def __init__(self, redis_url: str = "redis://127.0.0.1:6379/0", *, max_queue_depth: int | None = None):
         self._sync = Producer(redis_url, max_queue_depth=max_queue_depth)
-        self.redis = aioredis.Redis.from_url(redis_url)
+        self.redis = connect_async(redis_url)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -81,7 +80,7 @@ class AsyncProducer:
                 raise TimeoutError(f"no result for request {request_id} after {timeout:g} s "
                                    f"(status: {await self.status(request_id)})")
             with redis_errors():
-                woke = await self.redis.blpop([keys.notify_key(request_id)], timeout=max(left, 0.01))
+                woke = await self.redis.blpop([keys.notify_key(request_id)], timeout=block_for(left))
                 if woke is not None:  # hand the wake-up on to any other waiter on the same id
                     await self.redis.pipeline().rpush(woke[0], woke[1]) \
                         .expire(woke[0], keys.RESULT_TTL).execute()

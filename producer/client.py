@@ -14,6 +14,7 @@ from common import keys
 from common.capabilities import ModelCapabilities
 from common.errors import CancelledError, NotFoundError, QueueFullError, TimeoutError
 from common.params import PoolingParams
+from common.redisclient import block_for, connect
 from common.result import Result
 from producer.core import (CAPS_CACHE_SECONDS, SERIALIZER, build_request, enqueue_data, job_state,
                            model_of_queue, parse_models, pick_model, redis_errors as _redis_errors,
@@ -30,7 +31,7 @@ class Producer:
 
     def __init__(self, redis_url: str = "redis://127.0.0.1:6379/0", *,
                  max_queue_depth: int | None = None, connection: redis.Redis | None = None):
-        self.redis = connection or redis.Redis.from_url(redis_url)
+        self.redis = connection or connect(redis_url)
         self.max_queue_depth = max_queue_depth
         self._served: dict[str, ModelCapabilities] = {}
         self._known: set[str] = set()
@@ -117,7 +118,7 @@ class Producer:
                 raise TimeoutError(f"no result for request {request_id} after {timeout:g} s "
                                    f"(status: {self.status(request_id)})")
             with _redis_errors():
-                woke = self.redis.blpop([keys.notify_key(request_id)], timeout=max(left, 0.01))
+                woke = self.redis.blpop([keys.notify_key(request_id)], timeout=block_for(left))
                 if woke is not None:  # hand the wake-up on to any other waiter on the same id
                     self.redis.pipeline().rpush(woke[0], woke[1]).expire(woke[0], keys.RESULT_TTL).execute()
 

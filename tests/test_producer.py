@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -128,6 +129,15 @@ def test_pending_request_get_none_wait_times_out_then_result_expires(producer, i
     assert producer.status(request_id) == "finished"
     assert 0 < redis_client.ttl(keys.result_key(request_id)) <= keys.RESULT_TTL
     assert 0 < redis_client.ttl(keys.notify_key(request_id)) <= keys.RESULT_TTL
+
+
+def test_wait_longer_than_redis_py_default_socket_timeout(producer, idle_worker):
+    """redis-py 8 times sockets out after 5 s by default: a long wait must still end in our TimeoutError."""
+    request_id = producer.submit(["nobody serves this yet"])
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        producer.wait(request_id, timeout=6)
+    assert time.monotonic() - started >= 6
 
 
 def test_wait_wakes_on_the_result_without_polling(producer, serving_worker, redis_client):

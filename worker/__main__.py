@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-import redis
-
+from common.redisclient import connect
 from worker.config import BUNDLED_MODEL_NAME, WorkerSettings, bundled_model_path
 
 
@@ -24,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
                        matryoshka_dims=settings.matryoshka_dims, max_inputs=settings.max_inputs)
     engine = Engine(model, max_batch_tokens=settings.max_batch_tokens,
                     max_batch_size=settings.max_batch_size)
-    worker = BatchWorker(engine, redis.Redis.from_url(settings.redis_url), max_jobs=settings.max_jobs,
+    worker = BatchWorker(engine, connect(settings.redis_url), max_jobs=settings.max_jobs,
                          result_ttl=settings.result_ttl, poll_timeout=settings.poll_timeout,
                          name=settings.name)
     logging.getLogger("embedfleet.worker").info(

@@ -31,6 +31,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from common.errors import CancelledError, DecodeError, EmbedfleetError, InternalError
 from common.keys import HEARTBEAT_INTERVAL, JOB_FUNC, RESULT_TTL, queue_name
+from common.redisclient import MAX_BLOCK
 from common.request import EmbedRequest
 from common.result import Result
 from common.serializer import MsgpackSerializer
@@ -74,7 +75,8 @@ class BatchWorker(SimpleWorker):
         self.engine = engine
         self.max_jobs = max_jobs
         self.result_ttl = result_ttl
-        self.poll_timeout = max(1, min(poll_timeout, self.dequeue_timeout))
+        # A blocking read must end well inside the client's socket timeout (common.redisclient).
+        self.poll_timeout = max(1, min(poll_timeout, self.dequeue_timeout, int(MAX_BLOCK)))
         self.queue = self.queues[0]
         self.advertiser = Advertiser(connection, engine.caps, self.name)
         self.heartbeat_thread = Heartbeat(self._beat, heartbeat_interval, f"heartbeat-{self.name}")
