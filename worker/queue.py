@@ -133,7 +133,10 @@ class BatchWorker(SimpleWorker):
                     backoff = min(backoff * self.exponential_backoff_factor, self.max_connection_wait_time)
         finally:
             self._shut_down_heartbeat()
-            self.teardown()
+            try:
+                self.teardown()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:  # rq's registration expires by itself
+                log.warning("worker %s: could not unregister from Redis (%s)", self.name, exc)
         return served > 0
 
     def stop(self) -> None:
