@@ -25,7 +25,10 @@ PREFIX = "embedfleet"
 RESULT_TTL = 3600  # seconds a result blob (and its notify list) is kept
 JOB_TTL = 24 * 3600  # seconds a job may wait in the queue before rq drops it
 FAILURE_TTL = 24 * 3600  # seconds a failed rq job stays in the failed registry (rq's default: forever)
-JOB_TIMEOUT = 600  # seconds; with rq's +60 s this is when a dead worker's job counts as abandoned
+JOB_TIMEOUT = 600  # seconds; rq's started-registry score for a job is min(this, 30) + 60 s past the
+#                    worker's last beat, which a live worker refreshes every HEARTBEAT_INTERVAL
+JOB_RETRIES = 2  # a job whose worker died is requeued this often (at-least-once), then failed
+MAINTENANCE_INTERVAL = 60  # seconds between a worker's rq maintenance runs (abandoned-job recovery)
 ADVERTISE_TTL = 30  # a worker that stops refreshing stops counting as alive after this long
 HEARTBEAT_INTERVAL = 10
 

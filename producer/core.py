@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import redis
+from rq import Retry
 from rq.job import JobStatus
 
 from common import keys
@@ -80,9 +81,11 @@ def _pydantic_message(exc: Exception) -> str:
 
 
 def enqueue_data(queue_cls, request: EmbedRequest):
+    # Embedding is idempotent, so a job whose worker died is retried (rq's Retry) rather than lost.
     return queue_cls.prepare_data(
         keys.JOB_FUNC, args=[request.encode()], job_id=request.id, timeout=keys.JOB_TIMEOUT,
         result_ttl=keys.RESULT_TTL, ttl=keys.JOB_TTL, failure_ttl=keys.FAILURE_TTL,
+        retry=Retry(max=keys.JOB_RETRIES),
         description=f"embed {len(request.inputs)} input(s) with {request.model}")
 
 

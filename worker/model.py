@@ -195,7 +195,8 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     hf_config = AutoConfig.from_pretrained(model_dir)
     if dtype is None:
-        checkpoint = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        saved = hf_config.to_dict()  # not the attributes: transformers 5 warns on `torch_dtype`
+        checkpoint = saved.get("dtype") or saved.get("torch_dtype")
         dtype = "float32" if device.type == "cpu" else \
             ("bfloat16" if str(checkpoint).endswith("bfloat16") else "float16")
     if device.type == "cpu":

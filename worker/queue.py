@@ -30,7 +30,7 @@ from rq.utils import now
 from rq.worker import SimpleWorker, WorkerStatus
 
 from common.errors import CancelledError, DecodeError, EmbedfleetError, InternalError
-from common.keys import HEARTBEAT_INTERVAL, JOB_FUNC, RESULT_TTL, queue_name
+from common.keys import HEARTBEAT_INTERVAL, JOB_FUNC, MAINTENANCE_INTERVAL, RESULT_TTL, queue_name
 from common.redisclient import MAX_BLOCK
 from common.request import EmbedRequest
 from common.result import Result
@@ -69,6 +69,7 @@ class BatchWorker(SimpleWorker):
                  name: str | None = None, queue: str | None = None, **kwargs):
         if max_jobs < 1:
             raise ValueError(f"max_jobs must be at least 1, got {max_jobs}")
+        kwargs.setdefault("maintenance_interval", MAINTENANCE_INTERVAL)  # rq's 600 s leaves dead jobs too long
         super().__init__([queue or queue_name(engine.caps.name)], name=name or unique_worker_name(),
                          connection=connection, serializer=MsgpackSerializer,
                          default_result_ttl=result_ttl, **kwargs)

@@ -1,0 +1,97 @@
+"""Faults, bounded in count and time: a worker killed mid-batch, Redis restarted under a live worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import redis
+from rq import Queue
+from rq.job import JobStatus
+
+from common import keys
+from common.redisserver import RedisServer
+from common.serializer import MsgpackSerializer
+from producer import Producer
+from tests.tinymodels import sample_texts
+from worker.queue import BatchWorker
+
+
+def wait_until(check, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def test_jobs_of_a_worker_killed_mid_batch_are_retried_by_the_next_worker(
+        redis_url, redis_client, minilm_path, minilm_engine):
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", minilm_path,
+         "--served-model-name", "minilm", "--poll-timeout", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        producer = Producer(redis_url)
+        wait_until(lambda: "minilm" in producer.models(), 120, "the worker's advert")
+        long_texts = [" ".join(sample_texts(30, seed=i, max_words=60)) for i in range(48)]  # slow batch
+        ids = producer.submit_many([long_texts[i:i + 8] for i in range(0, 48, 8)], truncate_prompt_tokens=-1)
+        queue = Queue(keys.queue_name("minilm"), connection=redis_client, serializer=MsgpackSerializer)
+        wait_until(lambda: len(queue.started_job_registry.get_job_ids()) == len(ids), 60, "the batch to start")
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+    assert all(producer.get(i) is None for i in ids), "the batch finished before the kill; make it longer"
+
+    # rq counts a job as abandoned once its worker's heartbeat is ~90 s overdue; fast-forward that clock.
+    for member in redis_client.zrange(queue.started_job_registry.key, 0, -1):
+        redis_client.zadd(queue.started_job_registry.key, {member: 1})
+    BatchWorker(minilm_engine, redis_client, poll_timeout=1).work(burst=True)  # maintenance runs first
+
+    for request_id in ids:
+        result = producer.wait(request_id, timeout=5)
+        assert result.ok and result.embeddings.shape == (8, 384)
+        job = queue.fetch_job(request_id)
+        assert job.get_status() == JobStatus.FINISHED and job.retries_left == keys.JOB_RETRIES - 1
+
+
+@pytest.fixture
+def restartable_redis(tmp_path):
+    server = RedisServer(tmp_path / "redis", appendonly=True).start()
+    yield server
+    server.stop()
+
+
+def restart(server: RedisServer) -> None:
+    server.stop()  # SIGTERM: Redis writes its AOF out before it exits
+    server.start()
+
+
+def test_queued_requests_survive_a_redis_restart_and_a_live_worker_rides_it_out(
+        restartable_redis, minilm_engine):
+    url = restartable_redis.url
+    producer = Producer(url)
+    worker = BatchWorker(minilm_engine, redis.Redis.from_url(url), poll_timeout=1)
+    worker.advertiser.advertise()
+    queued = [producer.submit([f"queued before restart {i}"]) for i in range(5)]
+
+    restart(restartable_redis)
+    assert producer.queue_depth("minilm") == 5  # AOF kept the queue and the jobs
+
+    thread = threading.Thread(target=worker.work, daemon=True)
+    thread.start()
+    try:
+        assert all(producer.wait(i, timeout=30).ok for i in queued)
+
+        restart(restartable_redis)  # under a worker blocked in BLMOVE: it backs off and reconnects
+        after = producer.submit(["submitted after the second restart"], "minilm")
+        assert producer.wait(after, timeout=60).ok
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert not thread.is_alive()
