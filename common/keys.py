@@ -3,6 +3,8 @@
     embedfleet:result:<id>          STRING  result blob (common.result), TTL RESULT_TTL
     embedfleet:notify:<id>          LIST    one element pushed when the result lands (BLPOP wakes the
                                             waiter), TTL RESULT_TTL
+    embedfleet:replies:<producer>   STREAM  one entry {id} per finished request of an AsyncProducer (its
+                                            `reply_to`), MAXLEN ~REPLY_STREAM_MAXLEN, TTL RESULT_TTL
     embedfleet:models               SET     names of every model ever advertised (lazily pruned)
     embedfleet:model:<name>         STRING  ModelCapabilities (msgpack), TTL ADVERTISE_TTL, refreshed
                                             every HEARTBEAT_INTERVAL by each worker serving <name>
@@ -50,6 +52,12 @@ def notify_key(request_id: str) -> str:
 def job_options_key(request_id: str) -> str:
     return f"{PREFIX}:job:{request_id}"
 
+
+def reply_stream_key(producer_id: str) -> str:
+    return f"{PREFIX}:replies:{producer_id}"
+
+
+REPLY_STREAM_MAXLEN = 10_000
 
 MODELS_KEY = f"{PREFIX}:models"
 

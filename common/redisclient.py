@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 SOCKET_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 5.0
 MAX_BLOCK = 10.0
+MAX_ASYNC_CONNECTIONS = 64  # per asyncio client; a burst beyond it queues for a connection, never fails
 
 
 def connect(url: str) -> redis.Redis:
@@ -20,7 +21,10 @@ def connect(url: str) -> redis.Redis:
 
 
 def connect_async(url: str) -> aioredis.Redis:
-    return aioredis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT)
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=MAX_ASYNC_CONNECTIONS, timeout=SOCKET_TIMEOUT, socket_timeout=SOCKET_TIMEOUT,
+        socket_connect_timeout=CONNECT_TIMEOUT)
+    return aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it too
 
 
 def block_for(seconds_left: float) -> float:

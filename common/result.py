@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from common import keys
 from common.codec import packb, unpackb
 from common.dtypes import bfloat16_bits_to_float32, from_bytes, resolve_endianness, to_bytes
 from common.errors import DecodeError, EmbedfleetError, error_from_code
@@ -121,3 +122,14 @@ class Result:
             return result
         except Exception as exc:
             raise DecodeError(f"malformed result blob: {exc}", bytes(raw)) from exc
+
+
+def publish(pipe, result: Result, ttl: int, reply_to: str | None = None, only_if_absent: bool = False) -> None:
+    """Queue on a Redis pipeline what makes a result visible: the blob, a wake-up on the request's notify
+    list (BLPOP waiters) and, for an AsyncProducer's request, an entry on its reply stream."""
+    pipe.set(keys.result_key(result.id), result.encode(), ex=ttl, nx=only_if_absent)
+    pipe.rpush(keys.notify_key(result.id), 1)
+    pipe.expire(keys.notify_key(result.id), ttl)
+    if reply_to:
+        pipe.xadd(reply_to, {"id": result.id}, maxlen=keys.REPLY_STREAM_MAXLEN, approximate=True)
+        pipe.expire(reply_to, ttl)

@@ -1,6 +1,7 @@
 """AsyncProducer: the asyncio face of Producer, for web apps and the gateway.
 
-Waiting is native asyncio (BLPOP on redis.asyncio, so thousands of waiters cost no threads); rq's
+Waiting is native asyncio: requests this producer submitted wake through its reply stream (one blocked
+connection for all waiters, producer/replies.py), any other id through BLPOP on its notify list. rq's
 enqueue/cancel/status calls are synchronous by design and run in worker threads.
 """
 
@@ -17,6 +18,7 @@ from common.redisclient import block_for, connect_async
 from common.result import Result
 from producer.client import Producer
 from producer.core import redis_errors
+from producer.replies import ReplyListener
 
 
 class AsyncProducer:
@@ -25,8 +27,10 @@ class AsyncProducer:
     def __init__(self, redis_url: str = "redis://127.0.0.1:6379/0", *, max_queue_depth: int | None = None):
         self._sync = Producer(redis_url, max_queue_depth=max_queue_depth)
         self.redis = connect_async(redis_url)
+        self._replies = ReplyListener(connect_async(redis_url))
 
     async def close(self) -> None:
+        await self._replies.close()
         await self.redis.aclose()
         await asyncio.to_thread(self._sync.close)
 
@@ -56,8 +60,11 @@ class AsyncProducer:
     async def submit_many(self, batches: list, model: str | None = None, *,
                           params: PoolingParams | None = None, reply_to: str | None = None,
                           **fields) -> list[str]:
-        return await asyncio.to_thread(self._sync.submit_many, batches, model, params=params,
-                                       reply_to=reply_to, **fields)
+        ids = await asyncio.to_thread(self._sync.submit_many, batches, model, params=params,
+                                      reply_to=reply_to or self._replies.stream, **fields)
+        if reply_to is None:
+            self._replies.expect(ids)
+        return ids
 
     async def get(self, request_id: str) -> Result | None:
         with redis_errors():
@@ -67,23 +74,53 @@ class AsyncProducer:
     async def wait(self, request_id: str, timeout: float = 60.0) -> Result:
         """Block until the result lands; raises TimeoutError or the request's own error."""
         deadline = time.monotonic() + timeout
+        if self._replies.handles(request_id):
+            result = await self._wait_reply(request_id, deadline, timeout)
+        else:
+            result = await self._wait_notify(request_id, deadline, timeout)
+        result.raise_for_error()
+        return result
+
+    async def _wait_reply(self, request_id: str, deadline: float, timeout: float) -> Result:
+        future = self._replies.waiter(request_id)  # before the GET: a reply after it cannot be missed
+        try:
+            result = await self.get(request_id)
+            if result is not None:  # landed before the wait began (its reply may be yet to come)
+                self._replies.complete(request_id)
+                return result
+            try:
+                await asyncio.wait_for(future, max(deadline - time.monotonic(), 0))
+            except asyncio.TimeoutError:
+                raise await self._timeout(request_id, timeout) from None
+            except Exception:  # the listener died (it logged why): the notify list still works
+                return await self._wait_notify(request_id, deadline, timeout)
+            result = await self.get(request_id)
+            if result is None:
+                raise NotFoundError(f"the result of request {request_id} has expired")
+            return result
+        finally:
+            self._replies.forget(request_id, future)
+
+    async def _wait_notify(self, request_id: str, deadline: float, timeout: float) -> Result:
         woke = None
         while True:
             result = await self.get(request_id)
             if result is not None:
-                result.raise_for_error()
                 return result
             if woke is not None:
                 raise NotFoundError(f"the result of request {request_id} has expired")
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"no result for request {request_id} after {timeout:g} s "
-                                   f"(status: {await self.status(request_id)})")
+                raise await self._timeout(request_id, timeout)
             with redis_errors():
                 woke = await self.redis.blpop([keys.notify_key(request_id)], timeout=block_for(left))
                 if woke is not None:  # hand the wake-up on to any other waiter on the same id
                     await self.redis.pipeline().rpush(woke[0], woke[1]) \
                         .expire(woke[0], keys.RESULT_TTL).execute()
+
+    async def _timeout(self, request_id: str, timeout: float) -> TimeoutError:
+        return TimeoutError(f"no result for request {request_id} after {timeout:g} s "
+                            f"(status: {await self.status(request_id)})")
 
     async def embed(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> Result:
         """Submit and wait; returns the Result (`.embeddings`, `.usage`, `.model`)."""
@@ -93,4 +130,7 @@ class AsyncProducer:
         return await asyncio.to_thread(self._sync.status, request_id)
 
     async def cancel(self, request_id: str) -> bool:
-        return await asyncio.to_thread(self._sync.cancel, request_id)
+        cancelled = await asyncio.to_thread(self._sync.cancel, request_id)
+        if cancelled:
+            self._replies.complete(request_id)
+        return cancelled

@@ -15,7 +15,8 @@ from common.capabilities import ModelCapabilities
 from common.errors import CancelledError, NotFoundError, QueueFullError, TimeoutError
 from common.params import PoolingParams
 from common.redisclient import block_for, connect
-from common.result import Result
+from common.request import EmbedRequest
+from common.result import Result, publish
 from producer.core import (CAPS_CACHE_SECONDS, SERIALIZER, build_request, enqueue_data, job_state,
                            model_of_queue, parse_models, pick_model, redis_errors as _redis_errors,
                            result_state)
@@ -149,11 +150,11 @@ class Producer:
             if not self.redis.lrem(self._queue_key_of(job), 1, request_id):
                 return False
             job.cancel()
-            blob = Result.failure(request_id, model_of_queue(job.origin), CancelledError(
-                f"request {request_id} was cancelled before a worker took it")).encode()
-            self.redis.pipeline().set(keys.result_key(request_id), blob, ex=keys.RESULT_TTL) \
-                .rpush(keys.notify_key(request_id), 1).expire(keys.notify_key(request_id), keys.RESULT_TTL) \
-                .execute()
+            answer = Result.failure(request_id, model_of_queue(job.origin), CancelledError(
+                f"request {request_id} was cancelled before a worker took it"))
+            with self.redis.pipeline() as pipe:
+                publish(pipe, answer, keys.RESULT_TTL, _reply_to(job))
+                pipe.execute()
         return True
 
     def _queue(self, model: str) -> Queue:
@@ -161,3 +162,11 @@ class Producer:
 
     def _queue_key_of(self, job: Job) -> str:
         return Queue(job.origin, connection=self.redis, serializer=SERIALIZER).key
+
+
+def _reply_to(job: Job) -> str | None:
+    """The reply stream of the producer that submitted the job, so that its waiter wakes on a cancel."""
+    try:
+        return EmbedRequest.decode(job.args[0]).reply_to
+    except Exception:  # a malformed job has no producer to tell
+        return None

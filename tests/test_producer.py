@@ -15,7 +15,7 @@ from rq.job import JobStatus
 from sentence_transformers import SentenceTransformer
 
 from common import keys
-from common.errors import (InputTooLongError, NoWorkerError, TimeoutError, UnknownModelError,
+from common.errors import (CancelledError, InputTooLongError, NoWorkerError, TimeoutError, UnknownModelError,
                            ValidationError)
 from common.result import Result
 from common.serializer import MsgpackSerializer
@@ -217,3 +217,38 @@ def test_async_producer_embeds_concurrently(redis_url, serving_worker, reference
     vectors = np.concatenate([r.embeddings for r in results])
     assert cosines(vectors, reference.encode(texts)).min() >= 0.99999
     assert all(r.model == "minilm" and r.usage.prompt_tokens > 0 for r in results)
+
+
+def test_async_waiters_share_one_reply_connection(redis_url, redis_client, idle_worker, producer):
+    """A hundred pending waits hold one blocked connection (the reply stream), not a hundred BLPOPs."""
+    foreign = producer.submit(["submitted by another producer"])  # waited on through its notify list
+
+    async def main():
+        async with AsyncProducer(redis_url) as aproducer:
+            ids = [await aproducer.submit([f"text {i}"]) for i in range(100)]
+            waits = [asyncio.ensure_future(aproducer.wait(i, timeout=60)) for i in [*ids, foreign]]
+            await asyncio.sleep(0.5)
+            blocked = int(redis_client.info("clients")["blocked_clients"])
+            serve = asyncio.get_running_loop().run_in_executor(None, idle_worker.work, True)
+            results = await asyncio.gather(*waits)
+            await serve
+            return blocked, results
+
+    blocked, results = asyncio.run(main())
+    assert blocked == 2, f"{blocked} blocked Redis clients for 101 waiters"  # the stream + the foreign BLPOP
+    assert len(results) == 101 and all(r.ok and r.embeddings.shape == (1, 384) for r in results)
+
+
+def test_cancel_from_elsewhere_wakes_an_async_waiter(redis_url, idle_worker, producer):
+    async def main():
+        async with AsyncProducer(redis_url) as aproducer:
+            request_id = await aproducer.submit(["cancel me"])
+            waiting = asyncio.ensure_future(aproducer.wait(request_id, timeout=30))
+            await asyncio.sleep(0.2)
+            started = time.monotonic()
+            assert await asyncio.to_thread(producer.cancel, request_id)  # another client's cancel
+            with pytest.raises(CancelledError, match="cancelled before a worker took it"):
+                await waiting
+            return time.monotonic() - started
+
+    assert asyncio.run(main()) < 10  # woken by the reply stream, not by its 30 s timeout

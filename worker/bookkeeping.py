@@ -1,4 +1,4 @@
-"""rq's per-job bookkeeping, queued for a whole batch on one pipeline, and the result writes for producers.
+"""rq's per-job bookkeeping, queued for a whole batch on one pipeline.
 
 What rq 3.0's SimpleWorker does per job in ~20 round trips is written here as the same keys and fields, so
 that `rq info`, the registries, `Job.get_status()`, `Job.latest_result()` and `Worker.get_current_job()`
@@ -22,12 +22,8 @@ from rq.results import Result as RqResult
 from rq.utils import utcformat
 
 from common.errors import EmbedfleetError
-from common.keys import notify_key, result_key
 from common.request import EmbedRequest
 from common.result import Result
-
-REPLY_STREAM_MAXLEN = 10_000
-
 
 @dataclass
 class Item:
@@ -161,15 +157,6 @@ def cancel(pipe: Pipeline, batch: Batch, item: Item) -> None:
     """Job CANCELED: a cancel arrived while it waited; it never ran."""
     pipe.hset(Job.key_for(item.job_id), "status", JobStatus.CANCELED)
     batch.canceled[item.job_id] = batch.now.timestamp()
-
-
-def store(pipe: Pipeline, result: Result, ttl: int, reply_to: str | None = None, only_if_absent=False) -> None:
-    """The producer-facing answer: the result blob, a wake-up on the notify list, the optional reply stream."""
-    pipe.set(result_key(result.id), result.encode(), ex=ttl, nx=only_if_absent)
-    pipe.rpush(notify_key(result.id), 1)
-    pipe.expire(notify_key(result.id), ttl)
-    if reply_to:
-        pipe.xadd(reply_to, {"id": result.id}, maxlen=REPLY_STREAM_MAXLEN, approximate=True)
 
 
 def refresh(pipe: Pipeline, queue: Queue, items: list[Item], ttl: int, now: datetime) -> None:

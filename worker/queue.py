@@ -33,7 +33,7 @@ from common.errors import CancelledError, DecodeError, EmbedfleetError, Internal
 from common.keys import HEARTBEAT_INTERVAL, JOB_FUNC, MAINTENANCE_INTERVAL, RESULT_TTL, queue_name
 from common.redisclient import MAX_BLOCK
 from common.request import EmbedRequest
-from common.result import Result
+from common.result import Result, publish
 from common.serializer import MsgpackSerializer
 from worker import bookkeeping
 from worker.advertise import Advertiser
@@ -230,7 +230,7 @@ class BatchWorker(SimpleWorker):
             for item in items:
                 if item.job is not None and item.cancelled:
                     bookkeeping.cancel(pipe, batch, item)
-                    bookkeeping.store(pipe, Result.failure(item.job_id, self.engine.caps.name, CancelledError(
+                    publish(pipe, Result.failure(item.job_id, self.engine.caps.name, CancelledError(
                         "the request was cancelled before a worker took it")), self.result_ttl, only_if_absent=True)
                 elif item.failure is not None:
                     self._fail(pipe, batch, item)
@@ -274,7 +274,7 @@ class BatchWorker(SimpleWorker):
                     self._fail(pipe, batch, item)
                     continue
                 # store: the producer's answer
-                bookkeeping.store(pipe, item.result, self.result_ttl, item.request.reply_to)
+                publish(pipe, item.result, self.result_ttl, item.request.reply_to)
                 # acknowledge: rq's view
                 bookkeeping.finish(pipe, batch, item, self.name, item.job.get_result_ttl(self.result_ttl))
             batch.flush(pipe)
@@ -295,14 +295,14 @@ class BatchWorker(SimpleWorker):
             error = item.failure
             answer = Result.failure(item.job_id, self.engine.caps.name, error)
             reply_to = item.request.reply_to if item.request else None
-            bookkeeping.store(pipe, answer, self.result_ttl, reply_to)
+            publish(pipe, answer, self.result_ttl, reply_to)
 
     def _answer_abandoned(self, job, exc_type, exc_value, tb):
         """rq's maintenance fails abandoned jobs without telling the producer; leave it an error blob."""
         if exc_type is not None and not job.should_retry:
             error = InternalError(f"the worker serving this request died ({exc_type.__name__}); resubmit it")
             with self.connection.pipeline() as pipe:
-                bookkeeping.store(pipe, Result.failure(job.id, self.engine.caps.name, error), self.result_ttl,
+                publish(pipe, Result.failure(job.id, self.engine.caps.name, error), self.result_ttl,
                                   only_if_absent=True)
                 pipe.execute()
 

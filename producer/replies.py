@@ -1,0 +1,108 @@
+"""Reply listener: one XREAD loop wakes every waiter of an AsyncProducer, on one Redis connection.
+
+Requests an AsyncProducer submits carry its reply stream as `reply_to`; workers add each finished
+request's id there. Waiting on a thousand requests then costs one blocked connection, not a thousand
+BLPOPs. Ids this producer did not submit are waited for on their notify lists instead (see AsyncProducer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+
+import redis
+import redis.asyncio as aioredis
+
+from common import keys
+from common.redisclient import MAX_BLOCK
+
+log = logging.getLogger(__name__)
+
+
+class ReplyListener:
+    """Resolves a future per waiting id when its id appears on this producer's reply stream."""
+
+    def __init__(self, connection: aioredis.Redis):
+        self.connection = connection
+        self.stream = keys.reply_stream_key(uuid.uuid4().hex)
+        self._inflight: dict[str, float] = {}  # submitted through this producer, no reply seen yet
+        self._waiters: dict[str, list[asyncio.Future]] = {}
+        self._task: asyncio.Task | None = None
+        self._failure: BaseException | None = None
+
+    def expect(self, request_ids: list[str]) -> None:
+        """Call before enqueueing, so a reply that comes at once still finds its id here."""
+        stamp = time.monotonic()
+        self._inflight.update(dict.fromkeys(request_ids, stamp))
+        if self._task is None or self._task.done():
+            self._failure = None
+            self._task = asyncio.get_running_loop().create_task(self._listen(), name=f"replies {self.stream}")
+
+    def handles(self, request_id: str) -> bool:
+        return self._failure is None and request_id in self._inflight
+
+    def waiter(self, request_id: str) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(request_id, []).append(future)
+        return future
+
+    def forget(self, request_id: str, future: asyncio.Future) -> None:
+        futures = self._waiters.get(request_id, [])
+        with contextlib.suppress(ValueError):
+            futures.remove(future)
+        if not futures:
+            self._waiters.pop(request_id, None)
+
+    def complete(self, request_id: str) -> None:
+        """A reply for `request_id` (from the stream, or known locally, e.g. a cancel)."""
+        self._inflight.pop(request_id, None)
+        for future in self._waiters.pop(request_id, []):
+            if not future.done():
+                future.set_result(None)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        with contextlib.suppress(redis.RedisError):
+            await self.connection.delete(self.stream)
+        await self.connection.aclose()
+
+    async def _listen(self) -> None:
+        last_id, backoff = "0-0", 0.5
+        try:
+            while True:
+                try:
+                    replies = await self.connection.xread({self.stream: last_id}, block=int(MAX_BLOCK * 1000))
+                    backoff = 0.5
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    log.warning("reply stream %s: Redis unreachable (%s); retrying in %.1f s", self.stream, exc,
+                                backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, MAX_BLOCK)
+                    continue
+                for _, entries in replies:
+                    for entry_id, fields in entries:
+                        last_id = entry_id
+                        self.complete(fields[b"id"].decode())
+                self._prune()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never silent: waiters fall back to their notify lists
+            log.exception("reply stream %s: listener died; waiters fall back to BLPOP", self.stream)
+            self._failure = exc
+            for futures in self._waiters.values():
+                for future in futures:
+                    if not future.done():
+                        future.set_exception(exc)
+            self._waiters.clear()
+
+    def _prune(self) -> None:
+        """Ids whose job expired unserved never get a reply: forget them after the job's TTL."""
+        horizon = time.monotonic() - keys.JOB_TTL
+        if self._inflight and next(iter(self._inflight.values())) < horizon:
+            self._inflight = {i: t for i, t in self._inflight.items() if t >= horizon}
