@@ -1,5 +1,6 @@
 """Texts/s on the bundled model, side by side in one run: (a) a bare transformers loop,
-(b) sentence-transformers `encode`, (c) embedfleet end to end (Producer -> Redis/rq -> worker -> result).
+(b) sentence-transformers `encode`, (c) embedfleet end to end (Producer -> Redis/rq -> worker -> result),
+(d) the same with the worker in bfloat16 (--dtype bfloat16; fast on CPUs with AVX512-BF16/AMX).
 
     .venv/bin/python bench/throughput.py [--limit N] [--chunk 32]
 
@@ -48,10 +49,10 @@ def sentence_transformers(path: str, texts: list[str], batch: int) -> float:
     return len(texts) / (time.perf_counter() - start)
 
 
-def embedfleet(path: str, texts: list[str], chunk: int) -> float:
+def embedfleet(path: str, texts: list[str], chunk: int, dtype: str = "float32") -> float:
     with RedisServer() as server:
         worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", server.url, "--model", path,
-                                   "--served-model-name", "bench"])
+                                   "--served-model-name", "bench", "--dtype", dtype])
         try:
             with Producer(server.url) as producer:
                 while "bench" not in producer.models():
@@ -86,6 +87,7 @@ def main() -> None:
         "a) bare transformers loop": bare_transformers(path, texts, args.batch),
         "b) sentence-transformers encode": sentence_transformers(path, texts, args.batch),
         "c) embedfleet end to end": embedfleet(path, texts, args.chunk),
+        "d) embedfleet, bfloat16 on CPU": embedfleet(path, texts, args.chunk, "bfloat16"),
     }
     base = figures["b) sentence-transformers encode"]
     for name, rate in figures.items():

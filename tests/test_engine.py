@@ -6,6 +6,7 @@ import logging
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -16,6 +17,7 @@ from common.request import EmbedRequest
 from common.result import Result
 from tests.tinymodels import cosines, embed, engine_for, sample_texts, st_reference
 from worker.engine import Engine
+from worker.fidelity import cast_with_fidelity_check
 from worker.model import load_model
 from worker.postprocess import cast, quantization_ranges
 
@@ -252,3 +254,21 @@ def test_minilm_matches_sentence_transformers(minilm_path):
     assert results[3].ok
     tokenizer = engine.model.tokenizer
     assert results[0].usage.prompt_tokens == sum(min(256, len(tokenizer(t)["input_ids"])) for t in texts[:20])
+
+
+def test_bfloat16_on_cpu_passes_the_fidelity_check_and_matches_float32(minilm_path):
+    texts = sample_texts(24, seed=3)
+    full = Engine(load_model(minilm_path))
+    half = Engine(load_model(minilm_path, dtype="bfloat16"))
+    assert next(half.model.module.parameters()).dtype == torch.bfloat16
+    assert half.model.fidelity >= 0.999
+    request = EmbedRequest(model=full.caps.name, inputs=texts)
+    reference, reduced = (e.run([request])[0].embeddings for e in (full, half))
+    assert cosines(reference, reduced).min() >= 0.995
+
+
+def test_a_model_failing_the_fidelity_check_is_refused_and_left_in_float32(bert_mean):
+    model = load_model(bert_mean)
+    with pytest.raises(ValueError, match=r"in bfloat16 agrees with float32 only to cosine .* serve it in float32"):
+        cast_with_fidelity_check(model, torch.bfloat16, min_cosine=1.000001)
+    assert next(model.module.parameters()).dtype == torch.float32

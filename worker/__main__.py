@@ -12,7 +12,10 @@ from worker.config import BUNDLED_MODEL_NAME, WorkerSettings, bundled_model_path
 def main(argv: list[str] | None = None) -> int:
     settings = WorkerSettings.from_args(argv, "embedfleet worker", __doc__)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from worker.engine import Engine  # noqa: PLC0415 - torch loads after the flags are checked
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415 - torch loads after the flags
+
+    hf_logging.disable_progress_bar()  # a progress bar per start only clutters worker logs
+    from worker.engine import Engine  # noqa: PLC0415
     from worker.model import load_model  # noqa: PLC0415
     from worker.queue import BatchWorker  # noqa: PLC0415
 
@@ -27,8 +30,10 @@ def main(argv: list[str] | None = None) -> int:
                          result_ttl=settings.result_ttl, poll_timeout=settings.poll_timeout,
                          name=settings.name)
     logging.getLogger("embedfleet.worker").info(
-        "serving model %s (%s, dim %d, max length %d) from queue %s on %s as %s", model.caps.name, path,
-        model.caps.embedding_size, model.caps.max_model_len, worker.queue.name, settings.redis_url, worker.name)
+        "serving model %s (%s, dim %d, max length %d, %s on %s, probe cosine vs float32 %.5f) from queue %s "
+        "on %s as %s", model.caps.name, path, model.caps.embedding_size, model.caps.max_model_len,
+        str(next(model.module.parameters()).dtype).removeprefix("torch."), model.device, model.fidelity,
+        worker.queue.name, settings.redis_url, worker.name)
     worker.work(burst=settings.burst)
     return 0
 

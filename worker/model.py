@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from common.capabilities import ModelCapabilities
+from worker.fidelity import cast_with_fidelity_check
 from worker.pooling import Pooler, modes_from_config
 from worker.stconfig import STConfig, read_st_config
 
@@ -147,6 +148,7 @@ class LoadedModel:
     is_decoder: bool = False
     _position_ids: bool = False
     _prompt_lengths: dict = field(default_factory=dict)
+    fidelity: float = 1.0  # lowest probe cosine of the serving dtype against float32 (worker/fidelity.py)
 
     @torch.inference_mode()
     def embed(self, token_lists: list[list[int]], prompt_lengths: list[int] | None = None) -> torch.Tensor:
@@ -184,7 +186,7 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
 
     device: None picks "cuda" when available, else "cpu". dtype: "float32", "float16" or "bfloat16";
     None means float32 on CPU and, on CUDA, bfloat16 for a bfloat16 checkpoint else float16 (vLLM's
-    "auto"). served_name: the model name requests use (default: the folder or hub name).
+    "auto"); anything but float32 must pass the fidelity check in worker/fidelity.py. served_name: the model name requests use (default: the folder or hub name).
     matryoshka_dims: the Matryoshka sizes the model allows (the --matryoshka-dims flag).
     """
     from transformers import AutoConfig, AutoModel, AutoTokenizer
@@ -206,7 +208,8 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if st.do_lower_case:
         _lowercase(tokenizer)
-    module = AutoModel.from_pretrained(model_dir, dtype=_DTYPES[dtype]).to(device).eval()
+    # Loaded in float32 and cast after the fidelity check below (worker/fidelity.py).
+    module = AutoModel.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     decoder = _is_decoder(hf_config)
 
     if st.pooling is not None:
@@ -242,9 +245,12 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         truncation_side=getattr(tokenizer, "truncation_side", "right") or "right",
         max_inputs=max_inputs,
     )
-    return LoadedModel(
+    loaded = LoadedModel(
         tokenizer=tokenizer, module=module, pooler=pooler, dense=dense, normalize=normalize, caps=caps,
         device=device, padding_side=getattr(tokenizer, "padding_side", "right") or "right",
         pad_token_id=pad, is_decoder=decoder,
         _position_ids="position_ids" in inspect.signature(module.forward).parameters,
     )
+    if dtype != "float32":
+        loaded.fidelity = cast_with_fidelity_check(loaded, _DTYPES[dtype])
+    return loaded
