@@ -83,3 +83,11 @@ def normalize_inputs(inputs) -> list[str] | list[list[int]]:
     if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(t, int) for t in inputs):
         return [list(inputs)]
     return list(inputs)
+
+
+def reply_to_of(payload) -> str | None:
+    """The reply stream named in an encoded request, or None (also for bytes that are no request)."""
+    try:
+        return EmbedRequest.decode(payload).reply_to
+    except DecodeError:
+        return None

@@ -15,7 +15,7 @@ from common.capabilities import ModelCapabilities
 from common.errors import CancelledError, NotFoundError, QueueFullError, TimeoutError
 from common.params import PoolingParams
 from common.redisclient import block_for, connect
-from common.request import EmbedRequest
+from common.request import reply_to_of
 from common.result import Result, publish
 from producer.core import (CAPS_CACHE_SECONDS, SERIALIZER, build_request, enqueue_data, job_state,
                            model_of_queue, parse_models, pick_model, redis_errors as _redis_errors,
@@ -153,7 +153,7 @@ class Producer:
             answer = Result.failure(request_id, model_of_queue(job.origin), CancelledError(
                 f"request {request_id} was cancelled before a worker took it"))
             with self.redis.pipeline() as pipe:
-                publish(pipe, answer, keys.RESULT_TTL, _reply_to(job))
+                publish(pipe, answer, keys.RESULT_TTL, reply_to_of(job.args[0] if job.args else None))
                 pipe.execute()
         return True
 
@@ -163,10 +163,3 @@ class Producer:
     def _queue_key_of(self, job: Job) -> str:
         return Queue(job.origin, connection=self.redis, serializer=SERIALIZER).key
 
-
-def _reply_to(job: Job) -> str | None:
-    """The reply stream of the producer that submitted the job, so that its waiter wakes on a cancel."""
-    try:
-        return EmbedRequest.decode(job.args[0]).reply_to
-    except Exception:  # a malformed job has no producer to tell
-        return None
