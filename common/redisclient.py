@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 SOCKET_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 5.0
 MAX_BLOCK = 10.0
-MAX_ASYNC_CONNECTIONS = 64  # per asyncio client; a burst beyond it queues for a connection, never fails
+MAX_ASYNC_CONNECTIONS = 64  # per asyncio client; a burst beyond it waits (up to SOCKET_TIMEOUT) for one
 
 
 def connect(url: str) -> redis.Redis:

@@ -55,7 +55,9 @@ class RedisServer:
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited: {self.process.stderr.read().decode()[-500:]}")
+                error = self.process.stderr.read().decode()[-500:]
+                self.stop()
+                raise RuntimeError(f"redis-server exited: {error}")
             try:
                 client.ping()
                 return self
@@ -75,6 +77,8 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.process and self.process.stderr:
+            self.process.stderr.close()
         if self._tmp:
             self._tmp.cleanup()
 

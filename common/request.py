@@ -77,12 +77,18 @@ class EmbedRequest(BaseModel):
 
 
 def normalize_inputs(inputs) -> list[str] | list[list[int]]:
-    """Accept what OpenAI's `input` accepts: a text, a token-id list, or a list of either."""
+    """Accept what OpenAI's `input` accepts: a text, a token-id list, or a list of either.
+
+    Anything else raises ValueError (EmbedRequest then says what a list may hold).
+    """
     if isinstance(inputs, str):
         return [inputs]
-    if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(t, int) for t in inputs):
+    if not isinstance(inputs, (list, tuple)):
+        raise ValueError(f"`input` must be a text, a list of texts, a token-id list or a list of token-id "
+                         f"lists, got {type(inputs).__name__}")
+    if inputs and all(isinstance(t, int) and not isinstance(t, bool) for t in inputs):
         return [list(inputs)]
-    return list(inputs)
+    return [list(item) if isinstance(item, tuple) else item for item in inputs]
 
 
 def reply_to_of(payload) -> str | None:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy as np
+
 from common import keys
 from common.capabilities import ModelCapabilities
-from common.errors import NotFoundError, TimeoutError
+from common.errors import NotFoundError, TimeoutError, UnavailableError
 from common.params import PoolingParams
-from common.redisclient import block_for, connect_async
+from common.redisclient import MAX_ASYNC_CONNECTIONS, block_for, connect_async
 from common.result import Result
 from producer.client import Producer
 from producer.core import redis_errors
@@ -28,9 +30,14 @@ class AsyncProducer:
         self._sync = Producer(redis_url, max_queue_depth=max_queue_depth)
         self.redis = connect_async(redis_url)
         self._replies = ReplyListener(connect_async(redis_url))
+        # BLPOPs for ids this producer did not submit get a pool of their own, so that however many
+        # there are they never starve short commands; beyond the pool's size they queue for a slot.
+        self._blocking = connect_async(redis_url)
+        self._blocking_slots = asyncio.Semaphore(MAX_ASYNC_CONNECTIONS)
 
     async def close(self) -> None:
         await self._replies.close()
+        await self._blocking.aclose()
         await self.redis.aclose()
         await asyncio.to_thread(self._sync.close)
 
@@ -92,6 +99,8 @@ class AsyncProducer:
                 await asyncio.wait_for(future, max(deadline - time.monotonic(), 0))
             except asyncio.TimeoutError:
                 raise await self._timeout(request_id, timeout) from None
+            except UnavailableError:
+                raise
             except Exception:  # the listener died (it logged why): the notify list still works
                 return await self._wait_notify(request_id, deadline, timeout)
             result = await self.get(request_id)
@@ -112,19 +121,31 @@ class AsyncProducer:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise await self._timeout(request_id, timeout)
+            woke = await self._blpop(request_id, deadline)
+
+    async def _blpop(self, request_id: str, deadline: float):
+        """One bounded BLPOP on the notify list; None if it timed out (or no slot freed in time)."""
+        try:
+            await asyncio.wait_for(self._blocking_slots.acquire(), max(deadline - time.monotonic(), 0))
+        except asyncio.TimeoutError:
+            return None
+        try:
             with redis_errors():
-                woke = await self.redis.blpop([keys.notify_key(request_id)], timeout=block_for(left))
+                key = keys.notify_key(request_id)
+                woke = await self._blocking.blpop([key], timeout=block_for(deadline - time.monotonic()))
                 if woke is not None:  # hand the wake-up on to any other waiter on the same id
-                    await self.redis.pipeline().rpush(woke[0], woke[1]) \
-                        .expire(woke[0], keys.RESULT_TTL).execute()
+                    await self._blocking.pipeline().rpush(key, 1).expire(key, keys.RESULT_TTL).execute()
+                return woke
+        finally:
+            self._blocking_slots.release()
 
     async def _timeout(self, request_id: str, timeout: float) -> TimeoutError:
         return TimeoutError(f"no result for request {request_id} after {timeout:g} s "
                             f"(status: {await self.status(request_id)})")
 
-    async def embed(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> Result:
-        """Submit and wait; returns the Result (`.embeddings`, `.usage`, `.model`)."""
-        return await self.wait(await self.submit(inputs, model, **fields), timeout)
+    async def embed(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> np.ndarray:
+        """Submit and wait: the embeddings as a numpy array of shape (n, d)."""
+        return (await self.wait(await self.submit(inputs, model, **fields), timeout)).embeddings
 
     async def status(self, request_id: str) -> str:
         return await asyncio.to_thread(self._sync.status, request_id)

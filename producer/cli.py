@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 class EmbedFileSettings(Settings):
     model: str | None = Field(None, description="served model name; default: the only one served")
     chunk: int = Field(64, description="texts per request")
-    timeout: float = Field(600.0, description="seconds to wait for all results")
+    timeout: float = Field(600.0, description="seconds to wait for each request's result")
     embed_dtype: str = Field("float32", description="output dtype (see PoolingParams)")
     dimensions: int | None = Field(None, description="Matryoshka dimensions")
     truncate_prompt_tokens: int | None = Field(None, description="-1: truncate to the model's max length")
@@ -63,6 +63,8 @@ def embed_file(argv: list[str]) -> int:
     known, rest = parser.parse_known_args(argv)
     settings = EmbedFileSettings.from_args(rest, "embedfleet embed INPUT OUTPUT", embed_file.__doc__)
     texts = _read_texts(known.input)
+    if not texts:
+        raise SystemExit(f"{known.input}: no texts to embed")
     from producer.client import Producer  # noqa: PLC0415
 
     fields = {k: v for k, v in {"embed_dtype": settings.embed_dtype, "dimensions": settings.dimensions,

@@ -16,7 +16,8 @@ from common.errors import CancelledError, NotFoundError, QueueFullError, Timeout
 from common.params import PoolingParams
 from common.redisclient import block_for, connect
 from common.request import reply_to_of
-from common.result import Result, publish
+from common.result import Result
+from producer.cancel import cancel_pending
 from producer.core import (CAPS_CACHE_SECONDS, SERIALIZER, build_request, enqueue_data, job_state,
                            model_of_queue, parse_models, pick_model, redis_errors as _redis_errors,
                            result_state)
@@ -141,25 +142,19 @@ class Producer:
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a request that no worker has taken yet; True if it was pending and is now cancelled."""
-        try:
-            job = Job.fetch(request_id, connection=self.redis, serializer=SERIALIZER)
-        except NoSuchJobError:
-            raise NotFoundError(f"no request with id {request_id}") from None
         with _redis_errors():
-            # LREM is the atomic claim: a job still in the queue list cannot be taken by a worker after this.
-            if not self.redis.lrem(self._queue_key_of(job), 1, request_id):
-                return False
-            job.cancel()
+            try:
+                job = Job.fetch(request_id, connection=self.redis, serializer=SERIALIZER)
+            except NoSuchJobError:
+                raise NotFoundError(f"no request with id {request_id}") from None
             answer = Result.failure(request_id, model_of_queue(job.origin), CancelledError(
                 f"request {request_id} was cancelled before a worker took it"))
-            with self.redis.pipeline() as pipe:
-                publish(pipe, answer, keys.RESULT_TTL, reply_to_of(job.args[0] if job.args else None))
-                pipe.execute()
-        return True
+            return cancel_pending(self.redis, job, self._queue_of(job), answer,
+                                  reply_to_of(job.args[0] if job.args else None))
 
     def _queue(self, model: str) -> Queue:
         return Queue(keys.queue_name(model), connection=self.redis, serializer=SERIALIZER)
 
-    def _queue_key_of(self, job: Job) -> str:
-        return Queue(job.origin, connection=self.redis, serializer=SERIALIZER).key
+    def _queue_of(self, job: Job) -> Queue:
+        return Queue(job.origin, connection=self.redis, serializer=SERIALIZER)
 

@@ -57,12 +57,10 @@ def build_request(inputs, caps: ModelCapabilities, params: PoolingParams | None,
     The request carries the params as the caller gave them, so the worker merges its own defaults.
     """
     try:
-        if params is None:
-            params = PoolingParams(**fields)
-        elif fields:
-            params = params.model_copy(update=fields)
-        request = EmbedRequest(model=caps.name, inputs=normalize_inputs(inputs), params=params,
-                               reply_to=reply_to)
+        if params is not None:  # fields override the given params, and are validated like them
+            fields = {**params.model_dump(exclude_unset=True), **fields}
+        request = EmbedRequest(model=caps.name, inputs=normalize_inputs(inputs),
+                               params=PoolingParams(**fields), reply_to=reply_to)
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         raise ValidationError(_pydantic_message(exc)) from exc
     request.resolve(caps)

@@ -12,14 +12,18 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import OrderedDict
 
 import redis
 import redis.asyncio as aioredis
 
 from common import keys
+from common.errors import UnavailableError
 from common.redisclient import MAX_BLOCK
 
 log = logging.getLogger(__name__)
+
+EARLY_REPLIES = 4096  # how many replies for not-yet-expected ids are remembered (a tiny race window)
 
 
 class ReplyListener:
@@ -29,14 +33,19 @@ class ReplyListener:
         self.connection = connection
         self.stream = keys.reply_stream_key(uuid.uuid4().hex)
         self._inflight: dict[str, float] = {}  # submitted through this producer, no reply seen yet
+        self._early: OrderedDict[str, None] = OrderedDict()  # replies that beat their expect() call
         self._waiters: dict[str, list[asyncio.Future]] = {}
         self._task: asyncio.Task | None = None
         self._failure: BaseException | None = None
 
     def expect(self, request_ids: list[str]) -> None:
-        """Call before enqueueing, so a reply that comes at once still finds its id here."""
+        """Note ids just enqueued with this stream as their `reply_to` (a reply may already be in)."""
         stamp = time.monotonic()
-        self._inflight.update(dict.fromkeys(request_ids, stamp))
+        for request_id in request_ids:
+            if request_id in self._early:
+                del self._early[request_id]
+            else:
+                self._inflight[request_id] = stamp
         if self._task is None or self._task.done():
             self._failure = None
             self._task = asyncio.get_running_loop().create_task(self._listen(), name=f"replies {self.stream}")
@@ -58,12 +67,16 @@ class ReplyListener:
 
     def complete(self, request_id: str) -> None:
         """A reply for `request_id` (from the stream, or known locally, e.g. a cancel)."""
-        self._inflight.pop(request_id, None)
+        if self._inflight.pop(request_id, None) is None and request_id not in self._waiters:
+            self._early[request_id] = None
+            while len(self._early) > EARLY_REPLIES:
+                self._early.popitem(last=False)
         for future in self._waiters.pop(request_id, []):
             if not future.done():
                 future.set_result(None)
 
     async def close(self) -> None:
+        self._fail_waiters(UnavailableError("the producer was closed while waiting for a result"))
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -95,11 +108,14 @@ class ReplyListener:
         except Exception as exc:  # never silent: waiters fall back to their notify lists
             log.exception("reply stream %s: listener died; waiters fall back to BLPOP", self.stream)
             self._failure = exc
-            for futures in self._waiters.values():
-                for future in futures:
-                    if not future.done():
-                        future.set_exception(exc)
-            self._waiters.clear()
+            self._fail_waiters(exc)
+
+    def _fail_waiters(self, exc: BaseException) -> None:
+        for futures in self._waiters.values():
+            for future in futures:
+                if not future.done():
+                    future.set_exception(exc)
+        self._waiters.clear()
 
     def _prune(self) -> None:
         """Ids whose job expired unserved never get a reply: forget them after the job's TTL."""

@@ -15,8 +15,9 @@ from rq.job import JobStatus
 from sentence_transformers import SentenceTransformer
 
 from common import keys
-from common.errors import (CancelledError, InputTooLongError, NoWorkerError, TimeoutError, UnknownModelError,
-                           ValidationError)
+from common.errors import (CancelledError, InputTooLongError, NoWorkerError, TimeoutError, UnavailableError,
+                           UnknownModelError, ValidationError)
+from common.params import PoolingParams
 from common.result import Result
 from common.serializer import MsgpackSerializer
 from producer import AsyncProducer, Producer
@@ -140,13 +141,16 @@ def test_wait_longer_than_redis_py_default_socket_timeout(producer, idle_worker)
     assert time.monotonic() - started >= 6
 
 
-def test_wait_wakes_on_the_result_without_polling(producer, serving_worker, redis_client):
-    before = int(redis_client.info("commandstats").get("cmdstat_get", {}).get("calls", 0))
+def test_wait_wakes_on_the_result_without_polling(producer, idle_worker, redis_client):
+    def calls(command: str) -> int:
+        return int(redis_client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
     request_id = producer.submit("wake me up")
-    result = producer.wait(request_id, timeout=30)
-    gets = int(redis_client.info("commandstats")["cmdstat_get"]["calls"]) - before
-    assert result.ok
-    assert gets <= 3, f"wait issued {gets} GETs: it should block on BLPOP, not poll"
+    gets, blpops = calls("get"), calls("blpop")
+    threading.Timer(1.5, idle_worker.work, kwargs={"burst": True}).start()  # the result lands later
+    assert producer.wait(request_id, timeout=30).ok
+    assert calls("blpop") - blpops >= 1
+    assert calls("get") - gets <= 2, "wait polled for the result instead of blocking on BLPOP"
 
 
 def test_unknown_model_fails_at_submit_and_nothing_is_enqueued(producer, idle_worker, redis_client):
@@ -167,6 +171,11 @@ def test_invalid_params_fail_at_submit_with_what_is_allowed(producer, idle_worke
         producer.submit("x", truncate_prompt_tokens=0)
     with pytest.raises(ValidationError, match=r"embed_dtype.*float32"):
         producer.submit("x", embed_dtype="float64")
+    with pytest.raises(ValidationError, match=r"embed_dtype.*float32"):  # fields on top of params too
+        producer.submit("x", params=PoolingParams(use_activation=False), embed_dtype="float64")
+    for bad_input in (5, None, {"a": 1}, [1.5]):
+        with pytest.raises(ValidationError, match="input"):
+            producer.submit(bad_input)
 
 
 def test_over_long_input_fails_alone_with_the_limit(producer, idle_worker):
@@ -201,6 +210,9 @@ def test_cancel_a_pending_request(producer, idle_worker):
     request_id = producer.submit(["never mind"])
     assert producer.cancel(request_id) is True
     assert producer.status(request_id) == "cancelled"
+    queue = Queue(keys.queue_name("minilm"), connection=producer.redis, serializer=MsgpackSerializer)
+    assert queue.fetch_job(request_id).get_status() == JobStatus.CANCELED  # rq agrees
+    assert request_id in queue.canceled_job_registry.get_job_ids() and len(queue) == 0
     assert producer.cancel(request_id) is False
     idle_worker.work(burst=True)
     assert producer.get(request_id).error_code == "cancelled"
@@ -211,12 +223,14 @@ def test_async_producer_embeds_concurrently(redis_url, serving_worker, reference
 
     async def main():
         async with AsyncProducer(redis_url) as producer:
-            return await asyncio.gather(*(producer.embed([t]) for t in texts))
+            vectors = await asyncio.gather(*(producer.embed([t]) for t in texts))
+            result = await producer.wait(await producer.submit(texts[:2]), timeout=30)
+            return vectors, result
 
-    results = asyncio.run(main())
-    vectors = np.concatenate([r.embeddings for r in results])
-    assert cosines(vectors, reference.encode(texts)).min() >= 0.99999
-    assert all(r.model == "minilm" and r.usage.prompt_tokens > 0 for r in results)
+    vectors, result = asyncio.run(main())
+    assert cosines(np.concatenate(vectors), reference.encode(texts)).min() >= 0.99999
+    tokens = sum(len(reference.tokenizer(t)["input_ids"]) for t in texts[:2])
+    assert result.model == "minilm" and result.usage.prompt_tokens == tokens and result.embeddings.shape == (2, 384)
 
 
 def test_async_waiters_share_one_reply_connection(redis_url, redis_client, idle_worker, producer):
@@ -252,3 +266,35 @@ def test_cancel_from_elsewhere_wakes_an_async_waiter(redis_url, idle_worker, pro
             return time.monotonic() - started
 
     assert asyncio.run(main()) < 10  # woken by the reply stream, not by its 30 s timeout
+
+
+def test_many_foreign_long_polls_do_not_starve_other_commands(redis_url, idle_worker, producer):
+    """Waits on ids another producer submitted BLPOP on a pool of their own; more of them than the pool
+    holds queue for a slot, and every one still gets its result."""
+    foreign = producer.submit_many([[f"foreign {i}"] for i in range(80)])
+
+    async def main():
+        async with AsyncProducer(redis_url) as aproducer:
+            waits = [asyncio.ensure_future(aproducer.wait(i, timeout=60)) for i in foreign]
+            await asyncio.sleep(0.5)
+            assert await asyncio.wait_for(aproducer.get(foreign[0]), 5) is None  # not stuck behind BLPOPs
+            assert await asyncio.wait_for(aproducer.status(foreign[0]), 5) == "queued"
+            serve = asyncio.get_running_loop().run_in_executor(None, idle_worker.work, True)
+            results = await asyncio.gather(*waits)
+            await serve
+            return results
+
+    results = asyncio.run(main())
+    assert [r.id for r in results] == foreign and all(r.ok for r in results)
+
+
+def test_closing_an_async_producer_fails_its_pending_waits_at_once(redis_url, idle_worker):
+    async def main():
+        producer = AsyncProducer(redis_url)
+        waiting = asyncio.ensure_future(producer.wait(await producer.submit(["never served"]), timeout=60))
+        await asyncio.sleep(0.2)
+        await producer.close()
+        with pytest.raises(UnavailableError, match="closed while waiting"):
+            await asyncio.wait_for(waiting, 10)
+
+    asyncio.run(main())

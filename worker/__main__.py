@@ -19,8 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     from worker.model import load_model  # noqa: PLC0415
     from worker.queue import BatchWorker  # noqa: PLC0415
 
-    path, name = settings.model, settings.served_model_name
-    if not path:  # an empty EMBEDFLEET_MODEL (docker compose) counts as unset
+    # Empty values (docker compose passes unset variables as "") count as unset.
+    path, name = settings.model, settings.served_model_name or None
+    if not path:
         path, name = bundled_model_path(), name or BUNDLED_MODEL_NAME
     model = load_model(path, served_name=name, device=settings.device, dtype=settings.dtype,
                        matryoshka_dims=settings.matryoshka_dims, max_inputs=settings.max_inputs)

@@ -1,0 +1,41 @@
+"""Cancelling a pending request: one Lua script, so a cancel is all-or-nothing against the workers.
+
+Only a request still in its queue list can be cancelled; LREM is the claim (a worker moves ids out of that
+list atomically), and the same script writes what rq's Job.cancel() writes and what a waiter needs.
+"""
+
+from __future__ import annotations
+
+import time
+
+from redis import Redis
+from rq import Queue
+from rq.job import Job, JobStatus
+
+from common import keys
+from common.result import Result
+
+# KEYS: queue list, job hash, canceled registry, result key, notify list[, reply stream]
+# ARGV: request id, now, result blob, ttl, reply stream max length
+_CANCEL = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], 'status', '""" + JobStatus.CANCELED.value + """')
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+redis.call('SET', KEYS[4], ARGV[3], 'EX', ARGV[4])
+redis.call('RPUSH', KEYS[5], 1)
+redis.call('EXPIRE', KEYS[5], ARGV[4])
+if KEYS[6] then
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[5], '*', 'id', ARGV[1])
+  redis.call('EXPIRE', KEYS[6], ARGV[4])
+end
+return 1
+"""
+
+
+def cancel_pending(connection: Redis, job: Job, queue: Queue, answer: Result, reply_to: str | None) -> bool:
+    """True if the job was still queued and is now cancelled, with `answer` published for its waiters."""
+    stream = [reply_to] if reply_to else []
+    return bool(connection.eval(
+        _CANCEL, 5 + len(stream), queue.key, job.key, queue.canceled_job_registry.key,
+        keys.result_key(job.id), keys.notify_key(job.id), *stream,
+        job.id, time.time(), answer.encode(), keys.RESULT_TTL, keys.REPLY_STREAM_MAXLEN))
