@@ -109,6 +109,15 @@ _BY_CODE: dict[str, type[EmbedfleetError]] = {
 }
 
 
+def pydantic_message(exc: Exception) -> str:
+    """A pydantic ValidationError as one sentence per field ("field: what is wrong"); others as str()."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)
+    return "; ".join(f"{'.'.join(map(str, err.get('loc', ()))) or 'request'}: "
+                     f"{err.get('msg', '').removeprefix('Value error, ')}" for err in errors())
+
+
 def error_from_code(code: str, message: str, param: str | None = None) -> EmbedfleetError:
     """Rebuild the error a worker reported (unknown codes become the root class)."""
     cls = _BY_CODE.get(code)

@@ -10,7 +10,8 @@ from rq.job import JobStatus
 
 from common import keys
 from common.capabilities import ModelCapabilities
-from common.errors import NoWorkerError, UnavailableError, UnknownModelError, ValidationError
+from common.errors import (NoWorkerError, UnavailableError, UnknownModelError, ValidationError,
+                           pydantic_message)
 from common.params import PoolingParams
 from common.request import EmbedRequest, normalize_inputs
 from common.result import Result
@@ -62,20 +63,9 @@ def build_request(inputs, caps: ModelCapabilities, params: PoolingParams | None,
         request = EmbedRequest(model=caps.name, inputs=normalize_inputs(inputs),
                                params=PoolingParams(**fields), reply_to=reply_to)
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
-        raise ValidationError(_pydantic_message(exc)) from exc
+        raise ValidationError(pydantic_message(exc)) from exc
     request.resolve(caps)
     return request
-
-
-def _pydantic_message(exc: Exception) -> str:
-    errors = getattr(exc, "errors", None)
-    if not callable(errors):
-        return str(exc)
-    parts = []
-    for err in errors():
-        where = ".".join(str(p) for p in err.get("loc", ())) or "request"
-        parts.append(f"{where}: {err.get('msg')}")
-    return "; ".join(parts)
 
 
 def enqueue_data(queue_cls, request: EmbedRequest):

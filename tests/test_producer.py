@@ -147,8 +147,10 @@ def test_wait_wakes_on_the_result_without_polling(producer, idle_worker, redis_c
 
     request_id = producer.submit("wake me up")
     gets, blpops = calls("get"), calls("blpop")
-    threading.Timer(1.5, idle_worker.work, kwargs={"burst": True}).start()  # the result lands later
+    late = threading.Timer(1.5, idle_worker.work, kwargs={"burst": True})  # the result lands later
+    late.start()
     assert producer.wait(request_id, timeout=30).ok
+    late.join(30)
     assert calls("blpop") - blpops >= 1
     assert calls("get") - gets <= 2, "wait polled for the result instead of blocking on BLPOP"
 

@@ -74,6 +74,6 @@ async def cancel_job(job_id: str, gw: Gateway = Depends(gateway)) -> JSONRespons
         raise NotFoundError(f"no job with id {job_id}", param="id")
     if status == "queued" and await gw.producer.cancel(job_id):
         return _job(job_id, "cancelled", code=200)
-    if status == "queued":  # a worker took it between the two reads
-        status = await gw.producer.status(job_id)
+    if status == "queued":  # a worker took it between the two reads (rq says "started" a moment later)
+        status = "taken by a worker"
     raise JobNotCancellableError(f"job {job_id} is {status}: only a queued job can be cancelled")

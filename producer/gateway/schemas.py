@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from common.errors import pydantic_message
 from common.params import EmbedDtype, Endianness, PoolingParams
 
 EncodingFormat = Literal["float", "base64", "bytes", "bytes_only"]
@@ -42,12 +43,7 @@ class EmbedBody(BaseModel):
         try:
             self.params()
         except ValueError as exc:
-            errors = getattr(exc, "errors", None)
-            if not callable(errors):
-                raise
-            raise ValueError("; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'params'}: {e['msg'].removeprefix('Value error, ')}"
-                for e in errors())) from None
+            raise ValueError(pydantic_message(exc)) from None
         return self
 
     def params(self) -> PoolingParams:
