@@ -5,7 +5,9 @@
                                             waiter), TTL RESULT_TTL
     embedfleet:replies:<producer>   STREAM  one entry {id} per finished request of an AsyncProducer (its
                                             `reply_to`), MAXLEN ~REPLY_STREAM_MAXLEN, TTL RESULT_TTL
-    embedfleet:models               SET     names of every model ever advertised (lazily pruned)
+    embedfleet:models               SET     names of every model ever advertised; never pruned: a name
+                                            without a live worker is answered 503 no_worker (known model,
+                                            none serving now), a name never seen 404 unknown model
     embedfleet:model:<name>         STRING  ModelCapabilities (msgpack), TTL ADVERTISE_TTL, refreshed
                                             every HEARTBEAT_INTERVAL by each worker serving <name>
     embedfleet:model:<name>:workers ZSET    worker name -> time of its last heartbeat, TTL 2 * ADVERTISE_TTL
@@ -27,8 +29,11 @@ PREFIX = "embedfleet"
 RESULT_TTL = 3600  # seconds a result blob (and its notify list) is kept
 JOB_TTL = 24 * 3600  # seconds a job may wait in the queue before rq drops it
 FAILURE_TTL = 24 * 3600  # seconds a failed rq job stays in the failed registry (rq's default: forever)
-JOB_TIMEOUT = 600  # seconds; rq's started-registry score for a job is min(this, 30) + 60 s past the
-#                    worker's last beat, which a live worker refreshes every HEARTBEAT_INTERVAL
+JOB_TIMEOUT = 600  # seconds a job may run. Its started-registry score stays min(time left, 3 *
+#                    HEARTBEAT_INTERVAL) + 60 s past the worker's last beat (BatchWorker.get_heartbeat_ttl),
+#                    and beats stop once the time is up: rq's maintenance recovers a dead worker's jobs ~90 s
+#                    after its last beat, a hung batch's JOB_TIMEOUT + 60 s after it began (+ up to
+#                    MAINTENANCE_INTERVAL either way)
 JOB_RETRIES = 2  # a job whose worker died is requeued this often (at-least-once), then failed
 MAINTENANCE_INTERVAL = 60  # seconds between a worker's rq maintenance runs (abandoned-job recovery)
 ADVERTISE_TTL = 30  # a worker that stops refreshing stops counting as alive after this long

@@ -272,3 +272,38 @@ def test_a_model_failing_the_fidelity_check_is_refused_and_left_in_float32(bert_
     with pytest.raises(ValueError, match=r"in bfloat16 agrees with float32 only to cosine .* serve it in float32"):
         cast_with_fidelity_check(model, torch.bfloat16, min_cosine=1.000001)
     assert next(model.module.parameters()).dtype == torch.float32
+
+
+# --- a failed forward pass is retried in halves --------------------------------------------------------
+
+def test_a_failed_pass_is_retried_in_halves_so_only_the_poisoned_request_fails(bert_cls):
+    from tests.test_queue import PoisonedModel
+
+    engine = Engine(PoisonedModel.of(load_model(bert_cls)))
+    requests = [req([[2, 10 + i, 3], [2, 40 + i, 3]]) for i in range(7)]
+    requests.insert(3, req([[2, 12, 3], [2, PoisonedModel.POISON, 12, 3]]))
+    results = engine.run(requests)
+    assert [r.ok for r in results] == [True] * 3 + [False] + [True] * 4
+    assert results[3].error_code == "internal_error" and "crashes the kernel" in results[3].error_message
+    clean = engine_for(bert_cls)
+    for request, result in zip(requests, results):
+        if result.ok:
+            np.testing.assert_allclose(result.embeddings, clean.run([request])[0].embeddings, rtol=1e-4, atol=1e-5)
+
+
+def test_a_batch_too_big_for_the_device_still_runs_in_smaller_passes(bert_cls):
+    from tests.test_queue import FaultyModel
+
+    class SmallDevice(FaultyModel):
+        def embed(self, token_lists, prompt_lengths=None):
+            if len(token_lists) > 3:
+                raise RuntimeError("CUDA out of memory")
+            return super().embed(token_lists, prompt_lengths)
+
+    engine = Engine(SmallDevice.of(load_model(bert_cls)))
+    requests = [req(sample_texts(5, seed=41)), req(sample_texts(4, seed=42))]
+    results = engine.run(requests)
+    assert all(r.ok for r in results) and engine.forward_passes > 3
+    clean = engine_for(bert_cls)
+    for request, result in zip(requests, results):
+        np.testing.assert_allclose(result.embeddings, clean.run([request])[0].embeddings, rtol=1e-4, atol=1e-5)

@@ -48,7 +48,8 @@ def test_jobs_of_a_worker_killed_mid_batch_are_retried_by_the_next_worker(
         worker.wait(10)
     assert all(producer.get(i) is None for i in ids), "the batch finished before the kill; make it longer"
 
-    # rq counts a job as abandoned once its worker's heartbeat is ~90 s overdue; fast-forward that clock.
+    # rq counts a job as abandoned once its started-registry score passes: ~90 s after the worker's last
+    # beat (3 beats + 60 s, BatchWorker.get_heartbeat_ttl). Fast-forward that clock.
     for member in redis_client.zrange(queue.started_job_registry.key, 0, -1):
         redis_client.zadd(queue.started_job_registry.key, {member: 1})
     BatchWorker(minilm_engine, redis_client, poll_timeout=1).work(burst=True)  # maintenance runs first

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
 import numpy as np
 import pytest
-from rq import Queue, SimpleWorker, Worker
+from pydantic import ValidationError
+from rq import Queue, Retry, SimpleWorker, Worker
 from rq.job import JobStatus
 
 from common.codec import packb
@@ -16,6 +18,11 @@ from common.keys import (FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, MODELS_KEY
 from common.request import EmbedRequest
 from common.result import Result
 from common.serializer import MsgpackSerializer
+from tests.tinymodels import engine_for
+from worker.advertise import Advertiser
+from worker.config import WorkerSettings
+from worker.engine import Engine
+from worker.model import LoadedModel, load_model
 from worker.queue import BatchWorker
 
 
@@ -29,10 +36,13 @@ def rq_queue(conn, model: str) -> Queue:
 
 
 def enqueue(conn, request: EmbedRequest, *args, **job_kwargs):
-    """Enqueue as the producer does: one rq job per request, job id = request id (args overridable)."""
+    """Enqueue as the producer does: one rq job per request, job id = request id (args and options
+    overridable)."""
+    options = {"ttl": JOB_TTL, "result_ttl": RESULT_TTL, "failure_ttl": FAILURE_TTL, "job_timeout": JOB_TIMEOUT,
+               **job_kwargs}
     return rq_queue(conn, request.model).enqueue(
         JOB_FUNC, *(args or (request.encode(),)), job_id=request.id, description=f"embed {len(request.inputs)}",
-        ttl=JOB_TTL, result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, job_timeout=JOB_TIMEOUT, **job_kwargs)
+        **options)
 
 
 def texts(count: int) -> list[str]:
@@ -204,3 +214,136 @@ def test_plain_rq_worker_refuses_embedding_jobs(engine, redis_client):
                  serializer=MsgpackSerializer).work(burst=True)
     assert job.get_status() == JobStatus.FAILED
     assert "run `embedfleet worker`" in job.latest_result().exc_string
+
+
+def started_score(conn, request: EmbedRequest) -> float:
+    """The started-registry score of a request's job (members are `<job id>:<execution id>`)."""
+    registry = rq_queue(conn, request.model).started_job_registry
+    [score] = [score for member, score in conn.zrange(registry.key, 0, -1, withscores=True)
+               if member.decode().startswith(request.id + ":")]
+    return score
+
+
+def test_started_jobs_are_kept_alive_by_beats_and_only_until_their_timeout(engine, redis_client):
+    patient, hasty = (EmbedRequest(model=engine.caps.name, inputs=[text]) for text in ("patient", "hasty"))
+    enqueue(redis_client, patient)  # JOB_TIMEOUT
+    enqueue(redis_client, hasty, job_timeout=1)
+    gated, interval = GatedEngine(engine), 0.2
+    worker = BatchWorker(gated, redis_client, poll_timeout=1, heartbeat_interval=interval)
+    thread = threading.Thread(target=worker.work, daemon=True)
+    thread.start()
+    try:
+        assert gated.entered.wait(10)
+        began = time.time()
+        horizon = 3 * interval + 60 + 5  # three beats + rq's 60 s, and slack; not JOB_TIMEOUT + 60
+        first = started_score(redis_client, patient)
+        assert first < time.time() + horizon
+        wait_for(lambda: started_score(redis_client, patient) > first)  # a beat refreshed it ...
+        assert started_score(redis_client, patient) < time.time() + horizon  # ... by a beat's worth
+
+        time.sleep(1 + 3 * interval)  # hasty's 1 s timeout has passed, and a beat or more since
+        frozen = started_score(redis_client, hasty)
+        for _ in range(2):
+            seen = started_score(redis_client, patient)
+            wait_for(lambda: started_score(redis_client, patient) > seen)
+        assert started_score(redis_client, hasty) == frozen  # left to expire: maintenance will recover it
+        assert frozen <= began + 1 + 60 + 1  # no later than its timeout + 60 s
+    finally:
+        gated.release.set()
+        worker.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_a_result_ttl_under_one_second_is_refused(engine, redis_client):
+    for ttl in (0, -1):
+        with pytest.raises(ValueError, match=r"result_ttl must be at least 1 second, got -?\d"):
+            BatchWorker(engine, redis_client, result_ttl=ttl)
+        with pytest.raises(ValidationError, match="result_ttl"):
+            WorkerSettings(result_ttl=ttl)
+
+    request = EmbedRequest(model=engine.caps.name, inputs=["kept"])  # a job's own -1 gives way to the worker's
+    job = enqueue(redis_client, request, result_ttl=-1)
+    BatchWorker(engine, redis_client, result_ttl=100).work(burst=True)
+    assert Result.decode(redis_client.get(result_key(request.id))).ok
+    assert job.get_status() == JobStatus.FINISHED and 0 < redis_client.ttl(job.key) <= 100
+
+
+class FaultyModel(LoadedModel):
+    """A real loaded model whose subclasses inject a fault into the forward pass."""
+
+    @classmethod
+    def of(cls, model: LoadedModel) -> FaultyModel:
+        return cls(**{f.name: getattr(model, f.name) for f in dataclasses.fields(model)})
+
+
+class PoisonedModel(FaultyModel):
+    """Its forward pass raises whenever token POISON is in the batch, as a kernel bug on one input would."""
+
+    POISON = 66
+
+    def embed(self, token_lists, prompt_lengths=None):
+        if any(self.POISON in ids for ids in token_lists):
+            raise RuntimeError(f"token {self.POISON} crashes the kernel")
+        return super().embed(token_lists, prompt_lengths)
+
+
+def test_a_poisoned_request_fails_alone_retryably_and_its_neighbours_are_served(bert_cls, redis_client):
+    engine = Engine(PoisonedModel.of(load_model(bert_cls, served_name="poisoned")))
+    model = engine.caps.name
+    healthy = [EmbedRequest(model=model, inputs=[[2, 10 + i, 3], [2, 20 + i, 30, 3]]) for i in range(6)]
+    poisoned = EmbedRequest(model=model, inputs=[[2, 11, 3], [2, PoisonedModel.POISON, 3]])
+    for request in healthy[:3]:
+        enqueue(redis_client, request)
+    enqueue(redis_client, poisoned, retry=Retry(max=1))
+    for request in healthy[3:]:
+        enqueue(redis_client, request)
+
+    worker = BatchWorker(engine, redis_client)
+    worker.work(burst=True)
+    assert worker.batches == 2  # the poisoned job was requeued once by its Retry, and failed again
+
+    queue = rq_queue(redis_client, model)
+    clean = engine_for(bert_cls)
+    for request in healthy:
+        result = Result.decode(redis_client.get(result_key(request.id)))
+        np.testing.assert_allclose(result.embeddings, clean.run([request])[0].embeddings, rtol=1e-4, atol=1e-5)
+        assert queue.fetch_job(request.id).get_status() == JobStatus.FINISHED
+    job = queue.fetch_job(poisoned.id)
+    assert job.get_status() == JobStatus.FAILED and job.retries_left == 0
+    assert queue.failed_job_registry.get_job_ids() == [poisoned.id]
+    assert "forward pass failed" in job.latest_result().exc_string
+    answer = Result.decode(redis_client.get(result_key(poisoned.id)))
+    assert answer.error_code == "internal_error" and "crashes the kernel" in answer.error_message
+    assert redis_client.llen(notify_key(poisoned.id)) == 1  # answered once, when it finally failed
+
+
+def test_advertise_is_one_transaction_with_the_worker_beat_before_the_capabilities(engine, redis_client):
+    """_WITHDRAW must never see another worker's capabilities without its beat (it would delete them)."""
+    advertiser = Advertiser(redis_client, engine.caps, "w1")
+    with redis_client.monitor() as monitor:
+        advertiser.advertise()
+        redis_client.echo("advertised")
+        commands = []
+        while not (command := monitor.next_command()["command"]).startswith("ECHO"):
+            commands.append(command.split()[0])
+    commands = commands[commands.index("MULTI"):] if "MULTI" in commands else commands
+    assert commands[:3] == ["MULTI", "ZADD", "SET"] and commands[-1] == "EXEC"
+
+
+class BeatAfterStore(BatchWorker):
+    """The background heartbeat landing right after the store's EXEC, as the thread may at any time."""
+
+    def store_and_acknowledge(self, items, batch):
+        super().store_and_acknowledge(items, batch)
+        self._beat()
+
+
+def test_a_beat_right_after_the_store_recreates_no_execution(engine, redis_client):
+    requests = [EmbedRequest(model=engine.caps.name, inputs=[text]) for text in texts(2)]
+    for request in requests:
+        enqueue(redis_client, request)
+    BeatAfterStore(engine, redis_client).work(burst=True)
+    assert all(Result.decode(redis_client.get(result_key(r.id))).ok for r in requests)
+    assert not redis_client.keys("rq:execution*")
+    assert rq_queue(redis_client, engine.caps.name).started_job_registry.get_job_ids() == []

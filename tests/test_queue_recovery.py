@@ -3,6 +3,7 @@ Also: the background heartbeat thread's death is noticed."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -10,9 +11,11 @@ import pytest
 from rq import Retry
 from rq.job import JobStatus
 
+from common.errors import InternalError
 from common.keys import result_key
 from common.request import EmbedRequest
 from common.result import Result
+from producer import AsyncProducer
 from tests.test_queue import engine, enqueue, rq_queue, wait_for  # noqa: F401 - `engine` is a fixture
 from worker.dequeue import fetch_jobs
 from worker.heartbeat import Heartbeat
@@ -48,8 +51,35 @@ def test_abandoned_batch_is_failed_or_retried_by_rq_maintenance(engine, redis_cl
     assert queue.fetch_job(retried.id).get_status() == JobStatus.FINISHED
 
 
+def test_an_async_waiter_is_woken_when_maintenance_fails_its_abandoned_request(
+        engine, redis_url, redis_client):  # noqa: F811
+    dead = BatchWorker(engine, redis_client)
+    dead.advertiser.advertise()  # the producer enqueues only for a served model
+
+    async def main():
+        async with AsyncProducer(redis_url) as producer:  # waits on its reply stream, not on BLPOP
+            request_id = await producer.submit(["abandoned"], engine.caps.name)
+            redis_client.hdel(f"rq:job:{request_id}", "retries_left")  # no Retry left: it will fail
+            items = fetch_jobs(redis_client, dead.dequeue_batch(None), dead.serializer)
+            dead.start(items, dead.decode(items))  # ... and the worker "dies"
+            queue = rq_queue(redis_client, engine.caps.name)
+            for member in redis_client.zrange(queue.started_job_registry.key, 0, -1):
+                redis_client.zadd(queue.started_job_registry.key, {member: 1})
+
+            waiter = asyncio.ensure_future(producer.wait(request_id, timeout=20))
+            await asyncio.sleep(0.2)
+            assert not waiter.done()
+            await asyncio.to_thread(BatchWorker(engine, redis_client).run_maintenance_tasks)
+            with pytest.raises(InternalError, match="died"):  # not TimeoutError: the reply stream woke it
+                await waiter
+            return queue.fetch_job(request_id).get_status()
+
+    assert asyncio.run(main()) == JobStatus.FAILED
+
+
 def test_ids_stranded_in_the_intermediate_list_are_failed_with_an_answer(engine, redis_client):  # noqa: F811
-    request = EmbedRequest(model=engine.caps.name, inputs=["stranded"])
+    reply = "embedfleet:test:replies"
+    request = EmbedRequest(model=engine.caps.name, inputs=["stranded"], reply_to=reply)
     enqueue(redis_client, request)
     dead = BatchWorker(engine, redis_client)
     assert dead.dequeue_batch(None) == [request.id]  # died before marking it started
@@ -63,7 +93,9 @@ def test_ids_stranded_in_the_intermediate_list_are_failed_with_an_answer(engine,
 
     assert redis_client.llen(queue.intermediate_queue_key) == 0
     assert queue.fetch_job(request.id).get_status() == JobStatus.FAILED
-    assert Result.decode(redis_client.get(result_key(request.id))).error_code == "internal_error"
+    answer = Result.decode(redis_client.get(result_key(request.id)))
+    assert answer.error_code == "internal_error" and "stuck in the intermediate list" in answer.error_message
+    assert [fields for _, fields in redis_client.xrange(reply)] == [{b"id": request.id.encode()}]
 
 
 class Crash(BaseException):

@@ -12,8 +12,9 @@ from common.keys import ADVERTISE_TTL, MODELS_KEY, model_key, model_workers_key
 
 log = logging.getLogger(__name__)
 
-# Drops stale workers, then deletes the capabilities only if no live worker is left, atomically so that
-# a worker advertising at the same moment is never left without its model key.
+# Drops stale workers, then deletes the capabilities only if no live worker is left. A script runs alone,
+# and `advertise` is one MULTI/EXEC, so this sees another worker's advert either whole (its ZADD: the key is
+# kept) or not at all (its SET comes after and recreates the key); never the SET without the ZADD.
 _WITHDRAW = """
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[2])
@@ -37,13 +38,13 @@ class Advertiser:
         self._blob = caps.encode()
 
     def advertise(self) -> None:
-        """One round trip: capabilities with a TTL, the model name, this worker's beat; prunes dead workers."""
+        """One transaction: this worker's beat, capabilities with a TTL, the model name; prunes dead workers."""
         now = time.time()
         name = self.caps.name
-        with self.connection.pipeline(transaction=False) as pipe:
+        with self.connection.pipeline(transaction=True) as pipe:  # see _WITHDRAW
+            pipe.zadd(model_workers_key(name), {self.worker_name: now})  # before the SET, for readers too
             pipe.set(model_key(name), self._blob, ex=self.ttl)
             pipe.sadd(MODELS_KEY, name)
-            pipe.zadd(model_workers_key(name), {self.worker_name: now})
             pipe.zremrangebyscore(model_workers_key(name), "-inf", now - self.ttl)
             pipe.expire(model_workers_key(name), self.ttl * 2)
             pipe.execute()

@@ -110,7 +110,8 @@ def _end_execution(pipe: Pipeline, batch: Batch, item: Item) -> dict:
 
 
 def finish(pipe: Pipeline, batch: Batch, item: Item, worker_name: str, result_ttl: int) -> None:
-    """Job FINISHED: the request was served (its answer may be an error result, e.g. a validation error)."""
+    """Job FINISHED: the request was served (its answer may be an error result, e.g. a validation error).
+    `result_ttl` is at least 1: the worker refuses rq's 0 (delete at once) and -1 (keep forever)."""
     job = item.job
     job._status = JobStatus.FINISHED
     job.ended_at = batch.now
@@ -121,13 +122,8 @@ def finish(pipe: Pipeline, batch: Batch, item: Item, worker_name: str, result_tt
     # rq's own result stream gets a small summary; the embeddings live only in the result blob.
     RqResult.create(job, RqResult.Type.SUCCESSFUL, ttl=result_ttl, return_value=summary,
                     worker_name=worker_name, pipeline=pipe, **_end_execution(pipe, batch, item))
-    if result_ttl > 0:
-        pipe.expire(job.key, result_ttl)
-        batch.finished[job.id] = batch.now.timestamp() + result_ttl
-    elif result_ttl < 0:
-        batch.finished[job.id] = "+inf"
-    else:
-        pipe.delete(job.key)
+    pipe.expire(job.key, result_ttl)
+    batch.finished[job.id] = batch.now.timestamp() + result_ttl
     batch.ok_count += 1
 
 
@@ -159,8 +155,9 @@ def cancel(pipe: Pipeline, batch: Batch, item: Item) -> None:
     batch.canceled[item.job_id] = batch.now.timestamp()
 
 
-def refresh(pipe: Pipeline, queue: Queue, items: list[Item], ttl: int, now: datetime) -> None:
-    """Push the started-registry scores of a long batch forward, as rq's maintain_heartbeats does per job."""
-    for item in items:
+def refresh(pipe: Pipeline, queue: Queue, items: list[tuple[Item, int]], now: datetime) -> None:
+    """Push the started-registry scores of a long batch forward, each (item, ttl) by its own ttl, as rq's
+    maintain_heartbeats does per job."""
+    for item, ttl in items:
         item.execution.heartbeat(queue.started_job_registry, ttl, pipeline=pipe)
         item.job.heartbeat(now, ttl, pipeline=pipe)

@@ -24,7 +24,7 @@ class WorkerSettings(Settings):
     max_inputs: int = Field(2048, description="inputs allowed in one request")
     matryoshka_dims: list[int] | None = Field(None, description="Matryoshka dimensions the model supports, "
                                                                 "when its config does not declare them")
-    result_ttl: int = Field(keys.RESULT_TTL, description="seconds a result is kept in Redis")
+    result_ttl: int = Field(keys.RESULT_TTL, ge=1, description="seconds a result is kept in Redis (at least 1)")
     poll_timeout: int = Field(5, description="seconds one blocking dequeue waits; a stop is honoured within it")
     burst: bool = Field(False, description="exit once the queue is empty")
     name: str | None = Field(None, description="rq worker name; default: a unique one per start")

@@ -80,26 +80,39 @@ class Engine:
         rows: dict[int, np.ndarray] = {}
         failed: dict[int, EmbedfleetError] = {}
         for batch in batches(items, self.max_batch_tokens, self.max_batch_size, lambda item: item.length):
-            live = [item for item in batch if item.request not in failed]
-            if not live:
-                continue
-            try:
-                self.forward_passes += 1
-                vectors = self.model.embed([item.ids for item in live],
-                                           [item.prompt_length for item in live]).numpy()
-            except Exception as exc:
-                log.exception("forward pass over %d rows failed", len(live))
-                error = InternalError(f"forward pass failed: {type(exc).__name__}: {exc}")
-                for item in live:
-                    failed[item.request] = error
-                    rows.pop(item.request, None)
-                continue
+            self._pass(batch, prepared, rows, failed)
+        return rows, failed
+
+    def _pass(self, batch: list[_Item], prepared: dict[int, Prepared], rows: dict[int, np.ndarray],
+              failed: dict[int, EmbedfleetError]) -> None:
+        """One forward pass; if it fails, the batch again in halves, down to single rows, so that one
+        poisoned input fails only its own request and a batch too big for the device (OOM) still runs."""
+        live = [item for item in batch if item.request not in failed]
+        if not live:
+            return
+        try:
+            self.forward_passes += 1
+            vectors = self.model.embed([item.ids for item in live],
+                                       [item.prompt_length for item in live]).numpy()
+        except Exception as exc:
+            error = InternalError(f"forward pass failed: {type(exc).__name__}: {exc}")
+            if len(live) == 1:
+                log.exception("forward pass over 1 row failed; its request fails")
+                failed[live[0].request] = error
+                rows.pop(live[0].request, None)
+                return
+            log.warning("forward pass over %d rows failed (%s); retrying in halves", len(live), error.message)
+        else:
             for item, vector in zip(live, vectors):
                 if item.request not in rows:
                     count = len(prepared[item.request].token_lists)
                     rows[item.request] = np.empty((count, vectors.shape[1]), np.float32)
                 rows[item.request][item.row] = vector
-        return rows, failed
+            return
+        # Split outside the `except`: the traceback holds the failed pass's tensors (device memory on OOM).
+        half = len(live) // 2
+        self._pass(live[:half], prepared, rows, failed)
+        self._pass(live[half:], prepared, rows, failed)
 
     def _postprocess(self, request: EmbedRequest, vectors: np.ndarray, prompt_tokens: int) -> Result:
         params = request.params

@@ -1,4 +1,4 @@
-"""A background thread that runs a callback every few seconds and whose death the owner notices."""
+"""Heartbeats: a background thread whose death its owner notices, and the started-job TTLs it keeps alive."""
 
 from __future__ import annotations
 
@@ -65,3 +65,17 @@ class Heartbeat:
             log.warning("%s: Redis unreachable (%s); retrying in %g s", self.name, exc, self.interval)
         except Exception:
             log.exception("%s: beat failed; retrying in %g s", self.name, self.interval)
+
+
+def started_ttl(timeout: float | None, working_time: float, interval: float) -> int:
+    """Seconds a started job stays in rq's started registry without a beat: three beats + 60 s (not rq's
+    job.timeout + 60), and never past the job's timeout + 60 s. None, or rq's -1 ("never times out"): beats."""
+    beats = 3 * interval
+    if timeout is None or timeout <= 0:
+        return int(beats) + 60
+    return int(max(0.0, min(timeout - working_time, beats))) + 60
+
+
+def timed_out(timeout: float | None, working_time: float) -> bool:
+    """Past its timeout a job is no longer kept alive: rq's maintenance then retries or fails it."""
+    return timeout is not None and timeout > 0 and working_time > timeout

@@ -2,12 +2,13 @@
 
 One round reads as: dequeue batch -> decode -> start -> run -> store + acknowledge, in four Redis round
 trips per batch (take, fetch, start, finish) whatever its size. Status decisions:
-- engine answered (embeddings, or an error result such as a validation error): rq job FINISHED, because the
-  request was served and the error is its answer;
+- engine answered (embeddings, or an error result that is the request's own fault, such as a validation
+  error): rq job FINISHED, because the request was served and the error is its answer;
+- engine answered internal_error for a request (its forward pass failed even alone, or pre/postprocessing
+  crashed), raised, or returned a wrong result list: rq job FAILED (internal_error), or requeued by rq's
+  Retry when the job has retries left, since the fault may be the machine's (e.g. CUDA out of memory);
 - message undecodable (bad msgpack, wrong fields, wrong job args, unreadable job data): rq job FAILED with a
   decode_error reason and a decode_error result blob; never retried, the bytes will not change;
-- the engine raised or returned a wrong result list: rq job FAILED (internal_error), or requeued by rq's
-  Retry when the job has retries left;
 - an rq CANCELED status (a cancel that raced the dequeue): rq job CANCELED, a `cancelled` result
   blob unless one exists.
 """
@@ -32,16 +33,25 @@ from rq.worker import SimpleWorker, WorkerStatus
 from common.errors import CancelledError, DecodeError, EmbedfleetError, InternalError
 from common.keys import HEARTBEAT_INTERVAL, JOB_FUNC, MAINTENANCE_INTERVAL, RESULT_TTL, queue_name
 from common.redisclient import MAX_BLOCK
-from common.request import EmbedRequest
+from common.request import EmbedRequest, reply_to_of
 from common.result import Result, publish
 from common.serializer import MsgpackSerializer
 from worker import bookkeeping
 from worker.advertise import Advertiser
 from worker.bookkeeping import Batch, Item
 from worker.dequeue import fetch_jobs, take_batch
-from worker.heartbeat import Heartbeat
+from worker.heartbeat import Heartbeat, started_ttl, timed_out
 
 log = logging.getLogger("embedfleet.worker")
+
+
+def job_reply_to(job) -> str | None:
+    """The reply stream named in a job's request, or None (no, unreadable or undecodable args)."""
+    try:
+        args = job.args
+    except Exception:  # noqa: BLE001 - rq raises DeserializationError, or anything for a corrupt hash
+        return None
+    return reply_to_of(args[0]) if args and isinstance(args[0], bytes) else None
 
 
 def unique_worker_name() -> str:
@@ -57,9 +67,11 @@ class BatchWorker(SimpleWorker):
             a bad request).
         connection: Redis client.
         max_jobs: most requests taken from the queue per round (one engine.run call per round).
-        result_ttl: seconds result blobs, notify lists and finished rq jobs are kept.
+        result_ttl: seconds result blobs, notify lists and finished rq jobs are kept; at least 1 (Redis
+            refuses SET EX 0, which inside the store transaction would lose every result).
         poll_timeout: seconds one blocking dequeue waits; a stop request is honoured within this time.
-        heartbeat_interval: seconds between capability adverts (and started-job refreshes during a batch).
+        heartbeat_interval: seconds between capability adverts and started-job refreshes during a batch; a
+            dead worker's jobs are recovered about 3 intervals + 60 s after its last beat.
         name: rq worker name; default unique per start.
         Other keyword arguments go to rq's SimpleWorker.
     """
@@ -69,6 +81,9 @@ class BatchWorker(SimpleWorker):
                  name: str | None = None, queue: str | None = None, **kwargs):
         if max_jobs < 1:
             raise ValueError(f"max_jobs must be at least 1, got {max_jobs}")
+        if result_ttl < 1:
+            raise ValueError(f"result_ttl must be at least 1 second, got {result_ttl}: results are stored "
+                             "with an expiry, and 0 or -1 would lose every one of them")
         kwargs.setdefault("maintenance_interval", MAINTENANCE_INTERVAL)  # rq's 600 s leaves dead jobs too long
         super().__init__([queue or queue_name(engine.caps.name)], name=name or unique_worker_name(),
                          connection=connection, serializer=MsgpackSerializer,
@@ -80,8 +95,10 @@ class BatchWorker(SimpleWorker):
         self.poll_timeout = max(1, min(poll_timeout, self.dequeue_timeout, int(MAX_BLOCK)))
         self.queue = self.queues[0]
         self.advertiser = Advertiser(connection, engine.caps, self.name)
+        self.heartbeat_interval = heartbeat_interval
         self.heartbeat_thread = Heartbeat(self._beat, heartbeat_interval, f"heartbeat-{self.name}")
         self._inflight: list[Item] = []
+        self._inflight_since = now()
         self._inflight_lock = threading.Lock()
         self.batches = 0
         self.push_exc_handler(self._answer_abandoned)
@@ -231,7 +248,8 @@ class BatchWorker(SimpleWorker):
                 if item.job is not None and item.cancelled:
                     bookkeeping.cancel(pipe, batch, item)
                     publish(pipe, Result.failure(item.job_id, self.engine.caps.name, CancelledError(
-                        "the request was cancelled before a worker took it")), self.result_ttl, only_if_absent=True)
+                        "the request was cancelled before a worker took it")), self.result_ttl,
+                        job_reply_to(item.job), only_if_absent=True)
                 elif item.failure is not None:
                     self._fail(pipe, batch, item)
                 pipe.lrem(self.queue.intermediate_queue_key, 1, item.job_id)
@@ -240,7 +258,7 @@ class BatchWorker(SimpleWorker):
             batch.flush(pipe)
             pipe.execute()
         with self._inflight_lock:
-            self._inflight = runnable
+            self._inflight, self._inflight_since = runnable, began
             self.executions.update({item.execution.id: item.execution for item in runnable})
         self.procline(f"Embedding {len(runnable)} requests from {self.queue.name}")
         return batch
@@ -261,6 +279,8 @@ class BatchWorker(SimpleWorker):
         for item, result in zip(items, results):
             if result is None or result.id != item.job_id:
                 self._mark_internal(item, InternalError(f"engine returned no result for request {item.job_id}"))
+            elif result.error_code == InternalError.code:  # not the request's fault: rq's Retry may help
+                self._mark_internal(item, result.error)
             else:
                 item.result = result
 
@@ -276,11 +296,19 @@ class BatchWorker(SimpleWorker):
                 # store: the producer's answer
                 publish(pipe, item.result, self.result_ttl, item.request.reply_to)
                 # acknowledge: rq's view
-                bookkeeping.finish(pipe, batch, item, self.name, item.job.get_result_ttl(self.result_ttl))
+                bookkeeping.finish(pipe, batch, item, self.name, self._job_result_ttl(item.job))
             batch.flush(pipe)
             # one batch is one stretch of work, however many jobs it served
             pipe.hincrbyfloat(self.key, "total_working_time", (batch.now - batch.began).total_seconds())
+            with self._inflight_lock:  # a beat after this EXEC would recreate the executions it deletes
+                self._inflight = []
             pipe.execute()
+
+    def _job_result_ttl(self, job) -> int:
+        """The job's own result_ttl when positive, else the worker's: rq's 0 (delete at once) and -1 (keep
+        forever) are not honoured, the rq job's summary should live about as long as the result blob."""
+        ttl = job.result_ttl
+        return ttl if ttl is not None and ttl > 0 else self.result_ttl
 
     # -- failures ---------------------------------------------------------------------------------------
 
@@ -294,36 +322,50 @@ class BatchWorker(SimpleWorker):
         if not bookkeeping.fail(pipe, batch, item, self.name):
             error = item.failure
             answer = Result.failure(item.job_id, self.engine.caps.name, error)
-            reply_to = item.request.reply_to if item.request else None
+            reply_to = item.request.reply_to if item.request else job_reply_to(item.job)
             publish(pipe, answer, self.result_ttl, reply_to)
 
     def _answer_abandoned(self, job, exc_type, exc_value, tb):
         """rq's maintenance fails abandoned jobs without telling the producer; leave it an error blob."""
         if exc_type is not None and not job.should_retry:
-            error = InternalError(f"the worker serving this request died ({exc_type.__name__}); resubmit it")
-            with self.connection.pipeline() as pipe:
-                publish(pipe, Result.failure(job.id, self.engine.caps.name, error), self.result_ttl,
-                                  only_if_absent=True)
-                pipe.execute()
+            self._answer_failed(job, f"the worker serving this request died or hung past the job timeout "
+                                     f"({exc_type.__name__}); resubmit it")
 
     def handle_job_failure(self, job, queue, started_job_registry=None, exc_string="", execution=None):
         """rq's maintenance calls this for ids stuck in the intermediate list; answer the producer too."""
         super().handle_job_failure(job, queue, started_job_registry, exc_string, execution)
         if job.get_status(refresh=False) == JobStatus.FAILED:
-            self._answer_abandoned(job, InternalError, None, None)
+            self._answer_failed(job, "the request was stuck in the intermediate list: its worker died before "
+                                     "starting it; resubmit it")
+
+    def _answer_failed(self, job, message: str) -> None:
+        """An internal_error blob unless the request has an answer, on every path a waiter may listen to."""
+        with self.connection.pipeline() as pipe:
+            publish(pipe, Result.failure(job.id, self.engine.caps.name, InternalError(message)), self.result_ttl,
+                    job_reply_to(job), only_if_absent=True)
+            pipe.execute()
+
+    def get_heartbeat_ttl(self, job, working_time: float = 0.0) -> int:
+        """A dead worker's jobs are recovered ~3 beats + 60 s after its last beat, a hung batch's (stuck in
+        native code, which rq's death penalty cannot interrupt) job.timeout + 60 s after it began."""
+        return started_ttl(job.timeout, working_time, self.heartbeat_interval)
 
     # -- background heartbeat ---------------------------------------------------------------------------
 
     def _beat(self) -> None:
-        """Advertise the model; during a batch also keep rq's worker key and started entries alive."""
+        """Advertise the model; during a batch also keep rq's worker key and started entries alive, each
+        job only until its timeout, after which rq's maintenance retries or fails it as abandoned."""
         self.advertiser.advertise()
         with self._inflight_lock:
             if not self._inflight:
                 return
+            stamp = now()
+            working = (stamp - self._inflight_since).total_seconds()
+            alive = [(item, self.get_heartbeat_ttl(item.job, working)) for item in self._inflight
+                     if not timed_out(item.job.timeout, working)]
             with self.connection.pipeline(transaction=False) as pipe:
                 self.heartbeat(pipeline=pipe)
-                ttl = max(self.get_heartbeat_ttl(item.job) for item in self._inflight)
-                bookkeeping.refresh(pipe, self.queue, self._inflight, ttl, now())
+                bookkeeping.refresh(pipe, self.queue, alive, stamp)
                 pipe.execute()
 
     def _shut_down_heartbeat(self) -> None:
