@@ -140,12 +140,10 @@ class LoadedModel:
     module: nn.Module
     pooler: Pooler
     dense: nn.Sequential
-    normalize: bool
     caps: ModelCapabilities
     device: torch.device
     padding_side: str = "right"
     pad_token_id: int = 0
-    is_decoder: bool = False
     _position_ids: bool = False
     _prompt_lengths: dict = field(default_factory=dict)
     fidelity: float = 1.0  # lowest probe cosine of the serving dtype against float32 (worker/fidelity.py)
@@ -246,9 +244,9 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         max_inputs=max_inputs,
     )
     loaded = LoadedModel(
-        tokenizer=tokenizer, module=module, pooler=pooler, dense=dense, normalize=normalize, caps=caps,
+        tokenizer=tokenizer, module=module, pooler=pooler, dense=dense, caps=caps,
         device=device, padding_side=getattr(tokenizer, "padding_side", "right") or "right",
-        pad_token_id=pad, is_decoder=decoder,
+        pad_token_id=pad,
         _position_ids="position_ids" in inspect.signature(module.forward).parameters,
     )
     if dtype != "float32":
