@@ -86,17 +86,19 @@ class ReplyListener:
         await self.connection.aclose()
 
     async def _listen(self) -> None:
-        last_id, backoff = "0-0", 0.5
+        last_id, backoff, recheck = "0-0", 0.5, False
         try:
             while True:
                 try:
                     replies = await self.connection.xread({self.stream: last_id}, block=int(MAX_BLOCK * 1000))
-                    backoff = 0.5
+                    if recheck:
+                        await self._complete_landed()
+                    backoff, recheck = 0.5, False
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
                     log.warning("reply stream %s: Redis unreachable (%s); retrying in %.1f s", self.stream, exc,
                                 backoff)
                     await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, MAX_BLOCK)
+                    backoff, recheck = min(backoff * 2, MAX_BLOCK), True
                     continue
                 for _, entries in replies:
                     for entry_id, fields in entries:
@@ -109,6 +111,16 @@ class ReplyListener:
             log.exception("reply stream %s: listener died; waiters fall back to BLPOP", self.stream)
             self._failure = exc
             self._fail_waiters(exc)
+
+    async def _complete_landed(self) -> None:
+        """After an outage the stream may have lost entries (a restarted Redis without them, or MAXLEN
+        trimming while we were away): wake every waiter whose result is already there."""
+        waiting = list(self._waiters)
+        if waiting:
+            found = await self.connection.mget([keys.result_key(i) for i in waiting])
+            for request_id, blob in zip(waiting, found):
+                if blob is not None:
+                    self.complete(request_id)
 
     def _fail_waiters(self, exc: BaseException) -> None:
         for futures in self._waiters.values():

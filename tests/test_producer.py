@@ -300,3 +300,22 @@ def test_closing_an_async_producer_fails_its_pending_waits_at_once(redis_url, id
             await asyncio.wait_for(waiting, 10)
 
     asyncio.run(main())
+
+
+def test_reply_listener_wakes_waiters_whose_reply_was_lost_in_an_outage(redis_url, redis_client):
+    """After a reconnect the listener checks its waiters' result keys: a stream entry lost with a
+    restarted Redis (or trimmed meanwhile) must not leave a waiter hanging."""
+    from common.redisclient import connect_async
+    from producer.replies import ReplyListener
+
+    async def main():
+        listener = ReplyListener(connect_async(redis_url))
+        landed, pending = listener.waiter("landed"), listener.waiter("pending")
+        blob = Result.success("landed", "m", np.ones((1, 2), np.float32), "float32", "little", 1).encode()
+        redis_client.set(keys.result_key("landed"), blob)  # its reply stream entry never came
+        await listener._complete_landed()
+        assert landed.done() and not pending.done()
+        await listener.close()
+        assert isinstance(pending.exception(), UnavailableError)
+
+    asyncio.run(main())
