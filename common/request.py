@@ -91,9 +91,16 @@ def normalize_inputs(inputs) -> list[str] | list[list[int]]:
     return [list(item) if isinstance(item, tuple) else item for item in inputs]
 
 
-def reply_to_of(payload) -> str | None:
-    """The reply stream named in an encoded request, or None (also for bytes that are no request)."""
+def job_reply_to(job) -> str | None:
+    """The reply stream named in an rq job's request, or None (no args, unreadable job data, or bytes
+    that are no request): for every path that answers for a job without running it."""
     try:
-        return EmbedRequest.decode(payload).reply_to
+        args = job.args
+    except Exception:  # noqa: BLE001 - rq raises DeserializationError, or anything for a corrupt hash
+        return None
+    if not args:
+        return None
+    try:
+        return EmbedRequest.decode(args[0]).reply_to
     except DecodeError:
         return None

@@ -15,7 +15,7 @@ from common.capabilities import ModelCapabilities
 from common.errors import CancelledError, NotFoundError, QueueFullError, TimeoutError
 from common.params import PoolingParams
 from common.redisclient import block_for, connect
-from common.request import reply_to_of
+from common.request import job_reply_to
 from common.result import Result
 from producer.cancel import cancel_pending
 from producer.core import (CAPS_CACHE_SECONDS, SERIALIZER, build_request, enqueue_data, job_state,
@@ -88,9 +88,11 @@ class Producer:
         requests = [build_request(inputs, caps, params, fields, reply_to) for inputs in batches]
         queue = self._queue(caps.name)
         with _redis_errors():
-            if self.max_queue_depth is not None and queue.count + len(requests) > self.max_queue_depth:
-                raise QueueFullError(f"the queue of model '{caps.name}' holds {queue.count} requests, "
-                                     f"the limit is {self.max_queue_depth}: retry later")
+            if self.max_queue_depth is not None:
+                depth = queue.count
+                if depth + len(requests) > self.max_queue_depth:
+                    raise QueueFullError(f"the queue of model '{caps.name}' holds {depth} requests, "
+                                         f"the limit is {self.max_queue_depth}: retry later")
             queue.enqueue_many([enqueue_data(Queue, r) for r in requests])
         return [r.id for r in requests]
 
@@ -150,7 +152,7 @@ class Producer:
             answer = Result.failure(request_id, model_of_queue(job.origin), CancelledError(
                 f"request {request_id} was cancelled before a worker took it"))
             return cancel_pending(self.redis, job, self._queue_of(job), answer,
-                                  reply_to_of(job.args[0] if job.args else None))
+                                  job_reply_to(job))
 
     def _queue(self, model: str) -> Queue:
         return Queue(keys.queue_name(model), connection=self.redis, serializer=SERIALIZER)

@@ -29,22 +29,22 @@ def _prompt_text(model: LoadedModel, request: EmbedRequest) -> str | None:
     return model.caps.prompts.get(params.prompt_name) if params.prompt_name else None
 
 
-def _truncate_text(model: LoadedModel, text: str, ids: list[int], keep: int, side: str,
-                   add_special_tokens: bool) -> list[int]:
-    """Re-tokenise with the tokenizer's own truncation, which keeps the special tokens (as vLLM does)."""
+def _tokenize(model: LoadedModel, texts: list[str], add_special_tokens: bool, keep: int | None,
+              side: str) -> list[list[int]]:
+    """One tokenizer call; with `keep`, the tokenizer's own truncation, which keeps the special tokens (as
+    vLLM does). Should it refuse (`keep` below the special tokens alone), `prepare` slices instead."""
     tokenizer = model.tokenizer
-    saved = tokenizer.truncation_side
-    try:
-        tokenizer.truncation_side = side
-        cut = tokenizer(text, add_special_tokens=add_special_tokens, truncation=True,
-                        max_length=keep)["input_ids"]
-    except Exception:  # e.g. `keep` smaller than the special tokens alone: fall back to a plain slice
-        cut = None
-    finally:
-        tokenizer.truncation_side = saved
-    if cut is None or len(cut) != keep:
-        cut = _truncate_ids(ids, keep, side)
-    return list(cut)
+    if keep is not None:
+        saved = tokenizer.truncation_side
+        try:
+            tokenizer.truncation_side = side
+            return tokenizer(texts, add_special_tokens=add_special_tokens, truncation=True,
+                             max_length=keep)["input_ids"]
+        except Exception:  # noqa: BLE001 - tokenizers raise various errors for an impossible max_length
+            pass
+        finally:
+            tokenizer.truncation_side = saved
+    return tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
 
 
 def _truncate_ids(ids: list[int], keep: int, side: str) -> list[int]:
@@ -65,12 +65,11 @@ def prepare(model: LoadedModel, request: EmbedRequest) -> Prepared:
     side = params.truncation_side or caps.truncation_side
     prompt_length = 0
     if request.is_tokens:
-        texts = None
         token_lists = [list(ids) for ids in request.inputs]
     else:
         prompt = _prompt_text(model, request)
         texts = [prompt + text for text in request.inputs] if prompt else list(request.inputs)
-        token_lists = model.tokenizer(texts, add_special_tokens=params.add_special_tokens)["input_ids"]
+        token_lists = _tokenize(model, texts, params.add_special_tokens, keep, side)
         if prompt and not model.pooler.include_prompt:
             prompt_length = model.prompt_length(prompt, params.add_special_tokens)
 
@@ -83,7 +82,6 @@ def prepare(model: LoadedModel, request: EmbedRequest) -> Prepared:
                 f"input {index} has {len(ids)} tokens, more than model '{caps.name}''s maximum of "
                 f"{caps.max_model_len}: shorten it, or send truncate_prompt_tokens=-1 to truncate to "
                 "the maximum", param="input")
-        if keep is not None and len(ids) > keep:
-            token_lists[index] = _truncate_ids(ids, keep, side) if texts is None else \
-                _truncate_text(model, texts[index], ids, keep, side, params.add_special_tokens)
+        if keep is not None and len(ids) > keep:  # token-id inputs, or a tokenizer that would not cut
+            token_lists[index] = _truncate_ids(ids, keep, side)
     return Prepared([list(ids) for ids in token_lists], prompt_length)

@@ -33,7 +33,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 from common.errors import CancelledError, DecodeError, EmbedfleetError, InternalError
 from common.keys import HEARTBEAT_INTERVAL, JOB_FUNC, MAINTENANCE_INTERVAL, RESULT_TTL, queue_name
 from common.redisclient import MAX_BLOCK
-from common.request import EmbedRequest, reply_to_of
+from common.request import EmbedRequest, job_reply_to
 from common.result import Result, publish
 from common.serializer import MsgpackSerializer
 from worker import bookkeeping
@@ -43,15 +43,6 @@ from worker.dequeue import fetch_jobs, take_batch
 from worker.heartbeat import Heartbeat, started_ttl, timed_out
 
 log = logging.getLogger("embedfleet.worker")
-
-
-def job_reply_to(job) -> str | None:
-    """The reply stream named in a job's request, or None (no, unreadable or undecodable args)."""
-    try:
-        args = job.args
-    except Exception:  # noqa: BLE001 - rq raises DeserializationError, or anything for a corrupt hash
-        return None
-    return reply_to_of(args[0]) if args and isinstance(args[0], bytes) else None
 
 
 def unique_worker_name() -> str:
