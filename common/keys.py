@@ -11,11 +11,15 @@
     embedfleet:model:<name>         STRING  ModelCapabilities (msgpack), TTL ADVERTISE_TTL, refreshed
                                             every HEARTBEAT_INTERVAL by each worker serving <name>
     embedfleet:model:<name>:workers ZSET    worker name -> time of its last heartbeat, TTL 2 * ADVERTISE_TTL
+    embedfleet:worker:<worker>      STRING  one worker's own facts (msgpack: model, device, dtype, batch
+                                            budget and where it came from), TTL ADVERTISE_TTL, refreshed
+                                            with the advert
     embedfleet:job:<id>             STRING  the HTTP gateway's answer options for an async job (JSON:
                                             encoding_format, explicit layout), TTL JOB_TTL + RESULT_TTL
 
     rq:queue:<queue>                LIST    pending job ids; <queue> = queue_name(model)
-    rq:queue:<queue>:intermediate   LIST    jobs taken by a worker but not yet in rq:wip:<queue>
+    rq:queue:<queue>:intermediate   LIST    rq's own dequeue parks ids here; embedfleet workers never do: their
+                                            take moves ids straight into rq:wip:<queue> (worker/rqschema.py)
     rq:job:<id>                     HASH    the rq job; `data` = zlib(msgpack([func, None, [request
                                             bytes], {}])); job id = request id
     rq:wip:<queue>, rq:finished:<queue>, rq:failed:<queue> ...   ZSET  rq registries
@@ -24,9 +28,12 @@
 
 from __future__ import annotations
 
+import re
+
 PREFIX = "embedfleet"
 
 RESULT_TTL = 3600  # seconds a result blob (and its notify list) is kept
+RESULT_TTL_BOUND = 7 * 24 * 3600  # a job's own result_ttl above this (or unreadable) gives way to the worker's
 JOB_TTL = 24 * 3600  # seconds a job may wait in the queue before rq drops it
 FAILURE_TTL = 24 * 3600  # seconds a failed rq job stays in the failed registry (rq's default: forever)
 JOB_TIMEOUT = 600  # seconds a job may run. Its started-registry score stays min(time left, 3 *
@@ -62,6 +69,15 @@ def reply_stream_key(producer_id: str) -> str:
     return f"{PREFIX}:replies:{producer_id}"
 
 
+_REPLY_STREAM = re.compile(rf"{PREFIX}:replies:[A-Za-z0-9_-]{{1,128}}")
+
+
+def is_reply_stream(key: str | None) -> bool:
+    """True only for a key in the reply-stream space: a `reply_to` read from the queue may name no other
+    key (the worker writes to it)."""
+    return isinstance(key, str) and _REPLY_STREAM.fullmatch(key) is not None
+
+
 REPLY_STREAM_MAXLEN = 10_000
 
 MODELS_KEY = f"{PREFIX}:models"
@@ -73,3 +89,7 @@ def model_key(model: str) -> str:
 
 def model_workers_key(model: str) -> str:
     return f"{PREFIX}:model:{model}:workers"
+
+
+def worker_info_key(worker_name: str) -> str:
+    return f"{PREFIX}:worker:{worker_name}"

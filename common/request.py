@@ -7,6 +7,7 @@ import uuid
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from common import keys
 from common.capabilities import ModelCapabilities
 from common.codec import packb, unpackb
 from common.errors import DecodeError, ValidationError
@@ -92,15 +93,17 @@ def normalize_inputs(inputs) -> list[str] | list[list[int]]:
 
 
 def job_reply_to(job) -> str | None:
-    """The reply stream named in an rq job's request, or None (no args, unreadable job data, or bytes
-    that are no request): for every path that answers for a job without running it."""
+    """The reply stream named in an rq job's request, or None (no args, unreadable job data, bytes that are
+    no request, or a `reply_to` outside the reply-stream key space): for every path that answers for a job
+    without running it. Job data is input: any shape may arrive here."""
     try:
         args = job.args
     except Exception:  # noqa: BLE001 - rq raises DeserializationError, or anything for a corrupt hash
         return None
-    if not args:
+    if not isinstance(args, (list, tuple)) or not args or not isinstance(args[0], bytes):
         return None
     try:
-        return EmbedRequest.decode(args[0]).reply_to
+        reply_to = EmbedRequest.decode(args[0]).reply_to
     except DecodeError:
         return None
+    return reply_to if keys.is_reply_stream(reply_to) else None

@@ -107,7 +107,7 @@ def test_malformed_messages_fail_clearly_and_the_batch_goes_on(engine, redis_cli
     enqueue(redis_client, invalid)
     enqueue(redis_client, good[2])
 
-    reply = "embedfleet:test:replies"
+    reply = "embedfleet:replies:test"
     worker = BatchWorker(engine, redis_client, max_jobs=64)
     worker.work(burst=True)
     assert worker.batches == 1  # everything above was one batch
@@ -143,24 +143,25 @@ def test_malformed_messages_fail_clearly_and_the_batch_goes_on(engine, redis_cli
 
 
 def test_reply_stream_gets_the_id(engine, redis_client):
-    request = EmbedRequest(model=engine.caps.name, inputs=["hi"], reply_to="embedfleet:test:replies")
+    request = EmbedRequest(model=engine.caps.name, inputs=["hi"], reply_to="embedfleet:replies:test")
     enqueue(redis_client, request)
     BatchWorker(engine, redis_client).work(burst=True)
-    [(_, fields)] = redis_client.xrange("embedfleet:test:replies")
+    [(_, fields)] = redis_client.xrange("embedfleet:replies:test")
     assert fields == {b"id": request.id.encode()}
 
 
 class GatedEngine:
-    """The real engine, held inside run() until the test lets it go, to observe a busy worker."""
+    """The real engine, held inside its forward step until the test lets it go, to observe a busy worker."""
 
     def __init__(self, engine):
         self.engine, self.caps = engine, engine.caps
+        self.prepare, self.finish = engine.prepare, engine.finish
         self.entered, self.release = threading.Event(), threading.Event()
 
-    def run(self, requests):
+    def forward(self, work):
         self.entered.set()
         assert self.release.wait(20)
-        return self.engine.run(requests)
+        return self.engine.forward(work)
 
 
 def wait_for(condition, timeout=10.0):
@@ -334,8 +335,8 @@ def test_advertise_is_one_transaction_with_the_worker_beat_before_the_capabiliti
 class BeatAfterStore(BatchWorker):
     """The background heartbeat landing right after the store's EXEC, as the thread may at any time."""
 
-    def store_and_acknowledge(self, items, batch):
-        super().store_and_acknowledge(items, batch)
+    def finish_round(self, batch):
+        super().finish_round(batch)
         self._beat()
 
 

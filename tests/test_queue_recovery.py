@@ -17,7 +17,6 @@ from common.request import EmbedRequest
 from common.result import Result
 from producer import AsyncProducer
 from tests.test_queue import engine, enqueue, rq_queue, wait_for  # noqa: F401 - `engine` is a fixture
-from worker.dequeue import fetch_jobs
 from worker.heartbeat import Heartbeat
 from worker.queue import BatchWorker
 
@@ -29,8 +28,7 @@ def test_abandoned_batch_is_failed_or_retried_by_rq_maintenance(engine, redis_cl
     enqueue(redis_client, retried, retry=Retry(max=1))
 
     dead = BatchWorker(engine, redis_client)  # takes the batch, marks it started, then "dies"
-    items = fetch_jobs(redis_client, dead.dequeue_batch(None), dead.serializer)
-    dead.start(items, dead.decode(items))
+    assert dead.take_round(None).size == 2  # started in Redis as it was taken
     queue = rq_queue(redis_client, model)
     assert set(queue.started_job_registry.get_job_ids()) == {lost.id, retried.id}
     assert redis_client.llen(queue.intermediate_queue_key) == 0
@@ -60,8 +58,7 @@ def test_an_async_waiter_is_woken_when_maintenance_fails_its_abandoned_request(
         async with AsyncProducer(redis_url) as producer:  # waits on its reply stream, not on BLPOP
             request_id = await producer.submit(["abandoned"], engine.caps.name)
             redis_client.hdel(f"rq:job:{request_id}", "retries_left")  # no Retry left: it will fail
-            items = fetch_jobs(redis_client, dead.dequeue_batch(None), dead.serializer)
-            dead.start(items, dead.decode(items))  # ... and the worker "dies"
+            dead.take_round(None)  # ... and the worker "dies"
             queue = rq_queue(redis_client, engine.caps.name)
             for member in redis_client.zrange(queue.started_job_registry.key, 0, -1):
                 redis_client.zadd(queue.started_job_registry.key, {member: 1})
@@ -78,12 +75,12 @@ def test_an_async_waiter_is_woken_when_maintenance_fails_its_abandoned_request(
 
 
 def test_ids_stranded_in_the_intermediate_list_are_failed_with_an_answer(engine, redis_client):  # noqa: F811
-    reply = "embedfleet:test:replies"
+    reply = "embedfleet:replies:test"
     request = EmbedRequest(model=engine.caps.name, inputs=["stranded"], reply_to=reply)
     enqueue(redis_client, request)
-    dead = BatchWorker(engine, redis_client)
-    assert dead.dequeue_batch(None) == [request.id]  # died before marking it started
     queue = rq_queue(redis_client, request.model)
+    # rq's own dequeue (BLMOVE into the intermediate list) by a consumer that died before starting it
+    assert redis_client.lmove(queue.key, queue.intermediate_queue_key, "LEFT", "RIGHT") == request.id.encode()
     intermediate = queue.intermediate_queue
     rescuer = BatchWorker(engine, redis_client)
     rescuer.run_maintenance_tasks()  # rq first only notes when it saw the id ...

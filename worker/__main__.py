@@ -12,29 +12,41 @@ from worker.config import BUNDLED_MODEL_NAME, WorkerSettings, bundled_model_path
 def main(argv: list[str] | None = None) -> int:
     settings = WorkerSettings.from_args(argv, "embedfleet worker", __doc__)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from transformers.utils import logging as hf_logging  # noqa: PLC0415 - torch loads after the flags
-
-    hf_logging.disable_progress_bar()  # a progress bar per start only clutters worker logs
-    from worker.engine import Engine  # noqa: PLC0415
-    from worker.model import load_model  # noqa: PLC0415
+    from worker.engine import Engine  # noqa: PLC0415 - torch loads after the flags
+    from worker.nullmodel import NullModel, is_null  # noqa: PLC0415
+    from worker.probe import Budget, probe_budget  # noqa: PLC0415
     from worker.queue import BatchWorker  # noqa: PLC0415
 
     # Empty values (docker compose passes unset variables as "") count as unset.
     path, name = settings.model, settings.served_model_name or None
-    if not path:
-        path, name = bundled_model_path(), name or BUNDLED_MODEL_NAME
-    model = load_model(path, served_name=name, device=settings.device, dtype=settings.dtype,
-                       matryoshka_dims=settings.matryoshka_dims, max_inputs=settings.max_inputs)
-    engine = Engine(model, max_batch_tokens=settings.max_batch_tokens,
-                    max_batch_size=settings.max_batch_size)
+    if is_null(path):
+        model = NullModel(path, name, settings.max_inputs)
+        budget = Budget(settings.max_batch_tokens or 1 << 20, settings.max_batch_size or 4096, "null model")
+        device, dtype = "none", "none"
+    else:
+        from transformers.utils import logging as hf_logging  # noqa: PLC0415
+
+        from worker.model import load_model  # noqa: PLC0415
+
+        hf_logging.disable_progress_bar()  # a progress bar per start only clutters worker logs
+        if not path:
+            path, name = bundled_model_path(), name or BUNDLED_MODEL_NAME
+        model = load_model(path, served_name=name, device=settings.device, dtype=settings.dtype,
+                           matryoshka_dims=settings.matryoshka_dims, max_inputs=settings.max_inputs)
+        budget = probe_budget(model, seconds=settings.probe_seconds, max_tokens=settings.max_batch_tokens,
+                              max_rows=settings.max_batch_size)
+        device = str(model.device)
+        dtype = str(next(model.module.parameters()).dtype).removeprefix("torch.")
+    engine = Engine(model, max_batch_tokens=budget.max_batch_tokens, max_batch_size=budget.max_batch_size)
+    info = {"device": device, "dtype": dtype, "max_batch_tokens": budget.max_batch_tokens,
+            "max_batch_size": budget.max_batch_size, "budget_source": budget.source, "max_jobs": settings.max_jobs}
     worker = BatchWorker(engine, connect(settings.redis_url), max_jobs=settings.max_jobs,
                          result_ttl=settings.result_ttl, poll_timeout=settings.poll_timeout,
-                         name=settings.name)
+                         name=settings.name, info=info)
     logging.getLogger("embedfleet.worker").info(
-        "serving model %s (%s, dim %d, max length %d, %s on %s, probe cosine vs float32 %.5f) from queue %s "
-        "on %s as %s", model.caps.name, path, model.caps.embedding_size, model.caps.max_model_len,
-        str(next(model.module.parameters()).dtype).removeprefix("torch."), model.device, model.fidelity,
-        worker.queue.name, settings.redis_url, worker.name)
+        "serving model %s (%s, dim %d, max length %d, %s on %s, probe cosine vs float32 %.5f, batches of %s) "
+        "from queue %s on %s as %s", model.caps.name, path, model.caps.embedding_size, model.caps.max_model_len,
+        dtype, device, model.fidelity, budget.describe(), worker.queue.name, settings.redis_url, worker.name)
     worker.work(burst=settings.burst)
     return 0
 

@@ -8,7 +8,8 @@ import time
 from redis import Redis
 
 from common.capabilities import ModelCapabilities
-from common.keys import ADVERTISE_TTL, MODELS_KEY, model_key, model_workers_key
+from common.codec import packb
+from common.keys import ADVERTISE_TTL, MODELS_KEY, model_key, model_workers_key, worker_info_key
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +31,13 @@ class Advertiser:
     """Writes `caps` under the model's keys for `worker_name` (see common.keys for the layout)."""
 
     def __init__(self, connection: Redis, caps: ModelCapabilities, worker_name: str,
-                 ttl: int = ADVERTISE_TTL):
+                 ttl: int = ADVERTISE_TTL, info: dict | None = None):
         self.connection = connection
         self.caps = caps
         self.worker_name = worker_name
         self.ttl = ttl
         self._blob = caps.encode()
+        self._info = packb({"model": caps.name, **(info or {})})  # this worker's device, dtype, batch budget
 
     def advertise(self) -> None:
         """One transaction: this worker's beat, capabilities with a TTL, the model name; prunes dead workers."""
@@ -47,6 +49,7 @@ class Advertiser:
             pipe.sadd(MODELS_KEY, name)
             pipe.zremrangebyscore(model_workers_key(name), "-inf", now - self.ttl)
             pipe.expire(model_workers_key(name), self.ttl * 2)
+            pipe.set(worker_info_key(self.worker_name), self._info, ex=self.ttl)
             pipe.execute()
 
     def withdraw(self) -> bool:
@@ -54,6 +57,7 @@ class Advertiser:
         name = self.caps.name
         deleted = self.connection.eval(_WITHDRAW, 2, model_key(name), model_workers_key(name),
                                        self.worker_name, time.time() - self.ttl)
+        self.connection.delete(worker_info_key(self.worker_name))
         log.info("worker %s: withdrew model %s%s", self.worker_name, name,
                  " (no worker left, capabilities removed)" if deleted else "")
         return bool(deleted)

@@ -11,21 +11,27 @@ from common.config import Settings
 
 
 class WorkerSettings(Settings):
-    model: str | None = Field(None, description="model folder or hub id; default: the bundled all-MiniLM-L6-v2")
+    model: str | None = Field(None, description="model folder or hub id, or null:<dim> (a fixed unit vector "
+                                                "per input, no compute: for load tests); default: the bundled "
+                                                "all-MiniLM-L6-v2")
     served_model_name: str | None = Field(None, description="name clients use; default: the folder's name")
     device: str | None = Field(None, description="cpu, cuda, cuda:N; default: cuda when present, else cpu")
     dtype: Literal["float32", "float16", "bfloat16"] | None = Field(
         None, description="weights and activations; default: float16 (or a bfloat16 checkpoint's bfloat16) on "
                           "cuda, float32 on cpu; bfloat16 on a CPU with AVX512-BF16/AMX is ~1.5x faster. "
                           "Reduced precision must pass a fidelity check against float32")
-    max_batch_tokens: int = Field(16384, description="padded tokens per forward pass")
-    max_batch_size: int = Field(256, description="rows per forward pass")
-    max_jobs: int = Field(64, description="requests taken from the queue in one round trip")
+    max_batch_tokens: int | None = Field(None, ge=1, description="padded tokens per forward pass; default: "
+                                                               "probed at start-up for this model and device")
+    max_batch_size: int | None = Field(None, ge=1, description="rows per forward pass; default: probed at "
+                                                             "start-up")
+    probe_seconds: float = Field(5.0, gt=0, le=60, description="time the start-up batch-shape probe may take")
+    max_jobs: int = Field(64, ge=1, description="requests taken from the queue in one round trip (one round "
+                                                "through the model; the worker holds at most four rounds)")
     max_inputs: int = Field(2048, description="inputs allowed in one request")
     matryoshka_dims: list[int] | None = Field(None, description="Matryoshka dimensions the model supports, "
                                                                 "when its config does not declare them")
     result_ttl: int = Field(keys.RESULT_TTL, ge=1, description="seconds a result is kept in Redis (at least 1)")
-    poll_timeout: int = Field(5, description="seconds one blocking dequeue waits; a stop is honoured within it")
+    poll_timeout: int = Field(5, description="seconds one blocking take waits; a stop is honoured within it")
     burst: bool = Field(False, description="exit once the queue is empty")
     name: str | None = Field(None, description="rq worker name; default: a unique one per start")
 

@@ -1,33 +1,40 @@
-"""BatchWorker: an rq SimpleWorker that serves one model's queue many requests at a time.
+"""BatchWorker: an rq SimpleWorker that serves one model's queue many requests at a time, as a pipeline.
 
-One round reads as: dequeue batch -> decode -> start -> run -> store + acknowledge, in four Redis round
-trips per batch (take, fetch, start, finish) whatever its size. Status decisions:
-- engine answered (embeddings, or an error result that is the request's own fault, such as a validation
-  error): rq job FINISHED, because the request was served and the error is its answer;
-- engine answered internal_error for a request (its forward pass failed even alone, or pre/postprocessing
-  crashed), raised, or returned a wrong result list: rq job FAILED (internal_error), or requeued by rq's
-  Retry when the job has retries left, since the fault may be the machine's (e.g. CUDA out of memory);
-- message undecodable (bad msgpack, wrong fields, wrong job args, unreadable job data): rq job FAILED with a
-  decode_error reason and a decode_error result blob; never retried, the bytes will not change;
-- an rq CANCELED status (a cancel that raced the dequeue): rq job CANCELED, a `cancelled` result
-  blob unless one exists.
+Three stages joined by bounded hand-offs, so the device never waits for Redis or the tokenizer:
+
+    take thread   take (Lua: queue -> started) -> decode -> verify + tokenise   -> [one round waits]
+    main thread   forward passes over the round (length-sorted, token-budgeted)  -> [one round waits]
+    finish thread cut/normalise/cast -> answer + acknowledge (Lua: one EVALSHA per round)
+
+The take stage takes a new round only once the forward stage has picked up the previous one, so a worker
+holds at most four rounds of `max_jobs` requests (one being taken, one waiting, one on the device, one being
+finished) however deep the queue is. Every job it holds is in rq's started registry, kept alive by the
+heartbeat; a stop finishes every job already taken (a drain) before `work()` returns.
+
+Status decisions, per job:
+- answered by the engine (embeddings, or the request's own error such as a validation error): FINISHED;
+- the engine's internal_error (a forward pass failed even alone, a crash in pre/postprocessing): requeued
+  while rq's Retry lasts (the fault may be the machine's, e.g. CUDA out of memory), then FAILED;
+- undecodable job data, or a request for another model: FAILED at once with the reason, never retried;
+- cancelled while queued: CANCELED, answered `cancelled` unless it has an answer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import queue as stdqueue
 import socket
 import threading
 import time
-import traceback
+from dataclasses import dataclass, field
 from uuid import uuid4
 
 import redis
 from redis import Redis
-from rq.exceptions import DeserializationError, StopRequested
+from rq.exceptions import StopRequested
 from rq.job import JobStatus
-from rq.utils import now
 from rq.worker import SimpleWorker, WorkerStatus
 
 from common.errors import CancelledError, DecodeError, EmbedfleetError, InternalError
@@ -36,13 +43,15 @@ from common.redisclient import MAX_BLOCK
 from common.request import EmbedRequest, job_reply_to
 from common.result import Result, publish
 from common.serializer import MsgpackSerializer
-from worker import bookkeeping
 from worker.advertise import Advertiser
-from worker.bookkeeping import Batch, Item
-from worker.dequeue import fetch_jobs, take_batch
+from worker.engine import Round
 from worker.heartbeat import Heartbeat, started_ttl, timed_out
+from worker.jobdata import decode_job
+from worker.rqschema import Answer, Kind, Outcome, RqSchema, Taken
 
 log = logging.getLogger("embedfleet.worker")
+
+_END = object()  # closes a hand-off: no more rounds
 
 
 def unique_worker_name() -> str:
@@ -50,26 +59,43 @@ def unique_worker_name() -> str:
     return f"embedfleet-{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:8]}"
 
 
+@dataclass
+class Batch:
+    """One round of taken jobs: the engine's Round for the runnable ones, answers for the rest."""
+
+    began: float
+    runnable: list[Taken] = field(default_factory=list)
+    answers: list[Answer] = field(default_factory=list)  # decided before the engine (bad data, cancels)
+    work: Round | None = None
+    reply_to: dict[str, str | None] = field(default_factory=dict)
+    engine_error: BaseException | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.runnable) + len(self.answers)
+
+
 class BatchWorker(SimpleWorker):
-    """Serves `engine.caps.name`'s queue in batches; the model stays loaded in this process (no fork).
+    """Serves `engine.caps.name`'s queue in pipelined rounds; the model stays loaded in this process.
 
     Args:
-        engine: has `caps` (ModelCapabilities) and `run(requests) -> results` (same order, never raising for
-            a bad request).
+        engine: has `caps` (ModelCapabilities), `prepare(requests) -> Round`, `forward(Round)` and
+            `finish(Round) -> results` (same order, never raising for a bad request); worker.engine.Engine.
         connection: Redis client.
-        max_jobs: most requests taken from the queue per round (one engine.run call per round).
+        max_jobs: most requests taken from the queue in one round (one Round through the engine).
         result_ttl: seconds result blobs, notify lists and finished rq jobs are kept; at least 1 (Redis
-            refuses SET EX 0, which inside the store transaction would lose every result).
-        poll_timeout: seconds one blocking dequeue waits; a stop request is honoured within this time.
-        heartbeat_interval: seconds between capability adverts and started-job refreshes during a batch; a
-            dead worker's jobs are recovered about 3 intervals + 60 s after its last beat.
+            refuses SET EX 0, which would lose every result).
+        poll_timeout: seconds one blocking take waits; a stop request is honoured within this time.
+        heartbeat_interval: seconds between capability adverts and started-job refreshes; a dead worker's
+            jobs are recovered about 3 intervals + 60 s after its last beat.
         name: rq worker name; default unique per start.
+        info: this worker's facts for its advert (device, dtype, batch budget; `embedfleet status`).
         Other keyword arguments go to rq's SimpleWorker.
     """
 
     def __init__(self, engine, connection: Redis, *, max_jobs: int = 64, result_ttl: int = RESULT_TTL,
                  poll_timeout: int = 5, heartbeat_interval: float = HEARTBEAT_INTERVAL,
-                 name: str | None = None, queue: str | None = None, **kwargs):
+                 name: str | None = None, queue: str | None = None, info: dict | None = None, **kwargs):
         if max_jobs < 1:
             raise ValueError(f"max_jobs must be at least 1, got {max_jobs}")
         if result_ttl < 1:
@@ -85,13 +111,17 @@ class BatchWorker(SimpleWorker):
         # A blocking read must end well inside the client's socket timeout (common.redisclient).
         self.poll_timeout = max(1, min(poll_timeout, self.dequeue_timeout, int(MAX_BLOCK)))
         self.queue = self.queues[0]
-        self.advertiser = Advertiser(connection, engine.caps, self.name)
+        self.schema = RqSchema(connection, self.queue.name, self.name, result_ttl=result_ttl,
+                               heartbeat_interval=heartbeat_interval)
+        self.advertiser = Advertiser(connection, engine.caps, self.name, info=info)
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat_thread = Heartbeat(self._beat, heartbeat_interval, f"heartbeat-{self.name}")
-        self._inflight: list[Item] = []
-        self._inflight_since = now()
-        self._inflight_lock = threading.Lock()
+        self._held: dict[str, tuple[Taken, float]] = {}  # taken and not yet acknowledged: (job, taken at)
+        self._held_lock = threading.Lock()
+        self._slot = threading.Semaphore(1)  # one taken round may wait for the device
+        self._burst = False
         self.batches = 0
+        self.served = 0
         self.push_exc_handler(self._answer_abandoned)
 
     # -- the loop ---------------------------------------------------------------------------------------
@@ -100,7 +130,13 @@ class BatchWorker(SimpleWorker):
              with_scheduler: bool = False, **log_kwargs) -> bool:
         """Serve until stopped (or, with `burst`, until the queue is empty). True if any job was served."""
         self.bootstrap(logging_level, **log_kwargs)
-        served, backoff, idle_since = 0, 1.0, time.monotonic()
+        self._burst, self.served = burst, 0
+        prepared: stdqueue.Queue = stdqueue.Queue(maxsize=1)
+        forwarded: stdqueue.Queue = stdqueue.Queue(maxsize=1)
+        stages = [threading.Thread(target=self._stage, args=(name, loop, *args), name=f"{name}-{self.name}",
+                                   daemon=True)
+                  for name, loop, args in (("take", self._take_loop, (prepared, max_idle_time)),
+                                           ("finish", self._finish_loop, (forwarded,)))]
         try:
             self.advertiser.advertise()  # producers may submit as soon as this returns
             self.heartbeat_thread.start()
@@ -108,213 +144,238 @@ class BatchWorker(SimpleWorker):
                 self._start_scheduler(burst, logging_level, **log_kwargs)
             if threading.current_thread() is threading.main_thread():
                 self._install_signal_handlers()
-            while True:
-                try:
-                    self.check_for_suspension(burst)
-                    if self.should_run_maintenance_tasks:
-                        self.run_maintenance_tasks()
-                    if self._stop_requested:
-                        log.info("worker %s: stopping on request", self.name)
-                        break
-                    self.heartbeat_thread.ensure_alive()
-                    job_ids = self.dequeue_batch(None if burst else self.poll_timeout)
-                    backoff = 1.0
-                    if job_ids:
-                        served += self.process_batch(job_ids)
-                        idle_since = time.monotonic()
-                    elif burst:
-                        log.info("worker %s: queue empty, burst done", self.name)
-                        break
-                    elif max_idle_time is not None and time.monotonic() - idle_since > max_idle_time:
-                        log.info("worker %s: idle for %d s, quitting", self.name, max_idle_time)
-                        break
-                except StopRequested:
-                    break
-                except (redis.ConnectionError, redis.TimeoutError) as exc:
-                    log.error("worker %s: Redis unreachable (%s); retrying in %.0f s", self.name, exc, backoff)
-                    time.sleep(backoff)
-                    backoff = min(backoff * self.exponential_backoff_factor, self.max_connection_wait_time)
-                except Exception:
-                    log.exception("worker %s: unexpected error in the work loop", self.name)
-                    if burst:
-                        break
-                    time.sleep(backoff)
-                    backoff = min(backoff * self.exponential_backoff_factor, self.max_connection_wait_time)
+            for stage in stages:
+                stage.start()
+            self._forward_loop(prepared, forwarded, stages)
+            for stage in stages:
+                stage.join(timeout=60)  # a drain ends with the rounds held; a dead stage's partner soon
+                if stage.is_alive():
+                    log.error("worker %s: the %s stage did not end; leaving it", self.name, stage.name)
         finally:
+            self._stop_requested = True  # a stage that outlived a crash of this loop must end too
             self._shut_down_heartbeat()
             try:
                 self.teardown()
             except (redis.ConnectionError, redis.TimeoutError) as exc:  # rq's registration expires by itself
                 log.warning("worker %s: could not unregister from Redis (%s)", self.name, exc)
-        return served > 0
+        return self.served > 0
 
     def stop(self) -> None:
-        """Warm stop from another thread: the current batch completes, then work() returns."""
+        """Warm stop from another thread: every job already taken is finished, then work() returns."""
         self._stop_requested = True
 
     def _shutdown(self):
-        """Signals only set the flag: raising inside a Redis read could strand dequeued ids (rq's way)."""
+        """Signals only set the flag: raising inside a Redis read could strand taken ids (rq's way)."""
         self._stop_requested = True
 
-    def process_batch(self, job_ids: list[str]) -> int:
-        """One round after the dequeue; returns how many jobs were served (finished)."""
-        items = fetch_jobs(self.connection, job_ids, self.serializer, self.job_class)
-        runnable = self.decode(items)
-        batch = self.start(items, runnable)
+    def _stage(self, name: str, loop, *args) -> None:
         try:
-            if runnable:
-                self.run(runnable)
-                self._with_retries(lambda: self.store_and_acknowledge(runnable, batch))
+            loop(*args)
+        except BaseException:
+            log.exception("worker %s: the %s stage died; stopping the worker (its jobs are recovered from "
+                          "the started registry)", self.name, name)
+            self._stop_requested = True
+            raise
+
+    def _forward_loop(self, prepared: stdqueue.Queue, forwarded: stdqueue.Queue, stages) -> None:
+        """The device stage, on the calling thread. Ends when the take stage closes its hand-off."""
+        while True:
+            try:
+                batch = prepared.get(timeout=1.0)
+            except stdqueue.Empty:
+                self.heartbeat_thread.ensure_alive()
+                if not all(stage.is_alive() for stage in stages):
+                    log.error("worker %s: a stage thread is gone; stopping", self.name)
+                    self._stop_requested = True
+                    with contextlib.suppress(stdqueue.Full):
+                        forwarded.put_nowait(_END)
+                    return
+                continue
+            if batch is _END:
+                self._hand_off(forwarded, _END, stages)
+                return
+            self._slot.release()  # the take stage may prepare the next round while this one runs
+            if batch.work is not None:
+                try:
+                    self.engine.forward(batch.work)
+                except Exception as exc:  # an engine bug: every job of the round fails, retryably
+                    log.exception("worker %s: forward stage failed on a round of %d", self.name, batch.size)
+                    batch.engine_error = exc
+            self._hand_off(forwarded, batch, stages)
+
+    def _hand_off(self, forwarded: stdqueue.Queue, item, stages) -> None:
+        """Put, unless the finish stage is gone (its jobs stay started and are recovered)."""
+        while True:
+            try:
+                return forwarded.put(item, timeout=1.0)
+            except stdqueue.Full:
+                if not all(stage.is_alive() for stage in stages):
+                    self._stop_requested = True
+                    return
+
+    # -- take stage -------------------------------------------------------------------------------------
+
+    def _take_loop(self, prepared: stdqueue.Queue, max_idle_time: int | None) -> None:
+        backoff, idle_since = 1.0, time.monotonic()
+        try:
+            while not self._stop_requested:
+                if not self._slot.acquire(timeout=0.5):
+                    continue
+                try:
+                    if self.should_run_maintenance_tasks:
+                        self.run_maintenance_tasks()
+                    batch = self.take_round(None if self._burst else self.poll_timeout)
+                    backoff = 1.0
+                except StopRequested:
+                    self._slot.release()
+                    break
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    self._slot.release()
+                    log.error("worker %s: Redis unreachable (%s); retrying in %.0f s", self.name, exc, backoff)
+                    time.sleep(backoff)
+                    backoff = min(backoff * self.exponential_backoff_factor, self.max_connection_wait_time)
+                    continue
+                except Exception:
+                    self._slot.release()
+                    log.exception("worker %s: unexpected error in the take stage", self.name)
+                    time.sleep(backoff)
+                    backoff = min(backoff * self.exponential_backoff_factor, self.max_connection_wait_time)
+                    continue
+                if batch is not None:
+                    idle_since = time.monotonic()
+                    prepared.put(batch)
+                    continue
+                self._slot.release()
+                if self._burst and self._drained():
+                    log.info("worker %s: queue empty, burst done", self.name)
+                    break
+                if max_idle_time is not None and time.monotonic() - idle_since > max_idle_time:
+                    log.info("worker %s: idle for %d s, quitting", self.name, max_idle_time)
+                    break
+            if self._stop_requested:
+                log.info("worker %s: stopping on request; finishing the jobs it holds", self.name)
         finally:
-            with self._inflight_lock:
-                self._inflight = []
-                self.executions.clear()
-        self.batches += 1
-        served = sum(item.result is not None and item.failure is None for item in items)
-        log.info("worker %s: batch of %d: %d served, %d failed, %d canceled in %.3f s", self.name,
-                 len(job_ids), served, sum(item.failure is not None for item in items),
-                 sum(item.cancelled and item.job is not None for item in items),
-                 (now() - batch.began).total_seconds())
-        return served
+            with contextlib.suppress(stdqueue.Full):  # full only if the forward stage is gone
+                prepared.put(_END, timeout=30)
 
-    # -- the named steps --------------------------------------------------------------------------------
+    def _drained(self) -> bool:
+        """Burst mode: nothing held any more (a retry may requeue a job), and the queue still empty."""
+        while self.held_count() and not self._stop_requested:
+            time.sleep(0.005)
+        return self.connection.llen(self.queue.key) == 0
 
-    def dequeue_batch(self, timeout: int | None) -> list[str]:
-        """Up to max_jobs ids, moved into the intermediate list, with rq's idle state and heartbeat."""
+    def take_round(self, block: float | None) -> Batch | None:
+        """Take up to max_jobs jobs (started in Redis as they are taken), decode and prepare them."""
         def idle(pipe):
-            self.set_state(WorkerStatus.IDLE, pipeline=pipe)
+            if not self.held_count():
+                self.set_state(WorkerStatus.IDLE, pipeline=pipe)
             self.heartbeat(pipeline=pipe)
 
-        self.procline(f"Listening on {self.queue.name}")
-        return take_batch(self.connection, self.queue.key, self.queue.intermediate_queue_key, self.max_jobs,
-                          timeout, before=idle)
-
-    def decode(self, items: list[Item]) -> list[Item]:
-        """Sets each item's request, or the reason it fails; returns the items the engine should run."""
-        runnable = []
-        for item in items:
-            if item.job is None:
-                continue
-            if item.job.get_status(refresh=False) == JobStatus.CANCELED:
-                item.cancelled = True
-                continue
-            try:
-                item.request = self._decode_job(item)
-                runnable.append(item)
-            except DecodeError as exc:
-                item.failure = exc
-                item.exc_string = f"{JOB_FUNC}: job {item.job_id}: {exc.message}"
-        return runnable
-
-    def _decode_job(self, item: Item) -> EmbedRequest:
-        if item.unreadable:
-            raise DecodeError(item.unreadable)
-        job = item.job
-        try:
-            func, args, kwargs = job.func_name, job.args, job.kwargs
-        except DeserializationError as exc:
-            raise DecodeError(f"job data is not msgpack rq job data: {exc.__cause__!r}") from exc
-        if func != JOB_FUNC:
-            raise DecodeError(f"job function is {func!r}; this queue only serves {JOB_FUNC!r}")
-        if kwargs or not isinstance(args, list | tuple) or len(args) != 1 or not isinstance(args[0], bytes):
-            raise DecodeError(f"job args must be [<encoded EmbedRequest bytes>] and no kwargs; got "
-                              f"{type(args).__name__} of {len(args) if hasattr(args, '__len__') else '?'} "
-                              f"item(s) and kwargs {sorted(kwargs) if isinstance(kwargs, dict) else kwargs!r}")
-        request = EmbedRequest.decode(args[0])
-        if request.id != job.id:
-            raise DecodeError(f"request id {request.id!r} does not match its job id {job.id!r}")
-        return request
-
-    def start(self, items: list[Item], runnable: list[Item]) -> Batch:
-        """One transaction: runnable jobs STARTED, undecodable ones FAILED, cancelled ones CANCELED, and
-        every id out of the intermediate list (atomically with its started-registry entry, as rq needs)."""
-        began = now()
-        batch = Batch(self.queue, self.key, self.executions_key, began, began)
-        ttl = max((self.get_heartbeat_ttl(item.job) for item in runnable), default=0)
-        with self.connection.pipeline() as pipe:
-            for item in runnable:
-                bookkeeping.start(pipe, batch, item, self.name, self.get_heartbeat_ttl(item.job))
-            bookkeeping.add_executions_index(pipe, batch, ttl)
-            for item in items:
-                if item.job is not None and item.cancelled:
-                    bookkeeping.cancel(pipe, batch, item)
-                    publish(pipe, Result.failure(item.job_id, self.engine.caps.name, CancelledError(
-                        "the request was cancelled before a worker took it")), self.result_ttl,
-                        job_reply_to(item.job), only_if_absent=True)
-                elif item.failure is not None:
-                    self._fail(pipe, batch, item)
-                pipe.lrem(self.queue.intermediate_queue_key, 1, item.job_id)
-            if runnable:
-                self.set_state(WorkerStatus.BUSY, pipeline=pipe)
-            batch.flush(pipe)
-            pipe.execute()
-        with self._inflight_lock:
-            self._inflight, self._inflight_since = runnable, began
-            self.executions.update({item.execution.id: item.execution for item in runnable})
-        self.procline(f"Embedding {len(runnable)} requests from {self.queue.name}")
+        suspended, taken = self.schema.take(self.max_jobs, block, before=idle)
+        if suspended:
+            self.check_for_suspension(self._burst)  # waits (logged) until `rq resume`
+            return None
+        if not taken:
+            return None
+        batch = Batch(time.time())
+        with self._held_lock:
+            for job in taken:
+                if job.kind is Kind.STARTED:
+                    self._held[job.id] = (job, batch.began)
+        requests: list[EmbedRequest] = []
+        for job in taken:
+            if job.kind is Kind.STARTED:
+                try:
+                    request = decode_job(job.id, job.data, self.engine.caps.name)
+                except EmbedfleetError as exc:
+                    batch.answers.append(self._failure(job, exc, Outcome.FAILED, reply_to=None))
+                    continue
+                batch.runnable.append(job)
+                batch.reply_to[job.id] = request.reply_to
+                requests.append(request)
+            elif job.kind is Kind.CANCELED:
+                batch.answers.append(Answer(job, Outcome.CANCELED, Result.failure(
+                    job.id, self.engine.caps.name, CancelledError("the request was cancelled before a worker "
+                                                                  "took it")).encode(), only_if_absent=True))
+            else:  # nothing to answer: no job hash, an id no job can have, or a job already ended
+                log.warning("worker %s: dropped queue entry %r (%s)", self.name, job.id, job.kind.value)
+        if requests:
+            batch.work = self.engine.prepare(requests)
         return batch
 
-    def run(self, items: list[Item]) -> None:
-        """One engine call for the whole batch; an engine failure fails every job of it, retryably."""
-        if not items:
-            return
-        try:
-            results = self.engine.run([item.request for item in items])
-            if len(results) != len(items):
-                raise InternalError(f"engine returned {len(results)} results for {len(items)} requests")
-        except Exception as exc:
-            log.exception("worker %s: engine failed on a batch of %d", self.name, len(items))
-            for item in items:
-                self._mark_internal(item, exc, traceback.format_exc())
-            return
-        for item, result in zip(items, results):
-            if result is None or result.id != item.job_id:
-                self._mark_internal(item, InternalError(f"engine returned no result for request {item.job_id}"))
-            elif result.error_code == InternalError.code:  # not the request's fault: rq's Retry may help
-                self._mark_internal(item, result.error)
-            else:
-                item.result = result
+    # -- finish stage -----------------------------------------------------------------------------------
 
-    def store_and_acknowledge(self, items: list[Item], batch: Batch) -> None:
-        """One transaction: every answer stored and every rq job finished or failed, so a producer never
-        sees a result whose job still looks started, nor the reverse."""
-        batch.now = now()
-        with self.connection.pipeline() as pipe:
-            for item in items:
-                if item.failure is not None:
-                    self._fail(pipe, batch, item)
-                    continue
-                # store: the producer's answer
-                publish(pipe, item.result, self.result_ttl, item.request.reply_to)
-                # acknowledge: rq's view
-                bookkeeping.finish(pipe, batch, item, self.name, self._job_result_ttl(item.job))
-            batch.flush(pipe)
-            # one batch is one stretch of work, however many jobs it served
-            pipe.hincrbyfloat(self.key, "total_working_time", (batch.now - batch.began).total_seconds())
-            with self._inflight_lock:  # a beat after this EXEC would recreate the executions it deletes
-                self._inflight = []
-            pipe.execute()
+    def _finish_loop(self, forwarded: stdqueue.Queue) -> None:
+        while (batch := forwarded.get()) is not _END:
+            try:
+                self.finish_round(batch)
+            except Exception:  # its jobs stay started and are recovered by maintenance
+                log.exception("worker %s: could not store a round of %d; its jobs will be recovered",
+                              self.name, batch.size)
+                self._release(batch)
 
-    def _job_result_ttl(self, job) -> int:
-        """The job's own result_ttl when positive, else the worker's: rq's 0 (delete at once) and -1 (keep
-        forever) are not honoured, the rq job's summary should live about as long as the result blob."""
-        ttl = job.result_ttl
-        return ttl if ttl is not None and ttl > 0 else self.result_ttl
+    def finish_round(self, batch: Batch) -> None:
+        """Answers for every job of the round, then one EVALSHA that stores and acknowledges them all."""
+        answers = list(batch.answers)
+        results = self._results(batch)
+        for job, result in zip(batch.runnable, results):
+            answers.append(self._answer(job, result, batch.reply_to.get(job.id)))
+        counts = self._with_retries(lambda: self.schema.finish(answers, time.time() - batch.began))
+        self._release(batch)
+        self.batches += 1
+        self.served += counts[0]
+        log.info("worker %s: round of %d: %d served, %d failed, %d requeued%s in %.3f s", self.name,
+                 batch.size, counts[0], counts[1], counts[2],
+                 f", {counts[3]} answered late (their claim had lapsed)" if counts[3] else "",
+                 time.time() - batch.began)
 
-    # -- failures ---------------------------------------------------------------------------------------
+    def _results(self, batch: Batch) -> list[Result | None]:
+        if batch.work is None:
+            return []
+        if batch.engine_error is None:
+            try:
+                results = self.engine.finish(batch.work)
+                if len(results) == len(batch.runnable):
+                    return results
+                batch.engine_error = InternalError(f"engine returned {len(results)} results for "
+                                                   f"{len(batch.runnable)} requests")
+            except Exception as exc:
+                log.exception("worker %s: finishing a round of %d failed", self.name, batch.size)
+                batch.engine_error = exc
+        error = batch.engine_error
+        return [Result.failure(job.id, self.engine.caps.name, error if isinstance(error, EmbedfleetError)
+                               else InternalError(f"engine failed: {type(error).__name__}: {error}"))
+                for job in batch.runnable]
 
-    def _mark_internal(self, item: Item, exc: Exception, exc_string: str | None = None) -> None:
-        item.failure = exc if isinstance(exc, EmbedfleetError) else InternalError(f"engine failed: {exc!r}")
-        item.exc_string = exc_string or f"{type(exc).__name__}: {exc}"
-        item.retryable = True
+    def _answer(self, job: Taken, result: Result | None, reply_to: str | None) -> Answer:
+        if result is None or result.id != job.id:
+            return self._failure(job, InternalError(f"engine returned no result for request {job.id}"),
+                                 Outcome.RETRY, reply_to)
+        if result.error_code == InternalError.code:  # not the request's fault: rq's Retry may help
+            return Answer(job, Outcome.RETRY, result.encode(), reply_to,
+                          reason=f"{result.error_code}: {result.error_message}")
+        summary = {"status": result.status} if result.ok else {"status": result.status, "code": result.error_code}
+        return Answer(job, Outcome.FINISHED, result.encode(), reply_to, summary=summary)
 
-    def _fail(self, pipe, batch: Batch, item: Item) -> None:
-        """rq job FAILED (or requeued by its Retry); the producer gets an error blob unless it was requeued."""
-        if not bookkeeping.fail(pipe, batch, item, self.name):
-            error = item.failure
-            answer = Result.failure(item.job_id, self.engine.caps.name, error)
-            reply_to = item.request.reply_to if item.request else job_reply_to(item.job)
-            publish(pipe, answer, self.result_ttl, reply_to)
+    def _failure(self, job: Taken, error: EmbedfleetError, outcome: Outcome, reply_to: str | None) -> Answer:
+        prefix = f"{JOB_FUNC}: job {job.id}: " if isinstance(error, DecodeError) else ""
+        return Answer(job, outcome, Result.failure(job.id, self.engine.caps.name, error).encode(), reply_to,
+                      reason=f"{prefix}{error.message}")
+
+    # -- held jobs --------------------------------------------------------------------------------------
+
+    def held_count(self) -> int:
+        with self._held_lock:
+            return len(self._held)
+
+    def _release(self, batch: Batch) -> None:
+        with self._held_lock:
+            for answer in batch.answers:
+                self._held.pop(answer.taken.id, None)
+            for job in batch.runnable:
+                self._held.pop(job.id, None)
+
+    # -- rq's maintenance answers for jobs it recovers ----------------------------------------------------
 
     def _answer_abandoned(self, job, exc_type, exc_value, tb):
         """rq's maintenance fails abandoned jobs without telling the producer; leave it an error blob."""
@@ -336,28 +397,19 @@ class BatchWorker(SimpleWorker):
                     job_reply_to(job), only_if_absent=True)
             pipe.execute()
 
-    def get_heartbeat_ttl(self, job, working_time: float = 0.0) -> int:
-        """A dead worker's jobs are recovered ~3 beats + 60 s after its last beat, a hung batch's (stuck in
-        native code, which rq's death penalty cannot interrupt) job.timeout + 60 s after it began."""
-        return started_ttl(job.timeout, working_time, self.heartbeat_interval)
-
     # -- background heartbeat ---------------------------------------------------------------------------
 
     def _beat(self) -> None:
-        """Advertise the model; during a batch also keep rq's worker key and started entries alive, each
-        job only until its timeout, after which rq's maintenance retries or fails it as abandoned."""
+        """Advertise the model; while jobs are held also keep rq's worker key and their started entries
+        alive, each job only until its timeout, after which rq's maintenance retries or fails it."""
         self.advertiser.advertise()
-        with self._inflight_lock:
-            if not self._inflight:
-                return
-            stamp = now()
-            working = (stamp - self._inflight_since).total_seconds()
-            alive = [(item, self.get_heartbeat_ttl(item.job, working)) for item in self._inflight
-                     if not timed_out(item.job.timeout, working)]
-            with self.connection.pipeline(transaction=False) as pipe:
-                self.heartbeat(pipeline=pipe)
-                bookkeeping.refresh(pipe, self.queue, alive, stamp)
-                pipe.execute()
+        stamp = time.time()
+        with self._held_lock:
+            held = [(job, started_ttl(job.timeout, stamp - since, self.heartbeat_interval))
+                    for job, since in self._held.values() if not timed_out(job.timeout, stamp - since)]
+        if held:
+            self.heartbeat()
+            self.schema.refresh(held)
 
     def _shut_down_heartbeat(self) -> None:
         self.heartbeat_thread.stop()
@@ -366,8 +418,8 @@ class BatchWorker(SimpleWorker):
         except redis.RedisError as exc:
             log.warning("worker %s: could not withdraw its advert (%s); it expires by itself", self.name, exc)
 
-    def _with_retries(self, write, attempts: int = 5) -> None:
-        """The engine's work is in memory: ride out a short Redis outage rather than lose the batch."""
+    def _with_retries(self, write, attempts: int = 5):
+        """The engine's work is in memory: ride out a short Redis outage rather than lose the round."""
         delay = 1.0
         for attempt in range(attempts):
             try:
@@ -375,6 +427,6 @@ class BatchWorker(SimpleWorker):
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if attempt == attempts - 1:
                     raise
-                log.error("worker %s: storing a batch failed (%s); retrying in %.0f s", self.name, exc, delay)
+                log.error("worker %s: storing a round failed (%s); retrying in %.0f s", self.name, exc, delay)
                 time.sleep(delay)
                 delay *= 2

@@ -1,0 +1,120 @@
+"""The start-up probe: which forward-pass shape (padded-token budget, row cap) serves this model fastest on
+this device. Small batches win on a CPU (per text), large ones on a GPU; measuring beats guessing.
+
+For a few sequence lengths it times passes of 1, 2, 4, ... rows of synthetic tokens, stopping a length once
+texts/s has clearly peaked or the time is spent, then scores every (budget, cap) pair the measurements
+suggest by how close it comes to each length's best texts/s (the rows it would give a batch of that
+length are min(cap, budget // length)). The pair with the best worst-case share wins; ties go to the
+smaller budget (lower latency). Bounded by `seconds`; logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What the batcher uses, and where it came from."""
+
+    max_batch_tokens: int
+    max_batch_size: int
+    source: str  # "probe", "flags", or "probe+flags"
+    texts_per_s: dict[int, float] = field(default_factory=dict)  # best measured per length (probe only)
+
+    def describe(self) -> str:
+        rates = ", ".join(f"{length} tok: {rate:.0f}/s" for length, rate in sorted(self.texts_per_s.items()))
+        return (f"{self.max_batch_tokens} padded tokens, {self.max_batch_size} rows ({self.source}"
+                f"{'; best texts/s ' + rates if rates else ''})")
+
+
+def _lengths(max_len: int) -> list[int]:
+    """Short, medium and the model's longest (capped: longer inputs are rare and slow to probe)."""
+    longest = min(max_len, 512)
+    return sorted({min(16, longest), min(64, longest), longest})
+
+
+def _timed(embed, token_lists: list[list[int]], min_seconds: float) -> float:
+    """Seconds per pass: one warm-up, then passes until `min_seconds` (at least one)."""
+    embed(token_lists)
+    passes, start = 0, time.perf_counter()
+    while True:
+        embed(token_lists)
+        passes += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds or passes >= 5:
+            return elapsed / passes
+
+
+def measure(embed, token_id: int, lengths: list[int], seconds: float, max_rows: int,
+            max_tokens: int) -> dict[int, dict[int, float]]:
+    """texts/s for each (length, rows) tried: {length: {rows: rate}}."""
+    deadline = time.monotonic() + seconds
+    share = seconds / len(lengths)
+    rates: dict[int, dict[int, float]] = {}
+    for index, length in enumerate(lengths):
+        stop = min(deadline, time.monotonic() + share * (1 + index))  # unused time passes on
+        curve = rates.setdefault(length, {})
+        rows, worse = 1, 0
+        while rows <= max_rows and rows * length <= max_tokens and time.monotonic() < stop:
+            per_pass = _timed(embed, [[token_id] * length] * rows, min(0.05, share / 20))
+            curve[rows] = rows / per_pass
+            best = max(curve.values())
+            worse = worse + 1 if curve[rows] < 0.97 * best else 0
+            if worse >= 2 or time.monotonic() + 3 * per_pass > stop:
+                break  # past the peak, or the next (twice as long) pass would overrun
+            rows *= 2
+    return rates
+
+
+def choose(rates: dict[int, dict[int, float]], max_tokens: int | None = None,
+           max_rows: int | None = None) -> tuple[int, int]:
+    """The (budget, cap) with the best worst-case share of each length's best texts/s; a fixed value
+    (a flag) stays fixed."""
+    def rate(curve: dict[int, float], rows: int) -> float:
+        tried = [r for r in curve if r <= rows]
+        return curve[max(tried)] if tried else 0.0
+
+    budgets = [max_tokens] if max_tokens else sorted({r * length for length, curve in rates.items() for r in curve})
+    caps = [max_rows] if max_rows else sorted({r for curve in rates.values() for r in curve})
+    best, pick = -1.0, (budgets[0], caps[0])
+    for budget in budgets:
+        for cap in caps:
+            score = min(rate(curve, min(cap, max(1, budget // length))) / max(curve.values())
+                        for length, curve in rates.items() if curve)
+            if score > best + 1e-9:
+                best, pick = score, (budget, cap)
+    return pick
+
+
+def probe_budget(model, *, seconds: float = 5.0, max_tokens: int | None = None, max_rows: int | None = None,
+                 limit_tokens: int = 131072, limit_rows: int = 1024) -> Budget:
+    """Probe `model` (a LoadedModel) unless both flags are given; flags win over the probe."""
+    if max_tokens and max_rows:
+        return Budget(max_tokens, max_rows, "flags")
+    token_id = _ordinary_token(model)
+    lengths = _lengths(model.caps.max_model_len)
+    began = time.monotonic()
+    rates = measure(lambda ids: model.embed(ids), token_id, lengths, seconds,
+                    max_rows or limit_rows, max_tokens or limit_tokens)
+    budget, cap = choose(rates, max_tokens, max_rows)
+    budget = max(budget, max(lengths))  # a batch of one longest input must always fit
+    result = Budget(budget, cap, "probe+flags" if (max_tokens or max_rows) else "probe",
+                    {length: max(curve.values()) for length, curve in rates.items() if curve})
+    log.info("batch budget probe (%.1f s): %s; texts/s by rows: %s", time.monotonic() - began,
+             result.describe(), {length: {r: round(v) for r, v in curve.items()} for length, curve in rates.items()})
+    return result
+
+
+def _ordinary_token(model) -> int:
+    """A token id that is no special token (values do not change the cost, but keep the pass honest)."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        return 0
+    ids = tokenizer("embedding probe", add_special_tokens=False)["input_ids"]
+    return ids[0] if ids else max(0, min(1000, model.caps.vocab_size - 1))
+

@@ -1,0 +1,430 @@
+"""rq 3.0's per-job schema, written on the server: three Lua scripts loaded once and run with EVALSHA.
+
+This module is the only place in the tree that writes rq's job, execution and registry keys by hand (rq's
+own Worker class still registers the worker and runs maintenance). Each script's header lists every key it
+touches; tests/test_rqschema.py compares what these scripts leave in Redis with what rq 3.0's SimpleWorker
+leaves for the same jobs, so a change in rq's layout fails loudly there.
+
+    take     queue -> started, for up to N jobs, atomically: no id is ever held outside a registry
+    finish   answer (result blob, notify list, reply stream) + FINISHED / FAILED / requeued / CANCELED
+    refresh  push a held batch's started-registry scores forward (the worker's heartbeat)
+
+Everything the scripts read from Redis is treated as input: an id outside rq's alphabet is dropped (it can
+name no job), a missing or corrupt job field falls back to a bounded default, a foreign key type is never
+written to, and a job is acknowledged only while this worker's claim on it (its started entry) stands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from base64 import b64encode
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from enum import Enum
+from uuid import uuid4
+
+import redis
+from redis import Redis
+
+from common import keys
+from common.codec import packb
+
+# rq's utcformat, as the job hash and the worker hash store timestamps.
+_RQ_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
+MAX_ID_LENGTH = 128  # longer ids are refused: rq allows any length, nothing we write needs more
+
+_LIB = """
+local function num(value, default)
+  local n = tonumber(value)
+  if n == nil or n ~= n then return default end
+  return n
+end
+local function is_type(key, wanted)
+  local t = redis.call('TYPE', key)['ok']
+  return t == wanted or t == 'none'
+end
+-- redis.pcall's answer for a command refused (e.g. WRONGTYPE: a key of a foreign type)
+local function refused(reply)
+  return type(reply) == 'table' and reply['err'] ~= nil
+end
+-- one multi-member command per batch (in chunks, within Lua's unpack limit): `args` after the key
+local function bulk(command, key, args)
+  for i = 1, #args, 4000 do
+    redis.call(command, key, unpack(args, i, math.min(i + 3999, #args)))
+  end
+end
+"""
+
+TAKE = _LIB + """
+-- take: move up to ARGV[1] job ids from the queue straight into the started registry, as rq's
+-- prepare_execution + prepare_job_execution write them, in one atomic step (no intermediate list).
+-- KEYS[1] rq:queue:<q>            LIST  LPOP
+-- KEYS[2] rq:wip:<q>              ZSET  ZADD <id>:<execution> (score now + ttl)
+-- KEYS[3] rq:worker:<name>        HASH  HSET state, last_heartbeat
+-- KEYS[4] rq:worker:<name>:executions SET SADD <id>:<execution>, EXPIRE
+-- KEYS[5] rq:suspended            STRING EXISTS (set: take nothing)
+-- KEYS[6] rq:canceled:<q>         ZSET  ZADD (a job cancelled while it was queued)
+-- per id: rq:job:<id> HASH (HMGET, HSET status/started_at/last_heartbeat/worker_name, PERSIST; a key of
+--         another type counts as missing),
+--         rq:execution:<id>:<execution> HASH (HSET, EXPIRE), rq:executions:<id> ZSET (ZADD, EXPIRE)
+-- ARGV: 1 max ids, 2 worker name, 3 now (unix s), 4 now (rq time), 5 execution id prefix,
+--       6 max id length, 7 default job timeout, 8 heartbeat interval (s)
+-- Returns {suspended, {id, kind, execution, data, timeout, result_ttl, failure_ttl}...}
+-- kind: started | canceled | missing (no hash: dropped, as rq drops it) | badid | stale (already ended)
+if redis.call('EXISTS', KEYS[5]) == 1 then return {1, {}} end
+local ids = redis.call('LPOP', KEYS[1], tonumber(ARGV[1]))
+if not ids then return {0, {}} end
+local now, iso, worker = tonumber(ARGV[3]), ARGV[4], ARGV[2]
+local maxlen, default_timeout, interval = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local out, longest, started, members = {}, 0, {}, {}
+for i, id in ipairs(ids) do
+  if #id > maxlen or not string.match(id, '^[%w_%-]+$') then
+    out[#out + 1] = {id, 'badid'}
+  else
+    local jobkey = 'rq:job:' .. id
+    local f = redis.pcall('HMGET', jobkey, 'data', 'status', 'timeout', 'result_ttl', 'failure_ttl')
+    if refused(f) or not f[1] then
+      out[#out + 1] = {id, 'missing'}
+    elseif f[2] == 'canceled' then
+      redis.call('ZADD', KEYS[6], now, id)
+      out[#out + 1] = {id, 'canceled'}
+    elseif f[2] == 'finished' or f[2] == 'failed' then
+      out[#out + 1] = {id, 'stale'}
+    else
+      local timeout = num(f[3], default_timeout)
+      -- seconds the started entry lives without a beat: three beats + 60 s, never past timeout + 60 s
+      local ttl = math.floor(3 * interval)
+      if timeout > 0 and timeout < ttl then ttl = math.floor(timeout) end
+      ttl = ttl + 60
+      if ttl > longest then longest = ttl end
+      local execution = ARGV[5] .. i
+      local member = id .. ':' .. execution
+      local exkey = 'rq:execution:' .. member
+      redis.call('HSET', exkey, 'id', execution, 'job_id', id, 'created_at', ARGV[3],
+                 'last_heartbeat', ARGV[3], 'worker_name', worker)
+      redis.call('EXPIRE', exkey, ttl)
+      redis.call('ZADD', 'rq:executions:' .. id, now + ttl + 60, execution)
+      redis.call('EXPIRE', 'rq:executions:' .. id, ttl + 60)
+      started[#started + 1] = now + ttl
+      started[#started + 1] = member
+      members[#members + 1] = member
+      redis.call('HSET', jobkey, 'last_heartbeat', iso, 'status', 'started', 'started_at', iso,
+                 'worker_name', worker)
+      redis.call('PERSIST', jobkey)
+      out[#out + 1] = {id, 'started', execution, f[1], tostring(timeout), f[4] or '', f[5] or ''}
+    end
+  end
+end
+if longest > 0 then
+  bulk('ZADD', KEYS[2], started)
+  bulk('SADD', KEYS[4], members)
+  redis.call('EXPIRE', KEYS[4], longest + 60)
+  redis.call('HSET', KEYS[3], 'state', 'busy', 'last_heartbeat', iso)
+end
+return {0, out}
+"""
+
+FINISH = _LIB + """
+-- finish: answer each job and end its rq execution, only while this worker's claim stands.
+-- KEYS[1] rq:queue:<q>            LIST  RPUSH / LPUSH (a retry)
+-- KEYS[2] rq:wip:<q>              ZSET  ZSCORE (the claim), ZREM
+-- KEYS[3] rq:finished:<q>         ZSET  ZADD
+-- KEYS[4] rq:failed:<q>           ZSET  ZADD
+-- KEYS[5] rq:canceled:<q>         ZSET  (untouched here: take registered it)
+-- KEYS[6] rq:worker:<name>        HASH  HINCRBY successful_job_count / failed_job_count, total_working_time
+-- KEYS[7] rq:worker:<name>:executions SET SREM
+-- per id: rq:job:<id> HASH (HSET status/ended_at/exc_info/retries_left, EXPIRE), rq:results:<id> STREAM
+--         (XADD, EXPIRE), rq:execution:<id>:<execution> (DEL), rq:executions:<id> ZSET (ZREM),
+--         <result prefix><id> STRING (SET EX), <notify prefix><id> LIST (RPUSH, EXPIRE),
+--         the request's reply stream (XADD MAXLEN ~, EXPIRE) when it is one of ours
+-- ARGV: 1 worker name, 2 now (unix s), 3 now (rq time), 4 working seconds, 5 result blob ttl,
+--       6 result prefix, 7 notify prefix, 8 reply stream maxlen, then per job 10 values:
+--       id, execution, outcome (finished|failed|retry|canceled), blob, reply_to, rq payload
+--       (finished: base64 return value; failed: base64 zlib exc_string), exc_info (zlib), rq ttl, nx,
+--       execution start (unix s)
+-- Returns {finished, failed, requeued, late}; late: answered, but the claim had lapsed (rq left as is).
+local worker, now, iso = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local blob_ttl, rprefix, nprefix, maxlen = tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8]
+local ok, bad, requeued, late = 0, 0, 0, 0
+local ended, finished, failed = {}, {}, {}
+
+-- a key of a foreign type is never written to (pcall), nor given a TTL
+local function publish(id, blob, reply_to, nx)
+  if blob == '' then return end
+  if nx == '1' then
+    redis.call('SET', rprefix .. id, blob, 'EX', blob_ttl, 'NX')
+  else
+    redis.call('SET', rprefix .. id, blob, 'EX', blob_ttl)
+  end
+  local nkey = nprefix .. id
+  if not refused(redis.pcall('RPUSH', nkey, 1)) then redis.call('EXPIRE', nkey, blob_ttl) end
+  if reply_to ~= '' and not refused(redis.pcall('XADD', reply_to, 'MAXLEN', '~', maxlen, '*', 'id', id)) then
+    redis.call('EXPIRE', reply_to, blob_ttl)
+  end
+end
+
+local function rq_result(id, kind, field, payload, execution, started, ttl)
+  local rkey = 'rq:results:' .. id
+  local added = redis.pcall('XADD', rkey, 'MAXLEN', '~', 10, '*', 'type', kind, 'worker_name', worker, field,
+                            payload, 'execution_id', execution, 'execution_started_at', started,
+                            'execution_ended_at', ARGV[2])
+  if not refused(added) then redis.call('EXPIRE', rkey, ttl) end
+end
+
+local function end_execution(id, execution)
+  local member = id .. ':' .. execution
+  redis.call('DEL', 'rq:execution:' .. member)
+  redis.pcall('ZREM', 'rq:executions:' .. id, execution)
+  ended[#ended + 1] = member
+end
+
+for i = 9, #ARGV, 10 do
+  local id, execution, outcome, blob = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local reply_to, payload, exc_info, ttl = ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], tonumber(ARGV[i + 7])
+  local nx, started = ARGV[i + 8], ARGV[i + 9]
+  local jobkey = 'rq:job:' .. id
+  local claimed = execution ~= '' and redis.call('ZSCORE', KEYS[2], id .. ':' .. execution) ~= false
+  if outcome == 'canceled' then
+    publish(id, blob, reply_to, nx)
+  elseif not claimed then
+    -- rq's maintenance took the job back (this worker looked dead): the answer is still valid
+    if outcome == 'finished' then publish(id, blob, reply_to, nx) end
+    late = late + 1
+  elseif outcome == 'finished' then
+    rq_result(id, '1', 'return_value', payload, execution, started, ttl)
+    end_execution(id, execution)
+    redis.pcall('HSET', jobkey, 'status', 'finished', 'ended_at', iso)
+    redis.call('EXPIRE', jobkey, ttl)
+    finished[#finished + 1] = now + ttl
+    finished[#finished + 1] = id
+    publish(id, blob, reply_to, nx)
+    ok = ok + 1
+  else
+    local left = redis.pcall('HGET', jobkey, 'retries_left')
+    left = num(refused(left) and 0 or left, 0)
+    bad = bad + 1
+    end_execution(id, execution)
+    if outcome == 'retry' and left > 0 then
+      redis.call('HSET', jobkey, 'status', 'queued', 'retries_left', left - 1, 'enqueued_at', iso)
+      if redis.call('HGET', jobkey, 'enqueue_at_front_on_retry') == '1' then
+        redis.call('LPUSH', KEYS[1], id)
+      else
+        redis.call('RPUSH', KEYS[1], id)
+      end
+      requeued = requeued + 1
+    else
+      rq_result(id, '2', 'exc_string', payload, execution, started, ttl)
+      redis.pcall('HSET', jobkey, 'status', 'failed', 'ended_at', iso, 'exc_info', exc_info)
+      redis.call('EXPIRE', jobkey, ttl)
+      failed[#failed + 1] = now + ttl
+      failed[#failed + 1] = id
+      publish(id, blob, reply_to, nx)
+    end
+  end
+end
+if #ended > 0 then
+  bulk('ZREM', KEYS[2], ended)
+  bulk('SREM', KEYS[7], ended)
+end
+if #finished > 0 then bulk('ZADD', KEYS[3], finished) end
+if #failed > 0 then bulk('ZADD', KEYS[4], failed) end
+if ok > 0 then redis.call('HINCRBY', KEYS[6], 'successful_job_count', ok) end
+if bad > 0 then redis.call('HINCRBY', KEYS[6], 'failed_job_count', bad) end
+redis.call('HINCRBYFLOAT', KEYS[6], 'total_working_time', ARGV[4])
+return {ok, bad - requeued, requeued, late}
+"""
+
+REFRESH = _LIB + """
+-- refresh: keep a held batch's claims alive (rq's maintain_heartbeats, for many jobs at once); never
+-- recreates an entry that finish (or rq's maintenance) already removed.
+-- KEYS[1] rq:wip:<q>  ZSET  ZADD XX
+-- per id: rq:execution:<id>:<execution> HASH (HSET last_heartbeat, EXPIRE), rq:job:<id> HASH (HSET
+--         last_heartbeat)
+-- ARGV: 1 now (unix s), 2 now (rq time), then per job: id, execution, ttl
+-- Returns the number of claims refreshed.
+local now, refreshed = tonumber(ARGV[1]), 0
+for i = 3, #ARGV, 3 do
+  local id, execution, ttl = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local member = id .. ':' .. execution
+  if redis.call('ZSCORE', KEYS[1], member) then
+    redis.call('ZADD', KEYS[1], 'XX', now + ttl, member)
+    local exkey = 'rq:execution:' .. member
+    if redis.call('EXISTS', exkey) == 1 then
+      redis.call('HSET', exkey, 'last_heartbeat', ARGV[1])
+      redis.call('EXPIRE', exkey, ttl)
+    end
+    if is_type('rq:job:' .. id, 'hash') then redis.call('HSET', 'rq:job:' .. id, 'last_heartbeat', ARGV[2]) end
+    refreshed = refreshed + 1
+  end
+end
+return refreshed
+"""
+
+
+class Script:
+    """A Lua script run by its SHA (EVALSHA); loaded again when the server has lost it (a restart)."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    def __call__(self, connection: Redis, keys_: list[str], args: list) -> object:
+        try:
+            return connection.evalsha(self.sha, len(keys_), *keys_, *args)
+        except redis.exceptions.NoScriptError:
+            connection.script_load(self.source)
+            return connection.evalsha(self.sha, len(keys_), *keys_, *args)
+
+    def queue(self, pipe, keys_: list[str], args: list) -> None:
+        """Queue on a pipeline; the caller retries the whole pipeline after `load` on NoScriptError."""
+        pipe.evalsha(self.sha, len(keys_), *keys_, *args)
+
+    def load(self, connection: Redis) -> None:
+        connection.script_load(self.source)
+
+
+TAKE_SCRIPT, FINISH_SCRIPT, REFRESH_SCRIPT = Script(TAKE), Script(FINISH), Script(REFRESH)
+
+
+class Kind(Enum):
+    """What take found for one id."""
+
+    STARTED = "started"
+    CANCELED = "canceled"
+    MISSING = "missing"
+    BADID = "badid"
+    STALE = "stale"
+
+
+class Outcome(Enum):
+    """How finish ends one job."""
+
+    FINISHED = "finished"  # served: its answer is embeddings or the request's own error
+    FAILED = "failed"  # not served, never retried (the message is bad, or its retries are spent)
+    RETRY = "retry"  # not served for a reason that may pass (the machine's): requeued while retries last
+    CANCELED = "canceled"  # cancelled while queued: answered "cancelled", never run
+
+
+@dataclass
+class Taken:
+    """One id as take returned it. `data` is the rq job's raw `data` field (zlib of msgpack)."""
+
+    id: str
+    kind: Kind
+    execution: str = ""
+    data: bytes = b""
+    timeout: float = float(keys.JOB_TIMEOUT)
+    result_ttl: int | None = None  # the job's own, when positive and bounded
+    failure_ttl: int | None = None
+    started: str = ""  # when take started it (unix seconds, as rq's execution records it)
+
+
+@dataclass
+class Answer:
+    """What finish writes for one job."""
+
+    taken: Taken
+    outcome: Outcome
+    blob: bytes = b""
+    reply_to: str | None = None
+    summary: dict | None = None  # rq's return value for a finished job (never the embeddings)
+    reason: str = ""  # rq's exc_string for a failed job
+    only_if_absent: bool = False
+
+
+def _ttl(raw: bytes | str, default: int, bound: int) -> int:
+    """A job's own TTL when it is a positive whole number within `bound`, else the default."""
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        return default
+    return value if 0 < value <= bound else default
+
+
+def rq_time(stamp: datetime) -> str:
+    return stamp.strftime(_RQ_TIME)
+
+
+def _text(raw) -> str:
+    return raw.decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else str(raw)
+
+
+class RqSchema:
+    """The three scripts bound to one queue and one worker name."""
+
+    def __init__(self, connection: Redis, queue: str, worker_name: str, *, result_ttl: int,
+                 heartbeat_interval: float):
+        self.connection = connection
+        self.worker_name = worker_name
+        self.result_ttl = result_ttl
+        self.heartbeat_interval = heartbeat_interval
+        q = f"rq:queue:{queue}"
+        self.queue_key = q
+        self.wip_key = f"rq:wip:{queue}"
+        worker_key = f"rq:worker:{worker_name}"
+        self.take_keys = [q, self.wip_key, worker_key, f"{worker_key}:executions", "rq:suspended",
+                          f"rq:canceled:{queue}"]
+        self.finish_keys = [q, self.wip_key, f"rq:finished:{queue}", f"rq:failed:{queue}",
+                            f"rq:canceled:{queue}", worker_key, f"{worker_key}:executions"]
+
+    def take(self, max_jobs: int, block: float | None, before=None) -> tuple[bool, list[Taken]]:
+        """(suspended, taken ids). With `block` seconds, first wait until the queue has an id, without
+        taking it (BLMOVE of the queue onto itself, LEFT to LEFT, moves nothing), then take in the same
+        round trip. `before(pipe)` may queue commands ahead (the worker's rq heartbeat)."""
+        stamp = datetime.now(timezone.utc)
+        args = [max_jobs, self.worker_name, f"{stamp.timestamp():.6f}", rq_time(stamp), uuid4().hex[:24],
+                MAX_ID_LENGTH, keys.JOB_TIMEOUT, self.heartbeat_interval]
+        try:
+            suspended, entries = self._take(args, block, before)
+        except redis.exceptions.NoScriptError:  # the server lost its scripts (a restart): load, take again
+            TAKE_SCRIPT.load(self.connection)
+            suspended, entries = self._take(args, None, before)
+        return bool(suspended), [self._taken(entry, args[2]) for entry in entries]
+
+    def _take(self, args: list, block: float | None, before) -> tuple[int, list]:
+        with self.connection.pipeline(transaction=False) as pipe:  # MULTI would not block
+            if before is not None:
+                before(pipe)
+            if block is not None:
+                pipe.blmove(self.queue_key, self.queue_key, block, "LEFT", "LEFT")
+            TAKE_SCRIPT.queue(pipe, self.take_keys, args)
+            return pipe.execute()[-1]
+
+    @staticmethod
+    def _taken(entry: list, started: str) -> Taken:
+        raw_id, kind = entry[0], Kind(_text(entry[1]))
+        job_id = _text(raw_id)
+        if kind is not Kind.STARTED:
+            return Taken(job_id, kind)
+        _, _, execution, data, timeout, result_ttl, failure_ttl = entry
+        return Taken(job_id, kind, _text(execution), data, float(timeout),
+                     _ttl(result_ttl, 0, keys.RESULT_TTL_BOUND) or None,
+                     _ttl(failure_ttl, keys.FAILURE_TTL, keys.FAILURE_TTL), started)
+
+    def finish(self, answers: list[Answer], working_seconds: float) -> list[int]:
+        """One EVALSHA for the whole list; returns [finished, failed, requeued, late]."""
+        stamp = datetime.now(timezone.utc)
+        args: list = [self.worker_name, f"{stamp.timestamp():.6f}", rq_time(stamp), f"{working_seconds:.6f}",
+                      self.result_ttl, keys.result_key(""), keys.notify_key(""), keys.REPLY_STREAM_MAXLEN]
+        for answer in answers:
+            taken = answer.taken
+            if answer.outcome is Outcome.FINISHED:
+                payload, exc_info = b64encode(packb(answer.summary)), b""
+                ttl = taken.result_ttl or self.result_ttl  # rq's 0 / -1 are not honoured (see BatchWorker)
+            else:
+                payload = b64encode(zlib.compress(answer.reason.encode()))
+                exc_info = zlib.compress(answer.reason.encode())
+                ttl = taken.failure_ttl or keys.FAILURE_TTL
+            args += [taken.id, taken.execution, answer.outcome.value, answer.blob,
+                     answer.reply_to if keys.is_reply_stream(answer.reply_to) else "", payload, exc_info, ttl,
+                     "1" if answer.only_if_absent else "0", taken.started]
+        return [int(n) for n in FINISH_SCRIPT(self.connection, self.finish_keys, args)]
+
+    def refresh(self, held: list[tuple[Taken, int]], pipe=None) -> None:
+        """Push the started-registry score of each (job, ttl) to now + ttl, if it is still held."""
+        stamp = datetime.now(timezone.utc)
+        args: list = [f"{stamp.timestamp():.6f}", rq_time(stamp)]
+        for taken, ttl in held:
+            args += [taken.id, taken.execution, ttl]
+        REFRESH_SCRIPT(self.connection, [self.wip_key], args)
