@@ -35,12 +35,12 @@ def rq_queue(conn, model: str) -> Queue:
     return Queue(queue_name(model), connection=conn, serializer=MsgpackSerializer)
 
 
-def enqueue(conn, request: EmbedRequest, *args, **job_kwargs):
-    """Enqueue as the producer does: one rq job per request, job id = request id (args and options
-    overridable)."""
+def enqueue(conn, request: EmbedRequest, *args, queue: str | None = None, **job_kwargs):
+    """Enqueue as the producer does: one rq job per request, job id = request id, on the queue of the
+    request's model (args, options and the queue's model overridable)."""
     options = {"ttl": JOB_TTL, "result_ttl": RESULT_TTL, "failure_ttl": FAILURE_TTL, "job_timeout": JOB_TIMEOUT,
                **job_kwargs}
-    return rq_queue(conn, request.model).enqueue(
+    return rq_queue(conn, queue or request.model).enqueue(
         JOB_FUNC, *(args or (request.encode(),)), job_id=request.id, description=f"embed {len(request.inputs)}",
         **options)
 

@@ -294,9 +294,14 @@ class BatchWorker(SimpleWorker):
                 batch.reply_to[job.id] = request.reply_to
                 requests.append(request)
             elif job.kind is Kind.CANCELED:
+                try:
+                    reply_to = decode_job(job.id, job.data, self.engine.caps.name).reply_to
+                except EmbedfleetError:
+                    reply_to = None
                 batch.answers.append(Answer(job, Outcome.CANCELED, Result.failure(
                     job.id, self.engine.caps.name, CancelledError("the request was cancelled before a worker "
-                                                                  "took it")).encode(), only_if_absent=True))
+                                                                  "took it")).encode(), reply_to,
+                    only_if_absent=True))
             else:  # nothing to answer: no job hash, an id no job can have, or a job already ended
                 log.warning("worker %s: dropped queue entry %r (%s)", self.name, job.id, job.kind.value)
         if requests:

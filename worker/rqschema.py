@@ -88,7 +88,7 @@ for i, id in ipairs(ids) do
       out[#out + 1] = {id, 'missing'}
     elseif f[2] == 'canceled' then
       redis.call('ZADD', KEYS[6], now, id)
-      out[#out + 1] = {id, 'canceled'}
+      out[#out + 1] = {id, 'canceled', '', f[1]}
     elseif f[2] == 'finished' or f[2] == 'failed' then
       out[#out + 1] = {id, 'stale'}
     else
@@ -395,6 +395,8 @@ class RqSchema:
     def _taken(entry: list, started: str) -> Taken:
         raw_id, kind = entry[0], Kind(_text(entry[1]))
         job_id = _text(raw_id)
+        if kind is Kind.CANCELED:
+            return Taken(job_id, kind, data=entry[3])  # its request may name a reply stream to wake
         if kind is not Kind.STARTED:
             return Taken(job_id, kind)
         _, _, execution, data, timeout, result_ttl, failure_ttl = entry
