@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
+from common import console
+from common.errors import StartupError
+from common.ports import looks_like_path
 from common.redisclient import connect
 from worker.config import BUNDLED_MODEL_NAME, WorkerSettings, bundled_model_path
 
 
 def main(argv: list[str] | None = None) -> int:
+    return console.run(serve, sys.argv[1:] if argv is None else argv)
+
+
+def serve(argv: list[str]) -> int:
     settings = WorkerSettings.from_args(argv, "embedfleet worker", __doc__)
+    connection = connect(settings.redis_url)
+    connection.ping()  # a Redis that is down fails now, in one line, not after the model has loaded
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from transformers.utils import logging as hf_logging  # noqa: PLC0415 - torch loads after the flags
 
@@ -23,11 +33,18 @@ def main(argv: list[str] | None = None) -> int:
     path, name = settings.model, settings.served_model_name or None
     if not path:
         path, name = bundled_model_path(), name or BUNDLED_MODEL_NAME
-    model = load_model(path, served_name=name, device=settings.device, dtype=settings.dtype,
-                       matryoshka_dims=settings.matryoshka_dims, max_inputs=settings.max_inputs)
+    elif looks_like_path(path) and not os.path.isdir(path):
+        raise StartupError(f"no model folder at {path}; pass --model with a model folder or a hub id")
+    try:
+        model = load_model(path, served_name=name, device=settings.device, dtype=settings.dtype,
+                           matryoshka_dims=settings.matryoshka_dims, max_inputs=settings.max_inputs)
+    except (OSError, ValueError) as exc:  # transformers and the hub say "not found" with both
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise StartupError(f"cannot load model '{path}': {type(exc).__name__}: {first}; pass --model with a "
+                           "model folder, or a hub id this machine can download") from exc
     engine = Engine(model, max_batch_tokens=settings.max_batch_tokens,
                     max_batch_size=settings.max_batch_size)
-    worker = BatchWorker(engine, connect(settings.redis_url), max_jobs=settings.max_jobs,
+    worker = BatchWorker(engine, connection, max_jobs=settings.max_jobs,
                          result_ttl=settings.result_ttl, poll_timeout=settings.poll_timeout,
                          name=settings.name)
     logging.getLogger("embedfleet.worker").info(
