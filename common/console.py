@@ -34,7 +34,7 @@ def run(command: Callable[[list[str]], int], argv: list[str]) -> int:
         return command(argv)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except Exception as exc:  # noqa: BLE001 - the command's last resort: one line, not a traceback
+    except Exception as exc:  # the last resort: one line, not a traceback (re-raised with --debug)
         if debug:
             raise
         fail(summary(exc))

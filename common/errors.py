@@ -54,7 +54,7 @@ class ResultTimeoutError(EmbedfleetError, builtins.TimeoutError):
     code = "timeout"
 
 
-TimeoutError = ResultTimeoutError  # noqa: A001 - the name this package has always exported; same class
+TimeoutError = ResultTimeoutError  # the name this package has always exported: the same class
 
 
 class QueueFullError(EmbedfleetError):

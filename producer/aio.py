@@ -102,7 +102,7 @@ class AsyncProducer:
                 raise await self._timeout(request_id, timeout) from None
             except UnavailableError:
                 raise
-            except Exception:  # the listener died (it logged why): the notify list still works
+            except Exception:  # noqa: BLE001 - the listener died (it logged why): the notify list still works
                 return await self._wait_notify(request_id, deadline, timeout)
             result = await self.get(request_id)
             if result is None:

@@ -13,8 +13,8 @@ from rq.job import Job
 from common import keys
 from common.capabilities import ModelCapabilities
 from common.errors import CancelledError, NotFoundError, QueueFullError, ResultTimeoutError
-from common.params import PoolingParams
 from common.fleetstate import resolve_redis_url
+from common.params import PoolingParams
 from common.redisclient import block_for, connect
 from common.request import job_reply_to
 from common.result import Result

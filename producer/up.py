@@ -169,7 +169,8 @@ class Fleet:
             self.redis.stop()
         if self._lock is not None:
             os.close(self._lock)
-        _say("stopped")
+        if self.redis is not None or self.workers:
+            _say("stopped")
 
 
 def _forget_earlier_runs(connection: redis.Redis) -> None:
