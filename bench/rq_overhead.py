@@ -20,13 +20,13 @@ import redis
 from rq import Queue, SimpleWorker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common.capabilities import ModelCapabilities  # noqa: E402
-from common.keys import FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, RESULT_TTL, queue_name  # noqa: E402
-from common.redisserver import RedisServer  # noqa: E402
-from common.request import EmbedRequest  # noqa: E402
-from common.result import Result  # noqa: E402
-from common.serializer import MsgpackSerializer  # noqa: E402
-from worker.queue import BatchWorker  # noqa: E402
+from common.capabilities import ModelCapabilities
+from common.keys import FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, RESULT_TTL, queue_name
+from common.redisserver import RedisServer
+from common.request import EmbedRequest
+from common.result import Result
+from common.serializer import MsgpackSerializer
+from worker.queue import BatchWorker
 
 
 class NoopEngine:

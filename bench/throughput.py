@@ -21,8 +21,8 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common.redisserver import RedisServer  # noqa: E402
-from producer import Producer  # noqa: E402
+from common.redisserver import RedisServer
+from producer import Producer
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "docstrings.json"
 

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import types
 import typing
+from typing import ClassVar
 
+from pydantic import Field, model_validator
+from pydantic import ValidationError as PydanticValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from common.errors import invalid_request
+from common.fleetstate import resolve_redis_url
 
 ENV_PREFIX = "EMBEDFLEET_"
 
@@ -15,15 +22,45 @@ class Settings(BaseSettings):
     """Base for each entry point's settings; flags override env vars, env vars override defaults."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+    discovers_redis: ClassVar[bool] = True  # False where no URL means something else (`up` starts one)
 
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str | None = Field(None, description="Redis of the fleet; default: the running `embedfleet up`'s, "
+                                                    "else redis://127.0.0.1:6379/0")
+    debug: bool = Field(False, description="on an error, print the traceback, not only its one-line summary")
+
+    @model_validator(mode="after")
+    def _find_redis(self):
+        if self.discovers_redis:
+            self.redis_url = resolve_redis_url(self.redis_url)  # see common.fleetstate for the order
+        return self
+
+    @classmethod
+    def parser(cls, prog: str, description: str) -> argparse.ArgumentParser:
+        parser = OneLineParser(prog=prog, description=description)
+        for name, field in cls.model_fields.items():
+            _add_flag(parser, name, field)
+        return parser
 
     @classmethod
     def from_args(cls, argv: list[str] | None, prog: str, description: str):
-        parser = argparse.ArgumentParser(prog=prog, description=description)
-        for name, field in cls.model_fields.items():
-            _add_flag(parser, name, field)
-        return cls(**vars(parser.parse_args(argv)))
+        parser = cls.parser(prog, description)
+        return cls.from_values(parser, vars(parser.parse_args(argv)))
+
+    @classmethod
+    def from_values(cls, parser: argparse.ArgumentParser, values: dict):
+        """The settings from parsed flags (plus env vars); a value they refuse is a usage error."""
+        try:
+            return cls(**values)
+        except PydanticValidationError as exc:  # e.g. --result-ttl 0, or a bad env value
+            parser.error(invalid_request(exc.errors()).message)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line, `embedfleet: <what>; <what to do>`, exit code 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        sys.stderr.write(f"embedfleet: {message}; see `{self.prog} --help`\n")
+        sys.exit(2)
 
 
 def _add_flag(parser: argparse.ArgumentParser, name: str, field) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import builtins
+import difflib
+
 
 class EmbedfleetError(Exception):
     """Root of every embedfleet error. `code` is stable; `param` names the offending field, if any."""
@@ -45,10 +48,13 @@ class DecodeError(EmbedfleetError):
         self.raw = raw
 
 
-class TimeoutError(EmbedfleetError):  # noqa: A001 - deliberately our own, derives from the root
-    """A result did not arrive in time."""
+class ResultTimeoutError(EmbedfleetError, builtins.TimeoutError):
+    """A result did not arrive in time; also a built-in TimeoutError, so `except TimeoutError` catches it."""
 
     code = "timeout"
+
+
+TimeoutError = ResultTimeoutError  # the name this package has always exported: the same class
 
 
 class QueueFullError(EmbedfleetError):
@@ -93,6 +99,12 @@ class CancelledError(EmbedfleetError):
     code = "cancelled"
 
 
+class StartupError(EmbedfleetError):
+    """A command could not start what it was asked to (port taken, model missing, data dir in use)."""
+
+    code = "startup_failed"
+
+
 class InternalError(EmbedfleetError):
     """A worker failed on a request for a reason that is not the request's fault."""
 
@@ -104,18 +116,39 @@ _BY_CODE: dict[str, type[EmbedfleetError]] = {
     for cls in (
         ValidationError, InputTooLongError, UnknownModelError, DecodeError, TimeoutError,
         QueueFullError, NoWorkerError, UnavailableError, AuthError, PayloadTooLargeError,
-        NotFoundError, CancelledError, InternalError,
+        NotFoundError, CancelledError, StartupError, InternalError,
     )
 }
 
 
-def pydantic_message(exc: Exception) -> str:
-    """A pydantic ValidationError as one sentence per field ("field: what is wrong"); others as str()."""
-    errors = getattr(exc, "errors", None)
-    if not callable(errors):
-        return str(exc)
-    return "; ".join(f"{'.'.join(map(str, err.get('loc', ()))) or 'request'}: "
-                     f"{err.get('msg', '').removeprefix('Value error, ')}" for err in errors())
+# Every field a request may carry, over HTTP or as Producer keywords: the candidates of "did you mean".
+REQUEST_FIELDS = ("input", "model", "encoding_format", "user", "task", "dimensions", "use_activation",
+                  "normalize", "truncate_prompt_tokens", "truncation_side", "prompt_name", "prompt",
+                  "add_special_tokens", "embed_dtype", "endianness")
+_LOCATIONS = ("body", "query", "path")  # FastAPI's first loc element: where, not which field
+
+
+def invalid_request(errors: list[dict]) -> ValidationError:
+    """pydantic's errors (from a model or from FastAPI) as the one ValidationError both paths raise.
+
+    Python keywords and HTTP bodies end here alike, so the same mistake gets the same message and param.
+    """
+    parts, param = [], None
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ())]
+        loc = loc[1:] if loc[:1] and loc[0] in _LOCATIONS else loc
+        field = ".".join(loc)
+        text = err.get("msg", "").removeprefix("Value error, ")
+        if err.get("type") == "extra_forbidden":
+            close = difflib.get_close_matches(field, REQUEST_FIELDS, n=1)
+            text = f"`{field}` is not a request field" + (f"; did you mean `{close[0]}`?" if close else
+                                                          f"; known fields are {', '.join(REQUEST_FIELDS)}")
+        elif field and f"`{field}`" not in text:
+            text = f"{field}: {text}"
+        if text not in parts:
+            parts.append(text)
+        param = param or (loc[0] if loc else None)
+    return ValidationError("; ".join(parts) or "invalid request", param=param)
 
 
 def error_from_code(code: str, message: str, param: str | None = None) -> EmbedfleetError:

@@ -66,7 +66,10 @@ class PoolingParams(BaseModel):
 
         Raises ValidationError naming the parameter, the value and what is allowed.
         """
+        full = self.dimensions is not None and self.dimensions == caps.embedding_size
         merged = self.model_copy(update={
+            # the full size is what every model gives: OpenAI clients that always send it get a no-op
+            "dimensions": None if full else self.dimensions,
             "use_activation": caps.normalize if self.use_activation is None else self.use_activation,
             "truncation_side": self.truncation_side or caps.truncation_side,
             "prompt_name": self.prompt_name if (self.prompt_name or self.prompt is not None)
@@ -81,7 +84,7 @@ class PoolingParams(BaseModel):
                 raise ValidationError(
                     f"`dimensions` is not supported by model '{caps.name}': it is not a Matryoshka "
                     f"model, so only its full size ({caps.embedding_size}) is available; omit "
-                    "`dimensions`", param="dimensions")
+                    f"`dimensions` or send {caps.embedding_size}", param="dimensions")
             if not 1 <= self.dimensions <= caps.embedding_size:
                 raise ValidationError(
                     f"`dimensions`={self.dimensions} is out of range for model '{caps.name}': "

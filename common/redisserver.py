@@ -11,6 +11,9 @@ from pathlib import Path
 
 import redis
 
+from common.errors import StartupError
+from common.ports import port_in_use
+
 
 def find_redis_server() -> str:
     found = shutil.which("redis-server")
@@ -30,7 +33,13 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """A redis-server child process; `url` is set once it answers PING. Use as a context manager."""
+    """A redis-server child process; `url` is set once it answers PING. Use as a context manager.
+
+    It is ours or nothing: a port that already answers is refused, and the server that answers must report
+    our child's pid (INFO server), so a foreign Redis is never adopted. The child runs in its own session,
+    so a terminal's Ctrl-C reaches whoever started it, who stops it last (SIGTERM = SHUTDOWN: the AOF is
+    flushed). Its log is `redis.log` in the data dir.
+    """
 
     def __init__(self, data_dir: str | Path | None = None, port: int | None = None,
                  appendonly: bool = False, executable: str | None = None):
@@ -45,29 +54,51 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "redis.log"
+
     def start(self, timeout: float = 10.0) -> RedisServer:
+        if port_in_use(self.port):
+            raise StartupError(f"port {self.port} is already in use (by another Redis or program); pass "
+                               "another port (--redis-port, 0 for any free one) or stop what holds it")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [self.executable, "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", str(self.data_dir), "--save", "",
+                "--dir", str(self.data_dir), "--save", "", "--logfile", str(self.log_file),
                 "--appendonly", "yes" if self.appendonly else "no"]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        client = redis.Redis.from_url(self.url)
+        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        client = redis.Redis.from_url(self.url, socket_timeout=5)
         deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
-                error = self.process.stderr.read().decode()[-500:]
-                self.stop()
-                raise RuntimeError(f"redis-server exited: {error}")
-            try:
-                client.ping()
-                return self
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
+        try:
+            while True:
+                if self.process.poll() is not None:
                     self.stop()
-                    raise RuntimeError(f"redis-server did not answer on port {self.port}") from None
-                time.sleep(0.05)
-            finally:
-                client.close()
+                    raise StartupError(f"redis-server exited at start: {self._last_log_line()}; "
+                                       f"see {self.log_file}")
+                try:
+                    pid = client.info("server")["process_id"]
+                except (redis.ConnectionError, redis.BusyLoadingError):
+                    if time.monotonic() > deadline:
+                        self.stop()
+                        raise StartupError(f"redis-server did not answer on port {self.port} within "
+                                           f"{timeout:g} s; see {self.log_file}") from None
+                    time.sleep(0.05)
+                    continue
+                if pid != self.process.pid:  # someone else won the port between our check and our bind
+                    self.stop()
+                    raise StartupError(f"port {self.port} is answered by another Redis (pid {pid}), not ours; "
+                                       "pass another port (--redis-port, 0 for any free one)")
+                return self
+        finally:
+            client.close()
+
+    def _last_log_line(self) -> str:
+        try:
+            lines = [line for line in self.log_file.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return "no log written"
+        return lines[-1].split(" * ")[-1].split(" # ")[-1] if lines else "no log written"
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
@@ -77,8 +108,6 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        if self.process and self.process.stderr:
-            self.process.stderr.close()
         if self._tmp:
             self._tmp.cleanup()
 

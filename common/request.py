@@ -77,19 +77,42 @@ class EmbedRequest(BaseModel):
             raise DecodeError(f"malformed embed request: {exc}", raw) from exc
 
 
-def normalize_inputs(inputs) -> list[str] | list[list[int]]:
-    """Accept what OpenAI's `input` accepts: a text, a token-id list, or a list of either.
+INPUT_SHAPES = "a text, a list of texts, a token-id list, or a list of token-id lists"
 
-    Anything else raises ValueError (EmbedRequest then says what a list may hold).
+
+def normalize_inputs(inputs) -> list[str] | list[list[int]]:
+    """Accept what OpenAI's `input` accepts: a text, a token-id list, or a list of either, never mixed.
+
+    Python keywords and HTTP bodies both come through here, so a wrong shape gets one message; anything
+    else raises ValidationError(param="input").
     """
     if isinstance(inputs, str):
         return [inputs]
-    if not isinstance(inputs, (list, tuple)):
-        raise ValueError(f"`input` must be a text, a list of texts, a token-id list or a list of token-id "
-                         f"lists, got {type(inputs).__name__}")
-    if inputs and all(isinstance(t, int) and not isinstance(t, bool) for t in inputs):
-        return [list(inputs)]
-    return [list(item) if isinstance(item, tuple) else item for item in inputs]
+    if isinstance(inputs, (list, tuple)) and inputs:
+        if all(_is_token(t) for t in inputs):
+            return [list(inputs)]
+        if all(isinstance(t, str) for t in inputs):
+            return list(inputs)
+        if all(isinstance(t, (list, tuple)) and all(_is_token(i) for i in t) for t in inputs):
+            if not all(inputs):
+                raise ValidationError("`input`: a token-id input must hold at least one token id",
+                                      param="input")
+            return [list(t) for t in inputs]
+    if isinstance(inputs, (list, tuple)) and not inputs:
+        raise ValidationError("`input` must hold at least one text or token-id list", param="input")
+    raise ValidationError(f"`input` must be {INPUT_SHAPES}; got {_shape(inputs)}", param="input")
+
+
+def _is_token(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shape(value) -> str:
+    """What a wrong `input` is, in a few words: "a list mixing str and list"."""
+    if not isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__}"
+    kinds = sorted({type(v).__name__ for v in value})
+    return f"a list of {kinds[0]}" if len(kinds) == 1 else f"a list mixing {' and '.join(kinds)}"
 
 
 def job_reply_to(job) -> str | None:

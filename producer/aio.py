@@ -14,7 +14,7 @@ import numpy as np
 
 from common import keys
 from common.capabilities import ModelCapabilities
-from common.errors import NotFoundError, TimeoutError, UnavailableError
+from common.errors import NotFoundError, ResultTimeoutError, UnavailableError
 from common.params import PoolingParams
 from common.redisclient import MAX_ASYNC_CONNECTIONS, block_for, connect_async
 from common.result import Result
@@ -26,8 +26,9 @@ from producer.replies import ReplyListener
 class AsyncProducer:
     """Same methods as Producer, as coroutines. See Producer for the arguments."""
 
-    def __init__(self, redis_url: str = "redis://127.0.0.1:6379/0", *, max_queue_depth: int | None = None):
+    def __init__(self, redis_url: str | None = None, *, max_queue_depth: int | None = None):
         self._sync = Producer(redis_url, max_queue_depth=max_queue_depth)
+        redis_url = self._sync.redis_url  # resolved once (flag, env, running `up`, default)
         self.redis = connect_async(redis_url)
         self._replies = ReplyListener(connect_async(redis_url))
         # BLPOPs for ids this producer did not submit get a pool of their own, so that however many
@@ -101,7 +102,7 @@ class AsyncProducer:
                 raise await self._timeout(request_id, timeout) from None
             except UnavailableError:
                 raise
-            except Exception:  # the listener died (it logged why): the notify list still works
+            except Exception:  # noqa: BLE001 - the listener died (it logged why): the notify list still works
                 return await self._wait_notify(request_id, deadline, timeout)
             result = await self.get(request_id)
             if result is None:
@@ -111,6 +112,7 @@ class AsyncProducer:
             self._replies.forget(request_id, future)
 
     async def _wait_notify(self, request_id: str, deadline: float, timeout: float) -> Result:
+        await asyncio.to_thread(self._sync.raise_if_unknown, request_id)
         woke = None
         while True:
             result = await self.get(request_id)
@@ -139,8 +141,8 @@ class AsyncProducer:
         finally:
             self._blocking_slots.release()
 
-    async def _timeout(self, request_id: str, timeout: float) -> TimeoutError:
-        return TimeoutError(f"no result for request {request_id} after {timeout:g} s "
+    async def _timeout(self, request_id: str, timeout: float) -> ResultTimeoutError:
+        return ResultTimeoutError(f"no result for request {request_id} after {timeout:g} s "
                             f"(status: {await self.status(request_id)})")
 
     async def embed(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> np.ndarray:

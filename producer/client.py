@@ -12,7 +12,8 @@ from rq.job import Job
 
 from common import keys
 from common.capabilities import ModelCapabilities
-from common.errors import CancelledError, NotFoundError, QueueFullError, TimeoutError
+from common.errors import CancelledError, NotFoundError, QueueFullError, ResultTimeoutError
+from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
 from common.redisclient import block_for, connect
 from common.request import job_reply_to
@@ -27,13 +28,15 @@ class Producer:
     """A client of the fleet: `submit` enqueues, `get`/`wait` read results, `embed` does both.
 
     Args:
-        redis_url: the Redis the workers listen on.
+        redis_url: the Redis the workers listen on; default: EMBEDFLEET_REDIS_URL, else the running
+            `embedfleet up`'s, else redis://127.0.0.1:6379/0 (see common.fleetstate).
         max_queue_depth: refuse submits (QueueFullError) while a model's queue holds this many jobs.
     """
 
-    def __init__(self, redis_url: str = "redis://127.0.0.1:6379/0", *,
+    def __init__(self, redis_url: str | None = None, *,
                  max_queue_depth: int | None = None, connection: redis.Redis | None = None):
-        self.redis = connection or connect(redis_url)
+        self.redis_url = resolve_redis_url(redis_url)
+        self.redis = connection or connect(self.redis_url)
         self.max_queue_depth = max_queue_depth
         self._served: dict[str, ModelCapabilities] = {}
         self._known: set[str] = set()
@@ -106,10 +109,12 @@ class Producer:
     def wait(self, request_id: str, timeout: float = 60.0) -> Result:
         """Block until the result lands (no polling: BLPOP on the request's notify list).
 
-        Raises common.errors.TimeoutError after `timeout` seconds, or the request's own error.
+        Raises NotFoundError at once for an id with neither a job nor a result, ResultTimeoutError (a
+        built-in TimeoutError) after `timeout` seconds, or the request's own error.
         """
         deadline = time.monotonic() + timeout
         woke = None
+        self.raise_if_unknown(request_id)
         while True:
             result = self.get(request_id)
             if result is not None:
@@ -119,12 +124,20 @@ class Producer:
                 raise NotFoundError(f"the result of request {request_id} has expired")
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"no result for request {request_id} after {timeout:g} s "
+                raise ResultTimeoutError(f"no result for request {request_id} after {timeout:g} s "
                                    f"(status: {self.status(request_id)})")
             with _redis_errors():
                 woke = self.redis.blpop([keys.notify_key(request_id)], timeout=block_for(left))
                 if woke is not None:  # hand the wake-up on to any other waiter on the same id
                     self.redis.pipeline().rpush(woke[0], woke[1]).expire(woke[0], keys.RESULT_TTL).execute()
+
+    def raise_if_unknown(self, request_id: str) -> None:
+        """NotFoundError for an id that was never submitted (or whose job and result both expired)."""
+        with _redis_errors():
+            has_result, has_job = (self.redis.pipeline(transaction=False).exists(keys.result_key(request_id))
+                                   .exists(Job.key_for(request_id)).execute())
+        if not has_result and not has_job:
+            raise NotFoundError(f"no request with id {request_id} (never submitted, or it expired)", param="id")
 
     def embed(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> np.ndarray:
         """Submit and wait: the embeddings as a numpy array of shape (n, d)."""

@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 
 import redis
+from pydantic import ValidationError as PydanticValidationError
 from rq import Retry
 from rq.job import JobStatus
 
 from common import keys
 from common.capabilities import ModelCapabilities
-from common.errors import (NoWorkerError, UnavailableError, UnknownModelError, ValidationError,
-                           pydantic_message)
+from common.errors import NoWorkerError, UnavailableError, UnknownModelError, ValidationError, invalid_request
 from common.params import PoolingParams
 from common.request import EmbedRequest, normalize_inputs
 from common.result import Result
@@ -62,8 +62,8 @@ def build_request(inputs, caps: ModelCapabilities, params: PoolingParams | None,
             fields = {**params.model_dump(exclude_unset=True), **fields}
         request = EmbedRequest(model=caps.name, inputs=normalize_inputs(inputs),
                                params=PoolingParams(**fields), reply_to=reply_to)
-    except ValueError as exc:  # pydantic's ValidationError is a ValueError
-        raise ValidationError(pydantic_message(exc)) from exc
+    except PydanticValidationError as exc:  # the gateway's schema errors meet the same formatter
+        raise invalid_request(exc.errors()) from exc
     request.resolve(caps)
     return request
 

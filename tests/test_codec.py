@@ -98,7 +98,7 @@ def test_error_result_round_trips_and_raises_its_error():
     decoded = Result.decode(result.encode())
     assert not decoded.ok and decoded.error_code == "input_too_long"
     with pytest.raises(InputTooLongError, match="the limit is 256"):
-        decoded.embeddings
+        _ = decoded.embeddings
     assert isinstance(decoded.error, ValidationError)
 
 

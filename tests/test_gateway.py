@@ -26,6 +26,7 @@ import redis
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
+from common.errors import ValidationError
 from common.redisserver import free_port
 from producer import Producer
 from producer.gateway import GatewaySettings, create_app
@@ -294,7 +295,7 @@ def test_queue_full_is_429_with_retry_after(fleet):
             if response.status_code == 429:
                 break
         assert statuses[-1] == 429 and set(statuses[:-1]) == {202}, statuses
-        assert_error(response, 429, "queue_full")["type"] == "rate_limit_error"
+        assert assert_error(response, 429, "queue_full")["type"] == "rate_limit_error"
         assert response.headers["retry-after"] == "1"
 
 
@@ -313,11 +314,11 @@ def test_client_errors(fleet):
     assert_error(fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": "x", "dimensions": 128}),
                  400, "invalid_request", "dimensions")
     assert_error(fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": "x", "dimensions": 0}),
-                 422, "validation_error")
-    assert_error(fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": [1.5]}), 422,
-                 "validation_error", "input")
-    assert_error(fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": "x", "bogus": 1}), 422,
-                 "validation_error", "bogus")
+                 400, "invalid_request", "dimensions")
+    assert_error(fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": [1.5]}), 400,
+                 "invalid_request", "input")
+    assert_error(fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": "x", "bogus": 1}), 400,
+                 "invalid_request", "bogus")
     not_json = {"content": b"{not json", "headers": {"content-type": "application/json"}}
     assert_error(fleet.main.post("/v1/embeddings", **not_json), 400, "decode_error")
     assert_error(fleet.tight.post("/v1/embeddings", json={"model": MODEL, "input": ["x"] * 5}), 400,
@@ -325,6 +326,40 @@ def test_client_errors(fleet):
     client = openai.OpenAI(base_url=f"{base(fleet)}/v1", api_key=KEY)
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="nope", input="x")
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"input": "x", "dimension": 8}, "did you mean `dimensions`"),  # a misspelt field
+    ({"input": ["a text", [1, 2]]}, "a list mixing list and str"),  # texts and token ids in one list
+    ({"input": []}, "at least one"),
+    ({"input": "x", "dimensions": 0}, "positive integer"),
+    ({"input": "x", "dimensions": 64}, "not a Matryoshka model"),
+    ({"input": "x", "embed_dtype": "float64"}, "embed_dtype"),
+    ({"input": "x", "truncate_prompt_tokens": "all"}, "valid integer"),
+])
+def test_the_same_mistake_gets_the_same_error_from_python_and_http(fleet, fields, says):
+    answer = fleet.tight.post("/v1/embeddings", json={"model": MODEL, **fields})
+    http = assert_error(answer, 400, "invalid_request")
+    keywords = dict(fields)
+    inputs = keywords.pop("input")
+    with pytest.raises(ValidationError) as caught:
+        fleet.producer.submit(inputs, MODEL, **keywords)
+    assert (http["code"], http["param"], http["message"]) == (caught.value.code, caught.value.param,
+                                                              caught.value.message)
+    assert says in http["message"] and http["param"] is not None
+
+
+def test_dimensions_of_the_full_size_and_offline_docs(fleet):
+    answer = fleet.tight.post("/v1/embeddings", json={"model": MODEL, "input": TEXTS, "dimensions": 384})
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_allclose([d["embedding"] for d in answer.json()["data"]], fleet.reference, atol=1e-5)
+
+    docs = fleet.tight.get("/docs")
+    assert docs.status_code == 200 and "/docs/assets/swagger-ui-bundle.js" in docs.text and "cdn" not in docs.text
+    assert fleet.tight.get("/docs/assets/swagger-ui-bundle.js").status_code == 200
+    assert fleet.tight.get("/openapi.json").json()["paths"]["/v1/embeddings"]
+    assert fleet.main.get("/docs").status_code == 404  # with an API key there are no docs (README says so)
+    assert fleet.main.get("/openapi.json").status_code == 404
 
 
 def test_body_limit_on_content_length_and_on_bytes_read(fleet):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import threading
 import time
@@ -15,8 +16,8 @@ from rq.job import JobStatus
 from sentence_transformers import SentenceTransformer
 
 from common import keys
-from common.errors import (CancelledError, InputTooLongError, NoWorkerError, TimeoutError, UnavailableError,
-                           UnknownModelError, ValidationError)
+from common.errors import (CancelledError, InputTooLongError, NotFoundError, NoWorkerError, TimeoutError,
+                           UnavailableError, UnknownModelError, ValidationError)
 from common.params import PoolingParams
 from common.result import Result
 from common.serializer import MsgpackSerializer
@@ -130,6 +131,34 @@ def test_pending_request_get_none_wait_times_out_then_result_expires(producer, i
     assert producer.status(request_id) == "finished"
     assert 0 < redis_client.ttl(keys.result_key(request_id)) <= keys.RESULT_TTL
     assert 0 < redis_client.ttl(keys.notify_key(request_id)) <= keys.RESULT_TTL
+
+
+def test_our_timeout_is_the_builtin_timeout_error(producer, idle_worker):
+    request_id = producer.submit(["nobody serves this yet"])
+    with pytest.raises(builtins.TimeoutError) as caught:  # what `except TimeoutError` in user code means
+        producer.wait(request_id, timeout=0.2)
+    assert caught.value.code == "timeout" and isinstance(caught.value, TimeoutError)
+
+
+def test_wait_on_an_id_never_submitted_is_not_found_at_once(producer, idle_worker):
+    # A 120 s timeout: were the id waited for, the test would end in TimeoutError, not NotFoundError.
+    with pytest.raises(NotFoundError, match="never submitted") as caught:
+        producer.wait("0123456789abcdef", timeout=120)
+    assert caught.value.param == "id"
+
+    async def wait_async():
+        async with AsyncProducer(producer.redis_url) as aio:
+            await aio.wait("0123456789abcdef", timeout=120)
+
+    with pytest.raises(NotFoundError, match="never submitted"):
+        asyncio.run(wait_async())
+
+
+def test_dimensions_equal_to_the_full_size_is_a_no_op_on_a_non_matryoshka_model(producer, serving_worker):
+    full = producer.embed(["the full vector"], dimensions=384, timeout=60)
+    np.testing.assert_allclose(full, producer.embed(["the full vector"], timeout=60), atol=1e-6)
+    with pytest.raises(ValidationError, match="send 384"):
+        producer.submit("x", dimensions=64)
 
 
 def test_wait_longer_than_redis_py_default_socket_timeout(producer, idle_worker):

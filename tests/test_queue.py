@@ -246,7 +246,7 @@ def test_started_jobs_are_kept_alive_by_beats_and_only_until_their_timeout(engin
         frozen = started_score(redis_client, hasty)
         for _ in range(2):
             seen = started_score(redis_client, patient)
-            wait_for(lambda: started_score(redis_client, patient) > seen)
+            wait_for(lambda seen=seen: started_score(redis_client, patient) > seen)
         assert started_score(redis_client, hasty) == frozen  # left to expire: maintenance will recover it
         assert frozen <= began + 1 + 60 + 1  # no later than its timeout + 60 s
     finally:

@@ -154,7 +154,7 @@ def st_reference(folder: str, *, drop_normalize: bool = False):
 
 # --- engine helpers: one Engine per folder for the whole session ---------------------------------------
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def engine_for(folder: str):
     from worker.engine import Engine
     from worker.model import load_model

@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
+from common import console
+from common.errors import StartupError
+from common.ports import looks_like_path
 from common.redisclient import connect
 from worker.config import BUNDLED_MODEL_NAME, WorkerSettings, bundled_model_path
 
 
 def main(argv: list[str] | None = None) -> int:
+    return console.run(serve, sys.argv[1:] if argv is None else argv)
+
+
+def serve(argv: list[str]) -> int:
     settings = WorkerSettings.from_args(argv, "embedfleet worker", __doc__)
+    connection = connect(settings.redis_url)
+    connection.ping()  # a Redis that is down fails now, in one line, not after the model has loaded
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from worker.engine import Engine  # noqa: PLC0415 - torch loads after the flags
-    from worker.nullmodel import NullModel, is_null  # noqa: PLC0415
+    from worker.nullmodel import NullModel, is_null  # noqa: PLC0415 - the null model needs no transformers
     from worker.probe import Budget, probe_budget  # noqa: PLC0415
     from worker.queue import BatchWorker  # noqa: PLC0415
 
@@ -24,15 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         budget = Budget(settings.max_batch_tokens or 1 << 20, settings.max_batch_size or 4096, "null model")
         device, dtype = "none", "none"
     else:
-        from transformers.utils import logging as hf_logging  # noqa: PLC0415
-
-        from worker.model import load_model  # noqa: PLC0415
-
-        hf_logging.disable_progress_bar()  # a progress bar per start only clutters worker logs
         if not path:
             path, name = bundled_model_path(), name or BUNDLED_MODEL_NAME
-        model = load_model(path, served_name=name, device=settings.device, dtype=settings.dtype,
-                           matryoshka_dims=settings.matryoshka_dims, max_inputs=settings.max_inputs)
+        model = _load(path, name, settings)
         budget = probe_budget(model, seconds=settings.probe_seconds, max_tokens=settings.max_batch_tokens,
                               max_rows=settings.max_batch_size)
         device = str(model.device)
@@ -40,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(model, max_batch_tokens=budget.max_batch_tokens, max_batch_size=budget.max_batch_size)
     info = {"device": device, "dtype": dtype, "max_batch_tokens": budget.max_batch_tokens,
             "max_batch_size": budget.max_batch_size, "budget_source": budget.source, "max_jobs": settings.max_jobs}
-    worker = BatchWorker(engine, connect(settings.redis_url), max_jobs=settings.max_jobs,
+    worker = BatchWorker(engine, connection, max_jobs=settings.max_jobs,
                          result_ttl=settings.result_ttl, poll_timeout=settings.poll_timeout,
                          name=settings.name, info=info)
     logging.getLogger("embedfleet.worker").info(
@@ -49,6 +53,24 @@ def main(argv: list[str] | None = None) -> int:
         dtype, device, model.fidelity, budget.describe(), worker.queue.name, settings.redis_url, worker.name)
     worker.work(burst=settings.burst)
     return 0
+
+
+def _load(path: str, name: str | None, settings: WorkerSettings):
+    """The model, or one line that says why not."""
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415 - torch loads after the flags
+
+    from worker.model import load_model  # noqa: PLC0415
+
+    hf_logging.disable_progress_bar()  # a progress bar per start only clutters worker logs
+    if looks_like_path(path) and not os.path.isdir(path):
+        raise StartupError(f"no model folder at {path}; pass --model with a model folder or a hub id")
+    try:
+        return load_model(path, served_name=name, device=settings.device, dtype=settings.dtype,
+                          matryoshka_dims=settings.matryoshka_dims, max_inputs=settings.max_inputs)
+    except (OSError, ValueError) as exc:  # transformers and the hub say "not found" with both
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise StartupError(f"cannot load model '{path}': {type(exc).__name__}: {first}; pass --model with a "
+                           "model folder, or a hub id this machine can download") from exc
 
 
 if __name__ == "__main__":

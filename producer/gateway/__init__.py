@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import logging
+import sys
 
+from common import console
+from common.errors import StartupError
+from common.ports import port_free
 from producer.gateway.app import create_app
 from producer.gateway.settings import GatewaySettings
 
 __all__ = ["GatewaySettings", "create_app", "main"]
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     """`embedfleet gateway [--redis-url URL] [--host H] [--port P] [--api-key KEY] ...`: serve until stopped."""
+    return console.run(serve, sys.argv[1:] if argv is None else argv)
+
+
+def serve(argv: list[str]) -> int:
     import uvicorn  # noqa: PLC0415 - only the entry point needs the server
 
     settings = GatewaySettings.from_args(argv, prog="embedfleet gateway",
                                          description="HTTP gateway of an embedfleet fleet")
+    if not port_free(settings.host, settings.port):
+        raise StartupError(f"port {settings.port} on {settings.host} is already in use; pass --port N "
+                           "(or EMBEDFLEET_PORT)")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    return 0

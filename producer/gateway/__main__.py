@@ -1,5 +1,7 @@
 """`python -m producer.gateway`: what `embedfleet gateway` and `embedfleet up` run."""
 
+import sys
+
 from producer.gateway import main
 
-main()
+sys.exit(main())

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
 
+from common.errors import UnavailableError
 from producer import AsyncProducer
 from producer.gateway import errors, jobs, routes
 from producer.gateway.limits import BodyLimitMiddleware
 from producer.gateway.metrics import Metrics, MetricsMiddleware
 from producer.gateway.service import Gateway
 from producer.gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
@@ -24,14 +31,23 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         producer = AsyncProducer(settings.redis_url, max_queue_depth=settings.max_queue_depth)
         app.state.gateway = Gateway(settings, producer, metrics)
         try:
+            await producer.models()
+        except UnavailableError as err:  # serve anyway: Redis may come later; until then requests get 503
+            log.warning("Redis at %s is unreachable (%s); answering 503 redis_unavailable until it is back",
+                        settings.redis_url, err.message)
+        try:
             yield
         finally:
             await producer.close()
 
-    # With an API key, FastAPI's own /docs and /openapi.json (which no key protects) are switched off.
-    docs = {} if not settings.api_key else {"docs_url": None, "redoc_url": None, "openapi_url": None}
-    app = FastAPI(title="embedfleet gateway", version="0.1.0", lifespan=lifespan, **docs,
+    # FastAPI's own /docs and /redoc load their scripts from a CDN (a blank page offline): ours serves
+    # Swagger UI from the swagger-ui-bundle package. With an API key, /docs and /openapi.json (which a
+    # browser cannot send a bearer key to) are switched off.
+    app = FastAPI(title="embedfleet gateway", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None if settings.api_key else "/openapi.json",
                   description="OpenAI /v1/embeddings, vLLM /pooling and async jobs on an embedfleet fleet")
+    if not settings.api_key:
+        _serve_docs(app)
     app.include_router(routes.public)
     app.include_router(routes.protected)
     app.include_router(jobs.router)
@@ -45,3 +61,17 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.add_middleware(MetricsMiddleware, metrics=metrics,
                        routes=[*routes.public.routes, *routes.protected.routes, *jobs.router.routes])
     return app
+
+
+def _serve_docs(app: FastAPI) -> None:
+    """GET /docs: Swagger UI with its assets from the local swagger-ui-bundle package (no CDN)."""
+    from swagger_ui_bundle import swagger_ui_path  # noqa: PLC0415 - the [gateway] extra ships it
+
+    app.mount("/docs/assets", StaticFiles(directory=swagger_ui_path), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - Swagger UI",
+                                   swagger_js_url="/docs/assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs/assets/swagger-ui.css",
+                                   swagger_favicon_url="/docs/assets/favicon-32x32.png")

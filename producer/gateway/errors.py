@@ -14,15 +14,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from common.errors import DecodeError, EmbedfleetError, NotFoundError, ValidationError
+from common.errors import DecodeError, EmbedfleetError, NotFoundError, invalid_request
 
 log = logging.getLogger(__name__)
-
-
-class SchemaValidationError(ValidationError):
-    """The JSON body or a query parameter does not match the route's schema (FastAPI's 422)."""
-
-    code = "validation_error"
 
 
 class JobNotCancellableError(EmbedfleetError):
@@ -32,6 +26,8 @@ class JobNotCancellableError(EmbedfleetError):
 
 
 class MethodNotAllowedError(EmbedfleetError):
+    """A route called with a method it does not serve (GET /v1/embeddings)."""
+
     code = "method_not_allowed"
 
 
@@ -40,7 +36,6 @@ STATUS: dict[str, tuple[int, str]] = {
     "invalid_request": (400, "invalid_request_error"),
     "input_too_long": (400, "invalid_request_error"),
     "decode_error": (400, "invalid_request_error"),
-    "validation_error": (422, "invalid_request_error"),
     "unauthorized": (401, "authentication_error"),
     "model_not_found": (404, "not_found_error"),
     "not_found": (404, "not_found_error"),
@@ -50,6 +45,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "payload_too_large": (413, "invalid_request_error"),
     "queue_full": (429, "rate_limit_error"),
     "internal_error": (500, "server_error"),
+    "startup_failed": (500, "server_error"),  # a command line failure; listed for completeness
     "no_worker": (503, "service_unavailable_error"),
     "redis_unavailable": (503, "service_unavailable_error"),
     "timeout": (504, "timeout_error"),
@@ -75,28 +71,6 @@ def error_response(err: EmbedfleetError, retry_after: int, on_error: Callable[[s
     return JSONResponse(error_body(err), status_code=status_of(err.code), headers=headers)
 
 
-INPUT_SHAPES = "a text, a list of texts, a token-id list, or a list of token-id lists"
-
-
-def _describe(errors: list[dict]) -> tuple[str, str | None]:
-    """FastAPI's validation errors as one sentence, and the first offending field as `param`."""
-    parts, param = [], None
-    for err in errors:
-        loc = [str(p) for p in err.get("loc", ())]
-        loc = loc[1:] if loc[:1] in (["body"], ["query"], ["path"]) else loc
-        if err.get("type") == "json_invalid":
-            message, loc = f"the body is not valid JSON: {err.get('ctx', {}).get('error', '')}", []
-        elif loc[:1] == ["input"] and err.get("type") != "missing":
-            message = f"input: must be {INPUT_SHAPES}"  # one error per member of the union says less
-        else:
-            text = err.get("msg", "").removeprefix("Value error, ")
-            message = f"{'.'.join(loc)}: {text}" if loc else text
-        if message not in parts:
-            parts.append(message)
-        param = param or (loc[0] if loc else None)
-    return "; ".join(parts) or "invalid request", param
-
-
 def install(app: FastAPI, retry_after: int, on_error: Callable[[str], None]) -> None:
     """Route every failure through `error_response`, including FastAPI's and Starlette's own."""
 
@@ -104,11 +78,14 @@ def install(app: FastAPI, retry_after: int, on_error: Callable[[str], None]) -> 
         return error_response(exc, retry_after, on_error)
 
     async def validation_error(request: Request, exc: RequestValidationError):
-        message, param = _describe(exc.errors())
-        # A body that is not JSON at all is a decode error (400, as OpenAI answers); a JSON body that
-        # does not fit the schema is FastAPI's 422.
-        bad_json = any(err.get("type") == "json_invalid" for err in exc.errors())
-        err = DecodeError(message) if bad_json else SchemaValidationError(message, param=param)
+        # A body that is not JSON at all is a decode error; a JSON body that does not fit the schema is
+        # 400 invalid_request, formatted as Producer.submit formats the same mistake (vLLM and OpenAI
+        # answer 400 too, not FastAPI's 422).
+        bad_json = [err for err in exc.errors() if err.get("type") == "json_invalid"]
+        if bad_json:
+            err = DecodeError(f"the body is not valid JSON: {bad_json[0].get('ctx', {}).get('error', '')}")
+        else:
+            err = invalid_request(exc.errors())
         return error_response(err, retry_after, on_error)
 
     async def http_error(request: Request, exc: StarletteHTTPException):

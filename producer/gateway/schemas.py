@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from common.errors import pydantic_message
 from common.params import EmbedDtype, Endianness, PoolingParams
+from common.request import INPUT_SHAPES
 
 EncodingFormat = Literal["float", "base64", "bytes", "bytes_only"]
-# OpenAI's four shapes of `input`; the order matters: pydantic's smart union prefers exact matches.
-Input = str | list[str] | list[int] | list[list[int]]
+# OpenAI's four shapes of `input`, documented in the schema but checked by common.request.normalize_inputs,
+# the check Producer.submit runs too: one message for a wrong shape, whichever way it came in.
+Input = Annotated[Any, WithJsonSchema({"anyOf": [
+    {"type": "string"}, {"type": "array", "items": {"type": "string"}},
+    {"type": "array", "items": {"type": "integer"}},
+    {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}]})]
 
 
 class EmbedBody(BaseModel):
@@ -20,11 +24,11 @@ class EmbedBody(BaseModel):
     # Unknown fields are refused, as OpenAI does, so that a misspelt option is not silently ignored.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    input: Input = Field(description="a text, a list of texts, a token-id list, or a list of token-id lists")
+    input: Input = Field(description=INPUT_SHAPES)
     model: str | None = Field(None, description="served model name; omitted: the only served model")
     encoding_format: EncodingFormat = "float"
     user: str | None = Field(None, description="accepted for OpenAI compatibility, not used")
-    # PoolingParams, None meaning "the model's default"; PoolingParams verifies the values.
+    # PoolingParams, None meaning "the model's default"; the producer verifies the values (param_fields).
     task: Literal["embed"] | None = None
     dimensions: int | None = None
     use_activation: bool | None = None
@@ -37,18 +41,9 @@ class EmbedBody(BaseModel):
     embed_dtype: EmbedDtype | None = None
     endianness: Endianness | None = None
 
-    @model_validator(mode="after")
-    def _check_params(self) -> EmbedBody:
-        """A value PoolingParams refuses fails here, as a 422 that names the field."""
-        try:
-            self.params()
-        except ValueError as exc:
-            raise ValueError(pydantic_message(exc)) from None
-        return self
-
-    def params(self) -> PoolingParams:
-        fields = self.model_dump(include=PARAM_FIELDS, exclude_none=True)
-        return PoolingParams(**fields)
+    def param_fields(self) -> dict:
+        """The PoolingParams fields that were sent, as keywords for Producer.submit (which validates them)."""
+        return self.model_dump(include=PARAM_FIELDS, exclude_none=True)
 
     @property
     def explicit_layout(self) -> bool:

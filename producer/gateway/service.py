@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from common import keys
-from common.errors import EmbedfleetError, TimeoutError, ValidationError
+from common.errors import EmbedfleetError, ResultTimeoutError, ValidationError
 from common.request import normalize_inputs
 from common.result import Result
 from producer import AsyncProducer
@@ -31,7 +31,7 @@ class Gateway:
         if len(inputs) > self.settings.max_inputs:
             raise ValidationError(f"{len(inputs)} inputs in one request; this gateway allows at most "
                                   f"{self.settings.max_inputs} (split the request)", param="input")
-        return await self.producer.submit(inputs, body.model, params=body.params())
+        return await self.producer.submit(inputs, body.model, **body.param_fields())
 
     async def run(self, body: EmbedBody) -> Result:
         """Submit and wait up to the request timeout; a request that timed out is cancelled if still queued,
@@ -39,7 +39,7 @@ class Gateway:
         request_id = await self.submit(body)
         try:
             return await self.producer.wait(request_id, self.settings.request_timeout)
-        except TimeoutError:
+        except ResultTimeoutError:
             with contextlib.suppress(EmbedfleetError):
                 await self.producer.cancel(request_id)
             raise

@@ -1,0 +1,39 @@
+"""Running `embedfleet` as a user would: a real process, the user's env minus EMBEDFLEET_* settings, and
+XDG_CACHE_HOME in a temp folder (so a running `up` of the user's is never found, nor a test's published)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def clean_env(cache: Path, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDFLEET_")}
+    return {**env, "XDG_CACHE_HOME": str(cache), "PYTHONPATH": str(ROOT), **extra}
+
+
+def embedfleet(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "producer.cli", *args], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess, code: int, *words: str) -> None:
+    """Exit `code`, and on stderr exactly one line `embedfleet: ...` holding `words`; no traceback."""
+    assert done.returncode == code, (done.returncode, done.stderr)
+    assert done.stderr.startswith("embedfleet: ") and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr and all(word in done.stderr for word in words), done.stderr
+
+
+@contextlib.contextmanager
+def socket_listening():
+    """A plain TCP listener on a free port (yielded), as another program holding it would be."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
