@@ -68,7 +68,7 @@ def _load_dense(folder: str) -> Dense:
                   config.get("use_residual", False))
     weights = os.path.join(folder, "model.safetensors")
     if os.path.isfile(weights):
-        from safetensors.torch import load_file
+        from safetensors.torch import load_file  # noqa: PLC0415 - only for models with a Dense layer
 
         state = load_file(weights)
     else:
@@ -80,14 +80,14 @@ def _load_dense(folder: str) -> Dense:
 def _resolve_folder(path_or_id: str) -> str:
     if os.path.isdir(path_or_id):
         return path_or_id
-    from huggingface_hub import snapshot_download  # a hub id: use (or fill) the local HF cache
+    from huggingface_hub import snapshot_download  # noqa: PLC0415 - a hub id only: use (or fill) the HF cache
 
     return snapshot_download(path_or_id)
 
 
 def _is_decoder(config) -> bool:
-    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+    from transformers.models.auto.modeling_auto import (  # noqa: PLC0415 - transformers loads lazily
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
     archs = getattr(config, "architectures", None) or []
     if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
@@ -123,7 +123,7 @@ def _matryoshka(config, dims: list[int] | None) -> tuple[bool, tuple[int, ...] |
 
 def _lowercase(tokenizer) -> None:
     """ST's do_lower_case: put a Lowercase step in front of the fast tokenizer's normalizer."""
-    from tokenizers.normalizers import Lowercase, Sequence
+    from tokenizers.normalizers import Lowercase, Sequence  # noqa: PLC0415 - only for do_lower_case
 
     backend = tokenizer.backend_tokenizer
     current = backend.normalizer
@@ -184,10 +184,11 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
 
     device: None picks "cuda" when available, else "cpu". dtype: "float32", "float16" or "bfloat16";
     None means float32 on CPU and, on CUDA, bfloat16 for a bfloat16 checkpoint else float16 (vLLM's
-    "auto"); anything but float32 must pass the fidelity check in worker/fidelity.py. served_name: the model name requests use (default: the folder or hub name).
+    "auto"); anything but float32 must pass the fidelity check in worker/fidelity.py.
+    served_name: the model name requests use (default: the folder or hub name).
     matryoshka_dims: the Matryoshka sizes the model allows (the --matryoshka-dims flag).
     """
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoTokenizer  # noqa: PLC0415 - slow import, kept lazy
 
     folder = _resolve_folder(path_or_id)
     st = read_st_config(folder)
