@@ -125,11 +125,11 @@ def ratio(a: float, b: float) -> float:
 class Process:
     """A child process whose output goes to a log file; stopped (TERM, then KILL) on exit."""
 
-    def __init__(self, args: list[str], name: str, env: dict | None = None):
+    def __init__(self, args: list[str], name: str, env: dict | None = None, pythonpath: tuple = ()):
         self.name = name
         self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False)
         self.popen = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
-                                      env={**os.environ, "PYTHONPATH": _pythonpath(), **(env or {})},
+                                      env={**os.environ, "PYTHONPATH": _pythonpath(*pythonpath), **(env or {})},
                                       start_new_session=True)
         _children.append(self)
 
@@ -185,8 +185,8 @@ atexit.register(_stop_children)
 signal.signal(signal.SIGTERM, _on_signal)
 
 
-def _pythonpath() -> str:
-    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+def _pythonpath(*first) -> str:
+    return os.pathsep.join(str(p) for p in (*first, REPO, os.environ.get("PYTHONPATH", "")) if p)
 
 
 def start_worker(redis_url: str, model: str, served_name: str, *extra: str, timeout: float = 300.0,
@@ -261,6 +261,68 @@ def redis_commands(conn) -> int:
     return sum(stats["calls"] for stats in conn.info("commandstats").values())
 
 
+
+# -- queue helpers ---------------------------------------------------------------------------------
+def prefill(redis_url: str, model: str, batches: list[list[str]], chunk: int = 2000, **params) -> list[str]:
+    """Enqueue one request per element of `batches` as the Producer would, without asking for a live worker
+    (so the queue can be filled before the worker starts); returns the ids in queue order."""
+    import redis
+    from rq import Queue
+
+    from common.keys import queue_name
+    from common.params import PoolingParams
+    from common.request import EmbedRequest
+    from common.serializer import MsgpackSerializer
+    from producer.core import enqueue_data
+
+    conn = redis.Redis.from_url(redis_url)
+    queue = Queue(queue_name(model), connection=conn, serializer=MsgpackSerializer)
+    ids = []
+    try:
+        for start in range(0, len(batches), chunk):
+            requests = [EmbedRequest(model=model, inputs=inputs, params=PoolingParams(**params))
+                        for inputs in batches[start:start + chunk]]
+            queue.enqueue_many([enqueue_data(Queue, r) for r in requests])
+            ids += [r.id for r in requests]
+    finally:
+        conn.close()
+    return ids
+
+
+def wait_all_results(conn, ids: list[str], deadline: float, poll: float = 0.005,
+                     process: Process | None = None) -> tuple[int, int]:
+    """Poll until every id has a result blob (or `deadline`, a monotonic time, passes).
+
+    Returns (results found, commands this function sent), the latter so callers can subtract them from
+    server-side counts. Polls the last id first (FIFO: it lands last), then checks the rest in pipelines.
+    """
+    from common import keys
+
+    sent, missing = 0, list(ids)
+    while missing:
+        if not conn.exists(keys.result_key(missing[-1])):
+            sent += 1
+            if time.monotonic() > deadline:
+                break
+            if process is not None and not process.alive():
+                raise process.fail(f"exited with {process.popen.returncode} while serving")
+            time.sleep(poll)
+            continue
+        sent += 1
+        still = []
+        for start in range(0, len(missing), 5000):
+            part = missing[start:start + 5000]
+            pipe = conn.pipeline(transaction=False)
+            for request_id in part:
+                pipe.exists(keys.result_key(request_id))
+            still += [r for r, found in zip(part, pipe.execute()) if not found]
+            sent += len(part)
+        if len(still) == len(missing) and time.monotonic() > deadline:
+            break
+        missing = still
+    return len(ids) - len(missing), sent
+
+
 __all__ = ["CORPUS_CANDIDATES", "Process", "REPO", "RedisServer", "Timer", "add_corpus_flags",
-           "describe_machine", "load_corpus", "median", "model_path", "percentile", "ratio", "redis_commands",
-           "rss_mib", "short_texts", "start_gateway", "start_worker", "table", "wait_advertised", "wait_http"]
+           "describe_machine", "load_corpus", "median", "model_path", "percentile", "prefill", "ratio", "redis_commands",
+           "rss_mib", "short_texts", "start_gateway", "start_worker", "table", "wait_advertised", "wait_all_results", "wait_http"]
