@@ -217,7 +217,7 @@ def wait_advertised(worker: Process, redis_url: str, served_name: str, timeout: 
         conn.close()
 
 
-def start_gateway(redis_url: str, timeout: float = 60.0, *extra: str) -> tuple[Process, str]:
+def start_gateway(redis_url: str, *extra: str, timeout: float = 60.0) -> tuple[Process, str]:
     """`python -m producer.gateway` on a free port; returns (process, base URL) once /health answers."""
     port = free_port()
     gateway = Process([sys.executable, "-m", "producer.gateway", "--redis-url", redis_url, "--port", str(port),
@@ -324,5 +324,5 @@ def wait_all_results(conn, ids: list[str], deadline: float, poll: float = 0.005,
 
 
 __all__ = ["CORPUS_CANDIDATES", "Process", "REPO", "RedisServer", "Timer", "add_corpus_flags",
-           "describe_machine", "load_corpus", "median", "model_path", "percentile", "prefill", "ratio", "redis_commands",
+           "describe_machine", "free_port", "load_corpus", "median", "model_path", "percentile", "prefill", "ratio", "redis_commands",
            "rss_mib", "short_texts", "start_gateway", "start_worker", "table", "wait_advertised", "wait_all_results", "wait_http"]
