@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -111,9 +112,9 @@ def table(headers: list[str], rows: list[list], title: str | None = None) -> str
     cells = [[cell(v) for v in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
     lines = [f"\n### {title}\n"] if title else []
-    lines.append("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |")
+    lines.append("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |")
     lines.append("| " + " | ".join("-" * w for w in widths) + " |")
-    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in cells]
     return "\n".join(lines)
 
 
@@ -229,8 +230,6 @@ def start_gateway(redis_url: str, *extra: str, timeout: float = 60.0) -> tuple[P
 
 def wait_http(process: Process, url: str, timeout: float, any_status: bool = False) -> None:
     """Until `url` answers (2xx; any status with `any_status`)."""
-    import urllib.error
-
     deadline = time.monotonic() + timeout
     while True:
         if not process.alive():
@@ -315,7 +314,7 @@ def wait_all_results(conn, ids: list[str], deadline: float, poll: float = 0.005,
             pipe = conn.pipeline(transaction=False)
             for request_id in part:
                 pipe.exists(keys.result_key(request_id))
-            still += [r for r, found in zip(part, pipe.execute()) if not found]
+            still += [r for r, found in zip(part, pipe.execute(), strict=True) if not found]
             sent += len(part)
         if len(still) == len(missing) and time.monotonic() > deadline:
             break
@@ -323,6 +322,7 @@ def wait_all_results(conn, ids: list[str], deadline: float, poll: float = 0.005,
     return len(ids) - len(missing), sent
 
 
-__all__ = ["CORPUS_CANDIDATES", "Process", "REPO", "RedisServer", "Timer", "add_corpus_flags",
-           "describe_machine", "free_port", "load_corpus", "median", "model_path", "percentile", "prefill", "ratio", "redis_commands",
-           "rss_mib", "short_texts", "start_gateway", "start_worker", "table", "wait_advertised", "wait_all_results", "wait_http"]
+__all__ = ["CORPUS_CANDIDATES", "REPO", "Process", "RedisServer", "Timer", "add_corpus_flags", "describe_machine",
+           "free_port", "load_corpus", "median", "model_path", "percentile", "prefill", "ratio", "redis_commands",
+           "rss_mib", "short_texts", "start_gateway", "start_worker", "table", "wait_advertised",
+           "wait_all_results", "wait_http"]

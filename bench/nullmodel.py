@@ -146,7 +146,7 @@ def simple_row(texts, size: int, requests: int) -> dict:
 def raw_fill(conn, payloads: list[bytes]) -> None:
     ids = [f"{i:08d}" for i in range(len(payloads))]
     pipe = conn.pipeline(transaction=False)
-    for request_id, payload in zip(ids, payloads):
+    for request_id, payload in zip(ids, payloads, strict=True):
         pipe.set(f"raw:payload:{request_id}", payload)
     pipe.rpush("raw:queue", *ids)
     pipe.execute()
