@@ -146,6 +146,7 @@ class Process:
         return Path(self.log.name).read_text(errors="replace")[-chars:]
 
     def fail(self, why: str) -> SystemExit:
+        self.keep_log = True
         return SystemExit(f"{self.name}: {why}\n--- last lines of {self.log.name} ---\n{self.tail()}")
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -159,6 +160,8 @@ class Process:
                     os.killpg(self.pid, signal.SIGKILL)
                 self.popen.wait()
         self.log.close()
+        if not getattr(self, "keep_log", False):  # a failure's log stays for the report that names it
+            Path(self.log.name).unlink(missing_ok=True)
         if self in _children:
             _children.remove(self)
 

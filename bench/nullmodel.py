@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -89,6 +90,7 @@ def worker_row(texts, size: int, requests: int, seconds: float, stand_in: bool) 
         finally:
             worker.stop()
             conn.close()
+            shutil.rmtree(hook, ignore_errors=True)
     if found < len(ids):
         print(f"  note: {found} of {len(ids)} results within --seconds {seconds:g}", flush=True)
     return {"requests_s": found / elapsed, "commands": commands / max(found, 1),
