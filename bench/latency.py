@@ -1,0 +1,173 @@
+"""Latency of one short text, side by side in one run: the bare forward pass in this process vs embedfleet end to
+end on an idle fleet, then under open-loop Poisson load at fractions of the fleet's measured maximum; draws
+throughput and latency against offered load to a PNG.
+
+    PYTHONPATH=. .venv/bin/python bench/latency.py [--idle-requests 200] [--seconds 10]
+        [--fractions 0.25,0.5,0.75,0.9,1.0] [--dtype float32] [--plot bench/load.png] [--json OUT]
+
+Requests carry one short corpus text (10-60 characters). Idle: sequential Producer.embed calls. Maximum: a burst
+of --burst requests submitted at once and awaited (requests/s). Load: for --seconds, arrivals at exponential
+gaps at fraction x maximum, each submitted by an AsyncProducer at its scheduled time whatever the backlog (open
+loop); latency counts from the scheduled arrival to the result. Bare forward pass: tokenise, forward, mean-pool,
+normalise one text with transformers, as often as --idle-requests. The client shares the machine with the fleet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (RedisServer, Timer, describe_machine, load_corpus, model_path, percentile,
+                     short_texts, start_worker, table)
+
+SERVED = "bench"
+
+
+def bare_latencies(path: str, texts: list[str], n: int, dtype: str, device: str) -> list[float]:
+    from throughput import BareLoop
+
+    bare = BareLoop(path, dtype, device)
+    for text in texts[:5]:
+        bare.run([text], 1)
+    return [1 / bare.run([texts[i % len(texts)]], 1) for i in range(n)]
+
+
+def idle_latencies(producer, texts: list[str], n: int) -> list[float]:
+    for text in texts[:5]:
+        producer.embed(text, SERVED, timeout=120)
+    out = []
+    for i in range(n):
+        with Timer() as timer:
+            producer.embed(texts[i % len(texts)], SERVED, timeout=120)
+        out.append(timer.seconds)
+    return out
+
+
+def saturated_rate(producer, texts: list[str], n: int) -> float:
+    """Requests/s with `n` one-text requests submitted at once, then awaited."""
+    with Timer() as timer:
+        ids = producer.submit_many([[texts[i % len(texts)]] for i in range(n)], SERVED)
+        for request_id in ids:
+            producer.wait(request_id, timeout=600)
+    return n / timer.seconds
+
+
+async def open_loop(redis_url: str, texts: list[str], rate: float, seconds: float, seed: int) -> dict:
+    """Poisson arrivals at `rate`/s for `seconds`; latency from each scheduled arrival to its result."""
+    from producer import AsyncProducer
+
+    rng = random.Random(seed)
+    arrivals, t = [], rng.expovariate(rate)
+    while t < seconds:
+        arrivals.append(t)
+        t += rng.expovariate(rate)
+    latencies: list[float] = []
+    done_at: list[float] = []
+    async with AsyncProducer(redis_url) as producer:
+        await producer.embed(texts[0], SERVED, timeout=120)  # connections, reply listener
+        loop = asyncio.get_running_loop()
+        origin = loop.time() + 0.05
+
+        async def one(index: int, at: float) -> None:
+            await asyncio.sleep(max(0.0, origin + at - loop.time()))
+            await producer.embed(texts[index % len(texts)], SERVED, timeout=600)
+            now = loop.time()
+            latencies.append(now - (origin + at))
+            done_at.append(now - origin)
+
+        await asyncio.gather(*(one(i, at) for i, at in enumerate(arrivals)))
+    span = max(done_at, default=seconds)
+    return {"offered_s": len(arrivals) / seconds, "achieved_s": len(done_at) / span, "requests": len(arrivals),
+            "p50_ms": percentile(latencies, 50) * 1000, "p99_ms": percentile(latencies, 99) * 1000}
+
+
+def plot(points: list[dict], idle: dict, maximum: float, out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    offered = [p["offered_s"] for p in points]
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(7, 7))
+    top.plot(offered, [p["achieved_s"] for p in points], "o-", label="achieved")
+    top.plot([0, max(offered, default=1)], [0, max(offered, default=1)], ":", color="grey", label="offered = achieved")
+    top.axhline(maximum, ls="--", color="red", label=f"saturated burst {maximum:.0f}/s")
+    top.set_ylabel("requests/s")
+    top.legend()
+    top.set_title(title)
+    bottom.plot([0, *offered], [idle["p50_ms"], *(p["p50_ms"] for p in points)], "o-", label="p50")
+    bottom.plot([0, *offered], [idle["p99_ms"], *(p["p99_ms"] for p in points)], "s-", label="p99")
+    bottom.set_yscale("log")
+    bottom.set_xlabel("offered load, one-short-text requests/s (0 = idle, sequential)")
+    bottom.set_ylabel("latency, ms")
+    bottom.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", type=Path, default=None)
+    parser.add_argument("--idle-requests", type=int, default=200, help="sequential requests (and bare passes)")
+    parser.add_argument("--burst", type=int, default=1000, help="requests of the saturation burst")
+    parser.add_argument("--seconds", type=float, default=10, help="length of each open-loop run")
+    parser.add_argument("--fractions", default="0.25,0.5,0.75,0.9,1.0", help="offered load / measured maximum")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--device", default=None, help="cpu, cuda (default: cuda when present, else cpu)")
+    parser.add_argument("--model", default=None, help="worker --model (default: the bundled all-MiniLM-L6-v2)")
+    parser.add_argument("--plot", type=Path, default=Path(__file__).resolve().parent / "load.png")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from producer import Producer
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(os.cpu_count() or 1)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    texts = short_texts(load_corpus(args.corpus))
+    path = model_path()
+    print(f"{describe_machine()}; device {device}, {args.dtype}; {len(texts)} short texts", flush=True)
+
+    bare = bare_latencies(path, texts, args.idle_requests, args.dtype, device)
+    bare_row = {"p50_ms": percentile(bare, 50) * 1000, "p99_ms": percentile(bare, 99) * 1000}
+    print(f"  bare forward pass: p50 {bare_row['p50_ms']:.1f} ms", flush=True)
+    points = []
+    with RedisServer() as server, \
+            start_worker(server.url, args.model or path, SERVED, "--dtype", args.dtype, "--device", device), \
+            Producer(server.url) as producer:
+        idle = idle_latencies(producer, texts, args.idle_requests)
+        idle_row = {"p50_ms": percentile(idle, 50) * 1000, "p99_ms": percentile(idle, 99) * 1000}
+        print(f"  idle fleet: p50 {idle_row['p50_ms']:.1f} ms", flush=True)
+        maximum = saturated_rate(producer, texts, args.burst)
+        print(f"  saturated: {maximum:.0f} requests/s", flush=True)
+        for i, fraction in enumerate(float(f) for f in args.fractions.split(",")):
+            point = asyncio.run(open_loop(server.url, texts, fraction * maximum, args.seconds, seed=i))
+            points.append({"fraction": fraction, **point})
+            print(f"  {fraction:.0%} load: offered {point['offered_s']:.0f}/s, p50 {point['p50_ms']:.1f} ms, "
+                  f"p99 {point['p99_ms']:.1f} ms", flush=True)
+
+    rows = [["bare forward pass (in process)", "-", "-", bare_row["p50_ms"], bare_row["p99_ms"]],
+            ["embedfleet, idle (sequential)", "-", "-", idle_row["p50_ms"], idle_row["p99_ms"]]]
+    rows += [[f"embedfleet, {p['fraction']:.0%} of saturated", p["offered_s"], p["achieved_s"], p["p50_ms"],
+              p["p99_ms"]] for p in points]
+    print(table(["path", "offered req/s", "achieved req/s", "p50 ms", "p99 ms"], rows,
+                f"Latency of one short text, {device} {args.dtype}; saturated = {maximum:.0f} requests/s "
+                f"(target: idle p50 <= bare p50 + 5 ms; now +{idle_row['p50_ms'] - bare_row['p50_ms']:.1f} ms)"))
+    plot(points, idle_row, maximum, args.plot, f"embedfleet, one short text per request, {device} {args.dtype}")
+    print(f"\nplot: {args.plot}")
+    if args.json:
+        args.json.write_text(json.dumps({"bare": bare_row, "idle": idle_row, "saturated_s": maximum,
+                                         "load": points}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
