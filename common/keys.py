@@ -24,6 +24,8 @@
 
 from __future__ import annotations
 
+import re
+
 PREFIX = "embedfleet"
 
 RESULT_TTL = 3600  # seconds a result blob (and its notify list) is kept
@@ -40,6 +42,29 @@ ADVERTISE_TTL = 30  # a worker that stops refreshing stops counting as alive aft
 HEARTBEAT_INTERVAL = 10
 
 JOB_FUNC = "worker.jobs.embed"  # the rq job's function name; the batch worker runs it in bulk
+
+
+# A request id is also an rq job id and part of several key names: rq allows [A-Za-z0-9_-]+, and ours
+# (uuid4 hex) are 32 characters long. Anything else read from Redis or a URL is not one of our ids.
+MAX_REQUEST_ID_LENGTH = 64
+_ID_CHARS = rf"[A-Za-z0-9_-]{{1,{MAX_REQUEST_ID_LENGTH}}}"
+_REQUEST_ID = re.compile(_ID_CHARS)
+_REPLY_STREAM = re.compile(re.escape(f"{PREFIX}:replies:") + _ID_CHARS)
+
+
+def valid_request_id(request_id: str | bytes) -> bool:
+    """True if `request_id` (text, or bytes as read from Redis) can be an embedfleet request id."""
+    if isinstance(request_id, bytes):
+        return _REQUEST_ID.fullmatch(request_id.decode("ascii", "replace")) is not None
+    return isinstance(request_id, str) and _REQUEST_ID.fullmatch(request_id) is not None
+
+
+def is_reply_stream_key(key: str | bytes) -> bool:
+    """True if `key` lies in the reply-stream key space (reply_stream_key): the only keys a request's
+    `reply_to` may name, so that a worker never writes to a key it was merely told about."""
+    if isinstance(key, bytes):
+        key = key.decode("ascii", "replace")
+    return isinstance(key, str) and _REPLY_STREAM.fullmatch(key) is not None
 
 
 def queue_name(model: str) -> str:

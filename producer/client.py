@@ -18,9 +18,20 @@ from common.redisclient import block_for, connect
 from common.request import job_reply_to
 from common.result import Result
 from producer.cancel import cancel_pending
-from producer.core import (CAPS_CACHE_SECONDS, SERIALIZER, build_request, enqueue_data, job_state,
-                           model_of_queue, parse_models, pick_model, redis_errors as _redis_errors,
-                           result_state)
+from producer.core import (
+    CAPS_CACHE_SECONDS,
+    PENDING,
+    SERIALIZER,
+    build_request,
+    enqueue_data,
+    job_state,
+    model_of_queue,
+    parse_models,
+    pick_model,
+    read_result,
+    result_state,
+)
+from producer.core import redis_errors as _redis_errors
 
 
 class Producer:
@@ -101,12 +112,13 @@ class Producer:
         """The result if it has landed (ok or error), else None."""
         with _redis_errors():
             raw = self.redis.get(keys.result_key(request_id))
-        return None if raw is None else Result.decode(raw)
+        return read_result(request_id, raw)
 
     def wait(self, request_id: str, timeout: float = 60.0) -> Result:
         """Block until the result lands (no polling: BLPOP on the request's notify list).
 
-        Raises common.errors.TimeoutError after `timeout` seconds, or the request's own error.
+        Raises common.errors.TimeoutError after `timeout` seconds, or the request's own error. A wake-up
+        counts only once its result is there (anyone who can write to Redis can forge one).
         """
         deadline = time.monotonic() + timeout
         woke = None
@@ -115,7 +127,7 @@ class Producer:
             if result is not None:
                 result.raise_for_error()
                 return result
-            if woke is not None:
+            if woke is not None and self.status(request_id) not in PENDING:
                 raise NotFoundError(f"the result of request {request_id} has expired")
             left = deadline - time.monotonic()
             if left <= 0:

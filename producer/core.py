@@ -10,8 +10,14 @@ from rq.job import JobStatus
 
 from common import keys
 from common.capabilities import ModelCapabilities
-from common.errors import (NoWorkerError, UnavailableError, UnknownModelError, ValidationError,
-                           pydantic_message)
+from common.errors import (
+    DecodeError,
+    NoWorkerError,
+    UnavailableError,
+    UnknownModelError,
+    ValidationError,
+    pydantic_message,
+)
 from common.params import PoolingParams
 from common.request import EmbedRequest, normalize_inputs
 from common.result import Result
@@ -75,6 +81,21 @@ def enqueue_data(queue_cls, request: EmbedRequest):
         result_ttl=keys.RESULT_TTL, ttl=keys.JOB_TTL, failure_ttl=keys.FAILURE_TTL,
         retry=Retry(max=keys.JOB_RETRIES),
         description=f"embed {len(request.inputs)} input(s) with {request.model}")
+
+
+PENDING = ("queued", "started")  # job states in which a result is still to come
+
+
+def read_result(request_id: str, raw: bytes | None) -> Result | None:
+    """The result blob stored for `request_id`, decoded; one that names another request is refused (it
+    was not written for this request, whoever wrote it)."""
+    if raw is None:
+        return None
+    result = Result.decode(raw)
+    if result.id != request_id:
+        raise DecodeError(f"the result stored for request {request_id} names request {result.id!r}: it "
+                          "was not written for this request", raw)
+    return result
 
 
 def job_state(status: JobStatus | None) -> str:
