@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 
-import pytest
 import redis
 from rq import Queue
 from rq.job import JobStatus

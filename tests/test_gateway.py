@@ -23,7 +23,6 @@ import numpy as np
 import openai
 import pytest
 import redis
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.redisserver import free_port
