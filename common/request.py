@@ -8,7 +8,7 @@ import uuid
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from common.capabilities import ModelCapabilities
-from common.codec import packb, unpackb
+from common.codec import check_text, packb, unpackb
 from common.errors import DecodeError, ValidationError
 from common.params import PoolingParams
 
@@ -30,6 +30,11 @@ class EmbedRequest(BaseModel):
     params: PoolingParams = PoolingParams()
     created_at: float = Field(default_factory=time.time)
     reply_to: str | None = None  # an optional per-producer stream that also gets the id on completion
+
+    @field_validator("model", "inputs", "reply_to")
+    @classmethod
+    def _unicode(cls, value):
+        return check_text(value)  # msgpack carries UTF-8 only
 
     @field_validator("inputs")
     @classmethod

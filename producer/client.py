@@ -147,6 +147,8 @@ class Producer:
         result = self.get(request_id)
         if result is not None:
             return result_state(result)
+        if not keys.valid_request_id(request_id):
+            return "not_found"  # no request of ours has such an id (and rq refuses to look it up)
         try:
             with _redis_errors():
                 return job_state(Job.fetch(request_id, connection=self.redis, serializer=SERIALIZER)
@@ -156,6 +158,8 @@ class Producer:
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a request that no worker has taken yet; True if it was pending and is now cancelled."""
+        if not keys.valid_request_id(request_id):
+            raise NotFoundError(f"no request with id {request_id!r}")
         with _redis_errors():
             try:
                 job = Job.fetch(request_id, connection=self.redis, serializer=SERIALIZER)

@@ -13,6 +13,7 @@ from producer.gateway import GatewaySettings, create_app
 
 class Server:
     def __init__(self, settings: GatewaySettings):
+        self.redis_url = settings.redis_url
         self.app = create_app(settings)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=settings.port,
                                                     log_level="warning"))

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from common.codec import unencodable
 from common.errors import pydantic_message
 from common.params import EmbedDtype, Endianness, PoolingParams
 
@@ -36,6 +37,19 @@ class EmbedBody(BaseModel):
     add_special_tokens: bool | None = None
     embed_dtype: EmbedDtype | None = None
     endianness: Endianness | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode(cls, data):
+        """JSON's "\\ud800" decodes to a lone surrogate, which no request can carry: a 422 naming the field."""
+        if isinstance(data, dict):
+            for name, value in data.items():
+                if unencodable(name):
+                    raise ValueError(f"a field name is not valid Unicode text: {unencodable(name)}")
+                found = unencodable(value)
+                if found:
+                    raise ValueError(f"`{name}` must be valid Unicode text, found {found}")
+        return data
 
     @model_validator(mode="after")
     def _check_params(self) -> EmbedBody:
