@@ -93,6 +93,12 @@ class CancelledError(EmbedfleetError):
     code = "cancelled"
 
 
+class DuplicateRequestError(EmbedfleetError):
+    """A request id that already names a job or a result: ids are never reused."""
+
+    code = "duplicate_request"
+
+
 class InternalError(EmbedfleetError):
     """A worker failed on a request for a reason that is not the request's fault."""
 
@@ -104,7 +110,7 @@ _BY_CODE: dict[str, type[EmbedfleetError]] = {
     for cls in (
         ValidationError, InputTooLongError, UnknownModelError, DecodeError, TimeoutError,
         QueueFullError, NoWorkerError, UnavailableError, AuthError, PayloadTooLargeError,
-        NotFoundError, CancelledError, InternalError,
+        NotFoundError, CancelledError, DuplicateRequestError, InternalError,
     )
 }
 

@@ -16,12 +16,7 @@ from common import keys
 from common.capabilities import ModelCapabilities
 from common.errors import NotFoundError, TimeoutError, UnavailableError
 from common.params import PoolingParams
-from common.redisclient import (
-    MAX_ASYNC_CONNECTIONS,
-    block_for,
-    close_async,
-    connect_async,
-)
+from common.redisclient import MAX_ASYNC_CONNECTIONS, block_for, close_async, connect_async
 from common.result import Result
 from producer.client import Producer
 from producer.core import PENDING, read_result, redis_errors

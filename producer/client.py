@@ -18,20 +18,9 @@ from common.redisclient import block_for, connect
 from common.request import job_reply_to
 from common.result import Result
 from producer.cancel import cancel_pending
-from producer.core import (
-    CAPS_CACHE_SECONDS,
-    PENDING,
-    SERIALIZER,
-    build_request,
-    enqueue_data,
-    job_state,
-    model_of_queue,
-    parse_models,
-    pick_model,
-    read_result,
-    result_state,
-)
-from producer.core import redis_errors as _redis_errors
+from producer.core import (CAPS_CACHE_SECONDS, PENDING, SERIALIZER, build_request, enqueue, job_state,
+                           model_of_queue, parse_models, pick_model, read_result,
+                           redis_errors as _redis_errors, result_state)
 
 
 class Producer:
@@ -104,7 +93,7 @@ class Producer:
                 if depth + len(requests) > self.max_queue_depth:
                     raise QueueFullError(f"the queue of model '{caps.name}' holds {depth} requests, "
                                          f"the limit is {self.max_queue_depth}: retry later")
-            queue.enqueue_many([enqueue_data(Queue, r) for r in requests])
+            enqueue(queue, requests)
         return [r.id for r in requests]
 
     # -- results ---------------------------------------------------------------------------------

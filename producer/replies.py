@@ -103,7 +103,12 @@ class ReplyListener:
                 for _, entries in replies:
                     for entry_id, fields in entries:
                         last_id = entry_id
-                        self.complete(fields[b"id"].decode())
+                        request_id = fields.get(b"id", b"")
+                        if keys.valid_request_id(request_id):  # a wake-up; wait() trusts only the result
+                            self.complete(request_id.decode())
+                        else:
+                            log.warning("reply stream %s: entry %s names no request id; ignored",
+                                        self.stream, entry_id)
                 self._prune()
         except asyncio.CancelledError:
             raise

@@ -49,6 +49,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "method_not_allowed": (405, "invalid_request_error"),
     "cancelled": (409, "conflict_error"),
     "job_not_cancellable": (409, "conflict_error"),
+    "duplicate_request": (409, "conflict_error"),
     "payload_too_large": (413, "invalid_request_error"),
     "queue_full": (429, "rate_limit_error"),
     "internal_error": (500, "server_error"),

@@ -1,0 +1,89 @@
+"""Redis is the trust boundary: what a producer reads back from it is checked, ids are never reused, and
+every key the producer side creates expires. Workers are stood in for by tests.answers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from rq import Queue
+from rq.job import Job
+
+from common import keys
+from common.errors import DecodeError, DuplicateRequestError, TimeoutError
+from common.request import EmbedRequest, job_reply_to
+from common.result import Result
+from common.serializer import MsgpackSerializer
+from producer import AsyncProducer, Producer
+from producer.core import enqueue
+from tests.answers import MODEL, advertise, answer
+
+
+@pytest.fixture
+def producer(redis_url, redis_client):
+    advertise(redis_client)
+    with Producer(redis_url) as producer:
+        yield producer
+
+
+def queue(producer: Producer) -> Queue:
+    return Queue(keys.queue_name(MODEL), connection=producer.redis, serializer=MsgpackSerializer)
+
+
+def test_an_enqueue_under_an_id_in_use_is_refused(producer, redis_client):
+    finished, pending = producer.submit(["finished"], MODEL), producer.submit(["pending"], MODEL)
+    answer(redis_client, [finished])
+    stored = redis_client.get(keys.result_key(finished))
+    for used in (finished, pending):
+        thief = EmbedRequest(id=used, model=MODEL, inputs=["someone else's text"])
+        with pytest.raises(DuplicateRequestError, match=used):
+            enqueue(queue(producer), [EmbedRequest(model=MODEL, inputs=["fresh"]), thief])  # all or none
+    assert redis_client.get(keys.result_key(finished)) == stored
+    assert queue(producer).job_ids == [finished, pending]  # the fresh request went in with nobody
+    job = Job.fetch(pending, connection=redis_client, serializer=MsgpackSerializer)
+    assert EmbedRequest.decode(job.args[0]).inputs == ["pending"]
+
+
+def test_a_forged_reply_stream_entry_does_not_fail_an_async_wait(redis_url, redis_client, producer):
+    async def main():
+        async with AsyncProducer(redis_url) as aproducer:
+            request_id = await aproducer.submit(["text"], MODEL)
+            stream = job_reply_to(Job.fetch(request_id, connection=redis_client, serializer=MsgpackSerializer))
+            waiting = asyncio.ensure_future(aproducer.wait(request_id, timeout=60))
+            await asyncio.sleep(0.2)
+            for fields in ({"id": request_id}, {"id": b"\xff\xfe"}, {"other": "field"}):
+                redis_client.xadd(stream, fields)  # forged: no result behind them
+            await asyncio.sleep(0.5)
+            assert not waiting.done()
+            await asyncio.to_thread(answer, redis_client, [request_id])
+            return await asyncio.wait_for(waiting, 30)
+
+    assert asyncio.run(main()).ok
+
+
+def test_a_forged_wake_up_does_not_fail_a_wait(redis_url, redis_client, producer):
+    request_id = producer.submit(["text"], MODEL)
+    redis_client.rpush(keys.notify_key(request_id), 1)  # forged: the result is not there
+    with pytest.raises(TimeoutError):  # not "result expired": the request is still queued
+        producer.wait(request_id, timeout=0.5)
+
+    async def main():
+        async with AsyncProducer(redis_url) as aproducer:  # its notify-list path: an id it did not submit
+            waiting = asyncio.ensure_future(aproducer.wait(request_id, timeout=60))
+            await asyncio.sleep(0.2)
+            redis_client.rpush(keys.notify_key(request_id), 1)
+            await asyncio.sleep(0.5)
+            assert not waiting.done()
+            await asyncio.to_thread(answer, redis_client, [request_id])
+            return await asyncio.wait_for(waiting, 30)
+
+    assert asyncio.run(main()).ok
+
+
+def test_a_result_stored_under_another_requests_id_is_refused(producer, redis_client):
+    request_id = producer.submit(["text"], MODEL)
+    other = Result.success("someone-else", MODEL, np.ones((1, 4), np.float32), "float32", "little", 1)
+    redis_client.set(keys.result_key(request_id), other.encode())
+    with pytest.raises(DecodeError, match="names request 'someone-else'"):
+        producer.get(request_id)
