@@ -13,6 +13,12 @@
     embedfleet:model:<name>:workers ZSET    worker name -> time of its last heartbeat, TTL 2 * ADVERTISE_TTL
     embedfleet:job:<id>             STRING  the HTTP gateway's answer options for an async job (JSON:
                                             encoding_format, explicit layout), TTL JOB_TTL + RESULT_TTL
+                                            while the job waits; `publish` gives it the result's TTL in
+                                            the result's own pipeline, so it outlives its result by at
+                                            most that round trip (and a job dropped unserved by RESULT_TTL)
+
+    Every key above expires. The only keys without a TTL are shared, one per model or per fleet:
+    embedfleet:models, rq:queues, rq:queue:<queue> and rq's registries.
 
     rq:queue:<queue>                LIST    pending job ids; <queue> = queue_name(model)
     rq:queue:<queue>:intermediate   LIST    jobs taken by a worker but not yet in rq:wip:<queue>

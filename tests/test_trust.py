@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import numpy as np
 import pytest
 from rq import Queue
@@ -12,12 +13,15 @@ from rq.job import Job
 
 from common import keys
 from common.errors import DecodeError, DuplicateRequestError, TimeoutError
+from common.redisclient import connect_async
 from common.request import EmbedRequest, job_reply_to
 from common.result import Result
 from common.serializer import MsgpackSerializer
 from producer import AsyncProducer, Producer
 from producer.core import enqueue
+from producer.gateway.service import save_job_options
 from tests.answers import MODEL, advertise, answer
+from tests.gatewayserver import Server, settings
 
 
 @pytest.fixture
@@ -87,3 +91,65 @@ def test_a_result_stored_under_another_requests_id_is_refused(producer, redis_cl
     redis_client.set(keys.result_key(request_id), other.encode())
     with pytest.raises(DecodeError, match="names request 'someone-else'"):
         producer.get(request_id)
+
+
+def _gateway_job(server, payload: dict) -> str:
+    response = httpx.post(f"{server.url}/v1/jobs", json=payload, timeout=30)
+    assert response.status_code == 202, response.text
+    return response.json()["id"]
+
+
+def test_a_jobs_options_expire_with_its_result(redis_url, redis_client, producer):
+    server = Server(settings(redis_url))
+    try:
+        job_id = _gateway_job(server, {"input": "text", "model": MODEL, "encoding_format": "base64"})
+        assert redis_client.ttl(keys.job_options_key(job_id)) > keys.RESULT_TTL  # while it waits
+        answer(redis_client, [job_id])
+        assert 0 < redis_client.ttl(keys.job_options_key(job_id)) <= redis_client.ttl(keys.result_key(job_id))
+        assert httpx.get(f"{server.url}/v1/jobs/{job_id}", timeout=30).json()["status"] == "finished"
+    finally:
+        server.stop()
+
+    # Options saved after the result landed (the enqueue comes first) take the result's time left.
+    late = producer.submit(["fast"], MODEL)
+    answer(redis_client, [late])
+
+    async def save():
+        connection = connect_async(redis_url)
+        await save_job_options(connection, late, "{}")
+        await connection.aclose()
+
+    asyncio.run(save())
+    assert 0 < redis_client.ttl(keys.job_options_key(late)) <= redis_client.ttl(keys.result_key(late))
+
+
+SHARED = ("rq:queues", f"rq:queue:{keys.queue_name(MODEL)}", f"rq:canceled:{keys.queue_name(MODEL)}",
+          keys.MODELS_KEY)
+
+
+def test_every_key_the_producer_side_creates_expires(redis_url, redis_client, producer):
+    server = Server(settings(redis_url))
+    try:
+        jobs = [_gateway_job(server, {"input": "text", "model": MODEL}) for _ in range(2)]
+        assert httpx.delete(f"{server.url}/v1/jobs/{jobs[1]}", timeout=30).status_code == 200
+        answer(redis_client, jobs[:1])
+        httpx.get(f"{server.url}/v1/jobs/{jobs[0]}", timeout=30)
+        httpx.get(f"{server.url}/v1/jobs/unknown", timeout=30)
+    finally:
+        server.stop()
+    waited, cancelled = producer.submit(["a"], MODEL), producer.submit(["b"], MODEL)
+    answer(redis_client, [waited])
+    producer.wait(waited, timeout=10)
+    assert producer.cancel(cancelled)
+
+    async def async_side():
+        async with AsyncProducer(redis_url) as aproducer:
+            request_id = await aproducer.submit(["c"], MODEL)
+            await asyncio.to_thread(answer, redis_client, [request_id])
+            await aproducer.wait(request_id, timeout=10)
+
+    asyncio.run(async_side())
+    forever = {key.decode() for key in redis_client.scan_iter() if redis_client.ttl(key) == -1}
+    assert forever <= set(SHARED), f"keys without a TTL: {sorted(forever - set(SHARED))}"
+    longest = max(redis_client.ttl(key) for key in redis_client.scan_iter())
+    assert longest <= keys.JOB_TTL + keys.RESULT_TTL
