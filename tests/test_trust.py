@@ -4,16 +4,19 @@ every key the producer side creates expires. Workers are stood in for by tests.a
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+import redis
 from rq import Queue
 from rq.job import Job
 
 from common import keys
 from common.errors import DecodeError, DuplicateRequestError, TimeoutError
 from common.redisclient import connect_async
+from common.redisserver import RedisServer
 from common.request import EmbedRequest, job_reply_to
 from common.result import Result
 from common.serializer import MsgpackSerializer
@@ -22,6 +25,8 @@ from producer.core import enqueue
 from producer.gateway.service import save_job_options
 from tests.answers import MODEL, advertise, answer
 from tests.gatewayserver import Server, settings
+
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 @pytest.fixture
@@ -153,3 +158,55 @@ def test_every_key_the_producer_side_creates_expires(redis_url, redis_client, pr
     assert forever <= set(SHARED), f"keys without a TTL: {sorted(forever - set(SHARED))}"
     longest = max(redis_client.ttl(key) for key in redis_client.scan_iter())
     assert longest <= keys.JOB_TTL + keys.RESULT_TTL
+
+
+def readme_acl(passwords: dict[str, str]) -> list[list[str]]:
+    """The README's ACL SETUSER lines, as commands, with the passwords filled in."""
+    lines = [line for line in README.read_text().splitlines() if line.startswith("ACL SETUSER ")]
+    assert len(lines) == 2, "the README's ACL recipe has moved: keep this test reading it"
+    return [[word.replace("PRODUCER_PASSWORD", passwords["producer"]).replace("WORKER_PASSWORD", passwords["worker"])
+             for word in line.split()] for line in lines]
+
+
+def test_the_readme_acl_recipe_runs_a_fleet(bert_mean):
+    """Producer, AsyncProducer and gateway as `embedfleet-producer`, a worker batch as `embedfleet-worker`:
+    everything works, Redis denied nothing, and each user is refused what it has no business doing."""
+    from tests.tinymodels import engine_for
+    from worker.queue import BatchWorker
+
+    passwords = {"producer": "p-secret", "worker": "w-secret"}
+    with RedisServer() as server:
+        admin = redis.Redis.from_url(server.url)
+        for command in readme_acl(passwords):
+            admin.execute_command(*command)
+        as_producer = f"redis://embedfleet-producer:{passwords['producer']}@127.0.0.1:{server.port}/0"
+        as_worker = f"redis://embedfleet-worker:{passwords['worker']}@127.0.0.1:{server.port}/0"
+        worker = BatchWorker(engine_for(bert_mean), redis.Redis.from_url(as_worker), poll_timeout=1)
+        worker.advertiser.advertise()
+        gateway = Server(settings(as_producer))
+        try:
+            with Producer(as_producer) as producer:
+                waited, cancelled = producer.submit(["sync"]), producer.submit(["cancel me"])
+                assert producer.status(waited) == "queued" and producer.cancel(cancelled)
+                job = _gateway_job(gateway, {"input": "over http"})
+
+                async def async_side():
+                    async with AsyncProducer(as_producer) as aproducer:
+                        request_id = await aproducer.submit(["async"])
+                        await asyncio.to_thread(worker.work, True)  # one burst serves all three
+                        return await aproducer.wait(request_id, timeout=30)
+
+                assert asyncio.run(async_side()).ok and producer.wait(waited, timeout=30).ok
+            answered = httpx.get(f"{gateway.url}/v1/jobs/{job}", timeout=30)
+            assert answered.status_code == 200 and answered.json()["status"] == "finished"
+        finally:
+            gateway.stop()
+        assert admin.acl_log() == [], "Redis denied the recipe's users something they need"
+
+        producer_redis, worker_redis = redis.Redis.from_url(as_producer), redis.Redis.from_url(as_worker)
+        for denied in (lambda: producer_redis.set(keys.model_key("fake"), b"x"),
+                       lambda: producer_redis.zadd(f"rq:wip:{keys.queue_name('x')}", {"id": 1}),
+                       lambda: producer_redis.flushall(), lambda: worker_redis.flushall(),
+                       lambda: worker_redis.config_get("*"), lambda: worker_redis.acl_list()):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                denied()
