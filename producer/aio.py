@@ -114,7 +114,7 @@ class AsyncProducer:
                     raise await self._timeout(request_id, timeout) from None
                 except UnavailableError:  # the producer was closed
                     raise
-                except Exception:  # noqa: BLE001 - the listener died (it logged why): the notify list still works
+                except Exception:  # noqa: BLE001 - the listener died (it logged why); notify lists still work
                     return await self._wait_notify(request_id, deadline, timeout)
             finally:
                 self._replies.forget(request_id, future)
@@ -143,7 +143,9 @@ class AsyncProducer:
                 result = await self.get(request_id)
                 if result is not None:
                     return result
-                await self._check_still_pending(request_id)  # a wake-up without its result
+                await self._check_still_pending(request_id)  # a wake-up without its result: forged
+                with redis_errors():  # else every BLPOP would take it again (a result lands with a new one)
+                    await self.redis.delete(keys.notify_key(request_id))
 
     async def _get_through_outage(self, request_id: str) -> tuple[Result | None, bool]:
         """(the result or None, whether Redis answered)."""

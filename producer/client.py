@@ -116,8 +116,13 @@ class Producer:
             if result is not None:
                 result.raise_for_error()
                 return result
-            if woke is not None and self.status(request_id) not in PENDING:
-                raise NotFoundError(f"the result of request {request_id} has expired")
+            if woke is not None:  # a wake-up without its result: expired, or forged
+                if self.status(request_id) not in PENDING:
+                    raise NotFoundError(f"the result of request {request_id} has expired")
+                with _redis_errors():  # else every BLPOP would take it again (a result lands with a new one)
+                    self.redis.delete(keys.notify_key(request_id))
+                woke = None
+                continue  # look for the result once more: it may have landed just before the DEL
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"no result for request {request_id} after {timeout:g} s "

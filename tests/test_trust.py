@@ -84,6 +84,7 @@ def test_a_forged_wake_up_does_not_fail_a_wait(redis_url, redis_client, producer
             redis_client.rpush(keys.notify_key(request_id), 1)
             await asyncio.sleep(0.5)
             assert not waiting.done()
+            assert not redis_client.exists(keys.notify_key(request_id))  # dropped, not taken again and again
             await asyncio.to_thread(answer, redis_client, [request_id])
             return await asyncio.wait_for(waiting, 30)
 
