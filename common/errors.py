@@ -105,6 +105,12 @@ class StartupError(EmbedfleetError):
     code = "startup_failed"
 
 
+class DuplicateRequestError(EmbedfleetError):
+    """A request id that already names a job or a result: ids are never reused."""
+
+    code = "duplicate_request"
+
+
 class InternalError(EmbedfleetError):
     """A worker failed on a request for a reason that is not the request's fault."""
 
@@ -116,7 +122,7 @@ _BY_CODE: dict[str, type[EmbedfleetError]] = {
     for cls in (
         ValidationError, InputTooLongError, UnknownModelError, DecodeError, TimeoutError,
         QueueFullError, NoWorkerError, UnavailableError, AuthError, PayloadTooLargeError,
-        NotFoundError, CancelledError, StartupError, InternalError,
+        NotFoundError, CancelledError, StartupError, DuplicateRequestError, InternalError,
     )
 }
 

@@ -16,6 +16,12 @@
                                             with the advert
     embedfleet:job:<id>             STRING  the HTTP gateway's answer options for an async job (JSON:
                                             encoding_format, explicit layout), TTL JOB_TTL + RESULT_TTL
+                                            while the job waits; `publish` gives it the result's TTL in
+                                            the result's own pipeline, so it outlives its result by at
+                                            most that round trip (and a job dropped unserved by RESULT_TTL)
+
+    Every key above expires. The only keys without a TTL are shared, one per model or per fleet:
+    embedfleet:models, rq:queues, rq:queue:<queue> and rq's registries.
 
     rq:queue:<queue>                LIST    pending job ids; <queue> = queue_name(model)
     rq:queue:<queue>:intermediate   LIST    rq's own dequeue parks ids here; embedfleet workers never do: their
@@ -49,6 +55,29 @@ HEARTBEAT_INTERVAL = 10
 JOB_FUNC = "worker.jobs.embed"  # the rq job's function name; the batch worker runs it in bulk
 
 
+# A request id is also an rq job id and part of several key names: rq allows [A-Za-z0-9_-]+, and ours
+# (uuid4 hex) are 32 characters long. Anything else read from Redis or a URL is not one of our ids.
+MAX_REQUEST_ID_LENGTH = 64
+_ID_CHARS = rf"[A-Za-z0-9_-]{{1,{MAX_REQUEST_ID_LENGTH}}}"
+_REQUEST_ID = re.compile(_ID_CHARS)
+_REPLY_STREAM = re.compile(re.escape(f"{PREFIX}:replies:") + _ID_CHARS)
+
+
+def valid_request_id(request_id: str | bytes) -> bool:
+    """True if `request_id` (text, or bytes as read from Redis) can be an embedfleet request id."""
+    if isinstance(request_id, bytes):
+        return _REQUEST_ID.fullmatch(request_id.decode("ascii", "replace")) is not None
+    return isinstance(request_id, str) and _REQUEST_ID.fullmatch(request_id) is not None
+
+
+def is_reply_stream_key(key: str | bytes) -> bool:
+    """True if `key` lies in the reply-stream key space (reply_stream_key): the only keys a request's
+    `reply_to` may name, so that a worker never writes to a key it was merely told about."""
+    if isinstance(key, bytes):
+        key = key.decode("ascii", "replace")
+    return isinstance(key, str) and _REPLY_STREAM.fullmatch(key) is not None
+
+
 def queue_name(model: str) -> str:
     return f"{PREFIX}.{model}"
 
@@ -67,15 +96,6 @@ def job_options_key(request_id: str) -> str:
 
 def reply_stream_key(producer_id: str) -> str:
     return f"{PREFIX}:replies:{producer_id}"
-
-
-_REPLY_STREAM = re.compile(rf"{PREFIX}:replies:[A-Za-z0-9_-]{{1,128}}")
-
-
-def is_reply_stream(key: str | None) -> bool:
-    """True only for a key in the reply-stream space: a `reply_to` read from the queue may name no other
-    key (the worker writes to it)."""
-    return isinstance(key, str) and _REPLY_STREAM.fullmatch(key) is not None
 
 
 REPLY_STREAM_MAXLEN = 10_000

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from common.capabilities import ModelCapabilities
+from common.codec import check_text
 from common.errors import ValidationError
 
 EmbedDtype = Literal["float32", "float16", "bfloat16", "int8", "uint8", "binary", "ubinary"]
@@ -45,6 +46,11 @@ class PoolingParams(BaseModel):
             if normalize is not None:
                 data["use_activation"] = normalize
         return data
+
+    @field_validator("prompt_name", "prompt")
+    @classmethod
+    def _unicode(cls, value):
+        return check_text(value)  # msgpack carries UTF-8 only
 
     @field_validator("dimensions")
     @classmethod

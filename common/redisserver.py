@@ -111,6 +111,11 @@ class RedisServer:
         if self._tmp:
             self._tmp.cleanup()
 
+    def restart(self) -> RedisServer:
+        """Stop (SIGTERM: with AOF on, Redis writes its data out first) and start again on the same port."""
+        self.stop()
+        return self.start()
+
     def __enter__(self) -> RedisServer:
         return self.start()
 

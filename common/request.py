@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from common import keys
 from common.capabilities import ModelCapabilities
-from common.codec import packb, unpackb
+from common.codec import check_text, packb, unpackb
 from common.errors import DecodeError, ValidationError
 from common.params import PoolingParams
 
@@ -31,6 +31,11 @@ class EmbedRequest(BaseModel):
     params: PoolingParams = PoolingParams()
     created_at: float = Field(default_factory=time.time)
     reply_to: str | None = None  # an optional per-producer stream that also gets the id on completion
+
+    @field_validator("model", "inputs", "reply_to")
+    @classmethod
+    def _unicode(cls, value):
+        return check_text(value)  # msgpack carries UTF-8 only
 
     @field_validator("inputs")
     @classmethod
@@ -129,4 +134,4 @@ def job_reply_to(job) -> str | None:
         reply_to = EmbedRequest.decode(args[0]).reply_to
     except DecodeError:
         return None
-    return reply_to if keys.is_reply_stream(reply_to) else None
+    return reply_to if keys.is_reply_stream_key(reply_to) else None

@@ -126,10 +126,12 @@ class Result:
 
 def publish(pipe, result: Result, ttl: int, reply_to: str | None = None, only_if_absent: bool = False) -> None:
     """Queue on a Redis pipeline what makes a result visible: the blob, a wake-up on the request's notify
-    list (BLPOP waiters) and, for an AsyncProducer's request, an entry on its reply stream."""
+    list (BLPOP waiters) and, for an AsyncProducer's request, an entry on its reply stream. A gateway
+    job's answer options (keys.job_options_key), if any, now expire with the result."""
     pipe.set(keys.result_key(result.id), result.encode(), ex=ttl, nx=only_if_absent)
     pipe.rpush(keys.notify_key(result.id), 1)
     pipe.expire(keys.notify_key(result.id), ttl)
+    pipe.expire(keys.job_options_key(result.id), ttl)  # a gateway job's options go with its result
     if reply_to:
         pipe.xadd(reply_to, {"id": result.id}, maxlen=keys.REPLY_STREAM_MAXLEN, approximate=True)
         pipe.expire(reply_to, ttl)

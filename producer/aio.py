@@ -16,11 +16,13 @@ from common import keys
 from common.capabilities import ModelCapabilities
 from common.errors import NotFoundError, ResultTimeoutError, UnavailableError
 from common.params import PoolingParams
-from common.redisclient import MAX_ASYNC_CONNECTIONS, block_for, connect_async
+from common.redisclient import MAX_ASYNC_CONNECTIONS, block_for, close_async, connect_async
 from common.result import Result
 from producer.client import Producer
-from producer.core import redis_errors
+from producer.core import PENDING, read_result, redis_errors
 from producer.replies import ReplyListener
+
+OUTAGE_RECHECK = 0.5  # seconds between a waiter's looks for its result while Redis is unreachable
 
 
 class AsyncProducer:
@@ -37,10 +39,12 @@ class AsyncProducer:
         self._blocking_slots = asyncio.Semaphore(MAX_ASYNC_CONNECTIONS)
 
     async def close(self) -> None:
+        """Fail pending waits and drop every connection. Bounded: each step that talks to Redis gets
+        CLOSE_TIMEOUT, so a Redis that stopped answering cannot hang a shutdown."""
         await self._replies.close()
-        await self._blocking.aclose()
-        await self.redis.aclose()
-        await asyncio.to_thread(self._sync.close)
+        await close_async(self._blocking)
+        await close_async(self.redis)
+        self._sync.close()  # closes sockets only; not in a thread, whose pool may be busy with stuck calls
 
     async def __aenter__(self) -> AsyncProducer:
         return self
@@ -77,10 +81,15 @@ class AsyncProducer:
     async def get(self, request_id: str) -> Result | None:
         with redis_errors():
             raw = await self.redis.get(keys.result_key(request_id))
-        return None if raw is None else Result.decode(raw)
+        return read_result(request_id, raw)
 
     async def wait(self, request_id: str, timeout: float = 60.0) -> Result:
-        """Block until the result lands; raises TimeoutError or the request's own error."""
+        """Block until the result lands; raises TimeoutError or the request's own error.
+
+        A wait rides out a Redis outage shorter than its timeout, and a wake-up (a reply-stream entry, a
+        notify-list element) counts only once the result it announces is there: anyone who can write to
+        Redis can forge one.
+        """
         deadline = time.monotonic() + timeout
         if self._replies.handles(request_id):
             result = await self._wait_reply(request_id, deadline, timeout)
@@ -90,40 +99,68 @@ class AsyncProducer:
         return result
 
     async def _wait_reply(self, request_id: str, deadline: float, timeout: float) -> Result:
-        future = self._replies.waiter(request_id)  # before the GET: a reply after it cannot be missed
-        try:
-            result = await self.get(request_id)
-            if result is not None:  # landed before the wait began (its reply may be yet to come)
-                self._replies.complete(request_id)
-                return result
-            try:
-                await asyncio.wait_for(future, max(deadline - time.monotonic(), 0))
-            except asyncio.TimeoutError:
-                raise await self._timeout(request_id, timeout) from None
-            except UnavailableError:
-                raise
-            except Exception:  # noqa: BLE001 - the listener died (it logged why): the notify list still works
-                return await self._wait_notify(request_id, deadline, timeout)
-            result = await self.get(request_id)
-            if result is None:
-                raise NotFoundError(f"the result of request {request_id} has expired")
-            return result
-        finally:
-            self._replies.forget(request_id, future)
-
-    async def _wait_notify(self, request_id: str, deadline: float, timeout: float) -> Result:
-        await asyncio.to_thread(self._sync.raise_if_unknown, request_id)
-        woke = None
         while True:
+            future = self._replies.waiter(request_id)  # before the GET: a reply after it cannot be missed
+            try:
+                result, reachable = await self._get_through_outage(request_id)
+                if result is not None:  # landed before the wait began (its reply may be yet to come)
+                    self._replies.complete(request_id)
+                    return result
+                left = deadline - time.monotonic()
+                try:  # in an outage the reply may have come and gone unseen: look again soon
+                    await asyncio.wait_for(future, max(left if reachable else min(left, OUTAGE_RECHECK), 0))
+                except asyncio.TimeoutError:
+                    if time.monotonic() < deadline:
+                        continue
+                    raise await self._timeout(request_id, timeout) from None
+                except UnavailableError:  # the producer was closed
+                    raise
+                except Exception:  # noqa: BLE001 - the listener died (it logged why); notify lists still work
+                    return await self._wait_notify(request_id, deadline, timeout)
+            finally:
+                self._replies.forget(request_id, future)
             result = await self.get(request_id)
             if result is not None:
                 return result
-            if woke is not None:
-                raise NotFoundError(f"the result of request {request_id} has expired")
+            await self._check_still_pending(request_id)  # a reply without its result: forged, or expired
+
+    async def _wait_notify(self, request_id: str, deadline: float, timeout: float) -> Result:
+        await asyncio.to_thread(self._sync.raise_if_unknown, request_id)  # an id that never existed: at once
+        while True:
+            result, reachable = await self._get_through_outage(request_id)
+            if result is not None:
+                return result
             left = deadline - time.monotonic()
             if left <= 0:
                 raise await self._timeout(request_id, timeout)
-            woke = await self._blpop(request_id, deadline)
+            woke = None
+            if reachable:
+                try:
+                    woke = await self._blpop(request_id, deadline)
+                except UnavailableError:
+                    reachable = False
+            if not reachable:
+                await asyncio.sleep(min(left, OUTAGE_RECHECK))
+            elif woke is not None:
+                result = await self.get(request_id)
+                if result is not None:
+                    return result
+                await self._check_still_pending(request_id)  # a wake-up without its result: forged
+                with redis_errors():  # else every BLPOP would take it again (a result lands with a new one)
+                    await self.redis.delete(keys.notify_key(request_id))
+
+    async def _get_through_outage(self, request_id: str) -> tuple[Result | None, bool]:
+        """(the result or None, whether Redis answered)."""
+        try:
+            return await self.get(request_id), True
+        except UnavailableError:
+            return None, False
+
+    async def _check_still_pending(self, request_id: str) -> None:
+        """After a wake-up that announced a result which is not there: go on waiting if the request is
+        still queued or running (the wake-up was forged), else its result has expired."""
+        if await self.status(request_id) not in PENDING:
+            raise NotFoundError(f"the result of request {request_id} has expired")
 
     async def _blpop(self, request_id: str, deadline: float):
         """One bounded BLPOP on the notify list; None if it timed out (or no slot freed in time)."""

@@ -15,7 +15,7 @@ from rq.job import Job, JobStatus
 from common import keys
 from common.result import Result
 
-# KEYS: queue list, job hash, canceled registry, result key, notify list[, reply stream]
+# KEYS: queue list, job hash, canceled registry, result key, notify list, job options[, reply stream]
 # ARGV: request id, now, result blob, ttl, reply stream max length
 _CANCEL = """
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
@@ -24,9 +24,10 @@ redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
 redis.call('SET', KEYS[4], ARGV[3], 'EX', ARGV[4])
 redis.call('RPUSH', KEYS[5], 1)
 redis.call('EXPIRE', KEYS[5], ARGV[4])
-if KEYS[6] then
-  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[5], '*', 'id', ARGV[1])
-  redis.call('EXPIRE', KEYS[6], ARGV[4])
+redis.call('EXPIRE', KEYS[6], ARGV[4])
+if KEYS[7] then
+  redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[5], '*', 'id', ARGV[1])
+  redis.call('EXPIRE', KEYS[7], ARGV[4])
 end
 return 1
 """
@@ -36,6 +37,6 @@ def cancel_pending(connection: Redis, job: Job, queue: Queue, answer: Result, re
     """True if the job was still queued and is now cancelled, with `answer` published for its waiters."""
     stream = [reply_to] if reply_to else []
     return bool(connection.eval(
-        _CANCEL, 5 + len(stream), queue.key, job.key, queue.canceled_job_registry.key,
-        keys.result_key(job.id), keys.notify_key(job.id), *stream,
+        _CANCEL, 6 + len(stream), queue.key, job.key, queue.canceled_job_registry.key,
+        keys.result_key(job.id), keys.notify_key(job.id), keys.job_options_key(job.id), *stream,
         job.id, time.time(), answer.encode(), keys.RESULT_TTL, keys.REPLY_STREAM_MAXLEN))

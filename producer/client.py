@@ -19,9 +19,9 @@ from common.redisclient import block_for, connect
 from common.request import job_reply_to
 from common.result import Result
 from producer.cancel import cancel_pending
-from producer.core import (CAPS_CACHE_SECONDS, SERIALIZER, build_request, enqueue_data, job_state,
-                           model_of_queue, parse_models, pick_model, redis_errors as _redis_errors,
-                           result_state)
+from producer.core import (CAPS_CACHE_SECONDS, PENDING, SERIALIZER, build_request, enqueue, job_state,
+                           model_of_queue, parse_models, pick_model, read_result,
+                           redis_errors as _redis_errors, result_state)
 
 
 class Producer:
@@ -96,7 +96,7 @@ class Producer:
                 if depth + len(requests) > self.max_queue_depth:
                     raise QueueFullError(f"the queue of model '{caps.name}' holds {depth} requests, "
                                          f"the limit is {self.max_queue_depth}: retry later")
-            queue.enqueue_many([enqueue_data(Queue, r) for r in requests])
+            enqueue(queue, requests)
         return [r.id for r in requests]
 
     # -- results ---------------------------------------------------------------------------------
@@ -104,13 +104,14 @@ class Producer:
         """The result if it has landed (ok or error), else None."""
         with _redis_errors():
             raw = self.redis.get(keys.result_key(request_id))
-        return None if raw is None else Result.decode(raw)
+        return read_result(request_id, raw)
 
     def wait(self, request_id: str, timeout: float = 60.0) -> Result:
         """Block until the result lands (no polling: BLPOP on the request's notify list).
 
         Raises NotFoundError at once for an id with neither a job nor a result, ResultTimeoutError (a
-        built-in TimeoutError) after `timeout` seconds, or the request's own error.
+        built-in TimeoutError) after `timeout` seconds, or the request's own error. A wake-up counts only
+        once its result is there (anyone who can write to Redis can forge one).
         """
         deadline = time.monotonic() + timeout
         woke = None
@@ -120,8 +121,13 @@ class Producer:
             if result is not None:
                 result.raise_for_error()
                 return result
-            if woke is not None:
-                raise NotFoundError(f"the result of request {request_id} has expired")
+            if woke is not None:  # a wake-up without its result: expired, or forged
+                if self.status(request_id) not in PENDING:
+                    raise NotFoundError(f"the result of request {request_id} has expired")
+                with _redis_errors():  # else every BLPOP would take it again (a result lands with a new one)
+                    self.redis.delete(keys.notify_key(request_id))
+                woke = None
+                continue  # look for the result once more: it may have landed just before the DEL
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ResultTimeoutError(f"no result for request {request_id} after {timeout:g} s "
@@ -148,6 +154,8 @@ class Producer:
         result = self.get(request_id)
         if result is not None:
             return result_state(result)
+        if not keys.valid_request_id(request_id):
+            return "not_found"  # no request of ours has such an id (and rq refuses to look it up)
         try:
             with _redis_errors():
                 return job_state(Job.fetch(request_id, connection=self.redis, serializer=SERIALIZER)
@@ -157,6 +165,8 @@ class Producer:
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a request that no worker has taken yet; True if it was pending and is now cancelled."""
+        if not keys.valid_request_id(request_id):
+            raise NotFoundError(f"no request with id {request_id!r}")
         with _redis_errors():
             try:
                 job = Job.fetch(request_id, connection=self.redis, serializer=SERIALIZER)

@@ -6,12 +6,13 @@ import contextlib
 
 import redis
 from pydantic import ValidationError as PydanticValidationError
-from rq import Retry
-from rq.job import JobStatus
+from rq import Queue, Retry
+from rq.job import Job, JobStatus
 
 from common import keys
 from common.capabilities import ModelCapabilities
-from common.errors import NoWorkerError, UnavailableError, UnknownModelError, ValidationError, invalid_request
+from common.errors import (DecodeError, DuplicateRequestError, NoWorkerError, UnavailableError,
+                           UnknownModelError, ValidationError, invalid_request)
 from common.params import PoolingParams
 from common.request import EmbedRequest, normalize_inputs
 from common.result import Result
@@ -68,13 +69,51 @@ def build_request(inputs, caps: ModelCapabilities, params: PoolingParams | None,
     return request
 
 
-def enqueue_data(queue_cls, request: EmbedRequest):
+def enqueue(queue: Queue, requests: list[EmbedRequest]) -> None:
+    """Enqueue `requests` as rq jobs in one transaction, all or none.
+
+    Refused (DuplicateRequestError) if an id already names an rq job or a result: an id is never reused,
+    so a request cannot take over another's job or overwrite its result. WATCH makes the check and the
+    enqueue one atomic step (a concurrent writer of those keys makes EXEC fail, and the check runs again).
+    """
+    taken = [key for r in requests for key in (Job.key_for(r.id), keys.result_key(r.id))]
+    with queue.connection.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(*taken)
+                if pipe.exists(*taken):
+                    used = next(r.id for r in requests if pipe.exists(Job.key_for(r.id), keys.result_key(r.id)))
+                    raise DuplicateRequestError(f"request id {used} is already in use: ids are never reused")
+                pipe.multi()
+                queue.enqueue_many([enqueue_data(r) for r in requests], pipeline=pipe)
+                pipe.execute()
+                return
+            except redis.WatchError:
+                continue
+
+
+def enqueue_data(request: EmbedRequest):
     # Embedding is idempotent, so a job whose worker died is retried (rq's Retry) rather than lost.
-    return queue_cls.prepare_data(
+    return Queue.prepare_data(
         keys.JOB_FUNC, args=[request.encode()], job_id=request.id, timeout=keys.JOB_TIMEOUT,
         result_ttl=keys.RESULT_TTL, ttl=keys.JOB_TTL, failure_ttl=keys.FAILURE_TTL,
         retry=Retry(max=keys.JOB_RETRIES),
         description=f"embed {len(request.inputs)} input(s) with {request.model}")
+
+
+PENDING = ("queued", "started")  # job states in which a result is still to come
+
+
+def read_result(request_id: str, raw: bytes | None) -> Result | None:
+    """The result blob stored for `request_id`, decoded; one that names another request is refused (it
+    was not written for this request, whoever wrote it)."""
+    if raw is None:
+        return None
+    result = Result.decode(raw)
+    if result.id != request_id:
+        raise DecodeError(f"the result stored for request {request_id} names request {result.id!r}: it "
+                          "was not written for this request", raw)
+    return result
 
 
 def job_state(status: JobStatus | None) -> str:

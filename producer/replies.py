@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 
 from common import keys
 from common.errors import UnavailableError
-from common.redisclient import MAX_BLOCK
+from common.redisclient import CLOSE_TIMEOUT, MAX_BLOCK, bounded, close_async
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +76,14 @@ class ReplyListener:
                 future.set_result(None)
 
     async def close(self) -> None:
+        """Fail pending waits, stop listening and delete the stream; bounded even on a Redis that hangs."""
         self._fail_waiters(UnavailableError("the producer was closed while waiting for a result"))
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-        with contextlib.suppress(redis.RedisError):
-            await self.connection.delete(self.stream)
-        await self.connection.aclose()
+                await asyncio.wait_for(self._task, CLOSE_TIMEOUT)
+        await bounded(self.connection.delete(self.stream))
+        await close_async(self.connection)
 
     async def _listen(self) -> None:
         last_id, backoff, recheck = "0-0", 0.5, False
@@ -103,7 +103,12 @@ class ReplyListener:
                 for _, entries in replies:
                     for entry_id, fields in entries:
                         last_id = entry_id
-                        self.complete(fields[b"id"].decode())
+                        request_id = fields.get(b"id", b"")
+                        if keys.valid_request_id(request_id):  # a wake-up; wait() trusts only the result
+                            self.complete(request_id.decode())
+                        else:
+                            log.warning("reply stream %s: entry %s names no request id; ignored",
+                                        self.stream, entry_id)
                 self._prune()
         except asyncio.CancelledError:
             raise

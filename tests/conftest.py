@@ -22,6 +22,14 @@ def redis_server():
 
 
 @pytest.fixture
+def restartable_redis(tmp_path):
+    """A redis-server of the test's own, AOF on, that the test may restart."""
+    server = RedisServer(tmp_path / "redis", appendonly=True).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
 def redis_url(redis_server) -> str:
     """URL of the session's redis-server, flushed so each test starts empty."""
     client = redis.Redis.from_url(redis_server.url)

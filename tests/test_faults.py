@@ -8,13 +8,11 @@ import sys
 import threading
 import time
 
-import pytest
 import redis
 from rq import Queue
 from rq.job import JobStatus
 
 from common import keys
-from common.redisserver import RedisServer
 from common.serializer import MsgpackSerializer
 from producer import Producer
 from tests.tinymodels import sample_texts
@@ -60,18 +58,6 @@ def test_jobs_of_a_worker_killed_mid_batch_are_retried_by_the_next_worker(
         assert job.get_status() == JobStatus.FINISHED and job.retries_left == keys.JOB_RETRIES - 1
 
 
-@pytest.fixture
-def restartable_redis(tmp_path):
-    server = RedisServer(tmp_path / "redis", appendonly=True).start()
-    yield server
-    server.stop()
-
-
-def restart(server: RedisServer) -> None:
-    server.stop()  # SIGTERM: Redis writes its AOF out before it exits
-    server.start()
-
-
 def test_queued_requests_survive_a_redis_restart_and_a_live_worker_rides_it_out(
         restartable_redis, minilm_engine):
     url = restartable_redis.url
@@ -80,7 +66,7 @@ def test_queued_requests_survive_a_redis_restart_and_a_live_worker_rides_it_out(
     worker.advertiser.advertise()
     queued = [producer.submit([f"queued before restart {i}"]) for i in range(5)]
 
-    restart(restartable_redis)
+    restartable_redis.restart()
     assert producer.queue_depth("minilm") == 5  # AOF kept the queue and the jobs
 
     thread = threading.Thread(target=worker.work, daemon=True)
@@ -88,7 +74,7 @@ def test_queued_requests_survive_a_redis_restart_and_a_live_worker_rides_it_out(
     try:
         assert all(producer.wait(i, timeout=30).ok for i in queued)
 
-        restart(restartable_redis)  # under a worker blocked in BLMOVE: it backs off and reconnects
+        restartable_redis.restart()  # under a worker blocked in BLMOVE: it backs off and reconnects
         after = producer.submit(["submitted after the second restart"], "minilm")
         assert producer.wait(after, timeout=60).ok
     finally:

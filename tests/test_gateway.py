@@ -23,37 +23,18 @@ import numpy as np
 import openai
 import pytest
 import redis
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.errors import ValidationError
 from common.redisserver import free_port
 from producer import Producer
-from producer.gateway import GatewaySettings, create_app
+from producer.gateway import GatewaySettings
+from tests.gatewayserver import Server
 
 MODEL = "minilm"
 KEY = "test-key"
 TEXTS = ["The cat sits on the mat.", "A fleet of workers embeds text.", "Redis keeps the queue safe."]
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class Server:
-    """A uvicorn server for one app, in a thread, on a free port."""
-
-    def __init__(self, settings: GatewaySettings):
-        self.server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=settings.port,
-                                                    log_level="warning"))
-        self.url = f"http://127.0.0.1:{settings.port}"
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "gateway did not start"
-            time.sleep(0.02)
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 @dataclass

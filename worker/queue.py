@@ -300,8 +300,7 @@ class BatchWorker(SimpleWorker):
                     reply_to = None
                 batch.answers.append(Answer(job, Outcome.CANCELED, Result.failure(
                     job.id, self.engine.caps.name, CancelledError("the request was cancelled before a worker "
-                                                                  "took it")).encode(), reply_to,
-                    only_if_absent=True))
+                                                                  "took it")).encode(), reply_to))
             else:  # nothing to answer: no job hash, an id no job can have, or a job already ended
                 log.warning("worker %s: dropped queue entry %r (%s)", self.name, job.id, job.kind.value)
         if requests:

@@ -32,7 +32,6 @@ from common.codec import packb
 
 # rq's utcformat, as the job hash and the worker hash store timestamps.
 _RQ_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
-MAX_ID_LENGTH = 128  # longer ids are refused: rq allows any length, nothing we write needs more
 
 _LIB = """
 local function num(value, default)
@@ -330,7 +329,7 @@ class Answer:
     reply_to: str | None = None
     summary: dict | None = None  # rq's return value for a finished job (never the embeddings)
     reason: str = ""  # rq's exc_string for a failed job
-    only_if_absent: bool = False
+    only_if_absent: bool = True  # the first answer stays: a re-enqueued id cannot replace a stored result
 
 
 def _ttl(raw: bytes | str, default: int, bound: int) -> int:
@@ -374,7 +373,7 @@ class RqSchema:
         round trip. `before(pipe)` may queue commands ahead (the worker's rq heartbeat)."""
         stamp = datetime.now(timezone.utc)
         args = [max_jobs, self.worker_name, f"{stamp.timestamp():.6f}", rq_time(stamp), uuid4().hex[:24],
-                MAX_ID_LENGTH, keys.JOB_TIMEOUT, self.heartbeat_interval]
+                keys.MAX_REQUEST_ID_LENGTH, keys.JOB_TIMEOUT, self.heartbeat_interval]
         try:
             suspended, entries = self._take(args, block, before)
         except redis.exceptions.NoScriptError:  # the server lost its scripts (a restart): load, take again
@@ -419,7 +418,7 @@ class RqSchema:
                 exc_info = zlib.compress(answer.reason.encode())
                 ttl = taken.failure_ttl or keys.FAILURE_TTL
             args += [taken.id, taken.execution, answer.outcome.value, answer.blob,
-                     answer.reply_to if keys.is_reply_stream(answer.reply_to) else "", payload, exc_info, ttl,
+                     answer.reply_to if keys.is_reply_stream_key(answer.reply_to) else "", payload, exc_info, ttl,
                      "1" if answer.only_if_absent else "0", taken.started]
         return [int(n) for n in FINISH_SCRIPT(self.connection, self.finish_keys, args)]
 

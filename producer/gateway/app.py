@@ -56,10 +56,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     def reject(err):
         return errors.error_response(err, settings.retry_after, metrics.error)
 
-    # Added innermost first: the metrics middleware wraps everything, the body limit included.
+    # Added innermost first: the body limit, the metrics around it, the error boundary around all.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, reject=reject)
     app.add_middleware(MetricsMiddleware, metrics=metrics,
                        routes=[*routes.public.routes, *routes.protected.routes, *jobs.router.routes])
+    app.add_middleware(errors.ErrorBoundary, retry_after=settings.retry_after, on_error=metrics.error)
     return app
 
 

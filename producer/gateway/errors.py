@@ -6,6 +6,7 @@ raise their usual exceptions (openai.NotFoundError, openai.RateLimitError, ...).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 
@@ -13,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common.errors import DecodeError, EmbedfleetError, NotFoundError, invalid_request
 
@@ -42,6 +44,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "method_not_allowed": (405, "invalid_request_error"),
     "cancelled": (409, "conflict_error"),
     "job_not_cancellable": (409, "conflict_error"),
+    "duplicate_request": (409, "conflict_error"),
     "payload_too_large": (413, "invalid_request_error"),
     "queue_full": (429, "rate_limit_error"),
     "internal_error": (500, "server_error"),
@@ -68,7 +71,15 @@ def error_response(err: EmbedfleetError, retry_after: int, on_error: Callable[[s
     headers = {"Retry-After": str(retry_after)} if err.code in RETRY_LATER else None
     if err.code == "unauthorized":
         headers = {"WWW-Authenticate": "Bearer"}
-    return JSONResponse(error_body(err), status_code=status_of(err.code), headers=headers)
+    return AsciiJSONResponse(error_body(err), status_code=status_of(err.code), headers=headers)
+
+
+class AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: a message that quotes client text (a lone surrogate
+    included) can always be encoded."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
 def install(app: FastAPI, retry_after: int, on_error: Callable[[str], None]) -> None:
@@ -98,11 +109,40 @@ def install(app: FastAPI, retry_after: int, on_error: Callable[[str], None]) -> 
             err.code = next((c for c, (s, _) in STATUS.items() if s == exc.status_code), "internal_error")
         return error_response(err, retry_after, on_error)
 
-    async def unexpected(request: Request, exc: Exception):
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(EmbedfleetError(f"internal error: {type(exc).__name__}"), retry_after, on_error)
-
     app.add_exception_handler(EmbedfleetError, embedfleet_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(Exception, unexpected)
+
+
+class ErrorBoundary:
+    """Answers an unexpected exception with a 500 in the OpenAI shape and swallows it.
+
+    Starlette's own handler for `Exception` re-raises after answering, and uvicorn then closes the
+    connection: every other request pipelined or kept alive on it would fail too. Outermost, so that it
+    also covers the other middleware.
+    """
+
+    def __init__(self, app: ASGIApp, retry_after: int, on_error: Callable[[str], None]):
+        self.app = app
+        self.retry_after = retry_after
+        self.on_error = on_error
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            if started:  # half an answer is out: only closing the connection can tell the client
+                raise
+            err = EmbedfleetError(f"internal error: {type(exc).__name__}")
+            await error_response(err, self.retry_after, self.on_error)(scope, receive, send)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse, Response
 
+from common import keys
 from common.errors import EmbedfleetError, InternalError, NotFoundError, UnavailableError
 from producer.gateway import encoding
 from producer.gateway.auth import require_key
@@ -20,6 +21,14 @@ from producer.gateway.service import Gateway, gateway
 
 router = APIRouter(dependencies=[Depends(require_key)])
 PENDING = ("queued", "started")
+
+
+def _known_shape(job_id: str) -> str:
+    """`job_id` if it can name a job; anything else (`*`, `%00`, a space, ...) is no job of ours: a 404."""
+    if not keys.valid_request_id(job_id):
+        raise NotFoundError(f"no such job: a job id is 1 to {keys.MAX_REQUEST_ID_LENGTH} letters, digits, "
+                            "'_' or '-'", param="id")
+    return job_id
 
 
 def _job(job_id: str, status: str, code: int = 202) -> JSONResponse:
@@ -40,6 +49,7 @@ async def get_job(job_id: str, gw: Gateway = Depends(gateway),
                   wait: float = Query(0.0, ge=0, description="seconds to long-poll for the result "
                                                               "(capped by the gateway's max_wait)")
                   ) -> Response:
+    job_id = _known_shape(job_id)
     result = await gw.producer.get(job_id)
     if result is None:
         status = await gw.producer.status(job_id)
@@ -69,6 +79,7 @@ async def get_job(job_id: str, gw: Gateway = Depends(gateway),
 
 @router.delete("/v1/jobs/{job_id}")
 async def cancel_job(job_id: str, gw: Gateway = Depends(gateway)) -> JSONResponse:
+    job_id = _known_shape(job_id)
     status = await gw.producer.status(job_id)
     if status == "not_found":
         raise NotFoundError(f"no job with id {job_id}", param="id")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
+from common.codec import unencodable
 from common.params import EmbedDtype, Endianness, PoolingParams
 from common.request import INPUT_SHAPES
 
@@ -44,6 +45,19 @@ class EmbedBody(BaseModel):
     def param_fields(self) -> dict:
         """The PoolingParams fields that were sent, as keywords for Producer.submit (which validates them)."""
         return self.model_dump(include=PARAM_FIELDS, exclude_none=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode(cls, data):
+        """JSON's "\\ud800" decodes to a lone surrogate, which no request can carry: refused, naming the field."""
+        if isinstance(data, dict):
+            for name, value in data.items():
+                if unencodable(name):
+                    raise ValueError(f"a field name is not valid Unicode text: {unencodable(name)}")
+                found = unencodable(value)
+                if found:
+                    raise ValueError(f"`{name}` must be valid Unicode text, found {found}")
+        return data
 
     @property
     def explicit_layout(self) -> bool:

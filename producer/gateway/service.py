@@ -48,13 +48,28 @@ class Gateway:
     async def save_job_options(self, request_id: str, body: EmbedBody) -> None:
         options = json.dumps({"encoding_format": body.encoding_format, "explicit_layout": body.explicit_layout})
         with redis_errors():
-            await self.producer.redis.set(keys.job_options_key(request_id), options,
-                                          ex=keys.JOB_TTL + keys.RESULT_TTL)
+            await save_job_options(self.producer.redis, request_id, options)
 
     async def job_options(self, request_id: str) -> dict:
         with redis_errors():
             raw = await self.producer.redis.get(keys.job_options_key(request_id))
         return json.loads(raw) if raw else {"encoding_format": "float", "explicit_layout": False}
+
+
+# KEYS: job options, result. ARGV: options, ttl. The job is enqueued before its options are saved, so its
+# result may already be there: then the options take the result's remaining time, not a fresh full TTL.
+_SAVE_OPTIONS = """
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+local left = redis.call('PTTL', KEYS[2])
+if left > 0 then redis.call('PEXPIRE', KEYS[1], left) end
+"""
+
+
+async def save_job_options(connection, request_id: str, options: str) -> None:
+    """Keep a job's answer options until its result expires (common.result.publish shortens the TTL
+    when the result lands; see common.keys)."""
+    await connection.eval(_SAVE_OPTIONS, 2, keys.job_options_key(request_id), keys.result_key(request_id),
+                          options, keys.JOB_TTL + keys.RESULT_TTL)
 
 
 def gateway(request: Request) -> Gateway:

@@ -1,0 +1,34 @@
+"""A model-free stand-in for a worker, for tests about the producer side: it advertises a model with the
+real Advertiser and answers queued requests the way a worker stores them (common.result.publish)."""
+
+from __future__ import annotations
+
+import numpy as np
+import redis
+from rq.job import Job
+
+from common import keys
+from common.capabilities import ModelCapabilities
+from common.request import EmbedRequest
+from common.result import Result, publish
+from common.serializer import MsgpackSerializer
+from worker.advertise import Advertiser
+
+MODEL = "stub"
+CAPS = ModelCapabilities(name=MODEL, max_model_len=32, embedding_size=4, vocab_size=100)
+
+
+def advertise(connection: redis.Redis) -> None:
+    Advertiser(connection, CAPS, "stub-worker", ttl=3600).advertise()
+
+
+def answer(connection: redis.Redis, request_ids: list[str]) -> None:
+    """Store a result for each id (row i of request r holds r's index), as a worker would."""
+    with connection.pipeline(transaction=False) as pipe:
+        for request_id in request_ids:
+            job = Job.fetch(request_id, connection=connection, serializer=MsgpackSerializer)
+            request = EmbedRequest.decode(job.args[0])
+            rows = np.full((len(request.inputs), CAPS.embedding_size), len(request.inputs), np.float32)
+            result = Result.success(request_id, MODEL, rows, "float32", "little", len(request.inputs))
+            publish(pipe, result, keys.RESULT_TTL, request.reply_to)
+        pipe.execute()
