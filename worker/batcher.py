@@ -41,11 +41,18 @@ def next_batch(items: Sequence[T], max_tokens: int, max_count: int,
     return list(items[:end]), list(items[end:])
 
 
-def batches(items: Sequence[T], max_tokens: int, max_count: int,
-            length: Callable[[T], int] = _identity) -> Iterator[list[T]]:
-    """All batches of `items` in order, each cut as `next_batch` cuts (without re-copying leftovers)."""
+def cuts(items: Sequence[T], max_tokens: int, max_count: int,
+         length: Callable[[T], int] = _identity) -> Iterator[tuple[int, int]]:
+    """(start, end) of each batch of `items` in order, each cut as `next_batch` cuts."""
     start = 0
     while start < len(items):
         end = _fit(items, start, max_tokens, max_count, length)
-        yield list(items[start:end])
+        yield start, end
         start = end
+
+
+def batches(items: Sequence[T], max_tokens: int, max_count: int,
+            length: Callable[[T], int] = _identity) -> Iterator[list[T]]:
+    """All batches of `items` in order, each cut as `next_batch` cuts (without re-copying leftovers)."""
+    for start, end in cuts(items, max_tokens, max_count, length):
+        yield list(items[start:end])

@@ -12,25 +12,11 @@ from common.errors import EmbedfleetError, InternalError
 from common.params import PoolingParams
 from common.request import EmbedRequest
 from common.result import Result
-from worker.batcher import batches
+from worker.batcher import cuts
 from worker.postprocess import cast, finish
 from worker.preprocess import Prepared, prepare
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _Row:
-    """One input of one request, the unit the batcher sorts and cuts."""
-
-    request: int  # index into Round.requests
-    row: int
-    ids: list[int]
-    prompt_length: int
-
-    @property
-    def length(self) -> int:
-        return len(self.ids)
 
 
 @dataclass
@@ -44,6 +30,18 @@ class Round:
     prepared: dict[int, Prepared] = field(default_factory=dict)
     rows: dict[int, np.ndarray] = field(default_factory=dict)
     failed: dict[int, EmbedfleetError] = field(default_factory=dict)
+
+
+@dataclass
+class _Flat:
+    """Every input of a round in one flat list, request by request, with the length-sorted order the
+    batches are cut from; vectors land in one array at their flat position."""
+
+    token_lists: list[list[int]]
+    prompt_lengths: list[int]
+    owners: np.ndarray  # flat position -> request index
+    order: np.ndarray  # sorted position -> flat position
+    vectors: np.ndarray | None = None
 
     @property
     def texts(self) -> int:
@@ -94,11 +92,32 @@ class Engine:
 
     def forward(self, work: Round) -> None:
         """All inputs of all requests, sorted by length and cut by the token budget; one pass per batch."""
-        rows = sorted((_Row(index, row, ids, prep.prompt_length)
-                       for index, prep in work.prepared.items() for row, ids in enumerate(prep.token_lists)),
-                      key=lambda item: item.length)
-        for batch in batches(rows, self.max_batch_tokens, self.max_batch_size, lambda item: item.length):
-            self._pass(batch, work)
+        flat = self._flatten(work)
+        if flat is None:
+            return
+        lengths = [len(flat.token_lists[i]) for i in flat.order]
+        for start, end in cuts(lengths, self.max_batch_tokens, self.max_batch_size):
+            self._pass(flat.order[start:end], flat, work)
+        offset = 0
+        for index, prep in work.prepared.items():
+            count = len(prep.token_lists)
+            if index not in work.failed:
+                work.rows[index] = flat.vectors[offset:offset + count]
+            offset += count
+
+    @staticmethod
+    def _flatten(work: Round) -> _Flat | None:
+        token_lists: list[list[int]] = []
+        prompt_lengths: list[int] = []
+        owners: list[int] = []
+        for index, prep in work.prepared.items():
+            token_lists.extend(prep.token_lists)
+            prompt_lengths.extend([prep.prompt_length] * len(prep.token_lists))
+            owners.extend([index] * len(prep.token_lists))
+        if not token_lists:
+            return None
+        lengths = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
+        return _Flat(token_lists, prompt_lengths, np.asarray(owners), np.argsort(lengths, kind="stable"))
 
     def finish(self, work: Round) -> list[Result]:
         """Post-process every request that reached the forward pass; returns all results in input order."""
@@ -130,35 +149,35 @@ class Engine:
             raise params
         return request.model_copy(update={"params": params})
 
-    def _pass(self, batch: list[_Row], work: Round) -> None:
-        """One forward pass; if it fails, the batch again in halves, down to single rows, so that one
-        poisoned input fails only its own request and a batch too big for the device (OOM) still runs."""
-        live = [item for item in batch if item.request not in work.failed]
-        if not live:
+    def _pass(self, positions: np.ndarray, flat: _Flat, work: Round) -> None:
+        """One forward pass over these flat positions; if it fails, the batch again in halves, down to single
+        rows, so that one poisoned input fails only its own request and a batch too big for the device (OOM)
+        still runs."""
+        if work.failed:
+            positions = positions[[int(owner) not in work.failed for owner in flat.owners[positions]]]
+        if not len(positions):
             return
         try:
             self.forward_passes += 1
-            vectors = self.model.embed([item.ids for item in live], [item.prompt_length for item in live])
+            vectors = self.model.embed([flat.token_lists[p] for p in positions],
+                                       [flat.prompt_lengths[p] for p in positions])
             vectors = vectors.numpy() if hasattr(vectors, "numpy") else vectors  # torch, or numpy (null model)
         except Exception as exc:
             error = InternalError(f"forward pass failed: {type(exc).__name__}: {exc}")
-            if len(live) == 1:
+            if len(positions) == 1:
                 log.exception("forward pass over 1 row failed; its request fails")
-                work.failed[live[0].request] = error
-                work.rows.pop(live[0].request, None)
+                work.failed[int(flat.owners[positions[0]])] = error
                 return
-            log.warning("forward pass over %d rows failed (%s); retrying in halves", len(live), error.message)
+            log.warning("forward pass over %d rows failed (%s); retrying in halves", len(positions), error.message)
         else:
-            for item, vector in zip(live, vectors):
-                if item.request not in work.rows:
-                    count = len(work.prepared[item.request].token_lists)
-                    work.rows[item.request] = np.empty((count, vectors.shape[1]), np.float32)
-                work.rows[item.request][item.row] = vector
+            if flat.vectors is None:
+                flat.vectors = np.empty((len(flat.token_lists), vectors.shape[1]), np.float32)
+            flat.vectors[positions] = vectors
             return
         # Split outside the `except`: the traceback holds the failed pass's tensors (device memory on OOM).
-        half = len(live) // 2
-        self._pass(live[:half], work)
-        self._pass(live[half:], work)
+        half = len(positions) // 2
+        self._pass(positions[:half], flat, work)
+        self._pass(positions[half:], flat, work)
 
     def _postprocess(self, request: EmbedRequest, vectors: np.ndarray, prompt_tokens: int) -> Result:
         params = request.params

@@ -16,6 +16,7 @@ written to, and a job is acknowledged only while this worker's claim on it (its 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import zlib
 from base64 import b64encode
@@ -341,6 +342,16 @@ def _ttl(raw: bytes | str, default: int, bound: int) -> int:
     return value if 0 < value <= bound else default
 
 
+@functools.lru_cache(maxsize=64)
+def _encoded_return_value(items: tuple) -> bytes:
+    return b64encode(packb(dict(items)))
+
+
+def _return_value(summary: dict | None) -> bytes:
+    """rq's result-stream encoding of a return value (base64 of the serializer's bytes); few distinct ones."""
+    return _encoded_return_value(tuple(sorted((summary or {}).items())))
+
+
 def rq_time(stamp: datetime) -> str:
     return stamp.strftime(_RQ_TIME)
 
@@ -411,7 +422,7 @@ class RqSchema:
         for answer in answers:
             taken = answer.taken
             if answer.outcome is Outcome.FINISHED:
-                payload, exc_info = b64encode(packb(answer.summary)), b""
+                payload, exc_info = _return_value(answer.summary), b""
                 ttl = taken.result_ttl or self.result_ttl  # rq's 0 / -1 are not honoured (see BatchWorker)
             else:
                 payload = b64encode(zlib.compress(answer.reason.encode()))
