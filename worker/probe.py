@@ -4,8 +4,8 @@ this device. Small batches win on a CPU (per text), large ones on a GPU; measuri
 For a few sequence lengths it times passes of 1, 2, 4, ... rows of synthetic tokens, stopping a length once
 texts/s has clearly peaked or the time is spent, then scores every (budget, cap) pair the measurements
 suggest by how close it comes to each length's best texts/s (the rows it would give a batch of that
-length are min(cap, budget // length)). The pair with the best worst-case share wins, then the best mean
-share; remaining ties go to the smaller budget and cap (lower latency). Bounded by `seconds`; logged.
+length are min(cap, budget // length)). Among the pairs within 5% of the best worst-case share, and then
+of the best mean share, the smallest budget and cap win: less padding on real texts, lower latency. Bounded by `seconds`; logged.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
+
+TOLERANCE = 0.05  # shares of a length's best texts/s within which two shapes count as equally fast
 
 
 @dataclass(frozen=True)
@@ -76,22 +78,26 @@ def measure(embed, token_id: int, lengths: list[int], seconds: float, max_rows: 
 
 def choose(rates: dict[int, dict[int, float]], max_tokens: int | None = None,
            max_rows: int | None = None) -> tuple[int, int]:
-    """The (budget, cap) with the best worst-case (then mean) share of each length's best texts/s; a fixed
-    value (a flag) stays fixed."""
+    """The smallest (budget, cap) within TOLERANCE of the best worst-case, then mean, share of each
+    length's best texts/s; a fixed value (a flag) stays fixed."""
     def rate(curve: dict[int, float], rows: int) -> float:
         tried = [r for r in curve if r <= rows]
         return curve[max(tried)] if tried else 0.0
 
     budgets = [max_tokens] if max_tokens else sorted({r * length for length, curve in rates.items() for r in curve})
     caps = [max_rows] if max_rows else sorted({r for curve in rates.values() for r in curve})
-    best, pick = (-1.0, -1.0), (budgets[0], caps[0])
+    scored = []
     for budget in budgets:
         for cap in caps:
             shares = [rate(curve, min(cap, max(1, budget // length))) / max(curve.values())
                       for length, curve in rates.items() if curve]
-            score = (round(min(shares), 6), round(sum(shares) / len(shares), 6))  # worst case, then mean
-            if score > best:
-                best, pick = score, (budget, cap)
+            scored.append((min(shares), sum(shares) / len(shares), budget, cap))
+    # Within TOLERANCE of the best worst case and then of the best mean, the smallest shape wins: the
+    # curves are flat near their peak, and real texts pad more in a larger batch than the probe's do.
+    best_min = max(s[0] for s in scored)
+    near = [s for s in scored if s[0] >= best_min - TOLERANCE]
+    best_mean = max(s[1] for s in near)
+    pick = min((s[2], s[3]) for s in near if s[1] >= best_mean - TOLERANCE)
     return pick
 
 
