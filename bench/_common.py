@@ -145,6 +145,11 @@ class Process:
         self.log.flush()
         return Path(self.log.name).read_text(errors="replace")[-chars:]
 
+    def lines(self, containing: str) -> list[str]:
+        """Lines of the log so far that contain `containing` (e.g. the worker's batch-shape choice)."""
+        self.log.flush()
+        return [line for line in Path(self.log.name).read_text(errors="replace").splitlines() if containing in line]
+
     def fail(self, why: str) -> SystemExit:
         self.keep_log = True
         return SystemExit(f"{self.name}: {why}\n--- last lines of {self.log.name} ---\n{self.tail()}")

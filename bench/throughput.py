@@ -95,8 +95,10 @@ def end_to_end(path: str, texts: list[str], chunk: int, dtype: str, device: str 
     from producer import Producer
 
     extra = ["--dtype", dtype] + (["--device", device] if device else [])
-    with RedisServer() as server, start_worker(server.url, path, "bench", *extra), \
+    with RedisServer() as server, start_worker(server.url, path, "bench", *extra) as worker, \
             Producer(server.url) as producer:
+        for line in worker.lines("batch budget probe"):
+            print("    worker: " + line.split(": ", 1)[-1][:300], flush=True)
         producer.embed(texts[:chunk], "bench", timeout=300, truncate_prompt_tokens=-1)  # warm-up
         with Timer() as timer:
             batches = [texts[i:i + chunk] for i in range(0, len(texts), chunk)]
