@@ -67,11 +67,12 @@ async def load(base_url: str, texts: list[str], size: int, requests: int, second
             "p50_ms": percentile(latencies, 50) * 1000, "p99_ms": percentile(latencies, 99) * 1000}
 
 
-def start_infinity(venv: Path, path: str, device: str, dtype: str) -> tuple[Process, str]:
+def start_infinity(venv: Path, path: str, device: str, dtype: str, batch_size: int) -> tuple[Process, str]:
     port = free_port()
     infinity = Process([str(venv / "bin" / "infinity_emb"), "v2", "--model-id", path, "--served-model-name", SERVED,
                         "--port", str(port), "--engine", "torch", "--device", device, "--dtype",
-                        {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}[dtype]],
+                        {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}[dtype],
+                        "--batch-size", str(batch_size)],
                        "infinity", env={"HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0",
                                         "DO_NOT_TRACK": "1", "PYTHONPATH": ""})
     base = f"http://127.0.0.1:{port}"
@@ -98,6 +99,8 @@ def main() -> None:
     parser.add_argument("--infinity-venv", type=Path,
                         default=Path(os.environ.get("INFINITY_VENV", DEFAULT_INFINITY_VENV)),
                         help="venv holding infinity-emb (env INFINITY_VENV)")
+    parser.add_argument("--infinity-batch-sizes", default="8,32",
+                        help="Infinity's --batch-size values to try; its best per case is the baseline")
     parser.add_argument("--skip", default="", help="comma list of rows to leave out: embedfleet, infinity")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
@@ -123,16 +126,22 @@ def main() -> None:
                                        {"truncate_prompt_tokens": -1})) for size in sizes}
     why_not = infinity_missing(args.infinity_venv) if "infinity" not in skip else "skipped (--skip)"
     if why_not is None:
-        try:
-            infinity, base = start_infinity(args.infinity_venv, path, device, args.dtype)
-        except SystemExit as exc:
-            why_not = f"Infinity did not start: {str(exc)[-600:]}"
-        else:
+        best: dict[int, dict] = {}
+        for batch_size in [int(b) for b in args.infinity_batch_sizes.split(",")]:  # its best configuration
+            try:
+                infinity, base = start_infinity(args.infinity_venv, path, device, args.dtype, batch_size)
+            except SystemExit as exc:
+                why_not = f"Infinity did not start: {str(exc)[-600:]}"
+                break
             with infinity:
-                figures[f"Infinity {infinity_version(args.infinity_venv)}"] = {
-                    size: asyncio.run(load(base, texts, size, args.requests, args.seconds, args.concurrency,
-                                           None)) for size in sizes}
-
+                for size in sizes:
+                    seen = asyncio.run(load(base, texts, size, args.requests, args.seconds, args.concurrency, None))
+                    if seen["texts_s"] > best.get(size, {}).get("texts_s", -1):
+                        best[size] = {**seen, "batch_size": batch_size}
+        if best:
+            why_not = None
+            version = infinity_version(args.infinity_venv)
+            figures[f"Infinity {version} (best of --batch-size {args.infinity_batch_sizes})"] = best
     infinity_row = next((v for k, v in figures.items() if k.startswith("Infinity")), {})
     rows = []
     for size in sizes:
