@@ -62,6 +62,9 @@ class AsyncProducer:
     async def live_workers(self, model: str) -> int:
         return await asyncio.to_thread(self._sync.live_workers, model)
 
+    async def workers(self, model: str) -> list[dict]:
+        return await asyncio.to_thread(self._sync.workers, model)
+
     async def queue_depth(self, model: str) -> int:
         return await asyncio.to_thread(self._sync.queue_depth, model)
 

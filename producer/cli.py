@@ -68,6 +68,11 @@ def status(argv: list[str]) -> int:
             print(f"{name}: {producer.live_workers(name)} live worker(s), queue depth "
                   f"{producer.queue_depth(name)}, queue {keys.queue_name(name)}, dim {caps.embedding_size}, "
                   f"max length {caps.max_model_len}, pooling {caps.pooling}")
+            for worker in producer.workers(name):
+                print(f"  worker {worker['name']}: {worker.get('device', '?')} {worker.get('dtype', '?')}, "
+                      f"batches of {worker.get('max_batch_tokens', '?')} padded tokens / "
+                      f"{worker.get('max_batch_size', '?')} rows ({worker.get('budget_source', '?')}), "
+                      f"takes {worker.get('max_jobs', '?')} requests at a time")
     return 0
 
 

@@ -20,7 +20,7 @@ from common.request import job_reply_to
 from common.result import Result
 from producer.cancel import cancel_pending
 from producer.core import (CAPS_CACHE_SECONDS, PENDING, SERIALIZER, build_request, enqueue, job_state,
-                           model_of_queue, parse_models, pick_model, read_result,
+                           model_of_queue, parse_models, parse_worker_info, pick_model, read_result,
                            redis_errors as _redis_errors, result_state)
 
 
@@ -65,6 +65,14 @@ class Producer:
     def live_workers(self, model: str) -> int:
         with _redis_errors():
             return self.redis.zcount(keys.model_workers_key(model), time.time() - keys.ADVERTISE_TTL, "+inf")
+
+    def workers(self, model: str) -> list[dict]:
+        """The live workers of `model` with what each advertised (device, dtype, batch budget)."""
+        with _redis_errors():
+            names = [n.decode() for n in self.redis.zrangebyscore(
+                keys.model_workers_key(model), time.time() - keys.ADVERTISE_TTL, "+inf")]
+            raw = self.redis.mget([keys.worker_info_key(n) for n in names]) if names else []
+        return [info for name, blob in zip(names, raw) if (info := parse_worker_info(name, blob)) is not None]
 
     def queue_depth(self, model: str) -> int:
         with _redis_errors():

@@ -11,6 +11,7 @@ from rq.job import Job, JobStatus
 
 from common import keys
 from common.capabilities import ModelCapabilities
+from common.codec import unpackb
 from common.errors import (DecodeError, DuplicateRequestError, NoWorkerError, UnavailableError,
                            UnknownModelError, ValidationError, invalid_request)
 from common.params import PoolingParams
@@ -25,6 +26,25 @@ CAPS_CACHE_SECONDS = 2.0  # how long a producer trusts the advertised capabiliti
 def parse_models(names: list[str], raw_caps: list[bytes | None]) -> dict[str, ModelCapabilities]:
     """Models whose advertisement has not expired, i.e. served by at least one live worker."""
     return {name: ModelCapabilities.decode(raw) for name, raw in zip(names, raw_caps) if raw is not None}
+
+
+WORKER_FIELDS = {"model": str, "device": str, "dtype": str, "max_batch_tokens": int, "max_batch_size": int,
+                 "budget_source": str, "max_jobs": int}
+
+
+def parse_worker_info(name: str, raw: bytes | None) -> dict | None:
+    """A worker's advertised facts (worker/advertise.py), the known fields of the right type only: what
+    Redis holds is input. None when the worker's advert has expired or is unreadable."""
+    if raw is None:
+        return None
+    try:
+        data = unpackb(raw)
+    except Exception:  # noqa: BLE001 - any undecodable advert reads as absent
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {"name": name, **{field: data[field] for field, kind in WORKER_FIELDS.items()
+                             if isinstance(data.get(field), kind) and not isinstance(data.get(field), bool)}}
 
 
 def pick_model(model: str | None, served: dict[str, ModelCapabilities],

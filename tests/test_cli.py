@@ -6,10 +6,12 @@ import json
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
 
+from common.keys import model_workers_key, worker_info_key
 from common.redisserver import free_port
 from producer import Producer
 from tests.commands import assert_one_line_error, clean_env, embedfleet, socket_listening
@@ -19,7 +21,9 @@ from worker.queue import BatchWorker
 
 @pytest.fixture
 def serving(minilm_engine, redis_client):
-    worker = BatchWorker(minilm_engine, redis_client, poll_timeout=1)
+    worker = BatchWorker(minilm_engine, redis_client, poll_timeout=1, info={
+        "device": "cpu", "dtype": "float32", "max_batch_tokens": 8192, "max_batch_size": 256,
+        "budget_source": "flags", "max_jobs": 64})
     worker.advertiser.advertise()
     thread = threading.Thread(target=worker.work, daemon=True)
     thread.start()
@@ -59,7 +63,7 @@ def test_embed_a_file_into_npy_in_order(tmp_path, redis_url, serving, suffix, en
     np.testing.assert_allclose(np.concatenate([vectors[:5], vectors[-5:]]), expected, atol=1e-5)
 
 
-def test_embed_refuses_an_empty_file_and_status_lists_the_fleet(tmp_path, redis_url, serving, env):
+def test_embed_refuses_an_empty_file_and_status_lists_the_fleet(tmp_path, redis_url, redis_client, serving, env):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n")
     done = embedfleet("embed", str(empty), str(tmp_path / "out.npy"), "--redis-url", redis_url, env=env)
@@ -68,6 +72,13 @@ def test_embed_refuses_an_empty_file_and_status_lists_the_fleet(tmp_path, redis_
     status = embedfleet("status", "--redis-url", redis_url, env=env)
     assert status.returncode == 0, status.stderr
     assert "minilm: 1 live worker(s), queue depth 0" in status.stdout and "dim 384" in status.stdout
+    assert "cpu float32, batches of 8192 padded tokens / 256 rows (flags), takes 64 requests" in status.stdout
+    # an advert is input too: a live worker whose facts are garbage is listed without them, never a crash
+    redis_client.zadd(model_workers_key("minilm"), {"forged": time.time()})
+    redis_client.set(worker_info_key("forged"), b"\xc1 not msgpack")
+    status = embedfleet("status", "--redis-url", redis_url, env=env)
+    assert status.returncode == 0 and "minilm: 2 live worker(s)" in status.stdout, status.stderr
+    assert "worker forged" not in status.stdout
 
 
 def test_an_over_long_line_is_named_with_the_flag_and_the_other_lines_are_still_embedded(tmp_path, redis_url,

@@ -31,7 +31,7 @@ def test_jobs_of_a_worker_killed_mid_batch_are_retried_by_the_next_worker(
         redis_url, redis_client, minilm_path, minilm_engine):
     worker = subprocess.Popen(
         [sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", minilm_path,
-         "--served-model-name", "minilm", "--poll-timeout", "1"],
+         "--served-model-name", "minilm", "--poll-timeout", "1", "--probe-seconds", "1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         producer = Producer(redis_url)

@@ -56,7 +56,8 @@ def fleet(redis_server, minilm_path):
     redis.Redis.from_url(redis_server.url).flushall()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_server.url, "--model",
-                               minilm_path, "--served-model-name", MODEL, "--poll-timeout", "1"], env=env)
+                               minilm_path, "--served-model-name", MODEL, "--poll-timeout", "1",
+                               "--probe-seconds", "1"], env=env)
     servers = [Server(_settings(redis_server.url, api_key=KEY, max_body_bytes=256 * 1024)),
                Server(_settings(redis_server.url, max_queue_depth=2, request_timeout=0.5, max_inputs=4))]
     main = httpx.Client(base_url=servers[0].url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
@@ -378,6 +379,9 @@ def test_models_and_health(fleet):
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == [MODEL]
     entry = models["data"][0]
     assert entry["object"] == "model" and entry["live_workers"] == 1
+    [worker] = entry["workers"]  # what the worker advertised of itself, its probed batch shape included
+    assert worker["model"] == MODEL and worker["device"] == "cpu" and worker["dtype"] == "float32"
+    assert worker["budget_source"] == "probe" and worker["max_batch_tokens"] >= 256 and worker["max_batch_size"] >= 1
     assert entry["capabilities"]["embedding_size"] == 384 and entry["capabilities"]["name"] == MODEL
     assert fleet.main.get("/health").json() == {"status": "ok", "redis": "ok", "models": {MODEL: 1}}
 

@@ -5,7 +5,8 @@ For a few sequence lengths it times passes of 1, 2, 4, ... rows of synthetic tok
 texts/s has clearly peaked or the time is spent, then scores every (budget, cap) pair the measurements
 suggest by how close it comes to each length's best texts/s (the rows it would give a batch of that
 length are min(cap, budget // length)). Among the pairs within 5% of the best worst-case share, and then
-of the best mean share, the smallest budget and cap win: less padding on real texts, lower latency. Bounded by `seconds`; logged.
+of the best mean share, the smallest budget and cap win: less padding on real texts, lower latency.
+Bounded by `seconds`; logged.
 """
 
 from __future__ import annotations

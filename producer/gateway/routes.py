@@ -37,7 +37,8 @@ async def list_models(gw: Gateway = Depends(gateway)) -> dict:
     now = int(time.time())
     return {"object": "list", "data": [
         {"id": name, "object": "model", "created": now, "owned_by": "embedfleet",
-         "live_workers": await gw.producer.live_workers(name), "capabilities": caps.model_dump(mode="json")}
+         "live_workers": await gw.producer.live_workers(name), "capabilities": caps.model_dump(mode="json"),
+         "workers": await gw.producer.workers(name)}
         for name, caps in sorted(served.items())]}
 
 
