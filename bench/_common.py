@@ -289,7 +289,7 @@ def prefill(redis_url: str, model: str, batches: list[list[str]], chunk: int = 2
         for start in range(0, len(batches), chunk):
             requests = [EmbedRequest(model=model, inputs=inputs, params=PoolingParams(**params))
                         for inputs in batches[start:start + chunk]]
-            queue.enqueue_many([enqueue_data(Queue, r) for r in requests])
+            queue.enqueue_many([enqueue_data(r) for r in requests])  # fresh ids: no duplicate check needed
             ids += [r.id for r in requests]
     finally:
         conn.close()

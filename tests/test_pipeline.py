@@ -3,6 +3,8 @@ that agree; a bounded prefetch with a deep queue; `rq suspend`; the start-up pro
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -91,6 +93,9 @@ def test_a_deep_queue_costs_the_worker_only_its_prefetch_bound(tiny, redis_clien
         time.sleep(0.5)  # ... and no more, however long the device takes
         assert worker.held_count() == 16 and len(queue.started_job_registry.get_job_ids()) == 16
         assert len(queue) == 300 - 16
+        info = rq_info(redis_client)  # `rq info` reads the same truth
+        assert f"queue {queue.name} {300 - 16}, 16 executing, 0 finished, 0 failed" in info, info
+        assert f"worker {worker.name} (" in info and ") busy " in info, info
     finally:
         gated.release.set()
         worker.stop()
@@ -99,6 +104,17 @@ def test_a_deep_queue_costs_the_worker_only_its_prefetch_bound(tiny, redis_clien
     assert queue.started_job_registry.get_job_ids() == []  # a stop finishes what it took ...
     served = len(queue.finished_job_registry.get_job_ids())
     assert served >= 16 and len(queue) == 300 - served  # ... and leaves the rest queued
+    assert f"queue {queue.name} {300 - served}, 0 executing, {served} finished, 0 failed" in rq_info(redis_client)
+
+
+def rq_info(conn) -> str:
+    """`rq info --raw` as an operator runs it."""
+    kwargs = conn.connection_pool.connection_kwargs
+    done = subprocess.run([sys.executable, "-m", "rq.cli", "info", "--raw", "--url",
+                           f"redis://{kwargs['host']}:{kwargs['port']}/0", "--serializer",
+                           "common.serializer.MsgpackSerializer"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def test_rq_suspend_pauses_the_worker_and_resume_restarts_it(tiny, redis_client):
