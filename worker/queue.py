@@ -194,6 +194,7 @@ class BatchWorker(SimpleWorker):
             if batch is _END:
                 self._hand_off(forwarded, _END, stages)
                 return
+            self.heartbeat_thread.ensure_alive()  # also under constant load, when no get times out
             self._slot.release()  # the take stage may prepare the next round while this one runs
             if batch.work is not None:
                 try:
