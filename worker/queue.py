@@ -283,6 +283,18 @@ class BatchWorker(SimpleWorker):
             for job in taken:
                 if job.kind is Kind.STARTED:
                     self._held[job.id] = (job, batch.began)
+        try:
+            self._prepare_round(batch, taken)
+        except Exception as exc:  # a bug here must not strand what was taken: all of it goes back (Retry)
+            log.exception("worker %s: preparing a round of %d failed", self.name, len(taken))
+            error = InternalError(f"preparing the request failed: {type(exc).__name__}: {exc}")
+            batch.runnable, batch.work = [], None
+            batch.answers = [self._failure(job, error, Outcome.RETRY, None)
+                             for job in taken if job.kind is Kind.STARTED]
+        return batch
+
+    def _prepare_round(self, batch: Batch, taken: list[Taken]) -> None:
+        """Decode each taken job, answer the ones that cannot run, and tokenise the rest."""
         requests: list[EmbedRequest] = []
         for job in taken:
             if job.kind is Kind.STARTED:
@@ -306,7 +318,6 @@ class BatchWorker(SimpleWorker):
                 log.warning("worker %s: dropped queue entry %r (%s)", self.name, job.id, job.kind.value)
         if requests:
             batch.work = self.engine.prepare(requests)
-        return batch
 
     # -- finish stage -----------------------------------------------------------------------------------
 
