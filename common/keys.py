@@ -27,8 +27,20 @@
     rq:queue:<queue>:intermediate   LIST    rq's own dequeue parks ids here; embedfleet workers never do: their
                                             take moves ids straight into rq:wip:<queue> (worker/rqschema.py)
     rq:job:<id>                     HASH    the rq job; `data` = zlib(msgpack([func, None, [request
-                                            bytes], {}])); job id = request id
-    rq:wip:<queue>, rq:finished:<queue>, rq:failed:<queue> ...   ZSET  rq registries
+                                            bytes], {}])); job id = request id. Ours besides rq's fields:
+                                            `deliveries` (times a worker took it), `lapses` (times its
+                                            worker died holding it: past MAX_DELIVERIES it is poison)
+    rq:wip:<queue>                  ZSET    rq's started registry: member <id>:<execution>, score = the
+                                            claim's lease end + LEASE_GRACE (Redis server clock)
+    rq:finished:<queue>, rq:failed:<queue> ...   ZSET  rq registries
+
+Leases. A worker's claim on a job it took lasts LEASE_SECONDS and its heartbeat renews it every third of
+that (also during a long forward pass: the heartbeat is a thread of its own). When a claim lapses (the
+worker was killed, OOM-killed, lost its host or froze) a live worker of the model requeues the job at the
+queue's head within RECOVER_INTERVAL (worker/rqschema.py `recover`, atomic, exactly once): a dead worker's
+jobs are back within LEASE_SECONDS + RECOVER_INTERVAL + one take round (~8 s by default; <= 10 s
+documented). rq's own StartedJobRegistry.cleanup compares the same scores with its clock, so it sees a
+lapsed claim LEASE_GRACE seconds later: a backstop that never requeues a job twice.
     rq:worker:<name>, rq:workers, rq:workers:<queue>             rq worker registration
 """
 
@@ -51,6 +63,12 @@ JOB_RETRIES = 2  # a job whose worker died is requeued this often (at-least-once
 MAINTENANCE_INTERVAL = 60  # seconds between a worker's rq maintenance runs (abandoned-job recovery)
 ADVERTISE_TTL = 30  # a worker that stops refreshing stops counting as alive after this long
 HEARTBEAT_INTERVAL = 10
+LEASE_SECONDS = 6.0  # default --lease-seconds: a claim's life without a renewal (renewed every third)
+LEASE_GRACE = 60  # seconds a lapsed claim stays invisible to rq's own cleanup (layout, not policy)
+RECOVER_INTERVAL = 1.0  # seconds between a live worker's recover runs
+RECOVER_LIMIT = 1000  # lapsed claims one recover run requeues (the rest on the next run)
+MAX_DELIVERIES = 3  # default --max-deliveries: a job whose worker died this often is failed as poison
+DRAIN_TIMEOUT = 30.0  # default --drain-timeout
 
 JOB_FUNC = "worker.jobs.embed"  # the rq job's function name; the batch worker runs it in bulk
 
