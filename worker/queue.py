@@ -145,6 +145,7 @@ class BatchWorker(SimpleWorker):
         self.recovered = 0  # jobs of dead workers this worker requeued
         self._advertised_at = float("-inf")
         self._draining = False
+        self._handoffs: tuple[stdqueue.Queue, stdqueue.Queue] | None = None
         self.heartbeat_thread = Heartbeat(self._beat, min(heartbeat_interval, lease / 3), f"heartbeat-{self.name}")
         # taken and not yet acknowledged, by claim (id, execution): (job, taken at)
         self._held: dict[tuple[str, str], tuple[Taken, float]] = {}
@@ -164,6 +165,7 @@ class BatchWorker(SimpleWorker):
         self._burst, self.served = burst, 0
         prepared: stdqueue.Queue = stdqueue.Queue(maxsize=1)
         forwarded: stdqueue.Queue = stdqueue.Queue(maxsize=1)
+        self._handoffs = (prepared, forwarded)
         stages = [threading.Thread(target=self._stage, args=(name, loop, *args), name=f"{name}-{self.name}",
                                    daemon=True)
                   for name, loop, args in (("take", self._take_loop, (prepared, max_idle_time)),
@@ -204,6 +206,24 @@ class BatchWorker(SimpleWorker):
             timer = threading.Timer(self.drain_timeout, self._drain_overdue)
             timer.daemon = True
             timer.start()
+            if self._handoffs is not None:  # the round waiting for the device goes back now, not after it
+                threading.Thread(target=self._return_waiting, args=self._handoffs, name=f"drain-{self.name}",
+                                 daemon=True).start()
+
+    def _return_waiting(self, prepared: stdqueue.Queue, forwarded: stdqueue.Queue) -> None:
+        """A drain: give back the rounds the take stage hands over from now on, while the device may still
+        be busy with its own (the forward stage gives back any it picks up first)."""
+        while True:
+            try:
+                batch = prepared.get(timeout=0.2)
+            except stdqueue.Empty:
+                continue
+            if batch is _END:
+                prepared.put(_END)  # for the forward stage, which ends the pipeline
+                return
+            self._slot.release()
+            self._give_back(batch)
+            forwarded.put(batch)  # its other answers (cancels, bad messages) are still written
 
     def _drain_overdue(self) -> None:
         log.error("worker %s: the drain took more than %g s; exiting now (the leases recover its jobs)",
