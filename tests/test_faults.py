@@ -14,8 +14,10 @@ from rq import Queue
 from rq.job import JobStatus
 
 from common import keys
+from common.errors import UnavailableError
 from common.serializer import MsgpackSerializer
 from producer import Producer
+from tests.test_leases import MODEL, workers
 from tests.tinymodels import sample_texts
 from worker.queue import BatchWorker
 
@@ -85,8 +87,6 @@ def test_queued_requests_survive_a_redis_restart_and_a_live_worker_rides_it_out(
 
 
 def test_every_request_accepted_before_a_redis_restart_completes_after_it(restartable_redis):
-    from tests.test_leases import MODEL, workers  # noqa: PLC0415 - the crash-worker processes
-
     url = restartable_redis.url
     client = redis.Redis.from_url(url)
     with workers(url, 2, "--max-jobs", "8") as procs:
@@ -103,9 +103,6 @@ def test_every_request_accepted_before_a_redis_restart_completes_after_it(restar
 
 
 def test_a_redis_out_of_memory_gives_the_producer_a_clear_unavailable_error(restartable_redis):
-    from common.errors import UnavailableError  # noqa: PLC0415
-    from tests.test_leases import MODEL, workers  # noqa: PLC0415
-
     url = restartable_redis.url
     client = redis.Redis.from_url(url)
     with workers(url, 1):
