@@ -117,12 +117,19 @@ class InternalError(EmbedfleetError):
     code = "internal_error"
 
 
+class PoisonError(EmbedfleetError):
+    """Every worker that took the request died or hung before answering, --max-deliveries times: it is
+    failed rather than run again (it may crash workers)."""
+
+    code = "poison"
+
+
 _BY_CODE: dict[str, type[EmbedfleetError]] = {
     cls.code: cls
     for cls in (
         ValidationError, InputTooLongError, UnknownModelError, DecodeError, TimeoutError,
         QueueFullError, NoWorkerError, UnavailableError, AuthError, PayloadTooLargeError,
-        NotFoundError, CancelledError, StartupError, DuplicateRequestError, InternalError,
+        NotFoundError, CancelledError, StartupError, DuplicateRequestError, InternalError, PoisonError,
     )
 }
 

@@ -27,9 +27,21 @@
     rq:queue:<queue>:intermediate   LIST    rq's own dequeue parks ids here; embedfleet workers never do: their
                                             take moves ids straight into rq:wip:<queue> (worker/rqschema.py)
     rq:job:<id>                     HASH    the rq job; `data` = zlib(msgpack([func, None, [request
-                                            bytes], {}])); job id = request id
-    rq:wip:<queue>, rq:finished:<queue>, rq:failed:<queue> ...   ZSET  rq registries
+                                            bytes], {}])); job id = request id. Ours besides rq's fields:
+                                            `deliveries` (times a worker took it), `lapses` (times its
+                                            worker died holding it: past MAX_DELIVERIES it is poison)
+    rq:wip:<queue>                  ZSET    rq's started registry: member <id>:<execution>, score = the
+                                            claim's lease end + LEASE_GRACE (Redis server clock)
+    rq:finished:<queue>, rq:failed:<queue> ...   ZSET  rq registries
     rq:worker:<name>, rq:workers, rq:workers:<queue>             rq worker registration
+
+Leases. A worker's claim on a job it took lasts LEASE_SECONDS and its heartbeat renews it every third of
+that (also during a long forward pass: the heartbeat is a thread of its own). When a claim lapses (the
+worker was killed, OOM-killed, lost its host or froze) a live worker of the model requeues the job at the
+queue's head at its next beat (worker/rqschema.py `recover`, atomic, exactly once): a dead worker's jobs
+are back within 4/3 of LEASE_SECONDS of its death (8 s by default). rq's own StartedJobRegistry.cleanup
+compares the same scores with its clock, so it sees a lapsed claim LEASE_GRACE seconds later: a backstop
+that never requeues a job twice.
 """
 
 from __future__ import annotations
@@ -42,15 +54,17 @@ RESULT_TTL = 3600  # seconds a result blob (and its notify list) is kept
 RESULT_TTL_BOUND = 7 * 24 * 3600  # a job's own result_ttl above this (or unreadable) gives way to the worker's
 JOB_TTL = 24 * 3600  # seconds a job may wait in the queue before rq drops it
 FAILURE_TTL = 24 * 3600  # seconds a failed rq job stays in the failed registry (rq's default: forever)
-JOB_TIMEOUT = 600  # seconds a job may run. Its started-registry score stays min(time left, 3 *
-#                    HEARTBEAT_INTERVAL) + 60 s past the worker's last beat (BatchWorker.get_heartbeat_ttl),
-#                    and beats stop once the time is up: rq's maintenance recovers a dead worker's jobs ~90 s
-#                    after its last beat, a hung batch's JOB_TIMEOUT + 60 s after it began (+ up to
-#                    MAINTENANCE_INTERVAL either way)
+JOB_TIMEOUT = 600  # seconds a job may run: past it its lease is no longer renewed, so it lapses and the job
+#                    is requeued (a lapse counted toward poison); the watchdog catches a hung pass sooner
 JOB_RETRIES = 2  # a job whose worker died is requeued this often (at-least-once), then failed
-MAINTENANCE_INTERVAL = 60  # seconds between a worker's rq maintenance runs (abandoned-job recovery)
+MAINTENANCE_INTERVAL = 60  # seconds between a worker's rq maintenance runs (the backstop behind leases)
 ADVERTISE_TTL = 30  # a worker that stops refreshing stops counting as alive after this long
 HEARTBEAT_INTERVAL = 10
+LEASE_SECONDS = 6.0  # default --lease-seconds: a claim's life without a renewal (renewed every third)
+LEASE_GRACE = 60  # seconds a lapsed claim stays invisible to rq's own cleanup (layout, not policy)
+RECOVER_LIMIT = 1000  # lapsed claims one recover run requeues (the rest on the next run)
+MAX_DELIVERIES = 3  # default --max-deliveries: a job whose worker died this often is failed as poison
+DRAIN_TIMEOUT = 30.0  # default --drain-timeout
 
 JOB_FUNC = "worker.jobs.embed"  # the rq job's function name; the batch worker runs it in bulk
 

@@ -15,13 +15,14 @@ from common import console, keys
 from common.config import Settings
 from common.errors import EmbedfleetError, ValidationError
 
-USAGE = """usage: embedfleet {up,worker,gateway,embed,status} [options]
+USAGE = """usage: embedfleet {up,worker,gateway,embed,status,failed} [options]
 
   up       embedded Redis + worker(s) + gateway in one command (Ctrl-C stops all)
   worker   serve one model from a Redis queue        (embedfleet worker --help)
   gateway  HTTP gateway: /v1/embeddings, /pooling   (embedfleet gateway --help)
   embed    embed a file of texts into a .npy file    (embedfleet embed --help)
   status   served models, live workers, queue depths
+  failed   list|show|requeue|purge failed requests  (embedfleet failed --help)
 
 Without --redis-url, commands use EMBEDFLEET_REDIS_URL, else the running `embedfleet up`, else
 redis://127.0.0.1:6379/0. Exit codes: 0 ok, 1 runtime failure, 2 usage error; --debug shows tracebacks.
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         # Separate programs, so that this CLI never imports torch or the web stack.
         module = "worker" if command == "worker" else "producer.gateway"
         os.execv(sys.executable, [sys.executable, "-m", module, *rest])
-    commands = {"up": _up, "embed": embed_file, "status": status}
+    commands = {"up": _up, "embed": embed_file, "status": status, "failed": _failed}
     if command not in commands:
         console.fail(f"unknown command {command!r}; the commands are {', '.join(['worker', 'gateway', *commands])}"
                      " (embedfleet --help)")
@@ -50,6 +51,12 @@ def _up(argv: list[str]) -> int:
     from producer import up  # noqa: PLC0415 - only `up` needs the process supervisor
 
     return up.run(up.UpSettings.from_args(argv, "embedfleet up", up.__doc__))
+
+
+def _failed(argv: list[str]) -> int:
+    from producer import failed  # noqa: PLC0415 - rq and friends load after the command is known
+
+    return failed.run(argv)
 
 
 # -- status -------------------------------------------------------------------------------------------

@@ -160,10 +160,27 @@ def model_of_queue(queue: str) -> str:
     return queue[len(prefix):] if queue.startswith(prefix) else queue
 
 
+# A Redis that answers but refuses writes: full (maxmemory with noeviction), a replica after a failover, or a
+# failing disk with stop-writes-on-bgsave-error. Retrying later may help; the request is not at fault.
+_REFUSED_WRITES = {"OOM": "Redis is full (maxmemory reached) and refuses new requests",
+                   "READONLY": "Redis is a read-only replica (after a failover?) and refuses new requests",
+                   "MISCONF": "Redis cannot persist to disk and refuses writes"}
+
+
 @contextlib.contextmanager
 def redis_errors():
-    """Turn Redis connection failures into UnavailableError (the gateway maps it to 503)."""
+    """Turn Redis connection failures, and a Redis that refuses writes, into UnavailableError (the gateway
+    answers 503 with Retry-After): a clear error at once, never a hang nor a bare ResponseError."""
     try:
         yield
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise UnavailableError(f"Redis is unreachable: {exc}") from exc
+    except redis.ResponseError as exc:
+        word = str(exc).split(" ", 1)[0]
+        if isinstance(exc, (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)) or \
+                word in _REFUSED_WRITES:
+            what = _REFUSED_WRITES.get(word) or _REFUSED_WRITES[
+                "OOM" if isinstance(exc, redis.exceptions.OutOfMemoryError) else "READONLY"]
+            raise UnavailableError(f"{what}: {exc}; retry later, or ask the operator to free memory or point "
+                                   "the fleet at the primary") from exc
+        raise

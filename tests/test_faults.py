@@ -8,13 +8,16 @@ import sys
 import threading
 import time
 
+import pytest
 import redis
 from rq import Queue
 from rq.job import JobStatus
 
 from common import keys
+from common.errors import UnavailableError
 from common.serializer import MsgpackSerializer
 from producer import Producer
+from tests.test_leases import MODEL, workers
 from tests.tinymodels import sample_texts
 from worker.queue import BatchWorker
 
@@ -81,3 +84,36 @@ def test_queued_requests_survive_a_redis_restart_and_a_live_worker_rides_it_out(
         worker.stop()
         thread.join(30)
     assert not thread.is_alive()
+
+
+def test_every_request_accepted_before_a_redis_restart_completes_after_it(restartable_redis):
+    url = restartable_redis.url
+    client = redis.Redis.from_url(url)
+    with workers(url, 2, "--max-jobs", "8") as procs:
+        wait_until(lambda: client.zcard(keys.model_workers_key(MODEL)) >= 2, 60, "the workers' adverts")
+        producer = Producer(url)
+        ids = producer.submit_many([[f"before {i}"] * 30 for i in range(150)], MODEL)
+        wait_until(lambda: client.zcard(f"rq:wip:{keys.queue_name(MODEL)}"), 20, "a round in flight")
+        restartable_redis.restart()  # AOF: the queue, the jobs and the claims survive
+        ids += producer.submit_many([[f"after {i}"] for i in range(50)], MODEL)
+        results = [producer.wait(i, timeout=60) for i in ids]
+        assert all(proc.poll() is None for proc in procs), "a worker crashed on the restart"
+    assert all(result.ok for result in results)
+    assert client.zcard(f"rq:wip:{keys.queue_name(MODEL)}") == 0
+
+
+def test_a_redis_out_of_memory_gives_the_producer_a_clear_unavailable_error(restartable_redis):
+    url = restartable_redis.url
+    client = redis.Redis.from_url(url)
+    with workers(url, 1):
+        wait_until(lambda: client.zcard(keys.model_workers_key(MODEL)) >= 1, 60, "the worker's advert")
+        producer = Producer(url)
+        assert producer.wait(producer.submit(["fits"], MODEL), timeout=30).ok
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", max(1, client.info("memory")["used_memory"] - 1024))  # full now
+        started = time.monotonic()
+        with pytest.raises(UnavailableError, match="Redis is full") as caught:
+            producer.submit(["does not fit"], MODEL)
+        assert time.monotonic() - started < 5 and caught.value.code == "redis_unavailable"
+        client.config_set("maxmemory", 0)  # room again: the same producer goes on
+        assert producer.wait(producer.submit(["fits again"], MODEL), timeout=30).ok

@@ -13,7 +13,7 @@ from rq import Queue, Retry, SimpleWorker, Worker
 from rq.job import JobStatus
 
 from common.codec import packb
-from common.keys import (FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, MODELS_KEY, RESULT_TTL,
+from common.keys import (FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, LEASE_GRACE, MODELS_KEY, RESULT_TTL,
                          model_key, model_workers_key, notify_key, queue_name, result_key)
 from common.request import EmbedRequest
 from common.result import Result
@@ -225,30 +225,28 @@ def started_score(conn, request: EmbedRequest) -> float:
     return score
 
 
-def test_started_jobs_are_kept_alive_by_beats_and_only_until_their_timeout(engine, redis_client):
+def test_leases_are_renewed_by_beats_and_only_until_the_job_timeout(engine, redis_client):
     patient, hasty = (EmbedRequest(model=engine.caps.name, inputs=[text]) for text in ("patient", "hasty"))
     enqueue(redis_client, patient)  # JOB_TIMEOUT
     enqueue(redis_client, hasty, job_timeout=1)
-    gated, interval = GatedEngine(engine), 0.2
-    worker = BatchWorker(gated, redis_client, poll_timeout=1, heartbeat_interval=interval)
+    gated, lease = GatedEngine(engine), 0.9  # renewed every 0.3 s
+    worker = BatchWorker(gated, redis_client, poll_timeout=1, lease=lease)
     thread = threading.Thread(target=worker.work, daemon=True)
     thread.start()
     try:
         assert gated.entered.wait(10)
-        began = time.time()
-        horizon = 3 * interval + 60 + 5  # three beats + rq's 60 s, and slack; not JOB_TIMEOUT + 60
         first = started_score(redis_client, patient)
-        assert first < time.time() + horizon
-        wait_for(lambda: started_score(redis_client, patient) > first)  # a beat refreshed it ...
-        assert started_score(redis_client, patient) < time.time() + horizon  # ... by a beat's worth
+        assert first < time.time() + lease + LEASE_GRACE + 1  # the lease, seen by rq LEASE_GRACE later
+        wait_for(lambda: started_score(redis_client, patient) > first)  # a beat renewed it ...
+        assert started_score(redis_client, patient) < time.time() + lease + LEASE_GRACE + 1  # ... by a lease
 
-        time.sleep(1 + 3 * interval)  # hasty's 1 s timeout has passed, and a beat or more since
-        frozen = started_score(redis_client, hasty)
-        for _ in range(2):
-            seen = started_score(redis_client, patient)
-            wait_for(lambda seen=seen: started_score(redis_client, patient) > seen)
-        assert started_score(redis_client, hasty) == frozen  # left to expire: maintenance will recover it
-        assert frozen <= began + 1 + 60 + 1  # no later than its timeout + 60 s
+        # hasty's 1 s timeout passes: its lease is no longer renewed, lapses, and a recover requeues it
+        wait_for(lambda: redis_client.hget(f"rq:job:{hasty.id}", "lapses") == b"1")
+        assert worker.recovered >= 1
+        assert redis_client.lrange(rq_queue(redis_client, engine.caps.name).key, 0, -1) == [hasty.id.encode()] \
+            or worker.held_count() == 3  # requeued at the head, or already taken again (a second claim)
+        seen = started_score(redis_client, patient)
+        wait_for(lambda: started_score(redis_client, patient) > seen)  # patient's lease lives on
     finally:
         gated.release.set()
         worker.stop()

@@ -44,15 +44,26 @@ def serve(argv: list[str]) -> int:
     engine = Engine(model, max_batch_tokens=budget.max_batch_tokens, max_batch_size=budget.max_batch_size)
     info = {"device": device, "dtype": dtype, "max_batch_tokens": budget.max_batch_tokens,
             "max_batch_size": budget.max_batch_size, "budget_source": budget.source, "max_jobs": settings.max_jobs}
+    watchdog = (settings.watchdog_seconds, _per_token(settings.watchdog_per_token, budget))
     worker = BatchWorker(engine, connection, max_jobs=settings.max_jobs,
                          result_ttl=settings.result_ttl, poll_timeout=settings.poll_timeout,
-                         name=settings.name, info=info)
+                         lease=settings.lease_seconds, max_deliveries=settings.max_deliveries,
+                         drain_timeout=settings.drain_timeout, watchdog=watchdog, name=settings.name, info=info)
     logging.getLogger("embedfleet.worker").info(
         "serving model %s (%s, dim %d, max length %d, %s on %s, probe cosine vs float32 %.5f, batches of %s) "
         "from queue %s on %s as %s", model.caps.name, path, model.caps.embedding_size, model.caps.max_model_len,
         dtype, device, model.fidelity, budget.describe(), worker.queue.name, settings.redis_url, worker.name)
     worker.work(burst=settings.burst)
     return 0
+
+
+def _per_token(flag: float | None, budget) -> float:
+    """The watchdog's seconds per padded token: the flag, else 10x the probe's slowest measured rate, else
+    (no probe: flags or the null model) 10 ms, a generous bound for any model on a CPU."""
+    if flag is not None:
+        return flag
+    rates = [length * texts for length, texts in budget.texts_per_s.items() if texts > 0]
+    return 10.0 / min(rates) if rates else 0.01
 
 
 def _load(path: str, name: str | None, settings: WorkerSettings):

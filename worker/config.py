@@ -34,6 +34,18 @@ class WorkerSettings(Settings):
     poll_timeout: int = Field(5, description="seconds one blocking take waits; a stop is honoured within it")
     burst: bool = Field(False, description="exit once the queue is empty")
     name: str | None = Field(None, description="rq worker name; default: a unique one per start")
+    lease_seconds: float = Field(keys.LEASE_SECONDS, gt=0, le=600, description="seconds a claim on a taken job "
+                                 "lives without renewal (renewed every third of it): a dead worker's jobs are "
+                                 "requeued by a live worker within 4/3 of it")
+    max_deliveries: int = Field(keys.MAX_DELIVERIES, ge=1, description="a request whose worker died with it "
+                                                                       "this often fails as `poison`")
+    drain_timeout: float = Field(keys.DRAIN_TIMEOUT, gt=0, description="seconds SIGTERM's drain may take "
+                                                                       "before the worker exits at once")
+    watchdog_seconds: float = Field(120.0, gt=0, description="a forward round's deadline: this floor plus "
+                                    "--watchdog-per-token per padded token (default: 10x the probe's slowest "
+                                    "measured rate); past it the worker exits 70 for its supervisor to restart")
+    watchdog_per_token: float | None = Field(None, ge=0, description="seconds per padded token of a forward "
+                                                                     "round's deadline (see --watchdog-seconds)")
 
 
 def bundled_model_path() -> str:

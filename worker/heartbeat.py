@@ -1,9 +1,10 @@
-"""Heartbeats: a background thread whose death its owner notices, and the started-job TTLs it keeps alive."""
+"""Heartbeats: a background thread whose death its owner notices, and the forward-pass watchdog it runs."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import redis
@@ -67,15 +68,38 @@ class Heartbeat:
             log.exception("%s: beat failed; retrying in %g s", self.name, self.interval)
 
 
-def started_ttl(timeout: float | None, working_time: float, interval: float) -> int:
-    """Seconds a started job stays in rq's started registry without a beat: three beats + 60 s (not rq's
-    job.timeout + 60), and never past the job's timeout + 60 s. None, or rq's -1 ("never times out"): beats."""
-    beats = 3 * interval
-    if timeout is None or timeout <= 0:
-        return int(beats) + 60
-    return int(max(0.0, min(timeout - working_time, beats))) + 60
-
-
 def timed_out(timeout: float | None, working_time: float) -> bool:
-    """Past its timeout a job is no longer kept alive: rq's maintenance then retries or fails it."""
+    """Past its timeout a job's lease is no longer renewed: it lapses and the job is recovered (requeued, a
+    lapse counted toward poison)."""
     return timeout is not None and timeout > 0 and working_time > timeout
+
+
+class Watchdog:
+    """A deadline per forward round: `floor` seconds + `per_token` seconds per padded token of the round.
+    Armed by the forward stage, checked by the heartbeat thread (which a hung device call does not stop)."""
+
+    def __init__(self, floor: float, per_token: float):
+        if floor <= 0 or per_token < 0:
+            raise ValueError(f"watchdog floor must be positive and per-token seconds not negative, got "
+                             f"{floor}, {per_token}")
+        self.floor = floor
+        self.per_token = per_token
+        self._armed: tuple[float, float, int] | None = None  # (started, deadline seconds, padded tokens)
+
+    def arm(self, work) -> None:
+        """`work`: an engine Round (its prepared token lists count) or a padded-token count."""
+        tokens = work if isinstance(work, int) else sum(
+            len(prep.token_lists) * max(map(len, prep.token_lists), default=0) for prep in work.prepared.values())
+        self._armed = (time.monotonic(), self.floor + self.per_token * tokens, tokens)
+
+    def disarm(self) -> None:
+        self._armed = None
+
+    def overdue(self) -> tuple[int, float, float] | None:
+        """(padded tokens, seconds run, deadline) of a round past its deadline, else None."""
+        armed = self._armed
+        if armed is None:
+            return None
+        started, deadline, tokens = armed
+        ran = time.monotonic() - started
+        return (tokens, ran, deadline) if ran > deadline else None

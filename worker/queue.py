@@ -8,15 +8,26 @@ Three stages joined by bounded hand-offs, so the device never waits for Redis or
 
 The take stage takes a new round only once the forward stage has picked up the previous one, so a worker
 holds at most four rounds of `max_jobs` requests (one being taken, one waiting, one on the device, one being
-finished) however deep the queue is. Every job it holds is in rq's started registry, kept alive by the
-heartbeat; a stop finishes every job already taken (a drain) before `work()` returns.
+finished) however deep the queue is.
+
+Every job it holds is in rq's started registry under a lease (common/keys.py) that the heartbeat thread
+renews every third of the lease, also during a long forward pass; the same thread requeues any worker's
+lapsed claims (worker/rqschema.py `recover`) and runs the watchdog: a forward pass past its deadline (from
+its token count) ends the process with WATCHDOG_EXIT so that its supervisor restarts it, and its jobs are
+recovered by their lapsed leases. A job whose workers died with it MAX_DELIVERIES times is failed as poison
+when it is taken again, never run.
+
+Stopping: `stop()` finishes every job already taken, then `work()` returns. SIGTERM / SIGINT (`drain()`)
+finish the round on the device, return the rounds not yet started to the head of the queue, and exit within
+the drain timeout; a second signal, or the timeout, ends the process at once (the leases recover its jobs).
 
 Status decisions, per job:
 - answered by the engine (embeddings, or the request's own error such as a validation error): FINISHED;
 - the engine's internal_error (a forward pass failed even alone, a crash in pre/postprocessing): requeued
   while rq's Retry lasts (the fault may be the machine's, e.g. CUDA out of memory), then FAILED;
 - undecodable job data, or a request for another model: FAILED at once with the reason, never retried;
-- cancelled while queued: CANCELED, answered `cancelled` unless it has an answer.
+- cancelled while queued: CANCELED, answered `cancelled` unless it has an answer;
+- taken again after its workers died with it MAX_DELIVERIES times: FAILED `poison`, never run.
 """
 
 from __future__ import annotations
@@ -25,7 +36,9 @@ import contextlib
 import logging
 import os
 import queue as stdqueue
+import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,21 +50,24 @@ from rq.exceptions import StopRequested
 from rq.job import JobStatus
 from rq.worker import SimpleWorker, WorkerStatus
 
-from common.errors import CancelledError, DecodeError, EmbedfleetError, InternalError
-from common.keys import HEARTBEAT_INTERVAL, JOB_FUNC, MAINTENANCE_INTERVAL, RESULT_TTL, queue_name
+from common.errors import CancelledError, DecodeError, EmbedfleetError, InternalError, PoisonError
+from common.keys import (DRAIN_TIMEOUT, HEARTBEAT_INTERVAL, JOB_FUNC, LEASE_SECONDS, MAINTENANCE_INTERVAL,
+                         MAX_DELIVERIES, RECOVER_LIMIT, RESULT_TTL, queue_name)
 from common.redisclient import MAX_BLOCK
 from common.request import EmbedRequest, job_reply_to
 from common.result import Result, publish
 from common.serializer import MsgpackSerializer
 from worker.advertise import Advertiser
 from worker.engine import Round
-from worker.heartbeat import Heartbeat, started_ttl, timed_out
+from worker.heartbeat import Heartbeat, Watchdog, timed_out
 from worker.jobdata import decode_job
 from worker.rqschema import Answer, Kind, Outcome, RqSchema, Taken
 
 log = logging.getLogger("embedfleet.worker")
 
 _END = object()  # closes a hand-off: no more rounds
+WATCHDOG_EXIT = 70  # a forward pass hung past its deadline (EX_SOFTWARE): the supervisor restarts the worker
+FORCED_EXIT = 1  # a second stop signal, or a drain past its timeout
 
 
 def unique_worker_name() -> str:
@@ -86,8 +102,12 @@ class BatchWorker(SimpleWorker):
         result_ttl: seconds result blobs, notify lists and finished rq jobs are kept; at least 1 (Redis
             refuses SET EX 0, which would lose every result).
         poll_timeout: seconds one blocking take waits; a stop request is honoured within this time.
-        heartbeat_interval: seconds between capability adverts and started-job refreshes; a dead worker's
-            jobs are recovered about 3 intervals + 60 s after its last beat.
+        heartbeat_interval: seconds between capability adverts.
+        lease: seconds a claim on a taken job lives without renewal; renewed (and other workers' lapsed
+            claims recovered) every third of it, so a dead worker's jobs are back within 4/3 of it.
+        max_deliveries: a job whose worker died with it this often is failed as poison.
+        drain_timeout: seconds a drain (SIGTERM) may take before the process ends at once.
+        watchdog: (floor seconds, seconds per padded token) of a forward round's deadline; None: no watchdog.
         name: rq worker name; default unique per start.
         info: this worker's facts for its advert (device, dtype, batch budget; `embedfleet status`).
         Other keyword arguments go to rq's SimpleWorker.
@@ -95,6 +115,8 @@ class BatchWorker(SimpleWorker):
 
     def __init__(self, engine, connection: Redis, *, max_jobs: int = 64, result_ttl: int = RESULT_TTL,
                  poll_timeout: int = 5, heartbeat_interval: float = HEARTBEAT_INTERVAL,
+                 lease: float = LEASE_SECONDS, max_deliveries: int = MAX_DELIVERIES,
+                 drain_timeout: float = DRAIN_TIMEOUT, watchdog: tuple[float, float] | None = None,
                  name: str | None = None, queue: str | None = None, info: dict | None = None, **kwargs):
         if max_jobs < 1:
             raise ValueError(f"max_jobs must be at least 1, got {max_jobs}")
@@ -111,12 +133,22 @@ class BatchWorker(SimpleWorker):
         # A blocking read must end well inside the client's socket timeout (common.redisclient).
         self.poll_timeout = max(1, min(poll_timeout, self.dequeue_timeout, int(MAX_BLOCK)))
         self.queue = self.queues[0]
-        self.schema = RqSchema(connection, self.queue.name, self.name, result_ttl=result_ttl,
-                               heartbeat_interval=heartbeat_interval)
+        if lease <= 0 or max_deliveries < 1:
+            raise ValueError(f"lease must be positive and max_deliveries at least 1, got {lease}, {max_deliveries}")
+        self.schema = RqSchema(connection, self.queue.name, self.name, result_ttl=result_ttl, lease=lease)
         self.advertiser = Advertiser(connection, engine.caps, self.name, info=info)
         self.heartbeat_interval = heartbeat_interval
-        self.heartbeat_thread = Heartbeat(self._beat, heartbeat_interval, f"heartbeat-{self.name}")
-        self._held: dict[str, tuple[Taken, float]] = {}  # taken and not yet acknowledged: (job, taken at)
+        self.lease = lease
+        self.max_deliveries = max_deliveries
+        self.drain_timeout = drain_timeout
+        self.watchdog = Watchdog(*watchdog) if watchdog else None
+        self.recovered = 0  # jobs of dead workers this worker requeued
+        self._advertised_at = float("-inf")
+        self._draining = False
+        self._handoffs: tuple[stdqueue.Queue, stdqueue.Queue] | None = None
+        self.heartbeat_thread = Heartbeat(self._beat, min(heartbeat_interval, lease / 3), f"heartbeat-{self.name}")
+        # taken and not yet acknowledged, by claim (id, execution): (job, taken at)
+        self._held: dict[tuple[str, str], tuple[Taken, float]] = {}
         self._held_lock = threading.Lock()
         self._slot = threading.Semaphore(1)  # one taken round may wait for the device
         self._burst = False
@@ -133,12 +165,14 @@ class BatchWorker(SimpleWorker):
         self._burst, self.served = burst, 0
         prepared: stdqueue.Queue = stdqueue.Queue(maxsize=1)
         forwarded: stdqueue.Queue = stdqueue.Queue(maxsize=1)
+        self._handoffs = (prepared, forwarded)
         stages = [threading.Thread(target=self._stage, args=(name, loop, *args), name=f"{name}-{self.name}",
                                    daemon=True)
                   for name, loop, args in (("take", self._take_loop, (prepared, max_idle_time)),
                                            ("finish", self._finish_loop, (forwarded,)))]
         try:
             self.advertiser.advertise()  # producers may submit as soon as this returns
+            self._advertised_at = time.time()
             self.heartbeat_thread.start()
             if with_scheduler:
                 self._start_scheduler(burst, logging_level, **log_kwargs)
@@ -163,6 +197,53 @@ class BatchWorker(SimpleWorker):
     def stop(self) -> None:
         """Warm stop from another thread: every job already taken is finished, then work() returns."""
         self._stop_requested = True
+
+    def drain(self) -> None:
+        """Graceful stop: finish the round on the device, give the rounds not yet on it back to the head of
+        the queue, then `work()` returns. Past `drain_timeout` the process ends at once."""
+        if not self._draining:
+            self._draining = self._stop_requested = True
+            timer = threading.Timer(self.drain_timeout, self._drain_overdue)
+            timer.daemon = True
+            timer.start()
+            if self._handoffs is not None:  # the round waiting for the device goes back now, not after it
+                threading.Thread(target=self._return_waiting, args=self._handoffs, name=f"drain-{self.name}",
+                                 daemon=True).start()
+
+    def _return_waiting(self, prepared: stdqueue.Queue, forwarded: stdqueue.Queue) -> None:
+        """A drain: give back the rounds the take stage hands over from now on, while the device may still
+        be busy with its own (the forward stage gives back any it picks up first)."""
+        while True:
+            try:
+                batch = prepared.get(timeout=0.2)
+            except stdqueue.Empty:
+                continue
+            if batch is _END:
+                prepared.put(_END)  # for the forward stage, which ends the pipeline
+                return
+            self._slot.release()
+            self._give_back(batch)
+            forwarded.put(batch)  # its other answers (cancels, bad messages) are still written
+
+    def _drain_overdue(self) -> None:
+        log.error("worker %s: the drain took more than %g s; exiting now (the leases recover its jobs)",
+                  self.name, self.drain_timeout)
+        _exit_now(FORCED_EXIT)
+
+    def _install_signal_handlers(self):
+        """SIGTERM / SIGINT drain; a second one ends the process at once. Handlers only set flags: raising
+        inside a Redis read could strand taken ids."""
+        def on_signal(signum, frame):
+            if self._draining:
+                log.warning("worker %s: second %s; exiting now (the leases recover its jobs)", self.name,
+                            signal.Signals(signum).name)
+                _exit_now(FORCED_EXIT)
+            log.info("worker %s: %s: draining (a second signal exits at once)", self.name,
+                     signal.Signals(signum).name)
+            self.drain()
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
 
     def _shutdown(self):
         """Signals only set the flag: raising inside a Redis read could strand taken ids (rq's way)."""
@@ -196,13 +277,35 @@ class BatchWorker(SimpleWorker):
                 return
             self.heartbeat_thread.ensure_alive()  # also under constant load, when no get times out
             self._slot.release()  # the take stage may prepare the next round while this one runs
-            if batch.work is not None:
+            if self._draining:
+                self._give_back(batch)
+            elif batch.work is not None:
+                if self.watchdog is not None:
+                    self.watchdog.arm(batch.work)
                 try:
                     self.engine.forward(batch.work)
                 except Exception as exc:  # an engine bug: every job of the round fails, retryably
                     log.exception("worker %s: forward stage failed on a round of %d", self.name, batch.size)
                     batch.engine_error = exc
+                finally:
+                    if self.watchdog is not None:
+                        self.watchdog.disarm()
             self._hand_off(forwarded, batch, stages)
+
+    def _give_back(self, batch: Batch) -> None:
+        """A drain: this round has not reached the device; its runnable jobs go back to the queue's head."""
+        jobs, batch.runnable, batch.work = batch.runnable, [], None
+        if not jobs:
+            return
+        try:
+            returned = self._with_retries(lambda: self.schema.give_back(jobs))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            log.error("worker %s: could not return %d jobs (%s); their leases will lapse", self.name, len(jobs), exc)
+            returned = 0
+        with self._held_lock:
+            for job in jobs:
+                self._held.pop((job.id, job.execution), None)
+        log.info("worker %s: draining: returned %d jobs to the head of the queue", self.name, returned)
 
     def _hand_off(self, forwarded: stdqueue.Queue, item, stages) -> None:
         """Put, unless the finish stage is gone (its jobs stay started and are recovered)."""
@@ -282,7 +385,7 @@ class BatchWorker(SimpleWorker):
         with self._held_lock:
             for job in taken:
                 if job.kind is Kind.STARTED:
-                    self._held[job.id] = (job, batch.began)
+                    self._held[job.id, job.execution] = (job, batch.began)
         try:
             self._prepare_round(batch, taken)
         except Exception as exc:  # a bug here must not strand what was taken: all of it goes back (Retry)
@@ -294,10 +397,12 @@ class BatchWorker(SimpleWorker):
         return batch
 
     def _prepare_round(self, batch: Batch, taken: list[Taken]) -> None:
-        """Decode each taken job, answer the ones that cannot run, and tokenise the rest."""
+        """Decode each taken job, answer the ones that cannot run (poison too), and tokenise the rest."""
         requests: list[EmbedRequest] = []
         for job in taken:
-            if job.kind is Kind.STARTED:
+            if job.kind is Kind.STARTED and job.lapses >= self.max_deliveries:
+                batch.answers.append(self._poison(job))
+            elif job.kind is Kind.STARTED:
                 try:
                     request = decode_job(job.id, job.data, self.engine.caps.name)
                 except EmbedfleetError as exc:
@@ -373,6 +478,17 @@ class BatchWorker(SimpleWorker):
         summary = {"status": result.status} if result.ok else {"status": result.status, "code": result.error_code}
         return Answer(job, Outcome.FINISHED, result.encode(), reply_to, summary=summary)
 
+    def _poison(self, job: Taken) -> Answer:
+        try:
+            reply_to = decode_job(job.id, job.data, self.engine.caps.name).reply_to
+        except EmbedfleetError:
+            reply_to = None
+        error = PoisonError(f"request {job.id} was taken {job.lapses} times and each worker that took it died or "
+                            f"hung before answering; it is not run again (the limit is --max-deliveries "
+                            f"{self.max_deliveries}). Inspect it with `embedfleet failed show {job.id}`")
+        log.error("worker %s: %s", self.name, error.message)
+        return self._failure(job, error, Outcome.FAILED, reply_to)
+
     def _failure(self, job: Taken, error: EmbedfleetError, outcome: Outcome, reply_to: str | None) -> Answer:
         prefix = f"{JOB_FUNC}: job {job.id}: " if isinstance(error, DecodeError) else ""
         return Answer(job, outcome, Result.failure(job.id, self.engine.caps.name, error).encode(), reply_to,
@@ -387,9 +503,9 @@ class BatchWorker(SimpleWorker):
     def _release(self, batch: Batch) -> None:
         with self._held_lock:
             for answer in batch.answers:
-                self._held.pop(answer.taken.id, None)
+                self._held.pop((answer.taken.id, answer.taken.execution), None)
             for job in batch.runnable:
-                self._held.pop(job.id, None)
+                self._held.pop((job.id, job.execution), None)
 
     # -- rq's maintenance answers for jobs it recovers ----------------------------------------------------
 
@@ -416,16 +532,34 @@ class BatchWorker(SimpleWorker):
     # -- background heartbeat ---------------------------------------------------------------------------
 
     def _beat(self) -> None:
-        """Advertise the model; while jobs are held also keep rq's worker key and their started entries
-        alive, each job only until its timeout, after which rq's maintenance retries or fails it."""
-        self.advertiser.advertise()
+        """Every third of the lease: the watchdog, renew the leases of the jobs held (each only until its
+        timeout), requeue other workers' lapsed claims; every heartbeat interval, the advert."""
+        if self.watchdog is not None and (overdue := self.watchdog.overdue()):
+            log.critical("worker %s: a forward pass over %d padded tokens has run %.0f s, past its %.0f s "
+                         "deadline; exiting with %d so that the supervisor restarts the worker (the leases "
+                         "recover its jobs)", self.name, *overdue, WATCHDOG_EXIT)
+            _exit_now(WATCHDOG_EXIT)
         stamp = time.time()
         with self._held_lock:
-            held = [(job, started_ttl(job.timeout, stamp - since, self.heartbeat_interval))
-                    for job, since in self._held.values() if not timed_out(job.timeout, stamp - since)]
+            held = [job for job, since in self._held.values() if not timed_out(job.timeout, stamp - since)]
         if held:
-            self.heartbeat()
             self.schema.refresh(held)
+        if stamp - self._advertised_at >= self.heartbeat_interval:
+            self.advertiser.advertise()
+            if held:
+                self.heartbeat()
+            self._advertised_at = stamp
+        self.recover()
+
+    def recover(self) -> int:
+        """Requeue every lapsed claim of this model's queue (a dead worker's jobs); returns how many."""
+        recovered = self.schema.recover(RECOVER_LIMIT)
+        if recovered:
+            self.recovered += len(recovered)
+            owners = sorted({r.worker or "?" for r in recovered})
+            log.warning("worker %s: requeued %d jobs of %s, whose lease lapsed (up to %.1f s ago)", self.name,
+                        len(recovered), ", ".join(owners), max(r.overdue for r in recovered))
+        return len(recovered)
 
     def _shut_down_heartbeat(self) -> None:
         self.heartbeat_thread.stop()
@@ -446,3 +580,12 @@ class BatchWorker(SimpleWorker):
                 log.error("worker %s: storing a round failed (%s); retrying in %.0f s", self.name, exc, delay)
                 time.sleep(delay)
                 delay *= 2
+
+
+def _exit_now(code: int) -> None:
+    """End the process without unwinding: a hung device call would never let a normal exit finish."""
+    for handler in logging.getLogger().handlers + log.handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -5,9 +5,17 @@ own Worker class still registers the worker and runs maintenance). Each script's
 touches; tests/test_rqschema.py compares what these scripts leave in Redis with what rq 3.0's SimpleWorker
 leaves for the same jobs, so a change in rq's layout fails loudly there.
 
-    take     queue -> started, for up to N jobs, atomically: no id is ever held outside a registry
+    take     queue -> started, for up to N jobs, atomically: no id is ever held outside a registry; each
+             claim is a lease (its started-registry score) and each take counts a delivery
     finish   answer (result blob, notify list, reply stream) + FINISHED / FAILED / requeued / CANCELED
-    refresh  push a held batch's started-registry scores forward (the worker's heartbeat)
+    refresh  renew a held batch's leases (the worker's heartbeat)
+    recover  requeue, at the queue's head, the jobs whose lease lapsed (their worker died): any live worker
+             runs it, the script is atomic, so each lapsed claim is requeued exactly once
+    return   a draining worker's jobs not yet on the device, back to the queue's head
+
+Leases (see common/keys.py): a claim's score is lease expiry + LEASE_GRACE, on the Redis server's clock
+(TIME), so rq's own StartedJobRegistry.cleanup (maintenance, `rq info`) sees a lapsed claim only
+LEASE_GRACE seconds after `recover` does: rq's recovery is the backstop, never a second requeue.
 
 Everything the scripts read from Redis is treated as input: an id outside rq's alphabet is dropped (it can
 name no job), a missing or corrupt job field falls back to a bounded default, a foreign key type is never
@@ -48,6 +56,11 @@ end
 local function refused(reply)
   return type(reply) == 'table' and reply['err'] ~= nil
 end
+-- the server's clock: leases are compared on one clock, whatever the workers' clocks say
+local function server_time()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
 -- one multi-member command per batch (in chunks, within Lua's unpack limit): `args` after the key
 local function bulk(command, key, args)
   for i = 1, #args, 4000 do
@@ -60,30 +73,35 @@ TAKE = _LIB + """
 -- take: move up to ARGV[1] job ids from the queue straight into the started registry, as rq's
 -- prepare_execution + prepare_job_execution write them, in one atomic step (no intermediate list).
 -- KEYS[1] rq:queue:<q>            LIST  LPOP
--- KEYS[2] rq:wip:<q>              ZSET  ZADD <id>:<execution> (score now + ttl)
+-- KEYS[2] rq:wip:<q>              ZSET  ZADD <id>:<execution> (score: the lease, below)
 -- KEYS[3] rq:worker:<name>        HASH  HSET state, last_heartbeat
 -- KEYS[4] rq:worker:<name>:executions SET SADD <id>:<execution>, EXPIRE
 -- KEYS[5] rq:suspended            STRING EXISTS (set: take nothing)
 -- KEYS[6] rq:canceled:<q>         ZSET  ZADD (a job cancelled while it was queued)
--- per id: rq:job:<id> HASH (HMGET, HSET status/started_at/last_heartbeat/worker_name, PERSIST; a key of
+-- per id: rq:job:<id> HASH (HMGET, HSET status/started_at/last_heartbeat/worker_name, HINCRBY deliveries,
+--         PERSIST; a key of
 --         another type counts as missing),
 --         rq:execution:<id>:<execution> HASH (HSET, EXPIRE), rq:executions:<id> ZSET (ZADD, EXPIRE)
 -- ARGV: 1 max ids, 2 worker name, 3 now (unix s), 4 now (rq time), 5 execution id prefix,
---       6 max id length, 7 default job timeout, 8 heartbeat interval (s)
--- Returns {suspended, {id, kind, execution, data, timeout, result_ttl, failure_ttl}...}
+--       6 max id length, 7 default job timeout, 8 lease (s), 9 lease grace (s)
+-- The lease: score = the server's clock (TIME) + lease + grace; job field `deliveries` += 1.
+-- Returns {suspended, {id, kind, execution, data, timeout, result_ttl, failure_ttl, deliveries, lapses}...}
 -- kind: started | canceled | missing (no hash: dropped, as rq drops it) | badid | stale (already ended)
 if redis.call('EXISTS', KEYS[5]) == 1 then return {1, {}} end
 local ids = redis.call('LPOP', KEYS[1], tonumber(ARGV[1]))
 if not ids then return {0, {}} end
 local now, iso, worker = tonumber(ARGV[3]), ARGV[4], ARGV[2]
-local maxlen, default_timeout, interval = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local maxlen, default_timeout = tonumber(ARGV[6]), tonumber(ARGV[7])
+local lease, grace = tonumber(ARGV[8]), tonumber(ARGV[9])
+local clock = server_time()
+local ttl = math.ceil(lease + grace)
 local out, longest, started, members = {}, 0, {}, {}
 for i, id in ipairs(ids) do
   if #id > maxlen or not string.match(id, '^[%w_%-]+$') then
     out[#out + 1] = {id, 'badid'}
   else
     local jobkey = 'rq:job:' .. id
-    local f = redis.pcall('HMGET', jobkey, 'data', 'status', 'timeout', 'result_ttl', 'failure_ttl')
+    local f = redis.pcall('HMGET', jobkey, 'data', 'status', 'timeout', 'result_ttl', 'failure_ttl', 'lapses')
     if refused(f) or not f[1] then
       out[#out + 1] = {id, 'missing'}
     elseif f[2] == 'canceled' then
@@ -93,11 +111,7 @@ for i, id in ipairs(ids) do
       out[#out + 1] = {id, 'stale'}
     else
       local timeout = num(f[3], default_timeout)
-      -- seconds the started entry lives without a beat: three beats + 60 s, never past timeout + 60 s
-      local ttl = math.floor(3 * interval)
-      if timeout > 0 and timeout < ttl then ttl = math.floor(timeout) end
-      ttl = ttl + 60
-      if ttl > longest then longest = ttl end
+      longest = ttl
       local execution = ARGV[5] .. i
       local member = id .. ':' .. execution
       local exkey = 'rq:execution:' .. member
@@ -106,13 +120,15 @@ for i, id in ipairs(ids) do
       redis.call('EXPIRE', exkey, ttl)
       redis.call('ZADD', 'rq:executions:' .. id, now + ttl + 60, execution)
       redis.call('EXPIRE', 'rq:executions:' .. id, ttl + 60)
-      started[#started + 1] = now + ttl
+      started[#started + 1] = clock + lease + grace
       started[#started + 1] = member
       members[#members + 1] = member
       redis.call('HSET', jobkey, 'last_heartbeat', iso, 'status', 'started', 'started_at', iso,
                  'worker_name', worker)
+      local deliveries = redis.call('HINCRBY', jobkey, 'deliveries', 1)
       redis.call('PERSIST', jobkey)
-      out[#out + 1] = {id, 'started', execution, f[1], tostring(timeout), f[4] or '', f[5] or ''}
+      out[#out + 1] = {id, 'started', execution, f[1], tostring(timeout), f[4] or '', f[5] or '', deliveries,
+                       math.floor(num(f[6], 0))}
     end
   end
 end
@@ -236,29 +252,103 @@ return {ok, bad - requeued, requeued, late}
 """
 
 REFRESH = _LIB + """
--- refresh: keep a held batch's claims alive (rq's maintain_heartbeats, for many jobs at once); never
--- recreates an entry that finish (or rq's maintenance) already removed.
--- KEYS[1] rq:wip:<q>  ZSET  ZADD XX
+-- refresh: renew a held batch's leases (rq's maintain_heartbeats, for many jobs at once); never recreates
+-- an entry that finish, recover (the lease had lapsed) or rq's maintenance already removed.
+-- KEYS[1] rq:wip:<q>  ZSET  ZSCORE, ZADD XX
 -- per id: rq:execution:<id>:<execution> HASH (HSET last_heartbeat, EXPIRE), rq:job:<id> HASH (HSET
 --         last_heartbeat)
--- ARGV: 1 now (unix s), 2 now (rq time), then per job: id, execution, ttl
--- Returns the number of claims refreshed.
-local now, refreshed = tonumber(ARGV[1]), 0
-for i = 3, #ARGV, 3 do
-  local id, execution, ttl = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+-- ARGV: 1 now (unix s), 2 now (rq time), 3 lease grace (s), then per job: id, execution, lease (s)
+-- Returns the number of claims renewed.
+local clock, grace, refreshed = server_time(), tonumber(ARGV[3]), 0
+for i = 4, #ARGV, 3 do
+  local id, execution, lease = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   local member = id .. ':' .. execution
   if redis.call('ZSCORE', KEYS[1], member) then
-    redis.call('ZADD', KEYS[1], 'XX', now + ttl, member)
+    redis.call('ZADD', KEYS[1], 'XX', clock + lease + grace, member)
     local exkey = 'rq:execution:' .. member
     if redis.call('EXISTS', exkey) == 1 then
       redis.call('HSET', exkey, 'last_heartbeat', ARGV[1])
-      redis.call('EXPIRE', exkey, ttl)
+      redis.call('EXPIRE', exkey, math.ceil(lease + grace))
     end
     if is_type('rq:job:' .. id, 'hash') then redis.call('HSET', 'rq:job:' .. id, 'last_heartbeat', ARGV[2]) end
     refreshed = refreshed + 1
   end
 end
 return refreshed
+"""
+
+RECOVER = _LIB + """
+-- recover: requeue the jobs whose lease lapsed (their worker died or froze), at the head of the queue, each
+-- exactly once: the script is atomic, and a claim is requeued only by the run that removes it. Cheap: one
+-- ZRANGEBYSCORE with LIMIT from the low end of the registry (lapsed claims sort first), never a scan.
+-- KEYS[1] rq:queue:<q>            LIST  LPUSH
+-- KEYS[2] rq:wip:<q>              ZSET  ZRANGEBYSCORE LIMIT, ZREM
+-- per claim: rq:execution:<id>:<execution> HASH (HGET worker_name, DEL), rq:executions:<id> ZSET (ZREM),
+--            rq:worker:<dead worker>:executions SET (SREM),
+--            rq:job:<id> HASH (HGET status; when started: HSET status/enqueued_at, HINCRBY lapses)
+-- ARGV: 1 lease grace (s), 2 most claims per run, 3 now (rq time)
+-- Returns {{id, seconds past the lease's end, worker name}...}: the requeued jobs. A claim whose job is no
+-- longer started (cancelled, answered late, or gone) is only removed.
+local clock, grace = server_time(), tonumber(ARGV[1])
+local lapsed = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. (clock + grace), 'WITHSCORES', 'LIMIT', 0,
+                          tonumber(ARGV[2]))
+local out, requeue = {}, {}
+for i = 1, #lapsed, 2 do
+  local member, score = lapsed[i], tonumber(lapsed[i + 1])
+  if redis.call('ZREM', KEYS[2], member) == 1 then
+    local id, execution = string.match(member, '^(.*):([^:]*)$')
+    if id then
+      local exkey = 'rq:execution:' .. member
+      local owner = redis.pcall('HGET', exkey, 'worker_name')
+      if refused(owner) or not owner then owner = '' end
+      redis.call('DEL', exkey)
+      redis.pcall('ZREM', 'rq:executions:' .. id, execution)
+      if owner ~= '' then redis.pcall('SREM', 'rq:worker:' .. owner .. ':executions', member) end
+      local jobkey = 'rq:job:' .. id
+      local status = redis.pcall('HGET', jobkey, 'status')
+      if status == 'started' then
+        redis.call('HSET', jobkey, 'status', 'queued', 'enqueued_at', ARGV[3])
+        redis.call('HINCRBY', jobkey, 'lapses', 1)
+        requeue[#requeue + 1] = id
+        out[#out + 1] = {id, tostring(clock - (score - grace)), owner}
+      end
+    end
+  end
+end
+-- LPUSH puts each id at the head: push the latest-lapsed first so the oldest is served first
+for i = #requeue, 1, -1 do redis.call('LPUSH', KEYS[1], requeue[i]) end
+return out
+"""
+
+RETURN = _LIB + """
+-- return: a draining worker gives back the jobs it took but has not started on the device: its claims are
+-- removed and the ids go back to the head of the queue, in their order, as if never taken (the delivery
+-- is not counted).
+-- KEYS[1] rq:queue:<q>            LIST  LPUSH
+-- KEYS[2] rq:wip:<q>              ZSET  ZREM
+-- KEYS[3] rq:worker:<name>:executions SET SREM
+-- per id: rq:execution:<id>:<execution> HASH (DEL), rq:executions:<id> ZSET (ZREM), rq:job:<id> HASH
+--         (HSET status/enqueued_at, HINCRBY deliveries -1; only when it is still started)
+-- ARGV: 1 now (rq time), then per job: id, execution
+-- Returns the number of jobs returned (a claim that had lapsed was requeued by recover instead).
+local back = {}
+for i = 2, #ARGV, 2 do
+  local id, execution = ARGV[i], ARGV[i + 1]
+  local member = id .. ':' .. execution
+  if redis.call('ZREM', KEYS[2], member) == 1 then
+    redis.call('SREM', KEYS[3], member)
+    redis.call('DEL', 'rq:execution:' .. member)
+    redis.pcall('ZREM', 'rq:executions:' .. id, execution)
+    local jobkey = 'rq:job:' .. id
+    if redis.pcall('HGET', jobkey, 'status') == 'started' then
+      redis.call('HSET', jobkey, 'status', 'queued', 'enqueued_at', ARGV[1])
+      redis.call('HINCRBY', jobkey, 'deliveries', -1)
+      back[#back + 1] = id
+    end
+  end
+end
+for i = #back, 1, -1 do redis.call('LPUSH', KEYS[1], back[i]) end
+return #back
 """
 
 
@@ -285,6 +375,7 @@ class Script:
 
 
 TAKE_SCRIPT, FINISH_SCRIPT, REFRESH_SCRIPT = Script(TAKE), Script(FINISH), Script(REFRESH)
+RECOVER_SCRIPT, RETURN_SCRIPT = Script(RECOVER), Script(RETURN)
 
 
 class Kind(Enum):
@@ -318,6 +409,8 @@ class Taken:
     result_ttl: int | None = None  # the job's own, when positive and bounded
     failure_ttl: int | None = None
     started: str = ""  # when take started it (unix seconds, as rq's execution records it)
+    deliveries: int = 1  # times a worker has taken it, this take included
+    lapses: int = 0  # times a worker died holding it (its lease lapsed and recover requeued it)
 
 
 @dataclass
@@ -360,15 +453,24 @@ def _text(raw) -> str:
     return raw.decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else str(raw)
 
 
+@dataclass
+class Recovered:
+    """One job whose lease had lapsed, requeued by `recover`."""
+
+    id: str
+    overdue: float  # seconds between its lease's end and its requeue
+    worker: str  # the worker that held it
+
+
 class RqSchema:
-    """The three scripts bound to one queue and one worker name."""
+    """The scripts bound to one queue and one worker name; `lease` seconds per claim (common.keys)."""
 
     def __init__(self, connection: Redis, queue: str, worker_name: str, *, result_ttl: int,
-                 heartbeat_interval: float):
+                 lease: float = keys.LEASE_SECONDS):
         self.connection = connection
         self.worker_name = worker_name
         self.result_ttl = result_ttl
-        self.heartbeat_interval = heartbeat_interval
+        self.lease = lease
         q = f"rq:queue:{queue}"
         self.queue_key = q
         self.wip_key = f"rq:wip:{queue}"
@@ -384,7 +486,7 @@ class RqSchema:
         round trip. `before(pipe)` may queue commands ahead (the worker's rq heartbeat)."""
         stamp = datetime.now(timezone.utc)
         args = [max_jobs, self.worker_name, f"{stamp.timestamp():.6f}", rq_time(stamp), uuid4().hex[:24],
-                keys.MAX_REQUEST_ID_LENGTH, keys.JOB_TIMEOUT, self.heartbeat_interval]
+                keys.MAX_REQUEST_ID_LENGTH, keys.JOB_TIMEOUT, self.lease, keys.LEASE_GRACE]
         try:
             suspended, entries = self._take(args, block, before)
         except redis.exceptions.NoScriptError:  # the server lost its scripts (a restart): load, take again
@@ -409,10 +511,10 @@ class RqSchema:
             return Taken(job_id, kind, data=entry[3])  # its request may name a reply stream to wake
         if kind is not Kind.STARTED:
             return Taken(job_id, kind)
-        _, _, execution, data, timeout, result_ttl, failure_ttl = entry
+        _, _, execution, data, timeout, result_ttl, failure_ttl, deliveries, lapses = entry
         return Taken(job_id, kind, _text(execution), data, float(timeout),
                      _ttl(result_ttl, 0, keys.RESULT_TTL_BOUND) or None,
-                     _ttl(failure_ttl, keys.FAILURE_TTL, keys.FAILURE_TTL), started)
+                     _ttl(failure_ttl, keys.FAILURE_TTL, keys.FAILURE_TTL), started, int(deliveries), int(lapses))
 
     def finish(self, answers: list[Answer], working_seconds: float) -> list[int]:
         """One EVALSHA for the whole list; returns [finished, failed, requeued, late]."""
@@ -433,10 +535,26 @@ class RqSchema:
                      "1" if answer.only_if_absent else "0", taken.started]
         return [int(n) for n in FINISH_SCRIPT(self.connection, self.finish_keys, args)]
 
-    def refresh(self, held: list[tuple[Taken, int]], pipe=None) -> None:
-        """Push the started-registry score of each (job, ttl) to now + ttl, if it is still held."""
+    def refresh(self, held: list[Taken]) -> int:
+        """Renew the lease of each job still held; returns how many were."""
         stamp = datetime.now(timezone.utc)
-        args: list = [f"{stamp.timestamp():.6f}", rq_time(stamp)]
-        for taken, ttl in held:
-            args += [taken.id, taken.execution, ttl]
-        REFRESH_SCRIPT(self.connection, [self.wip_key], args)
+        args: list = [f"{stamp.timestamp():.6f}", rq_time(stamp), keys.LEASE_GRACE]
+        for taken in held:
+            args += [taken.id, taken.execution, self.lease]
+        return int(REFRESH_SCRIPT(self.connection, [self.wip_key], args))
+
+    def recover(self, limit: int = 1000) -> list[Recovered]:
+        """Requeue, at the queue's head, up to `limit` jobs whose lease lapsed (any worker's)."""
+        args = [keys.LEASE_GRACE, limit, rq_time(datetime.now(timezone.utc))]
+        return [Recovered(_text(i), float(overdue), _text(owner))
+                for i, overdue, owner in RECOVER_SCRIPT(self.connection, [self.queue_key, self.wip_key], args)]
+
+    def give_back(self, jobs: list[Taken]) -> int:
+        """Return jobs this worker took but never started to the head of the queue, in their order."""
+        if not jobs:
+            return 0
+        args: list = [rq_time(datetime.now(timezone.utc))]
+        for taken in jobs:
+            args += [taken.id, taken.execution]
+        keys_ = [self.queue_key, self.wip_key, f"rq:worker:{self.worker_name}:executions"]
+        return int(RETURN_SCRIPT(self.connection, keys_, args))

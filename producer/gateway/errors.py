@@ -48,6 +48,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "payload_too_large": (413, "invalid_request_error"),
     "queue_full": (429, "rate_limit_error"),
     "internal_error": (500, "server_error"),
+    "poison": (500, "server_error"),  # its workers died with it --max-deliveries times
     "startup_failed": (500, "server_error"),  # a command line failure; listed for completeness
     "no_worker": (503, "service_unavailable_error"),
     "redis_unavailable": (503, "service_unavailable_error"),

@@ -1,0 +1,79 @@
+"""A real worker process for fault tests: the null model, except that an input "die" SIGKILLs the process
+in the forward pass and "hang" blocks it there (a device call that never returns). Vectors are a
+deterministic function of the text, so a clean run can be compared with a faulty one.
+
+    python -m tests.crashworker REDIS_URL MODEL [--lease S] [--watchdog S] [--max-jobs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import signal
+import time
+
+import numpy as np
+
+from common.redisclient import connect
+from common.request import EmbedRequest
+from worker.engine import Engine
+from worker.nullmodel import NullModel
+from worker.preprocess import Prepared
+from worker.queue import BatchWorker
+
+DIM = 8
+DIE, HANG = -1, -2
+
+
+def token(text: str) -> int:
+    if text == "die":
+        return DIE
+    if text == "hang":
+        return HANG
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
+
+
+def vector(text_token: int) -> np.ndarray:
+    """The vector of one text: fixed per text, unit length."""
+    rows = np.random.default_rng(text_token).standard_normal(DIM).astype(np.float32)
+    return rows / np.linalg.norm(rows)
+
+
+class CrashModel(NullModel):
+    def __init__(self, name: str):
+        super().__init__(f"null:{DIM}", name)
+
+    def prepare(self, request: EmbedRequest) -> Prepared:
+        return Prepared([[token(t)] if isinstance(t, str) else [0] for t in request.inputs])
+
+    def embed(self, token_lists, prompt_lengths=None) -> np.ndarray:
+        flat = [t[0] for t in token_lists]
+        if DIE in flat:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if HANG in flat:
+            time.sleep(3600)
+        time.sleep(0.002 * len(flat))  # a little device time, so that a kill can land mid-round
+        return np.stack([vector(t) for t in flat])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("redis_url")
+    parser.add_argument("model")
+    parser.add_argument("--lease", type=float, default=1.5)
+    parser.add_argument("--watchdog", type=float, default=None)
+    parser.add_argument("--max-jobs", type=int, default=16)
+    parser.add_argument("--drain-timeout", type=float, default=30.0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = Engine(CrashModel(args.model), max_batch_tokens=64, max_batch_size=64)
+    worker = BatchWorker(engine, connect(args.redis_url), max_jobs=args.max_jobs, poll_timeout=1,
+                         lease=args.lease, drain_timeout=args.drain_timeout,
+                         watchdog=(args.watchdog, 0.0) if args.watchdog else None)
+    worker.work()
+
+
+if __name__ == "__main__":
+    main()
