@@ -50,8 +50,8 @@ from rq.exceptions import StopRequested
 from rq.job import JobStatus
 from rq.worker import SimpleWorker, WorkerStatus
 
-from common.errors import CancelledError, DecodeError, EmbedfleetError, InternalError, PoisonError
-from common.keys import (DRAIN_TIMEOUT, HEARTBEAT_INTERVAL, JOB_FUNC, LEASE_SECONDS, MAINTENANCE_INTERVAL,
+from common.errors import EmbedfleetError, InternalError
+from common.keys import (DRAIN_TIMEOUT, HEARTBEAT_INTERVAL, LEASE_SECONDS, MAINTENANCE_INTERVAL,
                          MAX_DELIVERIES, RECOVER_LIMIT, RESULT_TTL, queue_name)
 from common.redisclient import MAX_BLOCK
 from common.request import EmbedRequest, job_reply_to
@@ -60,6 +60,7 @@ from common.serializer import MsgpackSerializer
 from worker.advertise import Advertiser
 from worker.engine import Round
 from worker.heartbeat import Heartbeat, Watchdog, timed_out
+from worker import answers
 from worker.jobdata import decode_job
 from worker.rqschema import Answer, Kind, Outcome, RqSchema, Taken
 
@@ -392,33 +393,29 @@ class BatchWorker(SimpleWorker):
             log.exception("worker %s: preparing a round of %d failed", self.name, len(taken))
             error = InternalError(f"preparing the request failed: {type(exc).__name__}: {exc}")
             batch.runnable, batch.work = [], None
-            batch.answers = [self._failure(job, error, Outcome.RETRY, None)
+            batch.answers = [answers.failed(job, error, Outcome.RETRY, None, self.engine.caps.name)
                              for job in taken if job.kind is Kind.STARTED]
         return batch
 
     def _prepare_round(self, batch: Batch, taken: list[Taken]) -> None:
         """Decode each taken job, answer the ones that cannot run (poison too), and tokenise the rest."""
+        model = self.engine.caps.name
         requests: list[EmbedRequest] = []
         for job in taken:
             if job.kind is Kind.STARTED and job.lapses >= self.max_deliveries:
-                batch.answers.append(self._poison(job))
+                batch.answers.append(answers.poisoned(job, model, self.max_deliveries))
+                log.error("worker %s: %s", self.name, batch.answers[-1].reason)
             elif job.kind is Kind.STARTED:
                 try:
-                    request = decode_job(job.id, job.data, self.engine.caps.name)
+                    request = decode_job(job.id, job.data, model)
                 except EmbedfleetError as exc:
-                    batch.answers.append(self._failure(job, exc, Outcome.FAILED, reply_to=None))
+                    batch.answers.append(answers.failed(job, exc, Outcome.FAILED, None, model))
                     continue
                 batch.runnable.append(job)
                 batch.reply_to[job.id] = request.reply_to
                 requests.append(request)
             elif job.kind is Kind.CANCELED:
-                try:
-                    reply_to = decode_job(job.id, job.data, self.engine.caps.name).reply_to
-                except EmbedfleetError:
-                    reply_to = None
-                batch.answers.append(Answer(job, Outcome.CANCELED, Result.failure(
-                    job.id, self.engine.caps.name, CancelledError("the request was cancelled before a worker "
-                                                                  "took it")).encode(), reply_to))
+                batch.answers.append(answers.cancelled(job, model))
             else:  # nothing to answer: no job hash, an id no job can have, or a job already ended
                 log.warning("worker %s: dropped queue entry %r (%s)", self.name, job.id, job.kind.value)
         if requests:
@@ -437,11 +434,11 @@ class BatchWorker(SimpleWorker):
 
     def finish_round(self, batch: Batch) -> None:
         """Answers for every job of the round, then one EVALSHA that stores and acknowledges them all."""
-        answers = list(batch.answers)
+        written = list(batch.answers)
         results = self._results(batch)
         for job, result in zip(batch.runnable, results):
-            answers.append(self._answer(job, result, batch.reply_to.get(job.id)))
-        counts = self._with_retries(lambda: self.schema.finish(answers, time.time() - batch.began))
+            written.append(answers.served(job, result, batch.reply_to.get(job.id), self.engine.caps.name))
+        counts = self._with_retries(lambda: self.schema.finish(written, time.time() - batch.began))
         self._release(batch)
         self.batches += 1
         self.served += counts[0]
@@ -467,32 +464,6 @@ class BatchWorker(SimpleWorker):
         return [Result.failure(job.id, self.engine.caps.name, error if isinstance(error, EmbedfleetError)
                                else InternalError(f"engine failed: {type(error).__name__}: {error}"))
                 for job in batch.runnable]
-
-    def _answer(self, job: Taken, result: Result | None, reply_to: str | None) -> Answer:
-        if result is None or result.id != job.id:
-            return self._failure(job, InternalError(f"engine returned no result for request {job.id}"),
-                                 Outcome.RETRY, reply_to)
-        if result.error_code == InternalError.code:  # not the request's fault: rq's Retry may help
-            return Answer(job, Outcome.RETRY, result.encode(), reply_to,
-                          reason=f"{result.error_code}: {result.error_message}")
-        summary = {"status": result.status} if result.ok else {"status": result.status, "code": result.error_code}
-        return Answer(job, Outcome.FINISHED, result.encode(), reply_to, summary=summary)
-
-    def _poison(self, job: Taken) -> Answer:
-        try:
-            reply_to = decode_job(job.id, job.data, self.engine.caps.name).reply_to
-        except EmbedfleetError:
-            reply_to = None
-        error = PoisonError(f"request {job.id} was taken {job.lapses} times and each worker that took it died or "
-                            f"hung before answering; it is not run again (the limit is --max-deliveries "
-                            f"{self.max_deliveries}). Inspect it with `embedfleet failed show {job.id}`")
-        log.error("worker %s: %s", self.name, error.message)
-        return self._failure(job, error, Outcome.FAILED, reply_to)
-
-    def _failure(self, job: Taken, error: EmbedfleetError, outcome: Outcome, reply_to: str | None) -> Answer:
-        prefix = f"{JOB_FUNC}: job {job.id}: " if isinstance(error, DecodeError) else ""
-        return Answer(job, outcome, Result.failure(job.id, self.engine.caps.name, error).encode(), reply_to,
-                      reason=f"{prefix}{error.message}")
 
     # -- held jobs --------------------------------------------------------------------------------------
 
