@@ -14,14 +14,16 @@ from pydantic import Field
 from common import console, keys
 from common.config import Settings
 from common.errors import EmbedfleetError, ValidationError
+from common.redisclient import redact
 
-USAGE = """usage: embedfleet {up,worker,gateway,embed,status} [options]
+USAGE = """usage: embedfleet {up,worker,gateway,embed,status,health} [options]
 
   up       embedded Redis + worker(s) + gateway in one command (Ctrl-C stops all)
   worker   serve one model from a Redis queue        (embedfleet worker --help)
   gateway  HTTP gateway: /v1/embeddings, /pooling   (embedfleet gateway --help)
   embed    embed a file of texts into a .npy file    (embedfleet embed --help)
   status   served models, live workers, queue depths
+  health   a container healthcheck: --worker (its advert in Redis) or --gateway (its /health)
 
 Without --redis-url, commands use EMBEDFLEET_REDIS_URL, else the running `embedfleet up`, else
 redis://127.0.0.1:6379/0. Exit codes: 0 ok, 1 runtime failure, 2 usage error; --debug shows tracebacks.
@@ -38,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         # Separate programs, so that this CLI never imports torch or the web stack.
         module = "worker" if command == "worker" else "producer.gateway"
         os.execv(sys.executable, [sys.executable, "-m", module, *rest])
-    commands = {"up": _up, "embed": embed_file, "status": status}
+    commands = {"up": _up, "embed": embed_file, "status": status, "health": _health}
     if command not in commands:
         console.fail(f"unknown command {command!r}; the commands are {', '.join(['worker', 'gateway', *commands])}"
                      " (embedfleet --help)")
@@ -52,6 +54,12 @@ def _up(argv: list[str]) -> int:
     return up.run(up.UpSettings.from_args(argv, "embedfleet up", up.__doc__))
 
 
+def _health(argv: list[str]) -> int:
+    from producer import health  # noqa: PLC0415 - only `health` needs it
+
+    return health.run(health.HealthSettings.from_args(argv, "embedfleet health", health.__doc__))
+
+
 # -- status -------------------------------------------------------------------------------------------
 
 def status(argv: list[str]) -> int:
@@ -59,15 +67,18 @@ def status(argv: list[str]) -> int:
     settings = Settings.from_args(argv, "embedfleet status", status.__doc__)
     from producer.client import Producer  # noqa: PLC0415 - rq and friends load after the flags
 
-    with Producer(settings.redis_url) as producer:
+    with Producer(settings.redis_url, shards=settings.shards.shards) as producer:
         served = producer.models()
-        print(f"Redis {settings.redis_url}")
+        print(f"Redis {redact(settings.redis_url)}")
+        for model, url in sorted(settings.shards.shards.items()):
+            print(f"shard of {model}: Redis {redact(url)}")
         if not served:
             print("no model is served (no live worker)")
         for name, caps in sorted(served.items()):
+            shard = f", on {redact(url)}" if (url := settings.shards.url_for(name)) != settings.redis_url else ""
             print(f"{name}: {producer.live_workers(name)} live worker(s), queue depth "
                   f"{producer.queue_depth(name)}, queue {keys.queue_name(name)}, dim {caps.embedding_size}, "
-                  f"max length {caps.max_model_len}, pooling {caps.pooling}")
+                  f"max length {caps.max_model_len}, pooling {caps.pooling}{shard}")
     return 0
 
 
@@ -105,7 +116,7 @@ def embed_file(argv: list[str]) -> int:
     fields = {k: v for k, v in {"embed_dtype": settings.embed_dtype, "dimensions": settings.dimensions,
                                 "truncate_prompt_tokens": settings.truncate_prompt_tokens}.items() if v is not None}
     starts = range(0, len(lines), settings.chunk)
-    with Producer(settings.redis_url) as producer:
+    with Producer(settings.redis_url, shards=settings.shards.shards) as producer:
         ids = producer.submit_many([[text for _, text in lines[i:i + settings.chunk]] for i in starts],
                                    settings.model, **fields)
         arrays, failed, tokens = [], [], 0

@@ -34,6 +34,9 @@ class WorkerSettings(Settings):
     poll_timeout: int = Field(5, description="seconds one blocking take waits; a stop is honoured within it")
     burst: bool = Field(False, description="exit once the queue is empty")
     name: str | None = Field(None, description="rq worker name; default: a unique one per start")
+    gpus: str | None = Field(None, description="`all` or GPU indices (0,1,...): one engine process per GPU, each "
+                                               "with CUDA_VISIBLE_DEVICES set to its GPU (a multi-GPU host); "
+                                               "default: one engine on --device")
 
 
 def bundled_model_path() -> str:
