@@ -52,9 +52,9 @@ CLOSE_TIMEOUT = 2.0  # seconds each step of closing an async client may take (a 
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 TLS_QUERY = {"ca": "ssl_ca_certs", "cert": "ssl_certfile", "key": "ssl_keyfile"}
-# What an embedfleet ACL user needs (README "Secured Redis"): its keys, rq's keys and worker channels, and
-# the commands rq's worker sends (INFO, CLIENT SETNAME/INFO, SUBSCRIBE, EVAL).
-ACL_HINT = "e.g. `ACL SETUSER fleet on >PASSWORD ~embedfleet:* ~rq:* &rq:* +@all -@admin +info`"
+# What an embedfleet ACL user of any role needs (the README's worker grant; its producer grant is narrower):
+# our keys, rq's keys and worker channels, and the commands rq's worker sends (INFO, CLIENT SETNAME).
+ACL_GRANT = "resetkeys resetchannels +@all -@dangerous +info +client|setname +client|getname ~rq:* ~embedfleet:* &rq:*"
 
 
 def connect(url: str) -> redis.Redis:
@@ -160,15 +160,15 @@ def check_access(connection: redis.Redis, url: str) -> None:
     """Fail now, in one line (AccessError), if `connection` cannot authenticate, verify TLS, or run what
     embedfleet runs on its keys; a Redis that is merely down raises redis.ConnectionError as usual.
 
-    The probe touches only a key of its own (a 1 s PX key), rq's key space (an LLEN) and a script, in one
-    round trip: a user limited to other keys or commands is told which one it lacks.
+    The probe only reads, in one round trip: a result key, the model set, a queue in rq's key space, and a
+    script (`EVAL`), so that both of the README's users pass (its producer user may write few keys) and a
+    user without our keys, rq's keys or scripts is told which it lacks. A grant that allows reading a key
+    but not writing it is found when the first write is refused (that error is one line too).
     """
-    probe = f"embedfleet:access-check:{uuid.uuid4().hex}"
     try:
         connection.ping()
         pipe = connection.pipeline(transaction=False)
-        pipe.set(probe, 1, px=1000).smembers("embedfleet:models").llen("rq:queue:embedfleet.access-check")
-        pipe.eval("return 1", 1, probe).delete(probe)
+        _probe(pipe)
         pipe.execute()
     except (redis.RedisError, OSError) as exc:
         problem = access_problem(exc, url)
@@ -179,18 +179,22 @@ def check_access(connection: redis.Redis, url: str) -> None:
 
 async def check_access_async(connection: aioredis.Redis, url: str) -> None:
     """check_access for an asyncio client."""
-    probe = f"embedfleet:access-check:{uuid.uuid4().hex}"
     try:
         await connection.ping()
         pipe = connection.pipeline(transaction=False)
-        pipe.set(probe, 1, px=1000).smembers("embedfleet:models").llen("rq:queue:embedfleet.access-check")
-        pipe.eval("return 1", 1, probe).delete(probe)
+        _probe(pipe)
         await pipe.execute()
     except (redis.RedisError, OSError) as exc:
         problem = access_problem(exc, url)
         if problem is None:
             raise
         raise AccessError(problem) from exc
+
+
+def _probe(pipe) -> None:
+    probe_id = f"access-check-{uuid.uuid4().hex}"
+    pipe.exists(f"embedfleet:result:{probe_id}").smembers("embedfleet:models")
+    pipe.llen("rq:queue:embedfleet.access-check").eval("return 1", 0)
 
 
 class AccessError(StartupError):
@@ -203,11 +207,14 @@ def access_problem(exc: BaseException, url: str | None = None) -> str | None:
     user = f"user '{user_of(url)}'" if url else "the URL's user"
     for err in _chain(exc):
         if isinstance(err, redis.AuthenticationError) or "NOAUTH" in str(err) or "WRONGPASS" in str(err):
+            if url and not urlsplit(url).password:
+                return (f"Redis{where} needs a password and the URL gives none; put it in --redis-url "
+                        "(redis://USER:PASSWORD@HOST:PORT/DB) or EMBEDFLEET_REDIS_URL")
             return (f"Redis{where} refused {user}: {_first_line(err)}; check the user and password in "
                     "--redis-url (redis://USER:PASSWORD@HOST:PORT/DB) or EMBEDFLEET_REDIS_URL")
         if isinstance(err, redis.exceptions.NoPermissionError):
             return (f"Redis{where}: ACL {user} may not do what embedfleet needs ({_first_line(err)}); "
-                    f"grant it {ACL_HINT}")
+                    f"grant it e.g. `ACL SETUSER {user_of(url) if url else 'USER'} {ACL_GRANT}`")
         if isinstance(err, ssl.SSLError) or (isinstance(err, redis.ConnectionError) and "SSL" in str(err)):
             return (f"TLS with Redis{where} failed ({_first_line(err)}); --redis-tls-ca must name the CA that "
                     "signed the server's certificate, and a server that checks clients needs --redis-tls-cert "

@@ -68,6 +68,7 @@ def status(argv: list[str]) -> int:
     from producer.client import Producer  # noqa: PLC0415 - rq and friends load after the flags
 
     with Producer(settings.redis_url, shards=settings.shards.shards) as producer:
+        producer.check()
         served = producer.models()
         print(f"Redis {redact(settings.redis_url)}")
         for model, url in sorted(settings.shards.shards.items()):
@@ -117,6 +118,7 @@ def embed_file(argv: list[str]) -> int:
                                 "truncate_prompt_tokens": settings.truncate_prompt_tokens}.items() if v is not None}
     starts = range(0, len(lines), settings.chunk)
     with Producer(settings.redis_url, shards=settings.shards.shards) as producer:
+        producer.check()
         ids = producer.submit_many([[text for _, text in lines[i:i + settings.chunk]] for i in starts],
                                    settings.model, **fields)
         arrays, failed, tokens = [], [], 0

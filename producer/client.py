@@ -17,7 +17,7 @@ from common.capabilities import ModelCapabilities
 from common.errors import CancelledError, NotFoundError, QueueFullError, ResultTimeoutError
 from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
-from common.redisclient import block_for, connect
+from common.redisclient import block_for, check_access, connect
 from common.shards import ShardMap
 from common.request import job_reply_to
 from common.result import Result
@@ -57,6 +57,12 @@ class Producer:
     def close(self) -> None:
         for connection in self.links.values():
             connection.close()
+
+    def check(self) -> None:
+        """Fail now, in one line, on a wrong password, a missing ACL permission or a certificate that does
+        not verify, on any shard (common.redisclient.AccessError); an unreachable Redis raises as usual."""
+        for url, connection in self.links.items():
+            check_access(connection, url)
 
     def __enter__(self) -> Producer:
         return self
