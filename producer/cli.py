@@ -57,7 +57,11 @@ def _up(argv: list[str]) -> int:
 def _health(argv: list[str]) -> int:
     from producer import health  # noqa: PLC0415 - only `health` needs it
 
-    return health.run(health.HealthSettings.from_args(argv, "embedfleet health", health.__doc__))
+    parser = health.HealthSettings.parser("embedfleet health", health.__doc__)
+    settings = health.HealthSettings.from_values(parser, vars(parser.parse_args(argv)))
+    if settings.worker == settings.gateway:
+        parser.error("pass exactly one of --worker and --gateway")
+    return health.run(settings)
 
 
 # -- status -------------------------------------------------------------------------------------------
