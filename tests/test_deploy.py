@@ -10,6 +10,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -160,3 +161,19 @@ def test_health_gateway(redis_url, tmp_path):
         assert_one_line_error(embedfleet("health", env=env), 2, "exactly one of --worker and --gateway")
     finally:
         stop(gateway)
+
+
+def test_the_capacity_command_prints_the_benchmarks_table(tmp_path):
+    """BENCHMARKS.md's table 7 comes from bench/capacity.py: same columns, and the command measures."""
+    out = tmp_path / "capacity.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "capacity.py"), "--requests", "300",
+                           "--requests-64", "30", "--json", str(out)], capture_output=True, text=True,
+                          timeout=240, cwd=ROOT, env=clean_env(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    header = done.stdout.splitlines()[0]
+    assert header in (ROOT / "BENCHMARKS.md").read_text()
+    rows = json.loads(out.read_text())
+    assert [r["texts_per_request"] for r in rows] == [1, 64]
+    for r in rows:
+        assert r["redis_cpu_us_per_request"] > 0 and 5 < r["redis_commands_per_request"] < 200
+        assert r["redis_planning_requests_s"] < r["redis_saturated_requests_s"]
