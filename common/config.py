@@ -8,12 +8,14 @@ import types
 import typing
 from typing import ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.errors import invalid_request
 from common.fleetstate import resolve_redis_url
+from common.redisclient import with_tls
+from common.shards import ShardMap, parse_shards
 
 ENV_PREFIX = "EMBEDFLEET_"
 
@@ -26,13 +28,34 @@ class Settings(BaseSettings):
 
     redis_url: str | None = Field(None, description="Redis of the fleet; default: the running `embedfleet up`'s, "
                                                     "else redis://127.0.0.1:6379/0")
+    redis_tls_ca: str | None = Field(None, description="CA certificate file (PEM) that signed the Redis server's "
+                                                       "certificate, for rediss:// URLs")
+    redis_tls_cert: str | None = Field(None, description="client certificate file (PEM), for a Redis that checks "
+                                                         "clients (tls-auth-clients)")
+    redis_tls_key: str | None = Field(None, repr=False, description="the client certificate's private key (PEM)")
+    redis_shards: str | None = Field(None, description="models on Redis shards of their own: MODEL=URL[;MODEL=URL]"
+                                                       " or @FILE (JSON object or MODEL=URL lines); other models "
+                                                       "live on --redis-url")
     debug: bool = Field(False, description="on an error, print the traceback, not only its one-line summary")
+    _shards: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _find_redis(self):
         if self.discovers_redis:
             self.redis_url = resolve_redis_url(self.redis_url)  # see common.fleetstate for the order
+        # The TLS files travel inside each URL (redis-py reads them from its query), so every client made
+        # from a URL, in this process or a child it starts, gets them.
+        tls = {"ca": self.redis_tls_ca, "cert": self.redis_tls_cert, "key": self.redis_tls_key}
+        if self.redis_url:
+            self.redis_url = with_tls(self.redis_url, **tls)
+        self._shards = {model: with_tls(url, **tls) if url.startswith("rediss") else url
+                        for model, url in parse_shards(self.redis_shards).items()}
         return self
+
+    @property
+    def shards(self) -> ShardMap:
+        """The default Redis and the models on shards of their own (common.shards)."""
+        return ShardMap(self.redis_url, self._shards)
 
     @classmethod
     def parser(cls, prog: str, description: str) -> argparse.ArgumentParser:

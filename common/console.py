@@ -13,6 +13,7 @@ from collections.abc import Callable
 import redis
 
 from common.errors import EmbedfleetError
+from common.redisclient import AccessError, access_problem
 
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
@@ -47,6 +48,9 @@ def fail(message: str) -> None:
 
 def summary(exc: BaseException) -> str:
     """`<what>; <what to do>` for an exception a command let through."""
+    problem = access_problem(exc)  # credentials, ACL or TLS: say so, not "unreachable"
+    if problem and not isinstance(exc, AccessError):
+        return problem
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
         return f"Redis is unreachable ({str(exc).rstrip('.')}); {HINTS['redis_unavailable']}"
     if isinstance(exc, EmbedfleetError):

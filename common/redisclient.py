@@ -1,25 +1,48 @@
-"""Redis clients with timeouts that suit blocking reads (BLPOP, BLMOVE), for every entry point.
+"""Redis clients for every entry point: timeouts that suit blocking reads, secured Redis, start-up checks.
 
-redis-py 8 defaults to a 5 s socket timeout, shorter than the blocking reads here would like; a client
-without any timeout would hang forever on a dead host. Blocking calls wait at most MAX_BLOCK seconds per
-command (then loop), safely inside SOCKET_TIMEOUT.
+URLs (every entry point takes one, in --redis-url or EMBEDFLEET_REDIS_URL; each shard takes one too):
+
+    redis://[[user]:password@]host:port/db             plain TCP; `user` is an ACL user (default: "default")
+    rediss://[[user]:password@]host:port/db            TLS; --redis-tls-ca/--redis-tls-cert/--redis-tls-key
+                                                       (env EMBEDFLEET_REDIS_TLS_*) add `ssl_ca_certs`,
+                                                       `ssl_certfile`, `ssl_keyfile` to the URL's query
+    redis+sentinel://[[user]:password@]h1:26379,h2:26379/service[/db]
+                                                       the master of `service` as the sentinels name it;
+                                                       the credentials are the master's (sentinels that
+                                                       need their own: `?sentinel_password=...`);
+                                                       `rediss+sentinel://` for a TLS master
+
+Timeouts: redis-py 8 defaults to a 5 s socket timeout, shorter than the blocking reads here would like; a
+client without any timeout would hang forever on a dead host. Blocking calls wait at most MAX_BLOCK
+seconds per command (then loop), safely inside SOCKET_TIMEOUT.
 
 After a Redis restart every pooled connection is stale, and the first command on each fails with
 "Connection closed by server". redis-py's sync client retries that on its own; an asyncio client built on
 a pool of its own does not, so `connect_async` asks for one retry, on a fresh connection, of a command
 whose connection failed. A timeout is not retried (it would double a wait on a hung Redis). The commands
 sent here may safely run twice: reads, SET, DEL, EXPIRE, and RPUSH on a notify list (one more wake-up).
+
+A wrong password, an ACL user without the commands or keys embedfleet needs, or a certificate that does
+not verify are configuration errors, not outages: `check_access` finds them at start and `access_problem`
+says each in one line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
+import uuid
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.sentinel as aiosentinel
+import redis.sentinel
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+
+from common.errors import StartupError
 
 SOCKET_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 5.0
@@ -27,17 +50,192 @@ MAX_BLOCK = 10.0
 MAX_ASYNC_CONNECTIONS = 64  # per asyncio client; a burst beyond it waits (up to SOCKET_TIMEOUT) for one
 CLOSE_TIMEOUT = 2.0  # seconds each step of closing an async client may take (a hung peer cannot stall it)
 
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+TLS_QUERY = {"ca": "ssl_ca_certs", "cert": "ssl_certfile", "key": "ssl_keyfile"}
+# What an embedfleet ACL user of any role needs (the README's worker grant; its producer grant is narrower):
+# our keys, rq's keys and worker channels, and the commands rq's worker sends (INFO, CLIENT SETNAME).
+ACL_GRANT = "resetkeys resetchannels +@all -@dangerous +info +client|setname +client|getname ~rq:* ~embedfleet:* &rq:*"
+
 
 def connect(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT)
+    if is_sentinel(url):
+        hosts, service, kwargs, sentinel_kwargs = parse_sentinel(url)
+        sentinels = redis.sentinel.Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **_timeouts())
+        return sentinels.master_for(service, **kwargs, **_timeouts())
+    return redis.Redis.from_url(url, **_timeouts())
 
 
 def connect_async(url: str) -> aioredis.Redis:
+    retry = Retry(NoBackoff(), 1, (redis.ConnectionError,))
+    if is_sentinel(url):
+        hosts, service, kwargs, sentinel_kwargs = parse_sentinel(url)
+        sentinels = aiosentinel.Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **_timeouts())
+        return sentinels.master_for(service, **kwargs, **_timeouts(), retry=retry)
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=MAX_ASYNC_CONNECTIONS, timeout=SOCKET_TIMEOUT, socket_timeout=SOCKET_TIMEOUT,
-        socket_connect_timeout=CONNECT_TIMEOUT, retry=Retry(NoBackoff(), 1, (redis.ConnectionError,)))
+        url, max_connections=MAX_ASYNC_CONNECTIONS, timeout=SOCKET_TIMEOUT, retry=retry, **_timeouts())
     return aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it too
 
+
+def _timeouts() -> dict:
+    return {"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": CONNECT_TIMEOUT}
+
+
+# -- URLs ---------------------------------------------------------------------------------------------
+
+def is_sentinel(url: str) -> bool:
+    return urlsplit(url).scheme in SENTINEL_SCHEMES
+
+
+def parse_sentinel(url: str) -> tuple[list[tuple[str, int]], str, dict, dict]:
+    """(sentinel hosts, service name, the master's connection kwargs, the sentinels' own kwargs)."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    hosts = []
+    for host in filter(None, netloc.split(",")):
+        name, _, port = host.rpartition(":") if ":" in host else (host, "", "26379")
+        hosts.append((name or host, int(port)))
+    path = [p for p in parts.path.split("/") if p]
+    if not hosts or not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValueError(f"not a Sentinel URL: {redact(url)}; write redis+sentinel://[user:password@]"
+                         "host:port[,host:port...]/SERVICE[/DB]")
+    kwargs: dict = {"db": int(path[1]) if len(path) == 2 else 0}
+    user, password = _credentials(parts)
+    if user:
+        kwargs["username"] = user
+    if password:
+        kwargs["password"] = password
+    sentinel_kwargs = dict(_timeouts())
+    for name, value in parse_qsl(parts.query):
+        if name == "sentinel_password":
+            sentinel_kwargs["password"] = value
+        else:
+            kwargs[name] = value
+    if parts.scheme == "rediss+sentinel":
+        kwargs["ssl"] = True
+    return hosts, unquote(path[0]), kwargs, sentinel_kwargs
+
+
+def _credentials(parts) -> tuple[str | None, str | None]:
+    user = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password else None
+    return user, password
+
+
+def with_tls(url: str, ca: str | None = None, cert: str | None = None, key: str | None = None) -> str:
+    """`url` with the TLS files as query arguments (redis-py reads them there); only TLS URLs take them."""
+    given = {TLS_QUERY[k]: v for k, v in {"ca": ca, "cert": cert, "key": key}.items() if v}
+    if not given:
+        return url
+    parts = urlsplit(url)
+    if parts.scheme not in ("rediss", "rediss+sentinel"):
+        raise ValueError(f"--redis-tls-ca/--redis-tls-cert/--redis-tls-key need a TLS URL (rediss:// or "
+                         f"rediss+sentinel://), not {parts.scheme}://")
+    if bool(cert) != bool(key):
+        raise ValueError("--redis-tls-cert and --redis-tls-key go together (the client certificate and its key)")
+    query = dict(parse_qsl(parts.query))
+    query.update(given)
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def redact(url: str) -> str:
+    """`url` fit for logs: the password (and a sentinel password in the query) replaced by ***."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, hosts = netloc.rpartition("@")
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:***@{hosts}" if ":" in userinfo else f"{userinfo}@{hosts}"
+    query = [(k, "***" if "password" in k else v) for k, v in parse_qsl(parts.query)]
+    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query, safe="/*", quote_via=quote)))
+
+
+def user_of(url: str) -> str:
+    parts = urlsplit(url)
+    return unquote(parts.username) if parts.username else "default"
+
+
+# -- start-up checks ----------------------------------------------------------------------------------
+
+def check_access(connection: redis.Redis, url: str) -> None:
+    """Fail now, in one line (AccessError), if `connection` cannot authenticate, verify TLS, or run what
+    embedfleet runs on its keys; a Redis that is merely down raises redis.ConnectionError as usual.
+
+    The probe only reads, in one round trip: a result key, the model set, a queue in rq's key space, and a
+    script (`EVAL`), so that both of the README's users pass (its producer user may write few keys) and a
+    user without our keys, rq's keys or scripts is told which it lacks. A grant that allows reading a key
+    but not writing it is found when the first write is refused (that error is one line too).
+    """
+    try:
+        connection.ping()
+        pipe = connection.pipeline(transaction=False)
+        _probe(pipe)
+        pipe.execute()
+    except (redis.RedisError, OSError) as exc:
+        problem = access_problem(exc, url)
+        if problem is None:
+            raise
+        raise AccessError(problem) from exc
+
+
+async def check_access_async(connection: aioredis.Redis, url: str) -> None:
+    """check_access for an asyncio client."""
+    try:
+        await connection.ping()
+        pipe = connection.pipeline(transaction=False)
+        _probe(pipe)
+        await pipe.execute()
+    except (redis.RedisError, OSError) as exc:
+        problem = access_problem(exc, url)
+        if problem is None:
+            raise
+        raise AccessError(problem) from exc
+
+
+def _probe(pipe) -> None:
+    probe_id = f"access-check-{uuid.uuid4().hex}"
+    pipe.exists(f"embedfleet:result:{probe_id}").smembers("embedfleet:models")
+    pipe.llen("rq:queue:embedfleet.access-check").eval("return 1", 0)
+
+
+class AccessError(StartupError):
+    """Redis refused us for a reason a retry will not fix (credentials, ACL, TLS); the message is one line."""
+
+
+def access_problem(exc: BaseException, url: str | None = None) -> str | None:
+    """One line for an authentication, ACL or TLS failure (exc or what caused it); None for anything else."""
+    where = f" at {redact(url)}" if url else ""
+    user = f"user '{user_of(url)}'" if url else "the URL's user"
+    for err in _chain(exc):
+        if isinstance(err, redis.AuthenticationError) or "NOAUTH" in str(err) or "WRONGPASS" in str(err):
+            if url and not urlsplit(url).password:
+                return (f"Redis{where} needs a password and the URL gives none; put it in --redis-url "
+                        "(redis://USER:PASSWORD@HOST:PORT/DB) or EMBEDFLEET_REDIS_URL")
+            return (f"Redis{where} refused {user}: {_first_line(err)}; check the user and password in "
+                    "--redis-url (redis://USER:PASSWORD@HOST:PORT/DB) or EMBEDFLEET_REDIS_URL")
+        if isinstance(err, redis.exceptions.NoPermissionError):
+            return (f"Redis{where}: ACL {user} may not do what embedfleet needs ({_first_line(err)}); "
+                    f"grant it e.g. `ACL SETUSER {user_of(url) if url else 'USER'} {ACL_GRANT}`")
+        if isinstance(err, ssl.SSLError) or (isinstance(err, redis.ConnectionError) and "SSL" in str(err)):
+            return (f"TLS with Redis{where} failed ({_first_line(err)}); --redis-tls-ca must name the CA that "
+                    "signed the server's certificate, and a server that checks clients needs --redis-tls-cert "
+                    "and --redis-tls-key")
+    return None
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0].rstrip(".") if text else type(exc).__name__
+
+
+# -- blocking reads and shutdown ----------------------------------------------------------------------
 
 def block_for(seconds_left: float) -> float:
     """How long one blocking command may wait: what is left, within (0.01, MAX_BLOCK]."""

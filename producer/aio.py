@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
+import redis.asyncio as aioredis
 
 from common import keys
 from common.capabilities import ModelCapabilities
@@ -25,26 +28,55 @@ from producer.replies import ReplyListener
 OUTAGE_RECHECK = 0.5  # seconds between a waiter's looks for its result while Redis is unreachable
 
 
+@dataclass
+class _Link:
+    """One Redis (shard) of the fleet: short commands, this producer's reply stream there, and the BLPOPs
+    for ids this producer did not submit, in a pool of their own so that however many there are they never
+    starve short commands (beyond the pool's size they queue for a slot)."""
+
+    url: str
+    redis: aioredis.Redis = field(init=False)
+    replies: ReplyListener = field(init=False)
+    blocking: aioredis.Redis = field(init=False)
+    slots: asyncio.Semaphore = field(init=False)
+
+    def __post_init__(self):
+        self.redis = connect_async(self.url)
+        self.replies = ReplyListener(connect_async(self.url))
+        self.blocking = connect_async(self.url)
+        self.slots = asyncio.Semaphore(MAX_ASYNC_CONNECTIONS)
+
+    async def close(self) -> None:
+        await self.replies.close()
+        await close_async(self.blocking)
+        await close_async(self.redis)
+
+
 class AsyncProducer:
     """Same methods as Producer, as coroutines. See Producer for the arguments."""
 
-    def __init__(self, redis_url: str | None = None, *, max_queue_depth: int | None = None):
-        self._sync = Producer(redis_url, max_queue_depth=max_queue_depth)
-        redis_url = self._sync.redis_url  # resolved once (flag, env, running `up`, default)
-        self.redis = connect_async(redis_url)
-        self._replies = ReplyListener(connect_async(redis_url))
-        # BLPOPs for ids this producer did not submit get a pool of their own, so that however many
-        # there are they never starve short commands; beyond the pool's size they queue for a slot.
-        self._blocking = connect_async(redis_url)
-        self._blocking_slots = asyncio.Semaphore(MAX_ASYNC_CONNECTIONS)
+    def __init__(self, redis_url: str | None = None, *, shards: Mapping[str, str] | None = None,
+                 max_queue_depth: int | None = None):
+        self._sync = Producer(redis_url, shards=shards, max_queue_depth=max_queue_depth)
+        # URLs resolved once (flag, env, running `up`, default), one link per shard
+        self._links = {url: _Link(url) for url in self._sync.shards.urls()}
+        self.redis = self._links[self._sync.redis_url].redis  # the default Redis
 
     async def close(self) -> None:
         """Fail pending waits and drop every connection. Bounded: each step that talks to Redis gets
         CLOSE_TIMEOUT, so a Redis that stopped answering cannot hang a shutdown."""
-        await self._replies.close()
-        await close_async(self._blocking)
-        await close_async(self.redis)
+        for link in self._links.values():
+            await link.close()
         self._sync.close()  # closes sockets only; not in a thread, whose pool may be busy with stuck calls
+
+    async def connection_of(self, request_id: str) -> aioredis.Redis:
+        """The asyncio client of the shard that holds `request_id` (the only one, unless sharded)."""
+        return (await self._link_of(request_id)).redis
+
+    async def _link_of(self, request_id: str) -> _Link:
+        if len(self._links) == 1:
+            return self._links[self._sync.redis_url]
+        return self._links[await asyncio.to_thread(self._sync.url_of, request_id)]
 
     async def __aenter__(self) -> AsyncProducer:
         return self
@@ -75,15 +107,19 @@ class AsyncProducer:
     async def submit_many(self, batches: list, model: str | None = None, *,
                           params: PoolingParams | None = None, reply_to: str | None = None,
                           **fields) -> list[str]:
+        link = self._links[self._sync.redis_url]
+        if len(self._links) > 1:
+            link = self._links[await asyncio.to_thread(self._sync.url_for_submit, model)]
         ids = await asyncio.to_thread(self._sync.submit_many, batches, model, params=params,
-                                      reply_to=reply_to or self._replies.stream, **fields)
+                                      reply_to=reply_to or link.replies.stream, **fields)
         if reply_to is None:
-            self._replies.expect(ids)
+            link.replies.expect(ids)
         return ids
 
     async def get(self, request_id: str) -> Result | None:
+        connection = await self.connection_of(request_id)
         with redis_errors():
-            raw = await self.redis.get(keys.result_key(request_id))
+            raw = await connection.get(keys.result_key(request_id))
         return read_result(request_id, raw)
 
     async def wait(self, request_id: str, timeout: float = 60.0) -> Result:
@@ -94,20 +130,21 @@ class AsyncProducer:
         Redis can forge one.
         """
         deadline = time.monotonic() + timeout
-        if self._replies.handles(request_id):
-            result = await self._wait_reply(request_id, deadline, timeout)
+        link = await self._link_of(request_id)
+        if link.replies.handles(request_id):
+            result = await self._wait_reply(link, request_id, deadline, timeout)
         else:
-            result = await self._wait_notify(request_id, deadline, timeout)
+            result = await self._wait_notify(link, request_id, deadline, timeout)
         result.raise_for_error()
         return result
 
-    async def _wait_reply(self, request_id: str, deadline: float, timeout: float) -> Result:
+    async def _wait_reply(self, link: _Link, request_id: str, deadline: float, timeout: float) -> Result:
         while True:
-            future = self._replies.waiter(request_id)  # before the GET: a reply after it cannot be missed
+            future = link.replies.waiter(request_id)  # before the GET: a reply after it cannot be missed
             try:
                 result, reachable = await self._get_through_outage(request_id)
                 if result is not None:  # landed before the wait began (its reply may be yet to come)
-                    self._replies.complete(request_id)
+                    link.replies.complete(request_id)
                     return result
                 left = deadline - time.monotonic()
                 try:  # in an outage the reply may have come and gone unseen: look again soon
@@ -119,15 +156,15 @@ class AsyncProducer:
                 except UnavailableError:  # the producer was closed
                     raise
                 except Exception:  # noqa: BLE001 - the listener died (it logged why); notify lists still work
-                    return await self._wait_notify(request_id, deadline, timeout)
+                    return await self._wait_notify(link, request_id, deadline, timeout)
             finally:
-                self._replies.forget(request_id, future)
+                link.replies.forget(request_id, future)
             result = await self.get(request_id)
             if result is not None:
                 return result
             await self._check_still_pending(request_id)  # a reply without its result: forged, or expired
 
-    async def _wait_notify(self, request_id: str, deadline: float, timeout: float) -> Result:
+    async def _wait_notify(self, link: _Link, request_id: str, deadline: float, timeout: float) -> Result:
         await asyncio.to_thread(self._sync.raise_if_unknown, request_id)  # an id that never existed: at once
         while True:
             result, reachable = await self._get_through_outage(request_id)
@@ -139,7 +176,7 @@ class AsyncProducer:
             woke = None
             if reachable:
                 try:
-                    woke = await self._blpop(request_id, deadline)
+                    woke = await self._blpop(link, request_id, deadline)
                 except UnavailableError:
                     reachable = False
             if not reachable:
@@ -150,7 +187,7 @@ class AsyncProducer:
                     return result
                 await self._check_still_pending(request_id)  # a wake-up without its result: forged
                 with redis_errors():  # else every BLPOP would take it again (a result lands with a new one)
-                    await self.redis.delete(keys.notify_key(request_id))
+                    await link.redis.delete(keys.notify_key(request_id))
 
     async def _get_through_outage(self, request_id: str) -> tuple[Result | None, bool]:
         """(the result or None, whether Redis answered)."""
@@ -165,21 +202,21 @@ class AsyncProducer:
         if await self.status(request_id) not in PENDING:
             raise NotFoundError(f"the result of request {request_id} has expired")
 
-    async def _blpop(self, request_id: str, deadline: float):
+    async def _blpop(self, link: _Link, request_id: str, deadline: float):
         """One bounded BLPOP on the notify list; None if it timed out (or no slot freed in time)."""
         try:
-            await asyncio.wait_for(self._blocking_slots.acquire(), max(deadline - time.monotonic(), 0))
+            await asyncio.wait_for(link.slots.acquire(), max(deadline - time.monotonic(), 0))
         except asyncio.TimeoutError:
             return None
         try:
             with redis_errors():
                 key = keys.notify_key(request_id)
-                woke = await self._blocking.blpop([key], timeout=block_for(deadline - time.monotonic()))
+                woke = await link.blocking.blpop([key], timeout=block_for(deadline - time.monotonic()))
                 if woke is not None:  # hand the wake-up on to any other waiter on the same id
-                    await self._blocking.pipeline().rpush(key, 1).expire(key, keys.RESULT_TTL).execute()
+                    await link.blocking.pipeline().rpush(key, 1).expire(key, keys.RESULT_TTL).execute()
                 return woke
         finally:
-            self._blocking_slots.release()
+            link.slots.release()
 
     async def _timeout(self, request_id: str, timeout: float) -> ResultTimeoutError:
         return ResultTimeoutError(f"no result for request {request_id} after {timeout:g} s "
@@ -193,7 +230,8 @@ class AsyncProducer:
         return await asyncio.to_thread(self._sync.status, request_id)
 
     async def cancel(self, request_id: str) -> bool:
+        link = await self._link_of(request_id)
         cancelled = await asyncio.to_thread(self._sync.cancel, request_id)
         if cancelled:
-            self._replies.complete(request_id)
+            link.replies.complete(request_id)
         return cancelled

@@ -14,8 +14,9 @@ from pydantic import Field
 from common import console, keys
 from common.config import Settings
 from common.errors import EmbedfleetError, ValidationError
+from common.redisclient import redact
 
-USAGE = """usage: embedfleet {up,worker,gateway,embed,status,failed} [options]
+USAGE = """usage: embedfleet {up,worker,gateway,embed,status,failed,health} [options]
 
   up       embedded Redis + worker(s) + gateway in one command (Ctrl-C stops all)
   worker   serve one model from a Redis queue        (embedfleet worker --help)
@@ -23,6 +24,7 @@ USAGE = """usage: embedfleet {up,worker,gateway,embed,status,failed} [options]
   embed    embed a file of texts into a .npy file    (embedfleet embed --help)
   status   served models, live workers, queue depths
   failed   list|show|requeue|purge failed requests  (embedfleet failed --help)
+  health   a container healthcheck: --worker (its advert in Redis) or --gateway (its /health)
 
 Without --redis-url, commands use EMBEDFLEET_REDIS_URL, else the running `embedfleet up`, else
 redis://127.0.0.1:6379/0. Exit codes: 0 ok, 1 runtime failure, 2 usage error; --debug shows tracebacks.
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         # Separate programs, so that this CLI never imports torch or the web stack.
         module = "worker" if command == "worker" else "producer.gateway"
         os.execv(sys.executable, [sys.executable, "-m", module, *rest])
-    commands = {"up": _up, "embed": embed_file, "status": status, "failed": _failed}
+    commands = {"up": _up, "embed": embed_file, "status": status, "failed": _failed, "health": _health}
     if command not in commands:
         console.fail(f"unknown command {command!r}; the commands are {', '.join(['worker', 'gateway', *commands])}"
                      " (embedfleet --help)")
@@ -59,6 +61,16 @@ def _failed(argv: list[str]) -> int:
     return failed.run(argv)
 
 
+def _health(argv: list[str]) -> int:
+    from producer import health  # noqa: PLC0415 - only `health` needs it
+
+    parser = health.HealthSettings.parser("embedfleet health", health.__doc__)
+    settings = health.HealthSettings.from_values(parser, vars(parser.parse_args(argv)))
+    if settings.worker == settings.gateway:
+        parser.error("pass exactly one of --worker and --gateway")
+    return health.run(settings)
+
+
 # -- status -------------------------------------------------------------------------------------------
 
 def status(argv: list[str]) -> int:
@@ -66,15 +78,19 @@ def status(argv: list[str]) -> int:
     settings = Settings.from_args(argv, "embedfleet status", status.__doc__)
     from producer.client import Producer  # noqa: PLC0415 - rq and friends load after the flags
 
-    with Producer(settings.redis_url) as producer:
+    with Producer(settings.redis_url, shards=settings.shards.shards) as producer:
+        producer.check()
         served = producer.models()
-        print(f"Redis {settings.redis_url}")
+        print(f"Redis {redact(settings.redis_url)}")
+        for model, url in sorted(settings.shards.shards.items()):
+            print(f"shard of {model}: Redis {redact(url)}")
         if not served:
             print("no model is served (no live worker)")
         for name, caps in sorted(served.items()):
+            shard = f", on {redact(url)}" if (url := settings.shards.url_for(name)) != settings.redis_url else ""
             print(f"{name}: {producer.live_workers(name)} live worker(s), queue depth "
                   f"{producer.queue_depth(name)}, queue {keys.queue_name(name)}, dim {caps.embedding_size}, "
-                  f"max length {caps.max_model_len}, pooling {caps.pooling}")
+                  f"max length {caps.max_model_len}, pooling {caps.pooling}{shard}")
             for worker in producer.workers(name):
                 print(f"  worker {worker['name']}: {worker.get('device', '?')} {worker.get('dtype', '?')}, "
                       f"batches of {worker.get('max_batch_tokens', '?')} padded tokens / "
@@ -117,7 +133,8 @@ def embed_file(argv: list[str]) -> int:
     fields = {k: v for k, v in {"embed_dtype": settings.embed_dtype, "dimensions": settings.dimensions,
                                 "truncate_prompt_tokens": settings.truncate_prompt_tokens}.items() if v is not None}
     starts = range(0, len(lines), settings.chunk)
-    with Producer(settings.redis_url) as producer:
+    with Producer(settings.redis_url, shards=settings.shards.shards) as producer:
+        producer.check()
         ids = producer.submit_many([[text for _, text in lines[i:i + settings.chunk]] for i in starts],
                                    settings.model, **fields)
         arrays, failed, tokens = [], [], 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
+from collections.abc import Mapping
 
 import numpy as np
 import redis
@@ -15,7 +17,8 @@ from common.capabilities import ModelCapabilities
 from common.errors import CancelledError, NotFoundError, QueueFullError, ResultTimeoutError
 from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
-from common.redisclient import block_for, connect
+from common.redisclient import block_for, check_access, connect
+from common.shards import ShardMap
 from common.request import job_reply_to
 from common.result import Result
 from producer.cancel import cancel_pending
@@ -24,26 +27,42 @@ from producer.core import (CAPS_CACHE_SECONDS, PENDING, SERIALIZER, build_reques
                            redis_errors as _redis_errors, result_state)
 
 
+REMEMBERED_IDS = 100_000  # request ids whose shard a sharded producer remembers (others are looked up)
+
+
 class Producer:
     """A client of the fleet: `submit` enqueues, `get`/`wait` read results, `embed` does both.
 
     Args:
         redis_url: the Redis the workers listen on; default: EMBEDFLEET_REDIS_URL, else the running
-            `embedfleet up`'s, else redis://127.0.0.1:6379/0 (see common.fleetstate).
+            `embedfleet up`'s, else redis://127.0.0.1:6379/0 (see common.fleetstate). Any URL form of
+            common.redisclient: a password and ACL user, rediss:// with TLS files, redis+sentinel://.
+        shards: {model: Redis URL} for models on Redis shards of their own (common.shards); the others
+            live on `redis_url`.
         max_queue_depth: refuse submits (QueueFullError) while a model's queue holds this many jobs.
     """
 
-    def __init__(self, redis_url: str | None = None, *,
+    def __init__(self, redis_url: str | None = None, *, shards: Mapping[str, str] | None = None,
                  max_queue_depth: int | None = None, connection: redis.Redis | None = None):
         self.redis_url = resolve_redis_url(redis_url)
         self.redis = connection or connect(self.redis_url)
+        self.shards = ShardMap(self.redis_url, shards)
+        self.links = {url: self.redis if url == self.redis_url else connect(url) for url in self.shards.urls()}
         self.max_queue_depth = max_queue_depth
         self._served: dict[str, ModelCapabilities] = {}
         self._known: set[str] = set()
         self._served_at = float("-inf")
+        self._placed: OrderedDict[str, str] = OrderedDict()  # request id -> shard URL, when sharded
 
     def close(self) -> None:
-        self.redis.close()
+        for connection in self.links.values():
+            connection.close()
+
+    def check(self) -> None:
+        """Fail now, in one line, on a wrong password, a missing ACL permission or a certificate that does
+        not verify, on any shard (common.redisclient.AccessError); an unreachable Redis raises as usual."""
+        for url, connection in self.links.items():
+            check_access(connection, url)
 
     def __enter__(self) -> Producer:
         return self
@@ -55,16 +74,21 @@ class Producer:
     def models(self, refresh: bool = True) -> dict[str, ModelCapabilities]:
         """Models served by at least one live worker, with their capabilities."""
         if refresh or time.monotonic() - self._served_at > CAPS_CACHE_SECONDS:
-            with _redis_errors():
-                names = sorted(n.decode() for n in self.redis.smembers(keys.MODELS_KEY))
-                raw = self.redis.mget([keys.model_key(n) for n in names]) if names else []
-            self._served, self._served_at = parse_models(names, raw), time.monotonic()
-            self._known = set(names)
+            served, known = {}, set()
+            for url, connection in self.links.items():  # a model counts on its own shard only
+                with _redis_errors():
+                    names = sorted(n.decode() for n in connection.smembers(keys.MODELS_KEY)
+                                   if self.shards.owns(url, n.decode()))
+                    raw = connection.mget([keys.model_key(n) for n in names]) if names else []
+                served.update(parse_models(names, raw))
+                known.update(names)
+            self._served, self._known, self._served_at = served, known, time.monotonic()
         return self._served
 
     def live_workers(self, model: str) -> int:
         with _redis_errors():
-            return self.redis.zcount(keys.model_workers_key(model), time.time() - keys.ADVERTISE_TTL, "+inf")
+            return self.connection_for_model(model).zcount(keys.model_workers_key(model),
+                                                           time.time() - keys.ADVERTISE_TTL, "+inf")
 
     def workers(self, model: str) -> list[dict]:
         """The live workers of `model` with what each advertised (device, dtype, batch budget)."""
@@ -76,7 +100,40 @@ class Producer:
 
     def queue_depth(self, model: str) -> int:
         with _redis_errors():
-            return self.redis.llen(self._queue(model).key)
+            return self.connection_for_model(model).llen(self._queue(model).key)
+
+    # -- shards ----------------------------------------------------------------------------------
+    def connection_for_model(self, model: str | None) -> redis.Redis:
+        return self.links[self.shards.url_for(model)]
+
+    def url_for_submit(self, model: str | None) -> str:
+        """The shard a submit for `model` goes to (None: the only served model's)."""
+        if not self.shards or model is not None:
+            return self.shards.url_for(model)
+        return self.shards.url_for(pick_model(None, self.models(refresh=False), self._known).name)
+
+    def url_of(self, request_id: str) -> str:
+        """The shard that holds `request_id`: where it was sent, else whichever has its result or job."""
+        if not self.shards:
+            return self.redis_url
+        if request_id in self._placed:
+            return self._placed[request_id]
+        if keys.valid_request_id(request_id):
+            for url, connection in self.links.items():
+                with _redis_errors():
+                    if connection.exists(keys.result_key(request_id), Job.key_for(request_id)):
+                        self._remember([request_id], url)
+                        return url
+        return self.redis_url
+
+    def connection_of(self, request_id: str) -> redis.Redis:
+        return self.links[self.url_of(request_id)]
+
+    def _remember(self, request_ids: list[str], url: str) -> None:
+        for request_id in request_ids:
+            self._placed[request_id] = url
+        while len(self._placed) > REMEMBERED_IDS:
+            self._placed.popitem(last=False)
 
     # -- submit ----------------------------------------------------------------------------------
     def submit(self, inputs, model: str | None = None, *, params: PoolingParams | None = None,
@@ -105,13 +162,16 @@ class Producer:
                     raise QueueFullError(f"the queue of model '{caps.name}' holds {depth} requests, "
                                          f"the limit is {self.max_queue_depth}: retry later")
             enqueue(queue, requests)
-        return [r.id for r in requests]
+        ids = [r.id for r in requests]
+        if self.shards:
+            self._remember(ids, self.shards.url_for(caps.name))
+        return ids
 
     # -- results ---------------------------------------------------------------------------------
     def get(self, request_id: str) -> Result | None:
         """The result if it has landed (ok or error), else None."""
         with _redis_errors():
-            raw = self.redis.get(keys.result_key(request_id))
+            raw = self.connection_of(request_id).get(keys.result_key(request_id))
         return read_result(request_id, raw)
 
     def wait(self, request_id: str, timeout: float = 60.0) -> Result:
@@ -124,6 +184,7 @@ class Producer:
         deadline = time.monotonic() + timeout
         woke = None
         self.raise_if_unknown(request_id)
+        connection = self.connection_of(request_id)
         while True:
             result = self.get(request_id)
             if result is not None:
@@ -133,7 +194,7 @@ class Producer:
                 if self.status(request_id) not in PENDING:
                     raise NotFoundError(f"the result of request {request_id} has expired")
                 with _redis_errors():  # else every BLPOP would take it again (a result lands with a new one)
-                    self.redis.delete(keys.notify_key(request_id))
+                    connection.delete(keys.notify_key(request_id))
                 woke = None
                 continue  # look for the result once more: it may have landed just before the DEL
             left = deadline - time.monotonic()
@@ -141,15 +202,15 @@ class Producer:
                 raise ResultTimeoutError(f"no result for request {request_id} after {timeout:g} s "
                                    f"(status: {self.status(request_id)})")
             with _redis_errors():
-                woke = self.redis.blpop([keys.notify_key(request_id)], timeout=block_for(left))
+                woke = connection.blpop([keys.notify_key(request_id)], timeout=block_for(left))
                 if woke is not None:  # hand the wake-up on to any other waiter on the same id
-                    self.redis.pipeline().rpush(woke[0], woke[1]).expire(woke[0], keys.RESULT_TTL).execute()
+                    connection.pipeline().rpush(woke[0], woke[1]).expire(woke[0], keys.RESULT_TTL).execute()
 
     def raise_if_unknown(self, request_id: str) -> None:
         """NotFoundError for an id that was never submitted (or whose job and result both expired)."""
         with _redis_errors():
-            has_result, has_job = (self.redis.pipeline(transaction=False).exists(keys.result_key(request_id))
-                                   .exists(Job.key_for(request_id)).execute())
+            pipe = self.connection_of(request_id).pipeline(transaction=False)
+            has_result, has_job = pipe.exists(keys.result_key(request_id)).exists(Job.key_for(request_id)).execute()
         if not has_result and not has_job:
             raise NotFoundError(f"no request with id {request_id} (never submitted, or it expired)", param="id")
 
@@ -166,7 +227,8 @@ class Producer:
             return "not_found"  # no request of ours has such an id (and rq refuses to look it up)
         try:
             with _redis_errors():
-                return job_state(Job.fetch(request_id, connection=self.redis, serializer=SERIALIZER)
+                return job_state(Job.fetch(request_id, connection=self.connection_of(request_id),
+                                           serializer=SERIALIZER)
                                  .get_status())
         except NoSuchJobError:
             return "not_found"
@@ -175,19 +237,17 @@ class Producer:
         """Cancel a request that no worker has taken yet; True if it was pending and is now cancelled."""
         if not keys.valid_request_id(request_id):
             raise NotFoundError(f"no request with id {request_id!r}")
+        connection = self.connection_of(request_id)
         with _redis_errors():
             try:
-                job = Job.fetch(request_id, connection=self.redis, serializer=SERIALIZER)
+                job = Job.fetch(request_id, connection=connection, serializer=SERIALIZER)
             except NoSuchJobError:
                 raise NotFoundError(f"no request with id {request_id}") from None
             answer = Result.failure(request_id, model_of_queue(job.origin), CancelledError(
                 f"request {request_id} was cancelled before a worker took it"))
-            return cancel_pending(self.redis, job, self._queue_of(job), answer,
-                                  job_reply_to(job))
+            queue = Queue(job.origin, connection=connection, serializer=SERIALIZER)
+            return cancel_pending(connection, job, queue, answer, job_reply_to(job))
 
     def _queue(self, model: str) -> Queue:
-        return Queue(keys.queue_name(model), connection=self.redis, serializer=SERIALIZER)
-
-    def _queue_of(self, job: Job) -> Queue:
-        return Queue(job.origin, connection=self.redis, serializer=SERIALIZER)
+        return Queue(keys.queue_name(model), connection=self.connection_for_model(model), serializer=SERIALIZER)
 

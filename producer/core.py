@@ -29,7 +29,7 @@ def parse_models(names: list[str], raw_caps: list[bytes | None]) -> dict[str, Mo
 
 
 WORKER_FIELDS = {"model": str, "device": str, "dtype": str, "max_batch_tokens": int, "max_batch_size": int,
-                 "budget_source": str, "max_jobs": int}
+                 "budget_source": str, "max_jobs": int, "host": str, "pid": int, "cuda_visible_devices": str}
 
 
 def parse_worker_info(name: str, raw: bytes | None) -> dict | None:

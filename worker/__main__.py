@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 
 from common import console
 from common.errors import StartupError
 from common.ports import looks_like_path
-from common.redisclient import connect
+from common.redisclient import check_access, connect, redact
 from worker.config import BUNDLED_MODEL_NAME, WorkerSettings, bundled_model_path
 
 
@@ -20,8 +21,15 @@ def main(argv: list[str] | None = None) -> int:
 def serve(argv: list[str]) -> int:
     settings = WorkerSettings.from_args(argv, "embedfleet worker", __doc__)
     connection = connect(settings.redis_url)
-    connection.ping()  # a Redis that is down fails now, in one line, not after the model has loaded
+    # A Redis that is down, a wrong password, a missing ACL permission or a certificate that does not
+    # verify fails now, in one line, not after the model has loaded.
+    check_access(connection, settings.redis_url)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.gpus:
+        from worker import gpus  # noqa: PLC0415 - the per-GPU supervisor loads no model itself
+
+        ids = gpus.visible_gpus(settings.gpus, dict(os.environ))
+        return gpus.run(ids, argv, settings.name, dict(os.environ))
     from worker.engine import Engine  # noqa: PLC0415 - torch loads after the flags
     from worker.nullmodel import NullModel, is_null  # noqa: PLC0415 - the null model needs no transformers
     from worker.probe import Budget, probe_budget  # noqa: PLC0415
@@ -41,9 +49,15 @@ def serve(argv: list[str]) -> int:
                               max_rows=settings.max_batch_size)
         device = str(model.device)
         dtype = str(next(model.module.parameters()).dtype).removeprefix("torch.")
+    url = settings.shards.url_for(model.caps.name)  # a model mapped to a shard of its own is served there
+    if url != settings.redis_url:
+        connection = connect(url)
+        check_access(connection, url)
     engine = Engine(model, max_batch_tokens=budget.max_batch_tokens, max_batch_size=budget.max_batch_size)
     info = {"device": device, "dtype": dtype, "max_batch_tokens": budget.max_batch_tokens,
-            "max_batch_size": budget.max_batch_size, "budget_source": budget.source, "max_jobs": settings.max_jobs}
+            "max_batch_size": budget.max_batch_size, "budget_source": budget.source, "max_jobs": settings.max_jobs,
+            "host": socket.gethostname(), "pid": os.getpid(),  # `embedfleet health --worker` looks for its host
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     watchdog = (settings.watchdog_seconds, _per_token(settings.watchdog_per_token, budget))
     worker = BatchWorker(engine, connection, max_jobs=settings.max_jobs,
                          result_ttl=settings.result_ttl, poll_timeout=settings.poll_timeout,
@@ -52,7 +66,7 @@ def serve(argv: list[str]) -> int:
     logging.getLogger("embedfleet.worker").info(
         "serving model %s (%s, dim %d, max length %d, %s on %s, probe cosine vs float32 %.5f, batches of %s) "
         "from queue %s on %s as %s", model.caps.name, path, model.caps.embedding_size, model.caps.max_model_len,
-        dtype, device, model.fidelity, budget.describe(), worker.queue.name, settings.redis_url, worker.name)
+        dtype, device, model.fidelity, budget.describe(), worker.queue.name, redact(url), worker.name)
     worker.work(burst=settings.burst)
     return 0
 

@@ -46,6 +46,9 @@ class WorkerSettings(Settings):
                                     "measured rate); past it the worker exits 70 for its supervisor to restart")
     watchdog_per_token: float | None = Field(None, ge=0, description="seconds per padded token of a forward "
                                                                      "round's deadline (see --watchdog-seconds)")
+    gpus: str | None = Field(None, description="`all` or GPU indices (0,1,...): one engine process per GPU, each "
+                                               "with CUDA_VISIBLE_DEVICES set to its GPU (a multi-GPU host); "
+                                               "default: one engine on --device")
 
 
 def bundled_model_path() -> str:

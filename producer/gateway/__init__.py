@@ -5,9 +5,12 @@ from __future__ import annotations
 import logging
 import sys
 
+import redis
+
 from common import console
 from common.errors import StartupError
 from common.ports import port_free
+from common.redisclient import check_access, connect
 from producer.gateway.app import create_app
 from producer.gateway.settings import GatewaySettings
 
@@ -27,6 +30,14 @@ def serve(argv: list[str]) -> int:
     if not port_free(settings.host, settings.port):
         raise StartupError(f"port {settings.port} on {settings.host} is already in use; pass --port N "
                            "(or EMBEDFLEET_PORT)")
+    for url in settings.shards.urls():
+        connection = connect(url)
+        try:  # a wrong password, ACL or certificate stops the start (AccessError); an outage does not:
+            check_access(connection, url)  # until Redis is back, requests get 503 redis_unavailable
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass
+        finally:
+            connection.close()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
     return 0

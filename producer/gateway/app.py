@@ -11,6 +11,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from common.errors import UnavailableError
+from common.redisclient import redact
 from producer import AsyncProducer
 from producer.gateway import errors, jobs, routes
 from producer.gateway.limits import BodyLimitMiddleware
@@ -28,13 +29,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         # The producer is made here, inside the server's event loop, which its redis.asyncio pool binds to.
-        producer = AsyncProducer(settings.redis_url, max_queue_depth=settings.max_queue_depth)
+        producer = AsyncProducer(settings.redis_url, shards=settings.shards.shards,
+                                 max_queue_depth=settings.max_queue_depth)
         app.state.gateway = Gateway(settings, producer, metrics)
         try:
             await producer.models()
         except UnavailableError as err:  # serve anyway: Redis may come later; until then requests get 503
             log.warning("Redis at %s is unreachable (%s); answering 503 redis_unavailable until it is back",
-                        settings.redis_url, err.message)
+                        redact(settings.redis_url), err.message)
         try:
             yield
         finally:

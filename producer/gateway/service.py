@@ -48,11 +48,11 @@ class Gateway:
     async def save_job_options(self, request_id: str, body: EmbedBody) -> None:
         options = json.dumps({"encoding_format": body.encoding_format, "explicit_layout": body.explicit_layout})
         with redis_errors():
-            await save_job_options(self.producer.redis, request_id, options)
+            await save_job_options(await self.producer.connection_of(request_id), request_id, options)
 
     async def job_options(self, request_id: str) -> dict:
         with redis_errors():
-            raw = await self.producer.redis.get(keys.job_options_key(request_id))
+            raw = await (await self.producer.connection_of(request_id)).get(keys.job_options_key(request_id))
         return json.loads(raw) if raw else {"encoding_format": "float", "explicit_layout": False}
 
 

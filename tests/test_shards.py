@@ -1,0 +1,72 @@
+"""Two shards (two redis-servers): two models, each served and answered on its own shard through one
+gateway; `embedfleet status` and a Producer read the same map."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+
+from common import keys
+from common.redisserver import RedisServer, free_port
+from common.shards import parse_shards
+from producer import Producer
+from tests.commands import clean_env, embedfleet
+from tests.secureredis import embedfleet_process, post_embeddings, stop, wait_healthy
+
+
+def test_two_models_on_two_shards_through_one_gateway(tmp_path):
+    with RedisServer(tmp_path / "a") as a, RedisServer(tmp_path / "b") as b:
+        shard_file = tmp_path / "shards.json"
+        shard_file.write_text(json.dumps({"beta": b.url}))
+        env = clean_env(tmp_path, EMBEDFLEET_REDIS_URL=a.url, EMBEDFLEET_REDIS_SHARDS=f"@{shard_file}")
+        # Both workers are told the default Redis; the map sends `beta`'s to its shard.
+        alpha = embedfleet_process("worker", "--model", "null:8", "--served-model-name", "alpha", env=env)
+        beta = embedfleet_process("worker", "--model", "null:4", "--served-model-name", "beta", env=env)
+        port = free_port()
+        gateway = embedfleet_process("gateway", "--port", str(port), env=env)
+        try:
+            health = wait_healthy(f"http://127.0.0.1:{port}", [alpha, beta, gateway])
+            while set(health["models"]) != {"alpha", "beta"}:
+                health = wait_healthy(f"http://127.0.0.1:{port}", [alpha, beta, gateway])
+            assert len(post_embeddings(f"http://127.0.0.1:{port}", "alpha", "x")["data"][0]["embedding"]) == 8
+            assert len(post_embeddings(f"http://127.0.0.1:{port}", "beta", "y")["data"][0]["embedding"]) == 4
+            ra, rb = redis.Redis.from_url(a.url), redis.Redis.from_url(b.url)
+            # Each model's advert, queue registries and results live on its own shard only.
+            assert ra.smembers(keys.MODELS_KEY) == {b"alpha"} and rb.smembers(keys.MODELS_KEY) == {b"beta"}
+            results_a = {k.decode() for k in ra.scan_iter(keys.result_key("*"))}
+            results_b = {k.decode() for k in rb.scan_iter(keys.result_key("*"))}
+            assert len(results_a) == 1 and len(results_b) == 1
+            with Producer(a.url, shards={"beta": b.url}) as producer:
+                assert set(producer.models()) == {"alpha", "beta"}
+                request_id = producer.submit(["on b"], "beta")
+                assert rb.exists(f"rq:job:{request_id}") and not ra.exists(f"rq:job:{request_id}")
+                assert producer.wait(request_id, 30).embeddings.shape == (1, 4)
+            with Producer(a.url, shards={"beta": b.url}) as stranger:  # an id it did not submit: found on b
+                assert stranger.status(request_id) == "finished" and stranger.get(request_id).ok
+            with Producer(a.url) as unsharded:  # without the map, beta is not served (its adverts are on b)
+                assert set(unsharded.models()) == {"alpha"}
+            status = embedfleet("status", env=env)
+            assert status.returncode == 0, status.stderr
+            assert "alpha: 1 live worker(s)" in status.stdout and "beta: 1 live worker(s)" in status.stdout
+            assert f"on {b.url}" in status.stdout
+            ra.close()
+            rb.close()
+        finally:
+            for process in (gateway, alpha, beta):
+                stop(process)
+
+
+def test_shard_map_forms(tmp_path):
+    assert parse_shards("a=redis://x:1/0; b=redis+sentinel://h1:1,h2:2/m") == {
+        "a": "redis://x:1/0", "b": "redis+sentinel://h1:1,h2:2/m"}
+    lines = tmp_path / "shards.txt"
+    lines.write_text("# model = shard\na=redis://x:1/0\n\nb=rediss://y:2/0  # TLS\n")
+    assert parse_shards(f"@{lines}") == {"a": "redis://x:1/0", "b": "rediss://y:2/0"}
+    for bad, why in (("a", "not MODEL=URL"), ("a=x", "not a Redis URL"), ("a=redis://x a=redis://y", "twice"),
+                     (f"@{tmp_path}/none.json", "cannot read")):
+        with pytest.raises(ValueError, match=why):
+            parse_shards(bad)
+    done = embedfleet("status", "--redis-shards", "nonsense", env=clean_env(tmp_path))
+    assert done.returncode == 2 and "not MODEL=URL" in done.stderr
