@@ -3,10 +3,9 @@ this device. Small batches win on a CPU (per text), large ones on a GPU; measuri
 
 For a few sequence lengths it times passes of 1, 2, 4, ... rows of synthetic tokens, stopping a length once
 texts/s has clearly peaked or the time is spent, then scores every (budget, cap) pair the measurements
-suggest by how close it comes to each length's best texts/s (the rows it would give a batch of that
-length are min(cap, budget // length)). Among the pairs within 5% of the best worst-case share, and then
-of the best mean share, the smallest budget and cap win: less padding on real texts, lower latency.
-Bounded by `seconds`; logged.
+suggest; a pair's cost is the time to embed one text of each probed length at the rates measured (a batch
+of a length gets min(cap, budget // length) rows). The cheapest pair wins; between equals the smaller (lower
+latency). Bounded by `seconds`; logged.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
-TOLERANCE = 0.05  # shares of a length's best texts/s within which two shapes count as equally fast
+TOLERANCE = 1e-6  # relative cost within which two shapes count as equally fast (then the smaller wins)
 
 
 @dataclass(frozen=True)
@@ -79,8 +78,8 @@ def measure(embed, token_id: int, lengths: list[int], seconds: float, max_rows: 
 
 def choose(rates: dict[int, dict[int, float]], max_tokens: int | None = None,
            max_rows: int | None = None) -> tuple[int, int]:
-    """The smallest (budget, cap) within TOLERANCE of the best worst-case, then mean, share of each
-    length's best texts/s; a fixed value (a flag) stays fixed."""
+    """The (budget, cap) with the least time for one text of each probed length (the smaller between
+    equals); a fixed value (a flag) stays fixed."""
     def rate(curve: dict[int, float], rows: int) -> float:
         tried = [r for r in curve if r <= rows]
         return curve[max(tried)] if tried else 0.0
@@ -90,15 +89,13 @@ def choose(rates: dict[int, dict[int, float]], max_tokens: int | None = None,
     scored = []
     for budget in budgets:
         for cap in caps:
-            shares = [rate(curve, min(cap, max(1, budget // length))) / max(curve.values())
-                      for length, curve in rates.items() if curve]
-            scored.append((min(shares), sum(shares) / len(shares), budget, cap))
-    # Within TOLERANCE of the best worst case and then of the best mean, the smallest shape wins: the
-    # curves are flat near their peak, and real texts pad more in a larger batch than the probe's do.
-    best_min = max(s[0] for s in scored)
-    near = [s for s in scored if s[0] >= best_min - TOLERANCE]
-    best_mean = max(s[1] for s in near)
-    pick = min((s[2], s[3]) for s in near if s[1] >= best_mean - TOLERANCE)
+            # seconds to embed one text of each probed length: long texts weigh most, as in real traffic
+            cost = sum(1.0 / max(rate(curve, min(cap, max(1, budget // length))), 1e-9)
+                       for length, curve in rates.items() if curve)
+            scored.append((cost, budget, cap))
+    # The fastest; between equals, the smaller shape (lower latency, less padding on real texts).
+    fastest = min(s[0] for s in scored)
+    pick = min((s[1], s[2]) for s in scored if s[0] <= fastest * (1 + TOLERANCE))
     return pick
 
 
