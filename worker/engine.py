@@ -31,6 +31,11 @@ class Round:
     rows: dict[int, np.ndarray] = field(default_factory=dict)
     failed: dict[int, EmbedfleetError] = field(default_factory=dict)
 
+    @property
+    def texts(self) -> int:
+        """Inputs that reach the forward passes."""
+        return sum(len(p.token_lists) for p in self.prepared.values())
+
 
 @dataclass
 class _Flat:
@@ -42,10 +47,6 @@ class _Flat:
     owners: np.ndarray  # flat position -> request index
     order: np.ndarray  # sorted position -> flat position
     vectors: np.ndarray | None = None
-
-    @property
-    def texts(self) -> int:
-        return sum(len(p.token_lists) for p in self.prepared.values())
 
 
 class Engine:

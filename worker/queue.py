@@ -67,6 +67,7 @@ from worker.rqschema import Answer, Kind, Outcome, RqSchema, Taken
 log = logging.getLogger("embedfleet.worker")
 
 _END = object()  # closes a hand-off: no more rounds
+GATHER_LEAD = 0.05  # least seconds before the device is free that the next round is taken (and tokenised)
 WATCHDOG_EXIT = 70  # a forward pass hung past its deadline (EX_SOFTWARE): the supervisor restarts the worker
 FORCED_EXIT = 1  # a second stop signal, or a drain past its timeout
 
@@ -152,6 +153,8 @@ class BatchWorker(SimpleWorker):
         self._held: dict[tuple[str, str], tuple[Taken, float]] = {}
         self._held_lock = threading.Lock()
         self._slot = threading.Semaphore(1)  # one taken round may wait for the device
+        self._device_busy = (0.0, 0.0)  # (began, expected end) of the round on the device (_await_gathering)
+        self._seconds_per_text = 0.0
         self._burst = False
         self.batches = 0
         self.served = 0
@@ -283,8 +286,13 @@ class BatchWorker(SimpleWorker):
             elif batch.work is not None:
                 if self.watchdog is not None:
                     self.watchdog.arm(batch.work)
+                began, texts = time.monotonic(), batch.work.texts
+                self._device_busy = (began, began + texts * self._seconds_per_text)
                 try:
                     self.engine.forward(batch.work)
+                    if texts:  # how long a text takes on the device, smoothed: when to take the next round
+                        spent = (time.monotonic() - began) / texts
+                        self._seconds_per_text = 0.7 * self._seconds_per_text + 0.3 * spent
                 except Exception as exc:  # an engine bug: every job of the round fails, retryably
                     log.exception("worker %s: forward stage failed on a round of %d", self.name, batch.size)
                     batch.engine_error = exc
@@ -326,6 +334,7 @@ class BatchWorker(SimpleWorker):
             while not self._stop_requested:
                 if not self._slot.acquire(timeout=0.5):
                     continue
+                self._await_gathering()
                 try:
                     if self.should_run_maintenance_tasks:
                         self.run_maintenance_tasks()
@@ -362,6 +371,15 @@ class BatchWorker(SimpleWorker):
         finally:
             with contextlib.suppress(stdqueue.Full):  # full only if the forward stage is gone
                 prepared.put(_END, timeout=30)
+
+    def _await_gathering(self) -> None:
+        """While the device is busy, take the next round only near the end of the current one (by the
+        device's measured time per text): requests that arrive meanwhile join it, so a closed loop of small
+        requests still fills whole batches, and what is taken is prepared before the device is free."""
+        began, free_at = self._device_busy
+        take_at = free_at - max(GATHER_LEAD, 0.25 * (free_at - began))  # a quarter of the round to prepare
+        while (wait := take_at - time.monotonic()) > 0 and not self._stop_requested:
+            time.sleep(min(wait, 0.1))
 
     def _drained(self) -> bool:
         """Burst mode: nothing held any more (a retry may requeue a job), and the queue still empty."""
