@@ -84,9 +84,6 @@ step throughput "$PY" bench/throughput.py --device "$DEVICE" --dtypes "$DTYPES" 
 null_args=(--skip simple --requests "$NULL_REQUESTS" --requests-64 $(( NULL_REQUESTS / 20 )) --seconds 60
            --json "$OUT/nullmodel.json" ${corpus[@]+"${corpus[@]}"})
 step nullmodel "$PY" bench/nullmodel.py "${null_args[@]}"
-if [[ " ${failed[*]} " == *" nullmodel "* ]] && grep -q "no null model yet" "$OUT/nullmodel.log"; then
-    step nullmodel-standin "$PY" bench/nullmodel.py --stand-in "${null_args[@]}"
-fi
 
 say "summary"
 "$PY" bench/summary.py --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" \

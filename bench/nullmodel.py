@@ -3,7 +3,7 @@ SimpleWorker on no-op jobs vs a raw Redis loop doing the least a queue must, for
 with Redis commands per request and round trips per 64 requests (one take of 64 jobs).
 
     PYTHONPATH=. .venv/bin/python bench/nullmodel.py [--requests 20000] [--requests-64 1000]
-        [--simple-requests 2000] [--seconds 60] [--sizes 1,64] [--stand-in] [--skip worker,simple,raw] [--json OUT]
+        [--simple-requests 2000] [--seconds 60] [--sizes 1,64] [--skip worker,simple,raw] [--json OUT]
 
 Worker row: the queue is filled first (the Producer's job format), then
 `python -m worker --model null:384 --served-model-name null` starts; the clock runs from its first take to the
@@ -13,9 +13,6 @@ one pipeline of SET result blob + RPUSH/EXPIRE notify per id. Commands come from
 script's own polls subtracted); round trips are counted on the client side, as redis-py sends (one command, or
 one pipeline/transaction/EVALSHA, is one round trip; bench/_roundtrips.py, injected into the worker through a
 sitecustomize). Each row has its own private redis-server and stops by itself: --seconds bounds each drain.
-
-`--stand-in` runs bench/_nullworker.py (today's BatchWorker with a no-op engine) in place of the real worker,
-for use until `python -m worker --model null:N` exists.
 """
 
 from __future__ import annotations
@@ -54,29 +51,26 @@ def batches_of(texts: list[str], requests: int, size: int) -> list[list[str]]:
 
 
 # -- the worker's null model -----------------------------------------------------------------------
-def worker_args(redis_url: str, stand_in: bool) -> list[str]:
-    entry = [str(Path(__file__).resolve().parent / "_nullworker.py")] if stand_in else ["-m", "worker"]
+def worker_args(redis_url: str) -> list[str]:
+    entry = ["-m", "worker"]
     return [sys.executable, *entry, "--redis-url", redis_url, "--model", f"null:{SIZE}",
             "--served-model-name", NAME]
 
 
-def worker_row(texts, size: int, requests: int, seconds: float, stand_in: bool) -> dict:
+def worker_row(texts, size: int, requests: int, seconds: float) -> dict:
     """Fill the queue, start the worker, time it from its first take to the last result blob."""
     hook, counted = _roundtrips.child_hook()
     with RedisServer() as server:
         ids = prefill(server.url, NAME, batches_of(texts, requests, size))
         conn = redis.Redis.from_url(server.url)
         queue_key = f"rq:queue:{queue_name(NAME)}"
-        worker = Process(worker_args(server.url, stand_in), "null-worker", env={_roundtrips.ENV: str(counted)},
+        worker = Process(worker_args(server.url), "null-worker", env={_roundtrips.ENV: str(counted)},
                          pythonpath=(hook,))
         try:
             deadline = time.monotonic() + 180
             while conn.llen(queue_key) == len(ids):
                 if not worker.alive():
-                    raise worker.fail(
-                        "the worker exited before taking a job. If it says the model 'null:384' cannot be "
-                        "loaded, this worker has no null model yet (issue 7, item 4: `--model null:SIZE`); "
-                        "rerun with --stand-in to measure today's BatchWorker with a no-op engine")
+                    raise worker.fail("the worker exited before taking a job")
                 if time.monotonic() > deadline:
                     raise worker.fail("took no job within 180 s of starting")
                 time.sleep(0.002)
@@ -200,7 +194,6 @@ def main() -> None:
     parser.add_argument("--simple-requests", type=int, default=2000, help="requests for rq's SimpleWorker (slow)")
     parser.add_argument("--seconds", type=float, default=60, help="bound on each timed drain")
     parser.add_argument("--sizes", default="1,64", help="texts per request, comma list")
-    parser.add_argument("--stand-in", action="store_true", help="bench/_nullworker.py instead of python -m worker")
     parser.add_argument("--skip", default="", help="comma list of rows to leave out: worker, simple, raw")
     parser.add_argument("--corpus", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
@@ -209,16 +202,15 @@ def main() -> None:
     _roundtrips.install()
     texts = short_texts(load_corpus(args.corpus))
     skip = set(filter(None, args.skip.split(",")))
-    print(f"{describe_machine()}; null model of size {SIZE}"
-          + ("; STAND-IN worker (bench/_nullworker.py)" if args.stand_in else ""), flush=True)
+    print(f"{describe_machine()}; null model of size {SIZE}", flush=True)
 
-    worker_label = "embedfleet worker --model null:384" + (" (STAND-IN)" if args.stand_in else "")
+    worker_label = "embedfleet worker --model null:384"
     rows, figures = [], []
     for size in (int(s) for s in args.sizes.split(",")):
         requests = args.requests if size == 1 else args.requests_64
         measured = {}
         if "worker" not in skip:
-            measured[worker_label] = worker_row(texts, size, requests, args.seconds, args.stand_in)
+            measured[worker_label] = worker_row(texts, size, requests, args.seconds)
         if "simple" not in skip:
             simple = min(args.simple_requests, requests)
             measured["rq SimpleWorker, no-op jobs"] = simple_row(texts, size, simple)

@@ -15,29 +15,17 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import redis
 from rq import Queue, SimpleWorker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common.capabilities import ModelCapabilities
 from common.keys import FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, RESULT_TTL, queue_name
 from common.redisserver import RedisServer
 from common.request import EmbedRequest
-from common.result import Result
 from common.serializer import MsgpackSerializer
+from worker.engine import Engine
+from worker.nullmodel import NullModel
 from worker.queue import BatchWorker
-
-
-class NoopEngine:
-    """Answers every request at once with a 1x4 zero embedding: only the rq side is measured."""
-
-    caps = ModelCapabilities(name="noop", max_model_len=8, embedding_size=4, vocab_size=8)
-    forward_passes = 0
-
-    def run(self, requests):
-        return [Result.success(r.id, "noop", np.zeros((1, 4), np.float32), "float32", "native", 1)
-                for r in requests]
 
 
 def noop(payload: bytes) -> None:
@@ -85,8 +73,9 @@ def main() -> None:
         conn = redis.Redis.from_url(server.url)
         queue = Queue(queue_name("noop"), connection=conn, serializer=MsgpackSerializer)
         requests = [EmbedRequest(model="noop", inputs=["x"]) for _ in range(args.jobs)]
+        engine = Engine(NullModel("null:4", "noop"), max_batch_tokens=1 << 20, max_batch_size=4096)
         batch_s, batch_cmds = measure(
-            conn, lambda: BatchWorker(NoopEngine(), conn, max_jobs=args.max_jobs),
+            conn, lambda: BatchWorker(engine, conn, max_jobs=args.max_jobs),
             lambda: enqueue_all(queue, [(JOB_FUNC, (r.encode(),), r.id) for r in requests]), args.jobs)
 
         simple_queue = Queue("noop-simple", connection=conn, serializer=MsgpackSerializer)
