@@ -101,13 +101,14 @@ def paused(fleet: Fleet):
     try:
         # A blocking dequeue the worker sent before it stopped still takes the next job inside Redis:
         # hand it a decoy, so that the jobs the test submits next stay queued.
-        fleet.producer.submit(["decoy"], MODEL)
+        decoy = fleet.producer.submit(["decoy"], MODEL)
         deadline = time.monotonic() + 1.0
         while fleet.producer.queue_depth(MODEL) and time.monotonic() < deadline:
             time.sleep(0.05)
         yield
     finally:
         fleet.worker.send_signal(signal.SIGCONT)
+    fleet.producer.wait(decoy, timeout=60)  # the worker is back at work before the next test
 
 
 def base(fleet: Fleet) -> str:
@@ -332,7 +333,7 @@ def test_the_same_mistake_gets_the_same_error_from_python_and_http(fleet, fields
 
 
 def test_dimensions_of_the_full_size_and_offline_docs(fleet):
-    answer = fleet.tight.post("/v1/embeddings", json={"model": MODEL, "input": TEXTS, "dimensions": 384})
+    answer = fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": TEXTS, "dimensions": 384})
     assert answer.status_code == 200, answer.text
     np.testing.assert_allclose([d["embedding"] for d in answer.json()["data"]], fleet.reference, atol=1e-5)
 

@@ -154,6 +154,8 @@ class BatchWorker(SimpleWorker):
         self._held_lock = threading.Lock()
         self._slot = threading.Semaphore(1)  # one taken round may wait for the device
         self._device_busy = (0.0, 0.0)  # (began, expected end) of the round on the device (_await_gathering)
+        self._device_free = threading.Event()  # set whenever no round is on the device
+        self._device_free.set()
         self._seconds_per_text = 0.0
         self._burst = False
         self.batches = 0
@@ -287,6 +289,7 @@ class BatchWorker(SimpleWorker):
                 if self.watchdog is not None:
                     self.watchdog.arm(batch.work)
                 began, texts = time.monotonic(), batch.work.texts
+                self._device_free.clear()
                 self._device_busy = (began, began + texts * self._seconds_per_text)
                 try:
                     self.engine.forward(batch.work)
@@ -297,6 +300,7 @@ class BatchWorker(SimpleWorker):
                     log.exception("worker %s: forward stage failed on a round of %d", self.name, batch.size)
                     batch.engine_error = exc
                 finally:
+                    self._device_free.set()
                     if self.watchdog is not None:
                         self.watchdog.disarm()
             self._hand_off(forwarded, batch, stages)
@@ -375,11 +379,14 @@ class BatchWorker(SimpleWorker):
     def _await_gathering(self) -> None:
         """While the device is busy, take the next round only near the end of the current one (by the
         device's measured time per text): requests that arrive meanwhile join it, so a closed loop of small
-        requests still fills whole batches, and what is taken is prepared before the device is free."""
+        requests still fills whole batches, and what is taken is prepared before the device is free.
+        The wait ends as soon as the device is free, however wrong the estimate (a stall or a paused
+        process inflates it)."""
         began, free_at = self._device_busy
         take_at = free_at - max(GATHER_LEAD, 0.25 * (free_at - began))  # a quarter of the round to prepare
         while (wait := take_at - time.monotonic()) > 0 and not self._stop_requested:
-            time.sleep(min(wait, 0.1))
+            if self._device_free.wait(min(wait, 0.1)):
+                return
 
     def _drained(self) -> bool:
         """Burst mode: nothing held any more (a retry may requeue a job), and the queue still empty."""
