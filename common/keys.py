@@ -92,8 +92,14 @@ def is_reply_stream_key(key: str | bytes) -> bool:
     return isinstance(key, str) and _REPLY_STREAM.fullmatch(key) is not None
 
 
-def queue_name(model: str) -> str:
-    return f"{PREFIX}.{model}"
+PRIORITIES = ("interactive", "bulk")  # a model's priority levels, highest first (issue #10)
+
+
+def queue_name(model: str, priority: str = "interactive") -> str:
+    """The rq queue of `model` at `priority`; the interactive level keeps the name queues always had."""
+    if priority not in PRIORITIES:
+        raise ValueError(f"unknown priority {priority!r}: one of {', '.join(PRIORITIES)}")
+    return f"{PREFIX}.{model}" if priority == "interactive" else f"{PREFIX}.{model}@{priority}"
 
 
 def result_key(request_id: str) -> str:
