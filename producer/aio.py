@@ -250,6 +250,13 @@ class AsyncProducer:
         return (await self.wait(await self.submit(inputs, model, task="token_embed", **fields),
                                 timeout)).multi_vectors
 
+    async def tokenize(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> list[dict]:
+        return (await self.wait(await self.submit(inputs, model, task="tokenize", **fields), timeout)).items
+
+    async def detokenize(self, token_ids, model: str | None = None, *, timeout: float = 60.0,
+                         **fields) -> list[str]:
+        return (await self.wait(await self.submit(token_ids, model, task="detokenize", **fields), timeout)).items
+
     async def status(self, request_id: str) -> str:
         return await asyncio.to_thread(self._sync.status, request_id)
 

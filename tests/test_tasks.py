@@ -16,6 +16,7 @@ from transformers import AutoModel, AutoModelForSequenceClassification, AutoToke
 
 from common.errors import CancelledError, ValidationError
 from common.keys import queue_name
+from common.request import EmbedRequest
 from common.result import Result
 from producer import AsyncProducer, Producer
 from tests.tinymodels import cosines, sample_texts
@@ -216,11 +217,21 @@ def test_async_producer_twins(fleet, redis_url, cross_encoder):
     async def run():
         async with AsyncProducer(redis_url) as producer:
             return (await producer.rerank(QUERY, DOCS, "ce", top_n=2), await producer.score(QUERY, DOCS, "ce"),
-                    await producer.classify(TEXTS[:2], "clf"), await producer.token_embed(TEXTS[:2], "emb"))
+                    await producer.classify(TEXTS[:2], "clf"), await producer.token_embed(TEXTS[:2], "emb"),
+                    await producer.tokenize(TEXTS[:1], "clf"))
 
-    ranked, scores, classified, vectors = asyncio.run(run())
+    ranked, scores, classified, vectors, items = asyncio.run(run())
     assert [r["index"] for r in ranked] == list(np.argsort(-scores)[:2])
     assert classified.scores.shape == (2, 3) and [v.shape[1] for v in vectors] == [32, 32]
+    assert items == fleet.tokenize(TEXTS[:1], "clf")
+
+
+def test_requests_without_a_pair_encode_as_before():
+    """Workers that predate tasks refuse unknown fields: a request without `text_pair` does not carry it."""
+    plain = EmbedRequest(model="m", inputs=["a"])
+    assert b"text_pair" not in plain.encode() and EmbedRequest.decode(plain.encode()) == plain
+    paired = EmbedRequest(model="m", inputs=["a"], text_pair=["b"], params={"task": "score"})
+    assert EmbedRequest.decode(paired.encode()) == paired
 
 
 def test_result_blob_keeps_task_keys_and_embed_blobs_unchanged():

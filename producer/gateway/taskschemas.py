@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from producer.gateway.schemas import Input
 
@@ -27,8 +27,9 @@ class _Body(BaseModel):
 class ScoreBody(_Body):
     """vLLM's /score: `text_1` against `text_2`, one against many or pairwise."""
 
-    text_1: Texts
-    text_2: Texts
+    # newer vLLM names the two sides `queries` / `documents` (`data_1` / `data_2` before): all are accepted
+    text_1: Texts = Field(validation_alias=AliasChoices("text_1", "queries", "data_1"))
+    text_2: Texts = Field(validation_alias=AliasChoices("text_2", "documents", "data_2"))
     truncate_prompt_tokens: int | None = None
     use_activation: bool | None = None
 
