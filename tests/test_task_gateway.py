@@ -123,6 +123,11 @@ def test_unsupported_task_is_a_clear_400(http):
     assert answer.status_code == 400 and "supports ['score', 'classify'" in answer.json()["error"]["message"]
     answer = http.post("/rerank", json={"model": "ce", "query": QUERY, "documents": []})
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "documents"
+    answer = http.post("/rerank", json={"model": "ce", "query": QUERY, "documents": DOCS, "top_k": 2})
+    assert answer.status_code == 400 and "did you mean `top_n`?" in answer.json()["error"]["message"]
+    answer = http.post("/score", json={"model": "ce", "text_1": QUERY, "text_2": DOCS, "normalise": True})
+    assert answer.status_code == 400 and "`normalise` is not a request field" in answer.json()["error"]["message"]
+    assert "text_1" in answer.json()["error"]["message"]  # the route's own fields, not the embeddings body's
 
 
 def test_openai_client_unchanged_on_embeddings(http, redis_url):

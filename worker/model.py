@@ -237,7 +237,7 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
     if is_classifier(hf_config) and st.pooling is None and not st.dense_paths:  # a cross-encoder, a classifier
         from worker.tasks.classifier import load_classifier  # noqa: PLC0415 - only for such folders
 
-        return load_classifier(folder, model_dir, hf_config, name=_served_name(path_or_id, served_name), device=device,
+        return load_classifier(folder, st, hf_config, name=_served_name(path_or_id, served_name), device=device,
                                dtype=dtype, max_inputs=max_inputs)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if st.do_lower_case:

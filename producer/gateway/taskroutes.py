@@ -28,7 +28,7 @@ def _parse(cls: type[BaseModel], data):
     try:
         return cls.model_validate(data)
     except PydanticValidationError as exc:  # the same messages as every other body
-        raise invalid_request(exc.errors()) from exc
+        raise invalid_request(exc.errors(), cls.known_fields()) from exc
 
 
 def _usage(result: Result) -> dict:

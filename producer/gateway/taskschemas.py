@@ -18,6 +18,11 @@ class _Body(BaseModel):
     model: str | None = Field(None, description="served model name; omitted: the only served model")
     user: str | None = Field(None, description="accepted for OpenAI compatibility, not used")
 
+    @classmethod
+    def known_fields(cls) -> tuple[str, ...]:
+        """What "did you mean" picks from for a misspelt field of this body (producer.gateway.errors)."""
+        return tuple(cls.model_fields)
+
     def param_fields(self) -> dict:
         """The PoolingParams fields that were sent (the producer verifies them)."""
         return self.model_dump(include={"truncate_prompt_tokens", "use_activation", "add_special_tokens"},

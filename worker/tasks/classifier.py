@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from common.capabilities import ModelCapabilities
-from worker.model import _DTYPES, _max_len, pad_batch
-from worker.stconfig import read_st_config
+from worker.model import _DTYPES, _lowercase, _max_len, pad_batch
+from worker.stconfig import STConfig
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class ClassifierModel:
         return self.module(**inputs).logits.float().cpu()
 
 
-def _score_activation(folder: str, model_dir: str, config, num_labels: int) -> nn.Module:
+def _score_activation(folder: str, config, num_labels: int) -> nn.Module:
     """CrossEncoder's activation: the folder's `activation_fn` (sentence-transformers 6, 4-5 or older
     layouts), only torch.nn classes as ST allows without trust_remote_code; else Sigmoid for one label."""
     from worker.model import _activation  # noqa: PLC0415 - the same torch.nn-only builder as Dense
@@ -70,19 +70,22 @@ def _score_activation(folder: str, model_dir: str, config, num_labels: int) -> n
     return nn.Sigmoid() if num_labels == 1 else nn.Identity()
 
 
-def load_classifier(folder: str, model_dir: str, config, *, name: str, device: torch.device, dtype: str,
+def load_classifier(folder: str, st: STConfig, config, *, name: str, device: torch.device, dtype: str,
                     max_inputs: int) -> ClassifierModel:
     """A cross-encoder (num_labels 1: tasks score and classify) or a classifier (classify)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415
 
+    model_dir = os.path.join(folder, st.transformer_path)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if st.do_lower_case:
+        _lowercase(tokenizer)
     module = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     num_labels = int(config.num_labels)
     id2label = getattr(config, "id2label", None) or {}
     labels = tuple(str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(num_labels))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     caps = ModelCapabilities(
-        name=name, max_model_len=_max_len(read_st_config(folder), tokenizer, config),
+        name=name, max_model_len=_max_len(st, tokenizer, config),
         embedding_size=num_labels, vocab_size=module.get_input_embeddings().num_embeddings,
         pooling="classifier", normalize=True, max_inputs=max_inputs,
         truncation_side=getattr(tokenizer, "truncation_side", "right") or "right",
@@ -90,7 +93,7 @@ def load_classifier(folder: str, model_dir: str, config, *, name: str, device: t
         labels=labels)
     model = ClassifierModel(
         tokenizer=tokenizer, module=module, caps=caps, device=device,
-        score_activation=_score_activation(folder, model_dir, config, num_labels),
+        score_activation=_score_activation(folder, config, num_labels),
         padding_side=getattr(tokenizer, "padding_side", "right") or "right", pad_token_id=pad,
         token_types="token_type_ids" in tokenizer.model_input_names and getattr(config, "type_vocab_size", 2) > 1)
     if dtype != "float32":
