@@ -5,7 +5,8 @@
 The cross-encoder is the bundled all-MiniLM-L6-v2 encoder with a random one-label head (the size of the
 common ms-marco-MiniLM-L6 rerankers; the scores mean nothing, the cost is real), saved to a temp folder.
 Each query is reranked against --documents corpus texts: in process with CrossEncoder.predict (batch 32),
-and end to end with Producer.rerank on one worker process (`python -m worker`, its probed token budget),
+and end to end with Producer.rerank on one worker process (`python -m worker`, 32 rows / 8192 padded tokens
+per pass: the start-up probe is meaningless on a shared, loaded machine),
 where one request holds every (query, document) pair; the two alternate query by query. The client shares
 the machine with the worker (the in-process model idles while the worker runs, and the other way round).
 """
@@ -55,7 +56,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         build_cross_encoder(folder)
         reference = CrossEncoder(folder, device="cpu", max_length=256)
-        with RedisServer() as server, start_worker(server.url, folder, SERVED, "--probe-seconds", "2"), \
+        with RedisServer() as server, start_worker(server.url, folder, SERVED, "--max-batch-tokens", "8192",
+                                                  "--max-batch-size", "32"), \
                 Producer(server.url) as producer:
             reference.predict([(queries[0], d) for d in documents[:8]])  # warm-up, both paths
             producer.rerank(queries[0], documents[:8], SERVED)
