@@ -14,7 +14,7 @@ import torch
 from sentence_transformers import CrossEncoder, SentenceTransformer
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
-from common.errors import CancelledError, ValidationError
+from common.errors import CancelledError, InputTooLongError, ValidationError
 from common.keys import queue_name
 from common.request import EmbedRequest
 from common.result import Result
@@ -78,6 +78,18 @@ def test_score_equals_cross_encoder_predict(fleet, cross_encoder):
     firsts = sample_texts(len(DOCS), seed=9)
     np.testing.assert_allclose(fleet.score(firsts, DOCS, "ce"), reference.predict(list(zip(firsts, DOCS))),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_a_pair_over_the_max_length_fails_alone_unless_truncated(fleet, cross_encoder):
+    long = " ".join(sample_texts(40, seed=5))  # far past the model's 128 positions
+    bad = fleet.submit([QUERY, QUERY], "ce", task="score", text_pair=[long, DOCS[0]])
+    good = fleet.submit([QUERY], "ce", task="score", text_pair=[DOCS[0]])
+    with pytest.raises(InputTooLongError, match="pair 0 has"):
+        fleet.wait(bad)
+    assert fleet.wait(good).scores.shape == (1,)  # the worker and the other requests go on
+    reference = CrossEncoder(cross_encoder, device="cpu")  # truncates to its max_length (128), longest first
+    np.testing.assert_allclose(fleet.score(QUERY, [long], "ce", truncate_prompt_tokens=-1),
+                               reference.predict([(QUERY, long)]), rtol=1e-5)
 
 
 def test_rerank_orders_like_cross_encoder_rank(fleet, cross_encoder):
