@@ -137,4 +137,6 @@ class PoolingParams(BaseModel):
                                   f"'{self.task}' answers float32", param="embed_dtype")
 
     def output_size(self, caps: ModelCapabilities) -> int:
+        if self.task == "token_embed" and caps.token_size:
+            return caps.token_size
         return self.dimensions or caps.embedding_size

@@ -195,6 +195,9 @@ def test_task_inputs_are_checked_at_submit(fleet):
         fleet.submit(["a"], "clf", task="detokenize")
     with pytest.raises(ValidationError, match="`dimensions` applies to task 'embed' only"):
         fleet.submit(["a"], "emb", task="token_embed", dimensions=8)
+    # the bits of a token vector are packed by its own width: 16 for this ColBERT projection, 32 for the hidden
+    assert fleet.token_embed(["a b"], "colbert", embed_dtype="ubinary")[0].shape == (4, 2)
+    assert fleet.models()["emb"].token_size == 32 and fleet.models()["colbert"].token_size == 16
     with pytest.raises(ValidationError, match="text_1"):
         fleet.score([], DOCS, "ce")
 

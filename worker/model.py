@@ -284,6 +284,7 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         max_inputs=max_inputs,
         tasks=("token_embed", "score", "tokenize", "detokenize") if colbert
         else ("embed", "score", "token_embed", "tokenize", "detokenize"),
+        token_size=embedding_size if colbert else hidden,
     )
     loaded = LoadedModel(
         tokenizer=tokenizer, module=module, pooler=pooler, dense=dense, caps=caps,
