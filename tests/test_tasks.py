@@ -184,6 +184,18 @@ def test_every_unsupported_task_fails_at_submit_naming_the_supported_ones(fleet,
     assert redis_client.llen(f"rq:queue:{queue_name(model)}") == 0
 
 
+def test_the_worker_verifies_the_task_again(fleet):
+    """A request that skipped the producer's check (an older producer, a hand-made job) is refused by the
+    worker with the same message, alone."""
+    from producer.core import enqueue
+
+    request = EmbedRequest(model="emb", inputs=["a"], params={"task": "classify"})
+    enqueue(fleet._queue("emb"), [request])
+    with pytest.raises(ValidationError, match=r"task 'classify' is not supported by model 'emb': it supports"):
+        fleet.wait(request.id)
+    assert fleet.embed(["a"], "emb").shape == (1, 32)
+
+
 def test_task_inputs_are_checked_at_submit(fleet):
     with pytest.raises(ValidationError, match="takes pairs of texts"):
         fleet.submit(["a"], "ce", task="score")
