@@ -161,6 +161,7 @@ class Result:
                 finished_at=head["finished_at"], **_task_fields(head))
             if result.parts is not None and (sum(result.parts) != result.shape[0] or min(result.parts, default=0) < 0):
                 raise ValueError(f"parts {list(result.parts)} do not add up to the {result.shape[0]} rows")
+            _check_task_shapes(result)
             if result.ok:
                 result.stored  # noqa: B018 - checks that the bytes fit the declared shape and dtype
             return result
@@ -182,6 +183,31 @@ def _task_fields(head: dict) -> dict:
         raise ValueError("items must be a list")
     return {"task": task, "parts": None if parts is None else tuple(parts), "labels": tuple(labels),
             "items": items}
+
+
+def _check_task_shapes(result: Result) -> None:
+    """Labels name the columns, items answer the inputs one each (tokenize: ids, tokens, special flags and
+    offsets of one length): what readers index without further checks."""
+    if result.labels and (len(result.shape) != 2 or len(result.labels) != result.shape[1]):
+        raise ValueError(f"{len(result.labels)} labels for an array of shape {list(result.shape)}")
+    if result.items is None:
+        return
+    if not result.shape or len(result.items) != result.shape[0]:
+        raise ValueError(f"{len(result.items)} items for {result.shape[0] if result.shape else 0} inputs")
+    for item in result.items:
+        if result.task == "detokenize" and not isinstance(item, str):
+            raise ValueError("a detokenize item must be a string")
+        if result.task == "tokenize":
+            ids, tokens, special = (item.get(k) if isinstance(item, dict) else None
+                                    for k in ("ids", "tokens", "special"))
+            offsets = item.get("offsets")
+            if not (isinstance(ids, list) and all(type(i) is int for i in ids)
+                    and isinstance(tokens, list) and all(isinstance(t, str) for t in tokens)
+                    and isinstance(special, list) and all(isinstance(f, bool) for f in special)
+                    and len(ids) == len(tokens) == len(special)
+                    and (offsets is None or (isinstance(offsets, list) and len(offsets) == len(ids) and all(
+                        isinstance(o, list) and len(o) == 2 and all(type(v) is int for v in o) for o in offsets)))):
+                raise ValueError("a tokenize item must hold ids, tokens, special flags (and offsets) of one length")
 
 
 def publish(pipe, result: Result, ttl: int, reply_to: str | None = None, only_if_absent: bool = False) -> None:

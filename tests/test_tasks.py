@@ -14,7 +14,7 @@ import torch
 from sentence_transformers import CrossEncoder, SentenceTransformer
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
-from common.errors import CancelledError, InputTooLongError, ValidationError
+from common.errors import CancelledError, DecodeError, InputTooLongError, ValidationError
 from common.keys import queue_name
 from common.request import EmbedRequest
 from common.result import Result
@@ -268,6 +268,12 @@ def test_result_blob_keeps_task_keys_and_embed_blobs_unchanged():
     assert back.parts == (4, 2) and [v.shape for v in back.multi_vectors] == [(4, 2), (2, 2)]
     embed = Result.success("r2", "m", rows, "float32", "little", 6).encode()
     assert b"task" not in embed and b"parts" not in embed  # an embed blob is what older readers know
-    with pytest.raises(Exception, match="do not add up"):
+    bad_items = Result.success("r4", "m", np.zeros((1, 0), np.float32), "float32", "little", 1)
+    with pytest.raises(DecodeError, match="tokenize item"):
+        Result.decode(bad_items.with_task("tokenize", items=[{"ids": [1, 2], "tokens": ["a"], "special": []}]).encode())
+    with pytest.raises(DecodeError, match="3 labels"):
+        Result.decode(Result.success("r5", "m", rows, "float32", "little", 6).with_task("classify",
+                                                                                       labels=["a", "b", "c"]).encode())
+    with pytest.raises(DecodeError, match="do not add up"):
         Result.decode(Result.success("r3", "m", rows, "float32", "little", 6).with_task(
             "token_embed", parts=[4, 4]).encode())
