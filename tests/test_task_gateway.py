@@ -45,7 +45,7 @@ def test_score_route_equals_cross_encoder(http, cross_encoder):
     assert [d["index"] for d in body["data"]] == list(range(len(DOCS)))
     np.testing.assert_allclose([d["score"] for d in body["data"]], expected, rtol=1e-5)
     assert body["usage"]["prompt_tokens"] > 0 and body["object"] == "list"
-    newer = http.post("/score", json={"model": "ce", "queries": QUERY, "documents": DOCS}).json()
+    newer = http.post("/v1/score", json={"model": "ce", "queries": QUERY, "documents": DOCS}).json()
     assert [d["score"] for d in newer["data"]] == [d["score"] for d in body["data"]]
 
 

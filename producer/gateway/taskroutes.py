@@ -1,4 +1,4 @@
-"""The task routes: /score, /rerank (+ /v1/rerank, /v2/rerank), /classify, /tokenize, /detokenize, /decode.
+"""The task routes: /score, /rerank, /classify, /tokenize, /detokenize, /decode (and their /v1, /v2 aliases).
 
 Each one is a request of its task on the model's queue, answered by a worker (the gateway holds no model
 and no tokenizer). A task the model does not serve fails at submit, naming the tasks it does.
@@ -41,6 +41,7 @@ def _head(result: Result) -> dict:
 
 
 @router.post("/score")
+@router.post("/v1/score")
 async def score(body: ScoreBody, gw: Gateway = Depends(gateway)) -> JSONResponse:
     firsts, seconds = score_pairs(body.text_1, body.text_2)
     result = await gw.run_task(firsts, body.model, "score", body.param_fields(), text_pair=seconds)
