@@ -10,7 +10,9 @@ from common.capabilities import ModelCapabilities
 from common.codec import check_text
 from common.errors import ValidationError
 
-EmbedDtype = Literal["float32", "float16", "bfloat16", "int8", "uint8", "binary", "ubinary"]
+# fp8_e4m3 / fp8_e5m2: vLLM's 8-bit floats (torch float8_e4m3fn / float8_e5m2), stored as their bits.
+EmbedDtype = Literal["float32", "float16", "bfloat16", "int8", "uint8", "binary", "ubinary", "fp8_e4m3",
+                     "fp8_e5m2"]
 Endianness = Literal["native", "little", "big"]
 EMBED_DTYPES: tuple[str, ...] = EmbedDtype.__args__
 PACKED_DTYPES = ("binary", "ubinary")  # one bit per dimension, eight dimensions per byte

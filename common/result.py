@@ -15,7 +15,8 @@ import numpy as np
 
 from common import keys
 from common.codec import packb, unpackb
-from common.dtypes import bfloat16_bits_to_float32, from_bytes, resolve_endianness, to_bytes
+from common.dtypes import (FP8_DTYPES, bfloat16_bits_to_float32, fp8_bits_to_float32, from_bytes,
+                           resolve_endianness, to_bytes)
 from common.errors import DecodeError, EmbedfleetError, error_from_code
 
 MAGIC = b"EFR"
@@ -69,14 +70,16 @@ class Result:
 
     @property
     def stored(self) -> np.ndarray:
-        """The array exactly as stored (bfloat16 as uint16 bits), in native byte order."""
+        """The array exactly as stored (bfloat16 as uint16 bits, fp8 as uint8 bits), in native byte order."""
         return from_bytes(self.data, self.embed_dtype, self.endianness, self.shape)
 
     @property
     def embeddings(self) -> np.ndarray:
-        """Shape (n, d) in native byte order; bfloat16 widened to float32, packed bits left packed."""
+        """Shape (n, d) in native byte order; bfloat16 and fp8 widened to float32, packed bits left packed."""
         self.raise_for_error()
         stored = self.stored
+        if self.embed_dtype in FP8_DTYPES:
+            return fp8_bits_to_float32(stored, self.embed_dtype)
         return bfloat16_bits_to_float32(stored) if self.embed_dtype == "bfloat16" else stored
 
     @property

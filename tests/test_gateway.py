@@ -210,6 +210,29 @@ def test_pooling_bytes_decode_with_numpy(fleet, embed_dtype, endianness):
     assert only.content == response.content and "metadata" not in only.headers
 
 
+@pytest.mark.parametrize("embed_dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_through_bytes_base64_and_float(fleet, embed_dtype):
+    """vLLM's fp8 outputs: the bits of torch's float8 cast, one byte per dimension, in every encoding."""
+    import torch
+
+    torch_dtype = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[embed_dtype]
+    bits = torch.tensor(fleet.reference.astype(np.float32)).to(torch_dtype).view(torch.uint8).numpy()
+    widened = torch.tensor(bits).view(torch_dtype).float().numpy()
+    body = {"model": MODEL, "input": TEXTS, "embed_dtype": embed_dtype}
+    response = fleet.main.post("/pooling", json={**body, "encoding_format": "bytes"})
+    assert response.status_code == 200, response.text
+    meta = json.loads(response.headers["metadata"])
+    assert [(d["embed_dtype"], d["shape"], d["end"] - d["start"]) for d in meta["data"]] == \
+        [(embed_dtype, [bits.shape[1]], bits.shape[1])] * len(TEXTS)
+    assert np.array_equal(np.frombuffer(response.content, np.uint8).reshape(bits.shape), bits)
+    for path, key in (("/pooling", "data"), ("/v1/embeddings", "embedding")):
+        encoded = fleet.main.post(path, json={**body, "encoding_format": "base64"}).json()["data"]
+        assert np.array_equal(np.stack([np.frombuffer(base64.b64decode(d[key]), np.uint8) for d in encoded]), bits)
+        floats = fleet.main.post(path, json={**body, "encoding_format": "float"}).json()["data"]
+        np.testing.assert_array_equal(np.array([d[key] for d in floats], np.float32), widened)
+    assert np.abs(widened - fleet.reference).max() < (0.07 if embed_dtype == "fp8_e4m3" else 0.13)
+
+
 def test_pooling_json_float_and_base64(fleet):
     for fmt in ("float", "base64"):
         response = fleet.main.post("/pooling", json={"model": MODEL, "input": TEXTS, "encoding_format": fmt,
