@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from common import keys
 from common.errors import EmbedfleetError, InternalError
 from common.params import PoolingParams
 from common.request import EmbedRequest
@@ -30,6 +31,8 @@ class Round:
     prepared: dict[int, Prepared] = field(default_factory=dict)
     rows: dict[int, np.ndarray] = field(default_factory=dict)
     failed: dict[int, EmbedfleetError] = field(default_factory=dict)
+    # long requests whose chunks go to the fleet as sub-jobs (worker/chunkjobs.py): no result from here
+    spread: dict[int, Prepared] = field(default_factory=dict)
 
     @property
     def texts(self) -> int:
@@ -56,14 +59,18 @@ class Engine:
         and, for `prepare`, a tokenizer (see worker.nullmodel for one without).
     max_batch_tokens: padded-token budget of one forward pass (rows * longest row).
     max_batch_size: most rows in one forward pass.
+    chunks_per_job: a request with more chunks than this (a long input, worker/chunking.py) is not run here
+        but left in `Round.spread` for the worker to spread over the fleet; 0: every request runs here.
     """
 
-    def __init__(self, model, *, max_batch_tokens: int = 16384, max_batch_size: int = 256):
+    def __init__(self, model, *, max_batch_tokens: int = 16384, max_batch_size: int = 256,
+                 chunks_per_job: int = 0):
         self.model = model
         self.caps = model.caps
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.forward_passes = 0
+        self.chunks_per_job = chunks_per_job
         self._resolved: dict[PoolingParams, PoolingParams | EmbedfleetError] = {}
 
     def run(self, requests: list[EmbedRequest]) -> list[Result]:
@@ -82,7 +89,8 @@ class Engine:
             try:
                 resolved = self._resolve(request)
                 work.resolved[index] = resolved
-                work.prepared[index] = tokenize(resolved) if tokenize else prepare(self.model, resolved)
+                prepared = tokenize(resolved) if tokenize else prepare(self.model, resolved)
+                (work.spread if self._spreads(resolved, prepared) else work.prepared)[index] = prepared
             except EmbedfleetError as exc:
                 work.results[index] = Result.failure(request.id, self.caps.name, exc)
             except Exception as exc:  # a tokenizer crash on one request must not sink the others
@@ -113,7 +121,7 @@ class Engine:
         owners: list[int] = []
         for index, prep in work.prepared.items():
             token_lists.extend(prep.token_lists)
-            prompt_lengths.extend([prep.prompt_length] * len(prep.token_lists))
+            prompt_lengths.extend(prep.prompt_lengths)
             owners.extend([index] * len(prep.token_lists))
         if not token_lists:
             return None
@@ -123,13 +131,13 @@ class Engine:
     def finish(self, work: Round) -> list[Result]:
         """Post-process every request that reached the forward pass; returns all results in input order."""
         for index, request in work.resolved.items():
-            if work.results[index] is not None:
+            if work.results[index] is not None or index in work.spread:
                 continue
             if index in work.failed:
                 work.results[index] = Result.failure(request.id, self.caps.name, work.failed[index])
             else:
-                work.results[index] = self._postprocess(request, work.rows[index],
-                                                        work.prepared[index].prompt_tokens)
+                prep = work.prepared[index]
+                work.results[index] = self._postprocess(request, prep.pooled(work.rows[index]), prep.prompt_tokens)
         return work.results
 
     # -- internals --------------------------------------------------------------------------------------
@@ -149,6 +157,13 @@ class Engine:
         if isinstance(params, EmbedfleetError):
             raise params
         return request.model_copy(update={"params": params})
+
+    def _spreads(self, request: EmbedRequest, prepared: Prepared) -> bool:
+        """More chunks than one job should hold (a part never spreads again; a prompt left out of pooling
+        stays in one worker, whose first chunk knows it)."""
+        return bool(self.chunks_per_job) and prepared.owners is not None and request.part_of is None \
+            and len(prepared.token_lists) > self.chunks_per_job and not prepared.prompt_length \
+            and keys.part_id(request.id, len(prepared.token_lists)) is not None
 
     def _pass(self, positions: np.ndarray, flat: _Flat, work: Round) -> None:
         """One forward pass over these flat positions; if it fails, the batch again in halves, down to single

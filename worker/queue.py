@@ -58,6 +58,7 @@ from common.request import EmbedRequest, job_reply_to
 from common.result import Result, publish
 from common.serializer import MsgpackSerializer
 from worker.advertise import Advertiser
+from worker.chunkjobs import ChunkJobs
 from worker.engine import Round
 from worker.heartbeat import Heartbeat, Watchdog, timed_out
 from worker import answers
@@ -139,6 +140,8 @@ class BatchWorker(SimpleWorker):
             raise ValueError(f"lease must be positive and max_deliveries at least 1, got {lease}, {max_deliveries}")
         self.schema = RqSchema(connection, self.queue.name, self.name, result_ttl=result_ttl, lease=lease)
         self.advertiser = Advertiser(connection, engine.caps, self.name, info=info)
+        self.chunk_jobs = ChunkJobs(connection, self.queue, engine.caps.name, result_ttl=result_ttl,
+                                    chunks_per_job=getattr(engine, "chunks_per_job", 0))
         self.heartbeat_interval = heartbeat_interval
         self.lease = lease
         self.max_deliveries = max_deliveries
@@ -463,6 +466,7 @@ class BatchWorker(SimpleWorker):
         results = self._results(batch)
         for job, result in zip(batch.runnable, results):
             written.append(answers.served(job, result, batch.reply_to.get(job.id), self.engine.caps.name))
+        written = self.chunk_jobs.settle(batch, written)  # long requests spread, parts of them joined
         counts = self._with_retries(lambda: self.schema.finish(written, time.time() - batch.began))
         self._release(batch)
         self.batches += 1

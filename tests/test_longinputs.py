@@ -1,0 +1,183 @@
+"""Long inputs in chunks (--max-embed-len): against a reference chunked and combined by hand with
+sentence-transformers, in one worker and spread over two, and every way a part can fail."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from common import keys
+from common.errors import InputTooLongError, InternalError
+from common.request import EmbedRequest
+from common.result import Result
+from producer import Producer
+from tests.tinymodels import WORDS, save_tiny_bert, st_reference, wrap_sentence_transformers
+from worker.engine import Engine
+from worker.model import load_model
+from worker.queue import BatchWorker
+
+MAX_LEN = 32  # the tiny model's max length: 7x of it is still a fast test
+
+
+@pytest.fixture(scope="module")
+def long_model(tmp_path_factory):
+    """Tiny BERT, mean pooling, Normalize, max length 32; the worker's model allows 8x that in chunks."""
+    folder = wrap_sentence_transformers(save_tiny_bert(str(tmp_path_factory.mktemp("long"))), "mean",
+                                        normalize=True, max_seq_length=MAX_LEN)
+    return folder, load_model(folder, served_name="long", max_embed_len=8 * MAX_LEN)
+
+
+def words(tokens: int, seed: int = 0) -> str:
+    """A text of exactly `tokens` tokens with the special ones ([CLS], [SEP]): every word is one token."""
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(tokens - 2))
+
+
+def hand_reference(folder: str, text: str) -> tuple[np.ndarray, int]:
+    """Chunk by hand (content tokens in runs of MAX_LEN - 2, each as [CLS] run [SEP]), embed each chunk with
+    sentence-transformers (its modules up to Normalize), token-count-weighted mean, normalise. Also returns
+    the tokens of all chunks."""
+    model = st_reference(folder, drop_normalize=True)
+    tokenizer = model.tokenizer
+    content = tokenizer(text, add_special_tokens=False)["input_ids"]
+    room = MAX_LEN - 2
+    chunks = [[tokenizer.cls_token_id, *content[i:i + room], tokenizer.sep_token_id]
+              for i in range(0, len(content), room)]
+    vectors = []
+    for ids in chunks:
+        features = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+                    "token_type_ids": torch.zeros(1, len(ids), dtype=torch.long)}
+        with torch.no_grad():
+            vectors.append(model(features)["sentence_embedding"][0].double().numpy())
+    weights = np.array([len(ids) for ids in chunks], np.float64)
+    mean = (np.stack(vectors) * weights[:, None]).sum(0) / weights.sum()
+    return mean / np.linalg.norm(mean), int(weights.sum())
+
+
+def cosine(a, b) -> float:
+    return float(np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("multiple", [1, 2.5, 7])
+def test_chunked_input_equals_the_hand_reference(long_model, multiple):
+    folder, model = long_model
+    text = words(int(multiple * MAX_LEN), seed=int(multiple * 10))
+    result = Engine(model).run([EmbedRequest(model="long", inputs=[text, "a short one"])])[0]
+    expected, tokens = hand_reference(folder, text)
+    assert cosine(result.embeddings[0], expected) >= 0.99999
+    short, short_tokens = hand_reference(folder, "a short one")
+    assert cosine(result.embeddings[1], short) >= 0.99999  # the short neighbour is untouched
+    assert result.usage.prompt_tokens == tokens + short_tokens  # every chunk's tokens, specials included
+    assert np.isclose(np.linalg.norm(result.embeddings[0]), 1.0, atol=1e-5)
+
+
+def test_truncation_wins_over_chunking_and_limits_are_clear(long_model):
+    folder, model = long_model
+    engine = Engine(model)
+    text = words(3 * MAX_LEN)
+    truncated = engine.run([EmbedRequest(model="long", inputs=[text], params={"truncate_prompt_tokens": -1})])[0]
+    first = engine.run([EmbedRequest(model="long", inputs=[" ".join(text.split()[:MAX_LEN - 2])])])[0]
+    assert truncated.usage.prompt_tokens == MAX_LEN
+    np.testing.assert_allclose(truncated.embeddings, first.embeddings, atol=1e-6)
+    too_long = engine.run([EmbedRequest(model="long", inputs=[words(8 * MAX_LEN + 1)])])[0]
+    assert too_long.error_code == "input_too_long" and "max_embed_len of 256" in too_long.error_message
+    # Token-id inputs are cut as given (no special tokens added) and checked at submit by the producer too.
+    ids = model.tokenizer(text)["input_ids"]
+    by_ids = engine.run([EmbedRequest(model="long", inputs=[ids])])[0]
+    assert by_ids.ok and by_ids.usage.prompt_tokens == len(ids)
+    with pytest.raises(InputTooLongError, match="max_embed_len of 256"):
+        EmbedRequest(model="long", inputs=[[5] * (8 * MAX_LEN + 1)]).resolve(model.caps)
+
+
+def test_max_embed_len_is_bounded(long_model):
+    folder, _ = long_model
+    from common.errors import StartupError
+
+    with pytest.raises(StartupError, match="must exceed the model's max length"):
+        load_model(folder, max_embed_len=MAX_LEN)
+    with pytest.raises(StartupError, match="at most 1048576"):
+        load_model(folder, max_embed_len=1 << 21)
+
+
+def _worker(model, redis_client, name: str, chunks_per_job: int = 2) -> BatchWorker:
+    worker = BatchWorker(Engine(model, chunks_per_job=chunks_per_job), redis_client, max_jobs=1, poll_timeout=1,
+                         name=name)
+    worker.advertiser.advertise()
+    return worker
+
+
+def _one_round(worker: BatchWorker) -> list[str]:
+    """Take, run and answer one round by hand; returns the ids it took."""
+    batch = worker.take_round(None)
+    assert batch is not None
+    if batch.work is not None:
+        worker.engine.forward(batch.work)
+    worker.finish_round(batch)
+    return [job.id for job in batch.runnable]
+
+
+def test_chunks_spread_over_two_workers_equal_the_reference(long_model, redis_url, redis_client):
+    folder, model = long_model
+    first, second = _worker(model, redis_client, "first"), _worker(model, redis_client, "second")
+    text = words(7 * MAX_LEN, seed=3)  # 222 content tokens: 8 chunks, + 1 short input: 5 parts of 2 rows
+    with Producer(redis_url) as producer:
+        request_id = producer.submit([text, "a short one"], "long", embed_dtype="float16")
+        assert _one_round(first) == [request_id]  # tokenised, spread: the parts are queued
+        assert producer.get(request_id) is None and producer.status(request_id) == "started"
+        assert redis_client.llen(first.queue.key) == 5
+        part = _one_round(first)  # one part here, the rest on the second worker
+        assert second.work(burst=True)
+        result = producer.wait(request_id, timeout=30)
+    expected, tokens = hand_reference(folder, text)
+    short, short_tokens = hand_reference(folder, "a short one")
+    assert result.embed_dtype == "float16" and result.shape == (2, 32)
+    assert cosine(result.embeddings[0], expected) >= 0.9999  # float16 output
+    assert cosine(result.embeddings[1], short) >= 0.9999
+    assert result.usage.prompt_tokens == tokens + short_tokens
+    served_by = {redis_client.hget(f"rq:job:{keys.part_id(request_id, k)}", "worker_name") for k in range(5)}
+    assert served_by == {b"first", b"second"} and len(part) == 1
+    assert not redis_client.exists(keys.chunks_key(request_id))  # the join state goes with the answer
+    assert not redis_client.exists(keys.result_key(keys.part_id(request_id, 0)))  # parts answer no one
+    assert producer_status(redis_url, request_id) == "finished"
+
+
+def producer_status(redis_url: str, request_id: str) -> str:
+    with Producer(redis_url) as producer:
+        return producer.status(request_id)
+
+
+class _FailingOnce:
+    """The real model, whose forward pass fails for any batch holding a row of `poison` length."""
+
+    def __init__(self, model, poison: int):
+        self.model, self.poison = model, poison
+        self.caps, self.tokenizer, self.pooler = model.caps, model.tokenizer, model.pooler
+
+    def embed(self, token_lists, prompt_lengths=None):
+        if any(len(ids) == self.poison for ids in token_lists):
+            raise RuntimeError("device fault")
+        return self.model.embed(token_lists, prompt_lengths)
+
+    def prompt_length(self, prompt, add_special_tokens):
+        return self.model.prompt_length(prompt, add_special_tokens)
+
+
+def test_a_failed_part_fails_the_request_once_and_nothing_hangs(long_model, redis_url, redis_client):
+    _, model = long_model
+    spreader = _worker(model, redis_client, "spreader")
+    text = words(3 * (MAX_LEN - 2) + 9, seed=5)  # chunks of 32, 32, 32, 9 tokens: 2 parts, the 9 in the last
+    with Producer(redis_url) as producer:
+        request_id = producer.submit([text], "long")
+        _one_round(spreader)
+        failing = BatchWorker(Engine(_FailingOnce(model, poison=9)), redis_client, max_jobs=4, poll_timeout=1,
+                              name="failing")
+        failing.work(burst=True)
+        with pytest.raises(InternalError, match=r"chunk part 2 of 2 failed: forward pass failed"):
+            producer.wait(request_id, timeout=10)
+    # The part is failed in rq (not retried alone) and left no answer of its own.
+    failed = redis_client.hget(f"rq:job:{keys.part_id(request_id, 1)}", "status")
+    assert failed == b"failed" and not redis_client.exists(keys.result_key(keys.part_id(request_id, 1)))
+    assert Result.decode(redis_client.get(keys.result_key(request_id))).error_code == "internal_error"
