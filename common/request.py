@@ -81,6 +81,11 @@ class EmbedRequest(BaseModel):
                 raise ValidationError(
                     f"token id {bad[0]} is outside model '{caps.name}''s vocabulary: allowed is 0 to "
                     f"{caps.vocab_size - 1}", param="input")
+        if self.params.chunk_spans is not None and (self.is_tokens or len(self.inputs) != 1):
+            raise ValidationError("`chunk_spans` are character offsets into one text: send exactly one text "
+                                  f"input with them (got {len(self.inputs)} "
+                                  f"{'token-id list' if self.is_tokens else 'text'}(s)), or use `chunk_size`",
+                                  param="chunk_spans")
         if self.is_tokens and caps.max_embed_len and self.params.truncate_prompt_tokens is None:
             longest = max(range(len(self.inputs)), key=lambda i: len(self.inputs[i]))
             if len(self.inputs[longest]) > caps.max_embed_len:

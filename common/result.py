@@ -49,6 +49,9 @@ class Result:
     error_message: str | None = None
     error_param: str | None = None
     finished_at: float = field(default_factory=time.time)
+    # Late chunking: per row (input index, token start, token end, char start, char end), ends exclusive;
+    # char -1 for token-id inputs. None for one row per input.
+    spans: tuple[tuple[int, int, int, int, int], ...] | None = None
 
     @classmethod
     def success(cls, request_id: str, model: str, array: np.ndarray, embed_dtype: str,
@@ -101,6 +104,7 @@ class Result:
             "error": None if self.ok else
             {"code": self.error_code, "message": self.error_message, "param": self.error_param},
             "finished_at": self.finished_at,
+            **({"spans": [list(span) for span in self.spans]} if self.spans is not None else {}),
         })
         return _PREFIX.pack(MAGIC, VERSION, len(header)) + header + self.data
 
@@ -119,7 +123,12 @@ class Result:
                 shape=tuple(head["shape"]), usage=Usage(head["usage"]["prompt_tokens"]),
                 data=bytes(raw[start + size:]), error_code=error.get("code"),
                 error_message=error.get("message"), error_param=error.get("param"),
-                finished_at=head["finished_at"])
+                finished_at=head["finished_at"],
+                spans=None if head.get("spans") is None else tuple(tuple(int(v) for v in span)
+                                                                  for span in head["spans"]))
+            if result.spans is not None and (len(result.spans) != result.shape[0]
+                                             or any(len(span) != 5 for span in result.spans)):
+                raise ValueError(f"{len(result.spans)} spans for {result.shape[0]} rows")
             if result.ok:
                 result.stored  # noqa: B018 - checks that the bytes fit the declared shape and dtype
             return result

@@ -181,3 +181,61 @@ def test_a_failed_part_fails_the_request_once_and_nothing_hangs(long_model, redi
     failed = redis_client.hget(f"rq:job:{keys.part_id(request_id, 1)}", "status")
     assert failed == b"failed" and not redis_client.exists(keys.result_key(keys.part_id(request_id, 1)))
     assert Result.decode(redis_client.get(keys.result_key(request_id))).error_code == "internal_error"
+
+
+# -- late chunking --------------------------------------------------------------------------------------
+
+def full_context_reference(folder: str, ids: list[int], spans) -> np.ndarray:
+    """One forward pass of sentence-transformers' Transformer module over the whole input, the mean of each
+    span's token states, then the folder's Dense module (if any), normalised."""
+    model = st_reference(folder, drop_normalize=True)
+    features = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+                "token_type_ids": torch.zeros(1, len(ids), dtype=torch.long)}
+    with torch.no_grad():
+        states = model[0](features)["token_embeddings"][0]
+        pooled = torch.stack([states[start:end].mean(0) for _, start, end, _, _ in spans])
+        for module in list(model)[2:]:
+            pooled = module({"sentence_embedding": pooled})["sentence_embedding"]
+    vectors = pooled.double().numpy()
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("flavour", ["long", "dense"])
+def test_late_chunking_spans_equal_one_full_context_pass(long_model, bert_dense_normalize, flavour):
+    folder, model = long_model if flavour == "long" else (bert_dense_normalize, load_model(bert_dense_normalize))
+    text = words(MAX_LEN, seed=7)  # 30 words: spans of 8 content tokens -> 8, 8, 8, 6
+    ids = model.tokenizer(text)["input_ids"]
+    result = Engine(model).run([EmbedRequest(model="m", inputs=[text], params={"chunk_size": 8})])[0]
+    assert result.ok, result.error_message
+    assert [span[1:3] for span in result.spans] == [(1, 9), (9, 17), (17, 25), (25, 31)]  # [CLS] left out
+    for _, start, end, char_start, char_end in result.spans:  # each span's characters are its words
+        assert text[char_start:char_end] == " ".join(text.split()[start - 1:end - 1])
+    expected = full_context_reference(folder, ids, result.spans)
+    assert min(cosine(a, b) for a, b in zip(result.embeddings, expected)) >= 0.99999
+    assert result.usage.prompt_tokens == len(ids)  # one pass over the input, whatever the spans
+    # Character spans: the tokens that overlap each, pooled the same way.
+    second = text.index(text.split()[10])
+    by_chars = Engine(model).run([EmbedRequest(model="m", inputs=[text],
+                                               params={"chunk_spans": [[0, second], [second, len(text)]]})])[0]
+    assert [span[1:3] for span in by_chars.spans] == [(1, 11), (11, 31)]
+    expected = full_context_reference(folder, ids, by_chars.spans)
+    assert min(cosine(a, b) for a, b in zip(by_chars.embeddings, expected)) >= 0.99999
+
+
+def test_late_chunking_bad_requests_say_what_is_allowed(long_model):
+    _, model = long_model
+    engine, text = Engine(model), words(20)
+
+    def error(inputs, **params):
+        try:
+            return EmbedRequest(model="long", inputs=inputs, params=params).resolve(model.caps) and \
+                engine.run([EmbedRequest(model="long", inputs=inputs, params=params)])[0].error_message
+        except Exception as exc:  # noqa: BLE001 - the message is what this test reads
+            return str(exc)
+
+    assert "allowed is 1 to 31" in error([text], chunk_size=MAX_LEN)
+    assert "not both" in error([text], chunk_size=4, chunk_spans=[[0, 3]])
+    assert "exactly one text" in error([text, text], chunk_spans=[[0, 3]])
+    assert "0 <= start < end" in error([text], chunk_spans=[[5, 5]])
+    assert "reaches past the input's" in error([text], chunk_spans=[[0, len(text) + 1]])
+    assert "maximum of 32" in error([words(MAX_LEN + 5)], chunk_size=8)  # read whole: never chunked

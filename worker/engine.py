@@ -3,6 +3,7 @@ prepare (verify, tokenise), forward (length-sorted, token-budgeted passes) and f
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -14,6 +15,7 @@ from common.params import PoolingParams
 from common.request import EmbedRequest
 from common.result import Result
 from worker.batcher import cuts
+from worker.latechunking import embed_spans
 from worker.postprocess import cast, finish
 from worker.preprocess import Prepared, prepare
 
@@ -100,7 +102,11 @@ class Engine:
         return work
 
     def forward(self, work: Round) -> None:
-        """All inputs of all requests, sorted by length and cut by the token budget; one pass per batch."""
+        """All inputs of all requests, sorted by length and cut by the token budget; one pass per batch.
+        A late-chunking request (spans) gets a pass of its own: its rows are spans, not inputs."""
+        for index, prep in work.prepared.items():
+            if prep.spans is not None:
+                self._span_pass(index, prep, work)
         flat = self._flatten(work)
         if flat is None:
             return
@@ -109,6 +115,8 @@ class Engine:
             self._pass(flat.order[start:end], flat, work)
         offset = 0
         for index, prep in work.prepared.items():
+            if prep.spans is not None:
+                continue
             count = len(prep.token_lists)
             if index not in work.failed:
                 work.rows[index] = flat.vectors[offset:offset + count]
@@ -120,6 +128,8 @@ class Engine:
         prompt_lengths: list[int] = []
         owners: list[int] = []
         for index, prep in work.prepared.items():
+            if prep.spans is not None:
+                continue
             token_lists.extend(prep.token_lists)
             prompt_lengths.extend(prep.prompt_lengths)
             owners.extend([index] * len(prep.token_lists))
@@ -137,7 +147,10 @@ class Engine:
                 work.results[index] = Result.failure(request.id, self.caps.name, work.failed[index])
             else:
                 prep = work.prepared[index]
-                work.results[index] = self._postprocess(request, prep.pooled(work.rows[index]), prep.prompt_tokens)
+                result = self._postprocess(request, prep.pooled(work.rows[index]), prep.prompt_tokens)
+                if prep.spans is not None and result.ok:
+                    result = dataclasses.replace(result, spans=tuple(prep.spans))
+                work.results[index] = result
         return work.results
 
     # -- internals --------------------------------------------------------------------------------------
@@ -157,6 +170,14 @@ class Engine:
         if isinstance(params, EmbedfleetError):
             raise params
         return request.model_copy(update={"params": params})
+
+    def _span_pass(self, index: int, prep: Prepared, work: Round) -> None:
+        try:
+            self.forward_passes += 1
+            work.rows[index] = embed_spans(self.model, prep.token_lists, prep.spans)
+        except Exception as exc:  # this request fails alone
+            log.exception("late-chunking pass failed")
+            work.failed[index] = InternalError(f"forward pass failed: {type(exc).__name__}: {exc}")
 
     def _spreads(self, request: EmbedRequest, prepared: Prepared) -> bool:
         """More chunks than one job should hold (a part never spreads again; a prompt left out of pooling

@@ -9,6 +9,7 @@ import numpy as np
 from common.errors import InputTooLongError, ValidationError
 from common.request import EmbedRequest
 from worker.chunking import Specials, combine, find_specials, split
+from worker.latechunking import plan_spans
 from worker.model import LoadedModel
 
 
@@ -19,6 +20,7 @@ class Prepared:
     token_lists: list[list[int]]
     prompt_length: int = 0  # tokens to leave out of pooling (only with ST's include_prompt=False)
     owners: list[int] | None = None  # chunked inputs: the input each token list is a chunk of (ascending)
+    spans: list[tuple[int, int, int, int, int]] | None = None  # late chunking: one output row per span
 
     @property
     def prompt_tokens(self) -> int:
@@ -82,6 +84,8 @@ def prepare(model: LoadedModel, request: EmbedRequest) -> Prepared:
         (caps.max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens)
     side = params.truncation_side or caps.truncation_side
     prompt_length = 0
+    late = params.chunk_size is not None or params.chunk_spans is not None
+    prompt = texts = None
     if request.is_tokens:
         token_lists = [list(ids) for ids in request.inputs]
     else:
@@ -96,7 +100,7 @@ def prepare(model: LoadedModel, request: EmbedRequest) -> Prepared:
         if not ids:
             raise ValidationError(f"input {index} has no tokens to embed: send a non-empty text or keep "
                                   "add_special_tokens on", param="input")
-        if keep is None and len(ids) > caps.max_model_len and caps.max_embed_len:
+        if keep is None and len(ids) > caps.max_model_len and caps.max_embed_len and not late:
             if len(ids) > caps.max_embed_len:
                 raise InputTooLongError(
                     f"input {index} has {len(ids)} tokens, more than model '{caps.name}''s max_embed_len of "
@@ -111,8 +115,12 @@ def prepare(model: LoadedModel, request: EmbedRequest) -> Prepared:
                 "the maximum", param="input")
         if keep is not None and len(ids) > keep:  # token-id inputs, or a tokenizer that would not cut
             token_lists[index] = _truncate_ids(ids, keep, side)
+    if late:  # late chunking reads each input whole: it was checked against the max length above
+        return Prepared([list(ids) for ids in token_lists], prompt_length,
+                        spans=plan_spans(model, request, token_lists, None if texts is None else list(request.inputs),
+                                         prompt))
     if long:
-        return _chunked(model, request, texts if not request.is_tokens else None, token_lists, long, prompt_length)
+        return _chunked(model, request, texts, token_lists, long, prompt_length)
     return Prepared([list(ids) for ids in token_lists], prompt_length)
 
 
