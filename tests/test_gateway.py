@@ -57,7 +57,8 @@ def fleet(redis_server, minilm_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_server.url, "--model",
                                minilm_path, "--served-model-name", MODEL, "--poll-timeout", "1",
-                               "--probe-seconds", "1"], env=env)
+                               "--probe-seconds", "1", "--max-embed-len", "2048", "--chunks-per-job", "2"],
+                              env=env)
     servers = [Server(_settings(redis_server.url, api_key=KEY, max_body_bytes=256 * 1024)),
                Server(_settings(redis_server.url, max_queue_depth=2, request_timeout=0.5, max_inputs=4))]
     main = httpx.Client(base_url=servers[0].url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
@@ -243,6 +244,46 @@ def test_pooling_json_float_and_base64(fleet):
         got = np.array([d["data"] for d in data]) if fmt == "float" else \
             np.stack([np.frombuffer(base64.b64decode(d["data"]), dtype=">f2") for d in data])
         np.testing.assert_allclose(got.astype(np.float32), fleet.reference, atol=1e-3)
+
+
+def test_openai_client_embeds_a_long_input_in_chunks(fleet, minilm_path):
+    """Chunked processing (--max-embed-len) behind the unchanged openai client: 3.5x the model's 256 tokens,
+    spread over the fleet as parts (--chunks-per-job 2), equal to chunks embedded by hand."""
+    from openai import OpenAI
+
+    from tests.test_longinputs import cosine, hand_reference
+
+    text = " ".join(f"{TEXTS[i % 3]} Part {i}." for i in range(80))
+    expected, tokens = hand_reference(minilm_path, text, max_len=256)
+    assert tokens > 3 * 256
+    client = OpenAI(base_url=str(fleet.main.base_url) + "/v1", api_key=KEY)
+    answer = client.embeddings.create(model=MODEL, input=[text, TEXTS[0]])
+    assert cosine(answer.data[0].embedding, expected) >= 0.99999
+    assert cosine(answer.data[1].embedding, fleet.reference[0]) >= 0.99999
+    assert answer.usage.prompt_tokens == tokens + fleet.producer.wait(fleet.producer.submit([TEXTS[0]], MODEL)
+                                                                       ).usage.prompt_tokens
+
+
+def test_late_chunking_spans_through_every_encoding(fleet):
+    text = " ".join(TEXTS * 4)
+    expected = fleet.producer.wait(fleet.producer.submit([text], MODEL, chunk_size=16), timeout=30)
+    assert expected.spans is not None and len(expected.spans) == len(expected.embeddings) > 2
+    spans = [{"input_index": 0, "token_span": [s, e], "char_span": [cs, ce]} for _, s, e, cs, ce in expected.spans]
+    body = {"model": MODEL, "input": text, "chunk_size": 16}
+    floats = fleet.main.post("/v1/embeddings", json=body).json()["data"]
+    assert [{k: d[k] for k in ("input_index", "token_span", "char_span")} for d in floats] == spans
+    np.testing.assert_allclose([d["embedding"] for d in floats], expected.embeddings, atol=1e-6)
+    encoded = fleet.main.post("/pooling", json={**body, "encoding_format": "base64"}).json()["data"]
+    np.testing.assert_array_equal(
+        np.stack([np.frombuffer(base64.b64decode(d["data"]), np.float32) for d in encoded]), expected.embeddings)
+    raw = fleet.main.post("/pooling", json={**body, "encoding_format": "bytes"})
+    meta = json.loads(raw.headers["metadata"])["data"]
+    assert [{k: d[k] for k in ("input_index", "token_span", "char_span")} for d in meta] == spans
+    by_chars = fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": text,
+                                                        "chunk_spans": [[0, 10], [10, len(text)]]})
+    assert by_chars.status_code == 200 and [d["char_span"][0] for d in by_chars.json()["data"]] == [0, 8]
+    refused = fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": [text, text], "chunk_spans": [[0, 4]]})
+    assert refused.status_code == 400 and "exactly one text" in refused.text
 
 
 # -- async jobs --------------------------------------------------------------------------------------

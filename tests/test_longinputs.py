@@ -36,14 +36,14 @@ def words(tokens: int, seed: int = 0) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(tokens - 2))
 
 
-def hand_reference(folder: str, text: str) -> tuple[np.ndarray, int]:
-    """Chunk by hand (content tokens in runs of MAX_LEN - 2, each as [CLS] run [SEP]), embed each chunk with
+def hand_reference(folder: str, text: str, max_len: int = MAX_LEN) -> tuple[np.ndarray, int]:
+    """Chunk by hand (content tokens in runs of max_len - 2, each as [CLS] run [SEP]), embed each chunk with
     sentence-transformers (its modules up to Normalize), token-count-weighted mean, normalise. Also returns
     the tokens of all chunks."""
     model = st_reference(folder, drop_normalize=True)
     tokenizer = model.tokenizer
     content = tokenizer(text, add_special_tokens=False)["input_ids"]
-    room = MAX_LEN - 2
+    room = max_len - 2
     chunks = [[tokenizer.cls_token_id, *content[i:i + room], tokenizer.sep_token_id]
               for i in range(0, len(content), room)]
     vectors = []

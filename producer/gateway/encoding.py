@@ -42,6 +42,16 @@ def _vectors(result: Result, encoding_format: str, openai_base64: bool) -> list:
     return [base64.b64encode(row).decode("ascii") for row in rows]
 
 
+def span_fields(result: Result, row: int) -> dict:
+    """Late chunking: which input a row belongs to and the token / character range it pools (ends
+    exclusive; no characters for token-id inputs). Nothing for one row per input."""
+    if result.spans is None:
+        return {}
+    index, start, end, char_start, char_end = result.spans[row]
+    return {"input_index": index, "token_span": [start, end],
+            "char_span": None if char_start < 0 else [char_start, char_end]}
+
+
 def metadata(result: Result) -> dict:
     """vLLM's `metadata` header for bytes answers: where each item's bytes start and end in the body."""
     row_shape = list(result.shape[1:])
@@ -49,7 +59,7 @@ def metadata(result: Result) -> dict:
     return {
         "id": result.id, "created": int(result.finished_at), "model": result.model,
         "data": [{"index": i, "embed_dtype": result.embed_dtype, "endianness": result.endianness,
-                  "start": i * row_bytes, "end": (i + 1) * row_bytes, "shape": row_shape}
+                  "start": i * row_bytes, "end": (i + 1) * row_bytes, "shape": row_shape, **span_fields(result, i)}
                  for i in range(result.shape[0])],
         "usage": _usage(result, completion=True),
     }
@@ -68,7 +78,8 @@ def embeddings_body(result: Result, encoding_format: str, explicit_layout: bool)
     vectors = _vectors(result, encoding_format, openai_base64=not explicit_layout)
     return {
         "id": result.id, "object": "list", "created": int(result.finished_at), "model": result.model,
-        "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+        "data": [{"object": "embedding", "index": i, "embedding": v, **span_fields(result, i)}
+                 for i, v in enumerate(vectors)],
         "usage": _usage(result),
     }
 
@@ -88,6 +99,6 @@ def pooling_response(result: Result, encoding_format: str) -> Response:
     vectors = _vectors(result, encoding_format, openai_base64=False)
     return JSONResponse({
         "id": result.id, "object": "list", "created": int(result.finished_at), "model": result.model,
-        "data": [{"object": "pooling", "index": i, "data": v} for i, v in enumerate(vectors)],
+        "data": [{"object": "pooling", "index": i, "data": v, **span_fields(result, i)} for i, v in enumerate(vectors)],
         "usage": _usage(result, completion=True),
     })
