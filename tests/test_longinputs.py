@@ -102,9 +102,9 @@ def test_max_embed_len_is_bounded(long_model):
         load_model(folder, max_embed_len=1 << 21)
 
 
-def _worker(model, redis_client, name: str, chunks_per_job: int = 2) -> BatchWorker:
-    worker = BatchWorker(Engine(model, chunks_per_job=chunks_per_job), redis_client, max_jobs=1, poll_timeout=1,
-                         name=name)
+def _worker(model, redis_client, name: str, chunks_per_job: int = 2, max_jobs: int = 1) -> BatchWorker:
+    worker = BatchWorker(Engine(model, chunks_per_job=chunks_per_job), redis_client, max_jobs=max_jobs,
+                         poll_timeout=1, name=name)
     worker.advertiser.advertise()
     return worker
 
@@ -239,3 +239,26 @@ def test_late_chunking_bad_requests_say_what_is_allowed(long_model):
     assert "0 <= start < end" in error([text], chunk_spans=[[5, 5]])
     assert "reaches past the input's" in error([text], chunk_spans=[[0, len(text) + 1]])
     assert "maximum of 32" in error([words(MAX_LEN + 5)], chunk_size=8)  # read whole: never chunked
+
+
+def test_a_poisoned_part_fails_the_request_and_a_corrupt_plan_fails_only_its_request(long_model, redis_url,
+                                                                                    redis_client):
+    _, model = long_model
+    spreader = _worker(model, redis_client, "spreader", max_jobs=8)
+    with Producer(redis_url) as producer:
+        poisoned = producer.submit([words(3 * MAX_LEN, seed=1)], "long")
+        corrupt = producer.submit([words(3 * MAX_LEN, seed=2)], "long")
+        assert sorted(_one_round(spreader)) == sorted([poisoned, corrupt])  # both spread, 2 parts each
+        # The workers of part 1 of one "died" with it three times: taken again, it is poison, never run.
+        redis_client.hset(f"rq:job:{keys.part_id(poisoned, 0)}", "lapses", 3)
+        redis_client.hset(keys.chunks_key(corrupt), "plan", b"\xc1 not msgpack")  # Redis holds anything
+        plain = producer.submit(["a short one"], "long")
+        server = BatchWorker(Engine(model), redis_client, max_jobs=16, poll_timeout=1, name="server")
+        server.work(burst=True)
+        with pytest.raises(Exception) as info:
+            producer.wait(poisoned, timeout=10)
+        assert info.value.code == "poison" and "chunk part 1 of 2 failed" in info.value.message
+        with pytest.raises(InternalError, match="combining the chunk parts failed"):
+            producer.wait(corrupt, timeout=10)
+        assert producer.wait(plain, timeout=10).ok  # the same rounds served it
+    assert not redis_client.exists(keys.chunks_key(poisoned), keys.chunks_key(corrupt))

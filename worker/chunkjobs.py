@@ -22,6 +22,7 @@ import logging
 import re
 
 import numpy as np
+import redis
 from redis import Redis
 from rq import Queue
 
@@ -32,6 +33,7 @@ from common.params import PoolingParams
 from common.request import EmbedRequest, PartOf
 from common.result import Result, publish
 from worker.chunking import combine
+from worker import answers
 from worker.jobdata import decode_job
 from worker.postprocess import cast, finish
 from worker.preprocess import Prepared
@@ -82,7 +84,15 @@ class ChunkJobs:
             where = {answer.taken.id: k for k, answer in enumerate(written)}
             for index, prepared in work.spread.items():
                 job = batch.runnable[index]
-                written[where[job.id]] = self._spread(job, work.resolved[index], prepared)
+                try:
+                    written[where[job.id]] = self._spread(job, work.resolved[index], prepared)
+                except (redis.ConnectionError, redis.TimeoutError):
+                    raise  # the round is stored later or recovered, as any
+                except Exception as exc:  # this request fails (retried by rq), the round goes on
+                    log.exception("request %s: spreading its chunks failed", job.id)
+                    written[where[job.id]] = answers.failed(job, InternalError(
+                        f"spreading the chunks failed: {type(exc).__name__}: {exc}"), Outcome.RETRY,
+                        batch.reply_to.get(job.id), self.model)
         for k, answer in enumerate(written):
             request = requests.get(answer.taken.id) or self._part_request(answer.taken)
             if request is not None and request.part_of is not None:
@@ -145,7 +155,8 @@ class ChunkJobs:
         if code == 1:
             self._answer(part.parent, _fields(reply[1]))
         elif code == 2:
-            self._publish(Result.decode(reply[1]), unpackb(reply[2]))
+            self._publish(_decoded(reply[1]) or Result.failure(part.parent, self.model, InternalError(
+                "a chunk part failed (its stored error is unreadable)")), _plan(reply[2]))
         elif code == -1:
             log.warning("part %s: its request %s has no plan (expired?); the part is dropped", answer.taken.id,
                         part.parent)
@@ -156,7 +167,7 @@ class ChunkJobs:
 
     def _answer(self, parent: str, fields: dict[str, bytes]) -> None:
         """Every part is in: combine the chunk rows into the request's embeddings and publish them once."""
-        plan = unpackb(fields["plan"])
+        plan = _plan(fields.get("plan"))
         try:
             result = self._combined(parent, plan, fields)
         except Exception as exc:  # the request gets this error rather than no answer
@@ -185,9 +196,10 @@ class ChunkJobs:
         reply_to = None
         try:
             reply_to = EmbedRequest.decode(plan["request"]).reply_to
-        except EmbedfleetError:
+        except (KeyError, EmbedfleetError):
             pass  # the answer still lands under its id; only the reply-stream wake-up is lost
-        ttl = plan.get("result_ttl") if isinstance(plan.get("result_ttl"), int) else self.result_ttl
+        ttl = plan.get("result_ttl")
+        ttl = ttl if isinstance(ttl, int) and 0 < ttl <= keys.RESULT_TTL_BOUND else self.result_ttl
         with self.connection.pipeline() as pipe:
             publish(pipe, result, ttl, reply_to if keys.is_reply_stream_key(reply_to) else None, only_if_absent=True)
             pipe.delete(keys.chunks_key(result.id))
@@ -208,6 +220,15 @@ def _decoded(blob: bytes) -> Result | None:
         return Result.decode(blob) if blob else None
     except EmbedfleetError:
         return None
+
+
+def _plan(raw) -> dict:
+    """The stored plan, or {} where Redis holds something else (every use of it then fails cleanly)."""
+    try:
+        plan = unpackb(raw)
+    except Exception:  # noqa: BLE001 - bytes from Redis: anything may be there
+        return {}
+    return plan if isinstance(plan, dict) else {}
 
 
 def _fields(flat: list) -> dict[str, bytes]:
