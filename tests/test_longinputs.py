@@ -262,3 +262,26 @@ def test_a_poisoned_part_fails_the_request_and_a_corrupt_plan_fails_only_its_req
             producer.wait(corrupt, timeout=10)
         assert producer.wait(plain, timeout=10).ok  # the same rounds served it
     assert not redis_client.exists(keys.chunks_key(poisoned), keys.chunks_key(corrupt))
+
+
+def test_decoder_chunks_each_end_with_its_eos_and_pool_their_last_token(decoder_lasttoken):
+    """A decoder embedder (last-token pooling, `<eos>` appended, left padding): every chunk gets its own
+    `<eos>`, so each chunk vector is what the model gives that chunk alone."""
+    model = load_model(decoder_lasttoken, max_embed_len=4096)
+    reference = st_reference(decoder_lasttoken, drop_normalize=True)
+    tokenizer = reference.tokenizer
+    text = " ".join(words(300, seed=4).split())
+    content = tokenizer(text, add_special_tokens=False)["input_ids"]
+    room, max_len = model.caps.max_model_len - 1, model.caps.max_model_len
+    assert len(content) + 1 > max_len
+    chunks = [[*content[i:i + room], tokenizer.eos_token_id] for i in range(0, len(content), room)]
+    vectors = []
+    for ids in chunks:
+        features = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
+        with torch.no_grad():
+            vectors.append(reference(features)["sentence_embedding"][0].double().numpy())
+    weights = np.array([len(ids) for ids in chunks], np.float64)
+    expected = (np.stack(vectors) * weights[:, None]).sum(0) / weights.sum()
+    result = Engine(model).run([EmbedRequest(model="m", inputs=[text, "rain"])])[0]
+    assert result.ok and cosine(result.embeddings[0], expected) >= 0.99999
+    assert result.usage.prompt_tokens == weights.sum() + len(tokenizer("rain")["input_ids"])
