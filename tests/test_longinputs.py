@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from common import keys
-from common.errors import InputTooLongError, InternalError
+from common.errors import DecodeError, InputTooLongError, InternalError
 from common.request import EmbedRequest
 from common.result import Result
 from producer import Producer
@@ -248,7 +248,9 @@ def test_a_poisoned_part_fails_the_request_and_a_corrupt_plan_fails_only_its_req
     with Producer(redis_url) as producer:
         poisoned = producer.submit([words(3 * MAX_LEN, seed=1)], "long")
         corrupt = producer.submit([words(3 * MAX_LEN, seed=2)], "long")
-        assert sorted(_one_round(spreader)) == sorted([poisoned, corrupt])  # both spread, 2 parts each
+        junk = producer.submit([words(3 * MAX_LEN, seed=3)], "long")
+        assert sorted(_one_round(spreader)) == sorted([poisoned, corrupt, junk])  # all spread, 2 parts each
+        redis_client.hset(f"rq:job:{keys.part_id(junk, 1)}", "data", b"junk")  # a part whose data is unreadable
         # The workers of part 1 of one "died" with it three times: taken again, it is poison, never run.
         redis_client.hset(f"rq:job:{keys.part_id(poisoned, 0)}", "lapses", 3)
         redis_client.hset(keys.chunks_key(corrupt), "plan", b"\xc1 not msgpack")  # Redis holds anything
@@ -260,8 +262,10 @@ def test_a_poisoned_part_fails_the_request_and_a_corrupt_plan_fails_only_its_req
         assert info.value.code == "poison" and "chunk part 1 of 2 failed" in info.value.message
         with pytest.raises(InternalError, match="combining the chunk parts failed"):
             producer.wait(corrupt, timeout=10)
+        with pytest.raises(DecodeError, match="chunk part 2 failed: job data is not msgpack"):
+            producer.wait(junk, timeout=10)
         assert producer.wait(plain, timeout=10).ok  # the same rounds served it
-    assert not redis_client.exists(keys.chunks_key(poisoned), keys.chunks_key(corrupt))
+    assert not redis_client.exists(keys.chunks_key(poisoned), keys.chunks_key(corrupt), keys.chunks_key(junk))
 
 
 def test_decoder_chunks_each_end_with_its_eos_and_pool_their_last_token(decoder_lasttoken):

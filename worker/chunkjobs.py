@@ -25,6 +25,7 @@ import numpy as np
 import redis
 from redis import Redis
 from rq import Queue
+from rq.job import Job
 
 from common import keys
 from common.codec import packb, unpackb
@@ -41,7 +42,7 @@ from worker.rqschema import Answer, Outcome, Taken
 
 log = logging.getLogger(__name__)
 
-_PART_ID = re.compile(r".+-p\d+")
+_PART_ID = re.compile(r"(.+)-p(\d{1,9})")
 
 # KEYS[1] embedfleet:chunks:<request>  HASH    plan, parts, done, part:<k>, failed (HSETNX, HINCRBY, HGETALL)
 # KEYS[2] embedfleet:result:<request>  STRING  EXISTS only: an answered request takes no more parts
@@ -94,9 +95,10 @@ class ChunkJobs:
                         f"spreading the chunks failed: {type(exc).__name__}: {exc}"), Outcome.RETRY,
                         batch.reply_to.get(job.id), self.model)
         for k, answer in enumerate(written):
-            request = requests.get(answer.taken.id) or self._part_request(answer.taken)
-            if request is not None and request.part_of is not None:
-                written[k] = self._join_part(answer, request.part_of)
+            request = requests.get(answer.taken.id)
+            part = request.part_of if request is not None else self._part_of(answer.taken)
+            if part is not None:
+                written[k] = self._join_part(answer, part)
         return written
 
     # -- spread -----------------------------------------------------------------------------------------
@@ -114,7 +116,7 @@ class ChunkJobs:
         key = keys.chunks_key(request.id)
         with self.connection.pipeline(transaction=False) as pipe:  # a request run again re-enqueues nothing
             for part in parts:
-                pipe.exists(f"rq:job:{part.id}")
+                pipe.exists(Job.key_for(part.id))
             exists = pipe.execute()
         with self.connection.pipeline() as pipe:
             pipe.hsetnx(key, "plan", plan)
@@ -130,14 +132,16 @@ class ChunkJobs:
 
     # -- join -------------------------------------------------------------------------------------------
 
-    def _part_request(self, taken: Taken) -> EmbedRequest | None:
-        """The request of a job answered without running (poisoned, cancelled), if it is a part."""
-        if not taken.data or not _PART_ID.fullmatch(taken.id):
+    def _part_of(self, taken: Taken) -> PartOf | None:
+        """A job answered without running (poisoned, cancelled, undecodable): which part of which request
+        it is, from its request or, where its data is unreadable, from its id (`parts` then unknown: 0)."""
+        found = _PART_ID.fullmatch(taken.id)
+        if found is None or not keys.valid_request_id(found[1]):
             return None
         try:
-            return decode_job(taken.id, taken.data, self.model)
+            return decode_job(taken.id, taken.data, self.model).part_of
         except EmbedfleetError:
-            return None
+            return PartOf.model_construct(parent=found[1], index=int(found[2]), parts=0)
 
     def _join_part(self, answer: Answer, part: PartOf) -> Answer:
         result = _decoded(answer.blob)
@@ -148,7 +152,8 @@ class ChunkJobs:
             error = result.error if result is not None and not result.ok else \
                 InternalError(answer.reason or f"part ended {answer.outcome.value}")
             blob = Result.failure(part.parent, self.model, type(error)(
-                f"chunk part {part.index + 1} of {part.parts} failed: {error.message}", param=error.param)).encode()
+                f"chunk part {part.index + 1}{f' of {part.parts}' if part.parts else ''} failed: {error.message}",
+                param=error.param)).encode()
         reply = self._join(keys=[keys.chunks_key(part.parent), keys.result_key(part.parent)],
                            args=[part.index, blob, "1" if ok else "0"])
         code = int(reply[0])
@@ -157,9 +162,10 @@ class ChunkJobs:
         elif code == 2:
             self._publish(_decoded(reply[1]) or Result.failure(part.parent, self.model, InternalError(
                 "a chunk part failed (its stored error is unreadable)")), _plan(reply[2]))
-        elif code == -1:
-            log.warning("part %s: its request %s has no plan (expired?); the part is dropped", answer.taken.id,
+        elif code == -1:  # no spread request of that id (expired, or an id that only looks like a part's)
+            log.warning("job %s: no spread request %s to join; answered as a request of its own", answer.taken.id,
                         part.parent)
+            return answer
         self.joined_parts += 1
         # Never published under the part's own id (no one waits there), never retried alone.
         outcome = Outcome.FAILED if answer.outcome is Outcome.RETRY else answer.outcome
