@@ -289,3 +289,13 @@ def test_decoder_chunks_each_end_with_its_eos_and_pool_their_last_token(decoder_
     result = Engine(model).run([EmbedRequest(model="m", inputs=[text, "rain"])])[0]
     assert result.ok and cosine(result.embeddings[0], expected) >= 0.99999
     assert result.usage.prompt_tokens == weights.sum() + len(tokenizer("rain")["input_ids"])
+
+
+def test_late_chunking_of_many_inputs_runs_in_budgeted_passes(long_model):
+    _, model = long_model
+    texts = [words(MAX_LEN - 4, seed=s) for s in range(6)]
+    small = Engine(model, max_batch_tokens=2 * MAX_LEN)  # two inputs per pass
+    result = small.run([EmbedRequest(model="m", inputs=texts, params={"chunk_size": 10})])[0]
+    assert small.forward_passes == 3 and [span[0] for span in result.spans] == [i for i in range(6) for _ in range(3)]
+    alone = [Engine(model).run([EmbedRequest(model="m", inputs=[t], params={"chunk_size": 10})])[0] for t in texts]
+    np.testing.assert_allclose(result.embeddings, np.vstack([r.embeddings for r in alone]), atol=1e-5)

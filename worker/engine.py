@@ -172,9 +172,15 @@ class Engine:
         return request.model_copy(update={"params": params})
 
     def _span_pass(self, index: int, prep: Prepared, work: Round) -> None:
+        """A late-chunking request's inputs, in order, in passes cut by the token budget."""
         try:
-            self.forward_passes += 1
-            work.rows[index] = embed_spans(self.model, prep.token_lists, prep.spans)
+            rows = []
+            for start, end in cuts([len(ids) for ids in prep.token_lists], self.max_batch_tokens,
+                                   self.max_batch_size):
+                spans = [(owner - start, *rest) for owner, *rest in prep.spans if start <= owner < end]
+                self.forward_passes += 1
+                rows.append(embed_spans(self.model, prep.token_lists[start:end], spans))
+            work.rows[index] = np.vstack(rows)
         except Exception as exc:  # this request fails alone
             log.exception("late-chunking pass failed")
             work.failed[index] = InternalError(f"forward pass failed: {type(exc).__name__}: {exc}")
