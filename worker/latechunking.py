@@ -100,6 +100,6 @@ def embed_spans(model, token_lists: list[list[int]], spans: list[Span]) -> np.nd
     for k, (row, start, end, _, _) in enumerate(spans):
         mask[k, starts[row] + start:starts[row] + end] = 1
     mask = mask.to(hidden.device)
-    pooled = [strategy(hidden[rows], mask, mask) for strategy in model.pooler._strategies]
-    pooled = pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=-1)
-    return model.dense(pooled).float().cpu().numpy()
+    # The span is the whole sequence as far as pooling knows: CLS / last token / position weights count
+    # from the span's own first token.
+    return model.dense(model.pooler.pool(hidden[rows], mask, mask)).float().cpu().numpy()
