@@ -236,6 +236,10 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
     if max_embed_len is not None and not max_len < max_embed_len <= MAX_EMBED_LEN:
         raise StartupError(f"--max-embed-len {max_embed_len} must exceed the model's max length ({max_len}: "
                            f"shorter inputs need no chunks) and be at most {MAX_EMBED_LEN} tokens")
+    if max_embed_len is not None and (pooler.modes != ("mean",) or len(dense)):
+        log.warning("--max-embed-len on a model with %s pooling%s: a long input's vector is the length-weighted "
+                    "mean of its chunks' vectors, which only mean pooling makes the mean over its tokens (as vLLM "
+                    "warns too)", pooler.name, " and Dense layers" if len(dense) else "")
     caps = ModelCapabilities(
         name=served_name or (os.path.basename(os.path.normpath(path_or_id)) if os.path.isdir(path_or_id)
                                 else path_or_id),
