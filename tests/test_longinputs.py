@@ -236,6 +236,8 @@ def test_late_chunking_bad_requests_say_what_is_allowed(long_model):
     assert "allowed is 1 to 31" in error([text], chunk_size=MAX_LEN)
     assert "not both" in error([text], chunk_size=4, chunk_spans=[[0, 3]])
     assert "exactly one text" in error([text, text], chunk_spans=[[0, 3]])
+    spans_for_two = EmbedRequest(model="long", inputs=[text, text], params={"chunk_spans": [[0, 3]]})
+    assert "exactly one text" in engine.run([spans_for_two])[0].error_message  # the worker checks too
     assert "0 <= start < end" in error([text], chunk_spans=[[5, 5]])
     assert "reaches past the input's" in error([text], chunk_spans=[[0, len(text) + 1]])
     assert "maximum of 32" in error([words(MAX_LEN + 5)], chunk_size=8)  # read whole: never chunked
