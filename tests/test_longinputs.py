@@ -124,7 +124,7 @@ def test_chunks_spread_over_two_workers_equal_the_reference(long_model, redis_ur
     first, second = _worker(model, redis_client, "first"), _worker(model, redis_client, "second")
     text = words(7 * MAX_LEN, seed=3)  # 222 content tokens: 8 chunks, + 1 short input: 5 parts of 2 rows
     with Producer(redis_url) as producer:
-        request_id = producer.submit([text, "a short one"], "long", embed_dtype="float16")
+        request_id = producer.submit([text, "a short one"], "long", endianness="big")
         assert _one_round(first) == [request_id]  # tokenised, spread: the parts are queued
         assert producer.get(request_id) is None and producer.status(request_id) == "started"
         assert redis_client.llen(first.queue.key) == 5
@@ -133,9 +133,9 @@ def test_chunks_spread_over_two_workers_equal_the_reference(long_model, redis_ur
         result = producer.wait(request_id, timeout=30)
     expected, tokens = hand_reference(folder, text)
     short, short_tokens = hand_reference(folder, "a short one")
-    assert result.embed_dtype == "float16" and result.shape == (2, 32)
-    assert cosine(result.embeddings[0], expected) >= 0.9999  # float16 output
-    assert cosine(result.embeddings[1], short) >= 0.9999
+    assert result.endianness == "big" and result.shape == (2, 32)  # the request's own output options
+    assert cosine(result.embeddings[0], expected) >= 0.99999
+    assert cosine(result.embeddings[1], short) >= 0.99999
     assert result.usage.prompt_tokens == tokens + short_tokens
     served_by = {redis_client.hget(f"rq:job:{keys.part_id(request_id, k)}", "worker_name") for k in range(5)}
     assert served_by == {b"first", b"second"} and len(part) == 1
