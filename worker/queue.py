@@ -27,7 +27,9 @@ Status decisions, per job:
   while rq's Retry lasts (the fault may be the machine's, e.g. CUDA out of memory), then FAILED;
 - undecodable job data, or a request for another model: FAILED at once with the reason, never retried;
 - cancelled while queued: CANCELED, answered `cancelled` unless it has an answer;
-- taken again after its workers died with it MAX_DELIVERIES times: FAILED `poison`, never run.
+- taken again after its workers died with it MAX_DELIVERIES times: FAILED `poison`, never run;
+- a long request spread over the fleet: FINISHED without an answer once its parts are queued; a part: answered
+  into its request's join, never under its own id, FAILED rather than retried (worker/chunkjobs.py).
 """
 
 from __future__ import annotations
