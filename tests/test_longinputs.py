@@ -301,3 +301,12 @@ def test_late_chunking_of_many_inputs_runs_in_budgeted_passes(long_model):
     assert small.forward_passes == 3 and [span[0] for span in result.spans] == [i for i in range(6) for _ in range(3)]
     alone = [Engine(model).run([EmbedRequest(model="m", inputs=[t], params={"chunk_size": 10})])[0] for t in texts]
     np.testing.assert_allclose(result.embeddings, np.vstack([r.embeddings for r in alone]), atol=1e-5)
+
+
+def test_worker_refuses_a_max_embed_len_at_or_below_the_max_length_in_one_line(long_model, redis_url, tmp_path):
+    from tests.commands import assert_one_line_error, clean_env, embedfleet
+
+    folder, _ = long_model
+    done = embedfleet("worker", "--model", folder, "--redis-url", redis_url, "--max-embed-len", str(MAX_LEN),
+                      env=clean_env(tmp_path))
+    assert_one_line_error(done, 1, f"--max-embed-len {MAX_LEN} must exceed the model's max length ({MAX_LEN}")
