@@ -310,3 +310,40 @@ def test_worker_refuses_a_max_embed_len_at_or_below_the_max_length_in_one_line(l
     done = embedfleet("worker", "--model", folder, "--redis-url", redis_url, "--max-embed-len", str(MAX_LEN),
                       env=clean_env(tmp_path))
     assert_one_line_error(done, 1, f"--max-embed-len {MAX_LEN} must exceed the model's max length ({MAX_LEN}")
+
+
+def test_two_serving_workers_join_concurrent_parts_once(long_model, redis_url, redis_client):
+    """Two workers serving at once (their own loops, threads), parts of one chunk each: every request is
+    answered once, equal to the same request chunked in one worker, and no join state is left."""
+    import threading
+
+    _, model = long_model
+    texts = [words(int(m * MAX_LEN), seed=20 + k) for k, m in enumerate((7, 2.5, 5))]
+    local = Engine(model).run([EmbedRequest(model="long", inputs=[t]) for t in texts])
+    fleet = [BatchWorker(Engine(model, chunks_per_job=1), redis_client, max_jobs=4, poll_timeout=1, name=f"w{k}")
+             for k in range(2)]
+    threads = [threading.Thread(target=w.work, daemon=True) for w in fleet]
+    for worker, thread in zip(fleet, threads):
+        worker.advertiser.advertise()
+        thread.start()
+    try:
+        with Producer(redis_url) as producer:
+            ids = [producer.submit([t], "long") for t in texts]
+            results = [producer.wait(i, timeout=60) for i in ids]
+    finally:
+        for worker in fleet:
+            worker.stop()
+        for thread in threads:
+            thread.join(30)
+    for result, alone in zip(results, local):
+        assert cosine(result.embeddings[0], alone.embeddings[0]) >= 0.99999
+        assert result.usage.prompt_tokens == alone.usage.prompt_tokens
+    assert sum(w.chunk_jobs.joined_parts for w in fleet) == sum(len(alone_parts(t, model)) for t in texts)
+    assert not any(redis_client.exists(keys.chunks_key(i)) for i in ids)
+
+
+def alone_parts(text: str, model) -> list:
+    """The chunks one worker makes of `text` (one part each at chunks_per_job=1)."""
+    from worker.preprocess import prepare
+
+    return prepare(model, EmbedRequest(model="long", inputs=[text]).resolve(model.caps)).token_lists
