@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from common.codec import packb, unpackb
 from common.errors import DecodeError
+
+MAX_EMBED_LEN = 1 << 20  # the most tokens --max-embed-len may allow one input (its chunks are held at once)
 
 
 class ModelCapabilities(BaseModel):
@@ -29,6 +31,16 @@ class ModelCapabilities(BaseModel):
     tasks: tuple[str, ...] = ("embed",)
     labels: tuple[str, ...] = ()  # a classifier's label names by index (its config's id2label)
     token_size: int | None = None  # width of a token_embed vector (the hidden size, or a ColBERT projection's)
+    # Inputs longer than max_model_len and at most this many tokens are embedded in chunks (worker/chunking.py);
+    # None: they are refused (or truncated per request).
+    max_embed_len: int | None = None
+
+    @model_validator(mode="after")
+    def _bounded_embed_len(self):
+        if self.max_embed_len is not None and not self.max_model_len < self.max_embed_len <= MAX_EMBED_LEN:
+            raise ValueError(f"max_embed_len must exceed the model's max length ({self.max_model_len}) and be at "
+                             f"most {MAX_EMBED_LEN} tokens, got {self.max_embed_len}")
+        return self
 
     def encode(self) -> bytes:
         return packb(self.model_dump(mode="json"))

@@ -3,7 +3,8 @@
 Storage per `embed_dtype` (numpy, before the byte order is applied):
 float32 -> float32, float16 -> float16, bfloat16 -> uint16 (the top half of a float32; numpy has no
 bfloat16), int8 -> int8, uint8 -> uint8, binary -> int8 and ubinary -> uint8, eight dimensions packed
-per byte (sentence-transformers' `quantize_embeddings` layout).
+per byte (sentence-transformers' `quantize_embeddings` layout), fp8_e4m3 / fp8_e5m2 -> uint8 (the bits of
+torch's float8_e4m3fn / float8_e5m2, as vLLM stores them; numpy has no fp8).
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ _STORAGE = {
     "uint8": np.dtype(np.uint8),
     "binary": np.dtype(np.int8),
     "ubinary": np.dtype(np.uint8),
+    "fp8_e4m3": np.dtype(np.uint8),
+    "fp8_e5m2": np.dtype(np.uint8),
 }
+FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
 
 
 def resolve_endianness(endianness: str) -> str:
@@ -47,6 +51,34 @@ def float32_to_bfloat16_bits(values: np.ndarray) -> np.ndarray:
 
 def bfloat16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _fp8_table(exponent_bits: int, finite_only: bool) -> np.ndarray:
+    """The float32 value of each of the 256 fp8 bit patterns (sign, exponent, mantissa; IEEE-style
+    subnormals). e4m3fn (`finite_only`) has no infinities: only S.1111.111 is NaN; e5m2 is IEEE."""
+    mantissa_bits = 7 - exponent_bits
+    bias = (1 << (exponent_bits - 1)) - 1
+    codes = np.arange(256, dtype=np.int64)
+    sign = np.where(codes >> 7, -1.0, 1.0)
+    exponent = (codes >> mantissa_bits) & ((1 << exponent_bits) - 1)
+    mantissa = codes & ((1 << mantissa_bits) - 1)
+    scale = float(1 << mantissa_bits)
+    values = np.where(exponent == 0, mantissa / scale * 2.0 ** (1 - bias),
+                      (1 + mantissa / scale) * 2.0 ** (exponent - bias))
+    top = (1 << exponent_bits) - 1
+    if finite_only:
+        values = np.where((exponent == top) & (mantissa == (1 << mantissa_bits) - 1), np.nan, values)
+    else:
+        values = np.where(exponent == top, np.where(mantissa == 0, np.inf, np.nan), values)
+    return (sign * values).astype(np.float32)
+
+
+_FP8_VALUES = {"fp8_e4m3": _fp8_table(4, finite_only=True), "fp8_e5m2": _fp8_table(5, finite_only=False)}
+
+
+def fp8_bits_to_float32(bits: np.ndarray, embed_dtype: str) -> np.ndarray:
+    """Widen stored fp8 bits (uint8) to the float32 values they encode."""
+    return _FP8_VALUES[embed_dtype][np.asarray(bits, dtype=np.uint8)]
 
 
 def to_bytes(array: np.ndarray, embed_dtype: str, endianness: str) -> bytes:

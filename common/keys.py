@@ -20,6 +20,12 @@
                                             the result's own pipeline, so it outlives its result by at
                                             most that round trip (and a job dropped unserved by RESULT_TTL)
 
+    embedfleet:chunks:<id>          HASH    a long request spread over the fleet as sub-jobs <id>-p<k>
+                                            (worker/chunkjobs.py): `plan` (msgpack: the request, each chunk's
+                                            input and token count), `parts`, `done`, `part:<k>` (a part's
+                                            result blob), `failed` (the first failed part's error blob);
+                                            TTL CHUNKS_TTL, deleted once the request is answered
+
     Every key above expires. The only keys without a TTL are shared, one per model or per fleet:
     embedfleet:models, rq:queues, rq:queue:<queue> and rq's registries.
 
@@ -117,6 +123,18 @@ def job_options_key(request_id: str) -> str:
 def reply_stream_key(producer_id: str) -> str:
     return f"{PREFIX}:replies:{producer_id}"
 
+
+def chunks_key(request_id: str) -> str:
+    return f"{PREFIX}:chunks:{request_id}"
+
+
+def part_id(request_id: str, index: int) -> str | None:
+    """The rq job id of part `index` of a spread request; None where it would not be a valid request id."""
+    part = f"{request_id}-p{index}"
+    return part if valid_request_id(part) else None
+
+
+CHUNKS_TTL = JOB_TTL + RESULT_TTL  # a spread request's parts may wait in the queue as long as any job
 
 REPLY_STREAM_MAXLEN = 10_000
 

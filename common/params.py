@@ -10,7 +10,9 @@ from common.capabilities import ModelCapabilities
 from common.codec import check_text
 from common.errors import ValidationError
 
-EmbedDtype = Literal["float32", "float16", "bfloat16", "int8", "uint8", "binary", "ubinary"]
+# fp8_e4m3 / fp8_e5m2: vLLM's 8-bit floats (torch float8_e4m3fn / float8_e5m2), stored as their bits.
+EmbedDtype = Literal["float32", "float16", "bfloat16", "int8", "uint8", "binary", "ubinary", "fp8_e4m3",
+                     "fp8_e5m2"]
 Endianness = Literal["native", "little", "big"]
 EMBED_DTYPES: tuple[str, ...] = EmbedDtype.__args__
 # vLLM's pooling tasks (plus tokenize/detokenize, which need no forward pass): one request kind each.
@@ -18,6 +20,7 @@ Task = Literal["embed", "score", "classify", "token_embed", "tokenize", "detoken
 TASKS: tuple[str, ...] = Task.__args__
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 PACKED_DTYPES = ("binary", "ubinary")  # one bit per dimension, eight dimensions per byte
+MAX_CHUNK_SPANS = 4096  # late-chunking spans one request may ask for
 
 
 class PoolingParams(BaseModel):
@@ -35,6 +38,11 @@ class PoolingParams(BaseModel):
     add_special_tokens: bool = True
     embed_dtype: EmbedDtype = "float32"
     endianness: Endianness = "native"
+    # Late chunking (worker/latechunking.py): one vector per span of an input, pooled from the token states
+    # of one forward pass over the whole input. `chunk_size`: spans of that many tokens; `chunk_spans`:
+    # [start, end) character offsets into the request's one text input.
+    chunk_size: int | None = None
+    chunk_spans: tuple[tuple[int, int], ...] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -69,6 +77,26 @@ class PoolingParams(BaseModel):
         if value is not None and value != -1 and value < 1:
             raise ValueError("`truncate_prompt_tokens` must be -1 (the model's max length) or a "
                              f"positive integer, got {value}")
+        return value
+
+    @field_validator("chunk_size")
+    @classmethod
+    def _positive_chunk(cls, value):
+        if value is not None and value < 1:
+            raise ValueError(f"`chunk_size` must be a positive number of tokens, got {value}")
+        return value
+
+    @field_validator("chunk_spans")
+    @classmethod
+    def _spans(cls, value):
+        if value is None:
+            return value
+        if not value or len(value) > MAX_CHUNK_SPANS:
+            raise ValueError(f"`chunk_spans` must hold 1 to {MAX_CHUNK_SPANS} [start, end] pairs, got {len(value)}")
+        for k, (start, end) in enumerate(value):
+            if not 0 <= start < end:
+                raise ValueError(f"`chunk_spans`[{k}] = [{start}, {end}] must be character offsets with "
+                                 "0 <= start < end")
         return value
 
     def resolve(self, caps: ModelCapabilities) -> PoolingParams:
@@ -121,6 +149,13 @@ class PoolingParams(BaseModel):
             raise ValidationError(
                 f"`prompt_name`='{self.prompt_name}' is unknown to model '{caps.name}': known are "
                 f"{known}", param="prompt_name")
+        if self.chunk_size is not None and self.chunk_spans is not None:
+            raise ValidationError("send either `chunk_size` or `chunk_spans`, not both", param="chunk_size")
+        if self.chunk_size is not None and self.chunk_size >= caps.max_model_len:
+            raise ValidationError(
+                f"`chunk_size`={self.chunk_size} is not shorter than model '{caps.name}''s max length "
+                f"{caps.max_model_len}: late chunking pools spans of one input read whole, so allowed is 1 to "
+                f"{caps.max_model_len - 1}", param="chunk_size")
         if self.embed_dtype in PACKED_DTYPES and self.output_size(caps) % 8:
             raise ValidationError(
                 f"`embed_dtype`='{self.embed_dtype}' packs 8 dimensions per byte, but the output has "

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from common import keys
 from common.capabilities import ModelCapabilities
 from common.codec import check_text, packb, unpackb
-from common.errors import DecodeError, ValidationError
+from common.errors import DecodeError, InputTooLongError, ValidationError
 from common.params import PoolingParams
 
 WIRE_VERSION = 1
@@ -18,6 +18,24 @@ WIRE_VERSION = 1
 
 def new_request_id() -> str:
     return uuid.uuid4().hex
+
+
+class PartOf(BaseModel):
+    """Marks a sub-job of a long request spread over the fleet (worker/chunkjobs.py): chunk group `index` of
+    `parts`; its answer goes to the request's join, never to a waiter of its own."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    parent: str
+    index: int = Field(ge=0)
+    parts: int = Field(ge=1)
+
+    @field_validator("parent")
+    @classmethod
+    def _an_id(cls, value):
+        if not keys.valid_request_id(value):
+            raise ValueError(f"`parent` must be a request id, got {value!r}")
+        return value
 
 
 class EmbedRequest(BaseModel):
@@ -32,6 +50,7 @@ class EmbedRequest(BaseModel):
     created_at: float = Field(default_factory=time.time)
     reply_to: str | None = None  # an optional per-producer stream that also gets the id on completion
     text_pair: list[str] | None = None  # task "score": the second text of each pair, aligned with `inputs`
+    part_of: PartOf | None = None  # set by a worker on the parts of a spread long request only
 
     @field_validator("model", "inputs", "reply_to", "text_pair")
     @classmethod
@@ -63,14 +82,27 @@ class EmbedRequest(BaseModel):
                 raise ValidationError(
                     f"token id {bad[0]} is outside model '{caps.name}''s vocabulary: allowed is 0 to "
                     f"{caps.vocab_size - 1}", param="input")
+        if self.params.chunk_spans is not None and (self.is_tokens or len(self.inputs) != 1):
+            raise ValidationError("`chunk_spans` are character offsets into one text: send exactly one text "
+                                  f"input with them (got {len(self.inputs)} "
+                                  f"{'token-id list' if self.is_tokens else 'text'}(s)), or use `chunk_size`",
+                                  param="chunk_spans")
+        if self.is_tokens and caps.max_embed_len and self.params.truncate_prompt_tokens is None:
+            longest = max(range(len(self.inputs)), key=lambda i: len(self.inputs[i]))
+            if len(self.inputs[longest]) > caps.max_embed_len:
+                raise InputTooLongError(
+                    f"input {longest} has {len(self.inputs[longest])} tokens, more than model '{caps.name}''s "
+                    f"max_embed_len of {caps.max_embed_len}: shorten it, or send truncate_prompt_tokens=-1 "
+                    "to truncate to the max length", param="input")
         params = self.params.resolve(caps)
         check_task_inputs(self, params.task)
         return self.model_copy(update={"params": params})
 
     def encode(self) -> bytes:
         data = self.model_dump(mode="json", exclude_defaults=False)
-        if self.text_pair is None:  # absent, not null: workers that predate tasks refuse unknown fields
-            del data["text_pair"]
+        for optional in ("text_pair", "part_of"):  # absent, not null: older workers refuse unknown fields
+            if data[optional] is None:
+                del data[optional]
         return packb({"v": WIRE_VERSION, **data})
 
     @classmethod

@@ -21,7 +21,8 @@ import numpy as np
 
 from common import keys
 from common.codec import packb, unpackb
-from common.dtypes import bfloat16_bits_to_float32, from_bytes, resolve_endianness, to_bytes
+from common.dtypes import (FP8_DTYPES, bfloat16_bits_to_float32, fp8_bits_to_float32, from_bytes,
+                           resolve_endianness, to_bytes)
 from common.errors import DecodeError, EmbedfleetError, error_from_code
 
 MAGIC = b"EFR"
@@ -58,6 +59,9 @@ class Result:
     parts: tuple[int, ...] | None = None
     labels: tuple[str, ...] = ()
     items: list | None = None
+    # Late chunking: per row (input index, token start, token end, char start, char end), ends exclusive;
+    # char -1 for token-id inputs. None for one row per input.
+    spans: tuple[tuple[int, int, int, int, int], ...] | None = None
 
     @classmethod
     def success(cls, request_id: str, model: str, array: np.ndarray, embed_dtype: str,
@@ -84,14 +88,16 @@ class Result:
 
     @property
     def stored(self) -> np.ndarray:
-        """The array exactly as stored (bfloat16 as uint16 bits), in native byte order."""
+        """The array exactly as stored (bfloat16 as uint16 bits, fp8 as uint8 bits), in native byte order."""
         return from_bytes(self.data, self.embed_dtype, self.endianness, self.shape)
 
     @property
     def embeddings(self) -> np.ndarray:
-        """Shape (n, d) in native byte order; bfloat16 widened to float32, packed bits left packed."""
+        """Shape (n, d) in native byte order; bfloat16 and fp8 widened to float32, packed bits left packed."""
         self.raise_for_error()
         stored = self.stored
+        if self.embed_dtype in FP8_DTYPES:
+            return fp8_bits_to_float32(stored, self.embed_dtype)
         return bfloat16_bits_to_float32(stored) if self.embed_dtype == "bfloat16" else stored
 
     @property
@@ -128,6 +134,7 @@ class Result:
             {"code": self.error_code, "message": self.error_message, "param": self.error_param},
             "finished_at": self.finished_at,
             **self._task_header(),
+            **({"spans": [list(span) for span in self.spans]} if self.spans is not None else {}),
         })
         return _PREFIX.pack(MAGIC, VERSION, len(header)) + header + self.data
 
@@ -158,10 +165,15 @@ class Result:
                 shape=tuple(head["shape"]), usage=Usage(head["usage"]["prompt_tokens"]),
                 data=bytes(raw[start + size:]), error_code=error.get("code"),
                 error_message=error.get("message"), error_param=error.get("param"),
-                finished_at=head["finished_at"], **_task_fields(head))
+                finished_at=head["finished_at"], **_task_fields(head),
+                spans=None if head.get("spans") is None else tuple(tuple(int(v) for v in span)
+                                                                  for span in head["spans"]))
             if result.parts is not None and (sum(result.parts) != result.shape[0] or min(result.parts, default=0) < 0):
                 raise ValueError(f"parts {list(result.parts)} do not add up to the {result.shape[0]} rows")
             _check_task_shapes(result)
+            if result.spans is not None and (len(result.spans) != result.shape[0]
+                                             or any(len(span) != 5 for span in result.spans)):
+                raise ValueError(f"{len(result.spans)} spans for {result.shape[0]} rows")
             if result.ok:
                 result.stored  # noqa: B018 - checks that the bytes fit the declared shape and dtype
             return result

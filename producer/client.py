@@ -261,9 +261,11 @@ class Producer:
             return "not_found"  # no request of ours has such an id (and rq refuses to look it up)
         try:
             with _redis_errors():
-                return job_state(Job.fetch(request_id, connection=self.connection_of(request_id),
-                                           serializer=SERIALIZER)
-                                 .get_status())
+                connection = self.connection_of(request_id)
+                state = job_state(Job.fetch(request_id, connection=connection, serializer=SERIALIZER).get_status())
+                if state == "finished" and connection.exists(keys.chunks_key(request_id)):
+                    return "started"  # a long request spread over the fleet: its parts are running
+                return state
         except NoSuchJobError:
             return "not_found"
 

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from common.dtypes import bfloat16_bits_to_float32, float32_to_bfloat16_bits, storage_dtype
+from common.dtypes import (FP8_DTYPES, bfloat16_bits_to_float32, float32_to_bfloat16_bits, fp8_bits_to_float32,
+                           storage_dtype)
 from common.errors import DecodeError, InputTooLongError, ValidationError
 from common.params import EMBED_DTYPES, PoolingParams
 from common.request import EmbedRequest, normalize_inputs
@@ -73,7 +74,8 @@ def test_result_blob_round_trips_every_dtype_and_byte_order(embed_dtype, endiann
     assert decoded.endianness in ("little", "big")
     np.testing.assert_array_equal(decoded.stored, stored)
     assert decoded.stored.dtype.isnative
-    expected = bfloat16_bits_to_float32(stored) if embed_dtype == "bfloat16" else stored
+    expected = bfloat16_bits_to_float32(stored) if embed_dtype == "bfloat16" else \
+        fp8_bits_to_float32(stored, embed_dtype) if embed_dtype in FP8_DTYPES else stored
     np.testing.assert_array_equal(decoded.embeddings, expected)
     # The blob's array bytes are what numpy.frombuffer reads with the header's dtype and byte order.
     raw = np.frombuffer(decoded.data, dtype=storage_dtype(embed_dtype, decoded.endianness))
@@ -84,6 +86,13 @@ def test_result_blob_round_trips_every_dtype_and_byte_order(embed_dtype, endiann
 def test_big_endian_bytes_really_are_big_endian():
     result = Result.success("rid", "m", np.array([[1.0]], np.float32), "float32", "big", 1)
     assert result.data == np.array([1.0], ">f4").tobytes() == b"\x3f\x80\x00\x00"
+
+
+@pytest.mark.parametrize("embed_dtype,torch_dtype", [("fp8_e4m3", "float8_e4m3fn"), ("fp8_e5m2", "float8_e5m2")])
+def test_fp8_bits_widen_to_torchs_values(embed_dtype, torch_dtype):
+    bits = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    reference = bits.view(getattr(torch, torch_dtype)).float().numpy()
+    np.testing.assert_array_equal(fp8_bits_to_float32(bits.numpy(), embed_dtype), reference)  # NaN == NaN here
 
 
 @given(st.floats(width=32, allow_nan=False))

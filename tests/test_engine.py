@@ -147,6 +147,11 @@ def _expected(floats: np.ndarray, dtype: str) -> np.ndarray:
         return floats.astype(np.float16)
     if dtype == "bfloat16":
         return float32_to_bfloat16_bits(floats)
+    if dtype.startswith("fp8"):  # vLLM's cast: torch's float8 types, stored as their bits
+        import torch
+
+        torch_dtype = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[dtype]
+        return torch.tensor(floats).to(torch_dtype).view(torch.uint8).numpy()
     return quantize_embeddings(floats, precision=dtype)
 
 

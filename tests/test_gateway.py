@@ -57,7 +57,8 @@ def fleet(redis_server, minilm_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_server.url, "--model",
                                minilm_path, "--served-model-name", MODEL, "--poll-timeout", "1",
-                               "--probe-seconds", "1"], env=env)
+                               "--probe-seconds", "1", "--max-embed-len", "2048", "--chunks-per-job", "2"],
+                              env=env)
     servers = [Server(_settings(redis_server.url, api_key=KEY, max_body_bytes=256 * 1024)),
                Server(_settings(redis_server.url, max_queue_depth=2, request_timeout=0.5, max_inputs=4))]
     main = httpx.Client(base_url=servers[0].url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
@@ -210,6 +211,29 @@ def test_pooling_bytes_decode_with_numpy(fleet, embed_dtype, endianness):
     assert only.content == response.content and "metadata" not in only.headers
 
 
+@pytest.mark.parametrize("embed_dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_through_bytes_base64_and_float(fleet, embed_dtype):
+    """vLLM's fp8 outputs: the bits of torch's float8 cast, one byte per dimension, in every encoding."""
+    import torch
+
+    torch_dtype = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[embed_dtype]
+    bits = torch.tensor(fleet.reference.astype(np.float32)).to(torch_dtype).view(torch.uint8).numpy()
+    widened = torch.tensor(bits).view(torch_dtype).float().numpy()
+    body = {"model": MODEL, "input": TEXTS, "embed_dtype": embed_dtype}
+    response = fleet.main.post("/pooling", json={**body, "encoding_format": "bytes"})
+    assert response.status_code == 200, response.text
+    meta = json.loads(response.headers["metadata"])
+    assert [(d["embed_dtype"], d["shape"], d["end"] - d["start"]) for d in meta["data"]] == \
+        [(embed_dtype, [bits.shape[1]], bits.shape[1])] * len(TEXTS)
+    assert np.array_equal(np.frombuffer(response.content, np.uint8).reshape(bits.shape), bits)
+    for path, key in (("/pooling", "data"), ("/v1/embeddings", "embedding")):
+        encoded = fleet.main.post(path, json={**body, "encoding_format": "base64"}).json()["data"]
+        assert np.array_equal(np.stack([np.frombuffer(base64.b64decode(d[key]), np.uint8) for d in encoded]), bits)
+        floats = fleet.main.post(path, json={**body, "encoding_format": "float"}).json()["data"]
+        np.testing.assert_array_equal(np.array([d[key] for d in floats], np.float32), widened)
+    assert np.abs(widened - fleet.reference).max() < (0.07 if embed_dtype == "fp8_e4m3" else 0.13)
+
+
 def test_pooling_json_float_and_base64(fleet):
     for fmt in ("float", "base64"):
         response = fleet.main.post("/pooling", json={"model": MODEL, "input": TEXTS, "encoding_format": fmt,
@@ -220,6 +244,46 @@ def test_pooling_json_float_and_base64(fleet):
         got = np.array([d["data"] for d in data]) if fmt == "float" else \
             np.stack([np.frombuffer(base64.b64decode(d["data"]), dtype=">f2") for d in data])
         np.testing.assert_allclose(got.astype(np.float32), fleet.reference, atol=1e-3)
+
+
+def test_openai_client_embeds_a_long_input_in_chunks(fleet, minilm_path):
+    """Chunked processing (--max-embed-len) behind the unchanged openai client: 3.5x the model's 256 tokens,
+    spread over the fleet as parts (--chunks-per-job 2), equal to chunks embedded by hand."""
+    from openai import OpenAI
+
+    from tests.test_longinputs import cosine, hand_reference
+
+    text = " ".join(f"{TEXTS[i % 3]} Part {i}." for i in range(80))
+    expected, tokens = hand_reference(minilm_path, text, max_len=256)
+    assert tokens > 3 * 256
+    client = OpenAI(base_url=str(fleet.main.base_url) + "/v1", api_key=KEY)
+    answer = client.embeddings.create(model=MODEL, input=[text, TEXTS[0]])
+    assert cosine(answer.data[0].embedding, expected) >= 0.99999
+    assert cosine(answer.data[1].embedding, fleet.reference[0]) >= 0.99999
+    assert answer.usage.prompt_tokens == tokens + fleet.producer.wait(fleet.producer.submit([TEXTS[0]], MODEL)
+                                                                       ).usage.prompt_tokens
+
+
+def test_late_chunking_spans_through_every_encoding(fleet):
+    text = " ".join(TEXTS * 4)
+    expected = fleet.producer.wait(fleet.producer.submit([text], MODEL, chunk_size=16), timeout=30)
+    assert expected.spans is not None and len(expected.spans) == len(expected.embeddings) > 2
+    spans = [{"input_index": 0, "token_span": [s, e], "char_span": [cs, ce]} for _, s, e, cs, ce in expected.spans]
+    body = {"model": MODEL, "input": text, "chunk_size": 16}
+    floats = fleet.main.post("/v1/embeddings", json=body).json()["data"]
+    assert [{k: d[k] for k in ("input_index", "token_span", "char_span")} for d in floats] == spans
+    np.testing.assert_allclose([d["embedding"] for d in floats], expected.embeddings, atol=1e-6)
+    encoded = fleet.main.post("/pooling", json={**body, "encoding_format": "base64"}).json()["data"]
+    np.testing.assert_array_equal(
+        np.stack([np.frombuffer(base64.b64decode(d["data"]), np.float32) for d in encoded]), expected.embeddings)
+    raw = fleet.main.post("/pooling", json={**body, "encoding_format": "bytes"})
+    meta = json.loads(raw.headers["metadata"])["data"]
+    assert [{k: d[k] for k in ("input_index", "token_span", "char_span")} for d in meta] == spans
+    by_chars = fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": text,
+                                                        "chunk_spans": [[0, 10], [10, len(text)]]})
+    assert by_chars.status_code == 200 and [d["char_span"][0] for d in by_chars.json()["data"]] == [0, 8]
+    refused = fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": [text, text], "chunk_spans": [[0, 4]]})
+    assert refused.status_code == 400 and "exactly one text" in refused.text
 
 
 # -- async jobs --------------------------------------------------------------------------------------

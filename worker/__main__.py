@@ -53,7 +53,8 @@ def serve(argv: list[str]) -> int:
     if url != settings.redis_url:
         connection = connect(url)
         check_access(connection, url)
-    engine = Engine(model, max_batch_tokens=budget.max_batch_tokens, max_batch_size=budget.max_batch_size)
+    engine = Engine(model, max_batch_tokens=budget.max_batch_tokens, max_batch_size=budget.max_batch_size,
+                    chunks_per_job=settings.chunks_per_job)
     info = {"device": device, "dtype": dtype, "max_batch_tokens": budget.max_batch_tokens,
             "max_batch_size": budget.max_batch_size, "budget_source": budget.source, "max_jobs": settings.max_jobs,
             "host": socket.gethostname(), "pid": os.getpid(),  # `embedfleet health --worker` looks for its host
@@ -91,7 +92,8 @@ def _load(path: str, name: str | None, settings: WorkerSettings):
         raise StartupError(f"no model folder at {path}; pass --model with a model folder or a hub id")
     try:
         return load_model(path, served_name=name, device=settings.device, dtype=settings.dtype,
-                          matryoshka_dims=settings.matryoshka_dims, max_inputs=settings.max_inputs)
+                          matryoshka_dims=settings.matryoshka_dims, max_inputs=settings.max_inputs,
+                          max_embed_len=settings.max_embed_len)
     except (OSError, ValueError) as exc:  # transformers and the hub say "not found" with both
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise StartupError(f"cannot load model '{path}': {type(exc).__name__}: {first}; pass --model with a "

@@ -28,6 +28,12 @@ class WorkerSettings(Settings):
     max_jobs: int = Field(64, ge=1, description="requests taken from the queue in one round trip (one round "
                                                 "through the model; the worker holds at most four rounds)")
     max_inputs: int = Field(2048, description="inputs allowed in one request")
+    max_embed_len: int | None = Field(None, ge=1, description="embed inputs longer than the model's max length, up "
+                                      "to this many tokens, in chunks of that length combined by their "
+                                      "token-count-weighted mean (vLLM's chunked processing); default: refuse "
+                                      "them (a request may truncate instead)")
+    chunks_per_job: int = Field(64, ge=0, description="a request with more chunks than this is spread over the "
+                                "fleet as sub-jobs of at most this many chunks on the same queue; 0: never")
     matryoshka_dims: list[int] | None = Field(None, description="Matryoshka dimensions the model supports, "
                                                                 "when its config does not declare them")
     result_ttl: int = Field(keys.RESULT_TTL, ge=1, description="seconds a result is kept in Redis (at least 1)")

@@ -3,16 +3,19 @@ prepare (verify, tokenise), forward (length-sorted, token-budgeted passes) and f
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from common import keys
 from common.errors import EmbedfleetError, InternalError
 from common.params import PoolingParams
 from common.request import EmbedRequest
 from common.result import Result
 from worker.batcher import cuts
+from worker.latechunking import embed_spans
 from worker.postprocess import cast, finish
 from worker.preprocess import Prepared, prepare
 from worker.tasks.heads import finish_task
@@ -32,6 +35,8 @@ class Round:
     prepared: dict[int, Prepared] = field(default_factory=dict)
     rows: dict[int, np.ndarray | list[np.ndarray]] = field(default_factory=dict)  # a list: per-token rows
     failed: dict[int, EmbedfleetError] = field(default_factory=dict)
+    # long requests whose chunks go to the fleet as sub-jobs (worker/chunkjobs.py): no result from here
+    spread: dict[int, Prepared] = field(default_factory=dict)
 
     @property
     def texts(self) -> int:
@@ -61,14 +66,18 @@ class Engine:
         and, for `prepare`, a tokenizer (see worker.nullmodel for one without).
     max_batch_tokens: padded-token budget of one forward pass (rows * longest row).
     max_batch_size: most rows in one forward pass.
+    chunks_per_job: a request with more chunks than this (a long input, worker/chunking.py) is not run here
+        but left in `Round.spread` for the worker to spread over the fleet; 0: every request runs here.
     """
 
-    def __init__(self, model, *, max_batch_tokens: int = 16384, max_batch_size: int = 256):
+    def __init__(self, model, *, max_batch_tokens: int = 16384, max_batch_size: int = 256,
+                 chunks_per_job: int = 0):
         self.model = model
         self.caps = model.caps
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.forward_passes = 0
+        self.chunks_per_job = chunks_per_job
         self._resolved: dict[PoolingParams, PoolingParams | EmbedfleetError] = {}
 
     def run(self, requests: list[EmbedRequest]) -> list[Result]:
@@ -94,7 +103,8 @@ class Engine:
                         continue
                     work.prepared[index] = prepared
                 else:
-                    work.prepared[index] = tokenize(resolved) if tokenize else prepare(self.model, resolved)
+                    prepared = tokenize(resolved) if tokenize else prepare(self.model, resolved)
+                    (work.spread if self._spreads(resolved, prepared) else work.prepared)[index] = prepared
             except EmbedfleetError as exc:
                 work.results[index] = Result.failure(request.id, self.caps.name, exc)
             except Exception as exc:  # a tokenizer crash on one request must not sink the others
@@ -104,7 +114,11 @@ class Engine:
         return work
 
     def forward(self, work: Round) -> None:
-        """All inputs of all requests, sorted by length and cut by the token budget; one pass per batch."""
+        """All inputs of all requests, sorted by length and cut by the token budget; one pass per batch.
+        A late-chunking request (spans) gets a pass of its own: its rows are spans, not inputs."""
+        for index, prep in work.prepared.items():
+            if prep.spans is not None:
+                self._span_pass(index, prep, work)
         flat = self._flatten(work)
         if flat is None:
             return
@@ -117,6 +131,8 @@ class Engine:
             begin = head_end  # a pass never mixes heads: each runs its own forward
         offset = 0
         for index, prep in work.prepared.items():
+            if prep.spans is not None:
+                continue
             count = len(prep.token_lists)
             if index not in work.failed:
                 work.rows[index] = [flat.ragged[p] for p in range(offset, offset + count)] \
@@ -131,8 +147,10 @@ class Engine:
         heads: list[str] = []
         pair_starts: list[int] = []
         for index, prep in work.prepared.items():
+            if prep.spans is not None:
+                continue
             token_lists.extend(prep.token_lists)
-            prompt_lengths.extend([prep.prompt_length] * len(prep.token_lists))
+            prompt_lengths.extend(prep.prompt_lengths)
             owners.extend([index] * len(prep.token_lists))
             heads.extend([prep.head] * len(prep.token_lists))
             pair_starts.extend(prep.pair_starts or [0] * len(prep.token_lists))
@@ -145,19 +163,24 @@ class Engine:
     def finish(self, work: Round) -> list[Result]:
         """Post-process every request that reached the forward pass; returns all results in input order."""
         for index, request in work.resolved.items():
-            if work.results[index] is not None:
+            if work.results[index] is not None or index in work.spread:
                 continue
             if index in work.failed:
                 work.results[index] = Result.failure(request.id, self.caps.name, work.failed[index])
             else:
-                work.results[index] = self._postprocess(request, work.rows[index], work.prepared[index])
+                prep = work.prepared[index]
+                result = self._postprocess(request, prep.pooled(work.rows[index]), prep)
+                if prep.spans is not None and result.ok:
+                    result = dataclasses.replace(result, spans=tuple(prep.spans))
+                work.results[index] = result
         return work.results
 
     # -- internals --------------------------------------------------------------------------------------
 
     def _resolve(self, request: EmbedRequest) -> EmbedRequest:
         """request.resolve(caps), with the params part cached: most requests share a few param sets."""
-        if len(request.inputs) > self.caps.max_inputs or request.is_tokens or request.params.task != "embed":
+        if len(request.inputs) > self.caps.max_inputs or request.is_tokens or request.params.task != "embed" \
+                or request.params.chunk_spans:
             return request.resolve(self.caps)  # raises the right message (or checks token ids)
         params = self._resolved.get(request.params)
         if params is None:
@@ -170,6 +193,27 @@ class Engine:
         if isinstance(params, EmbedfleetError):
             raise params
         return request.model_copy(update={"params": params})
+
+    def _span_pass(self, index: int, prep: Prepared, work: Round) -> None:
+        """A late-chunking request's inputs, in order, in passes cut by the token budget."""
+        try:
+            rows = []
+            for start, end in cuts([len(ids) for ids in prep.token_lists], self.max_batch_tokens,
+                                   self.max_batch_size):
+                spans = [(owner - start, *rest) for owner, *rest in prep.spans if start <= owner < end]
+                self.forward_passes += 1
+                rows.append(embed_spans(self.model, prep.token_lists[start:end], spans))
+            work.rows[index] = np.vstack(rows)
+        except Exception as exc:  # this request fails alone
+            log.exception("late-chunking pass failed")
+            work.failed[index] = InternalError(f"forward pass failed: {type(exc).__name__}: {exc}")
+
+    def _spreads(self, request: EmbedRequest, prepared: Prepared) -> bool:
+        """More chunks than one job should hold (a part never spreads again; a prompt left out of pooling
+        stays in one worker, whose first chunk knows it)."""
+        return bool(self.chunks_per_job) and prepared.owners is not None and request.part_of is None \
+            and len(prepared.token_lists) > self.chunks_per_job and not prepared.prompt_length \
+            and keys.part_id(request.id, len(prepared.token_lists)) is not None
 
     def _pass(self, positions: np.ndarray, flat: _Flat, work: Round) -> None:
         """One forward pass over these flat positions; if it fails, the batch again in halves, down to single

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from common.capabilities import ModelCapabilities
+from common.capabilities import MAX_EMBED_LEN, ModelCapabilities
+from common.errors import StartupError
 from worker.fidelity import cast_with_fidelity_check
 from worker.pooling import Pooler, modes_from_config
 from worker.stconfig import STConfig, read_st_config
@@ -209,7 +210,7 @@ class LoadedModel:
 
 def load_model(path_or_id: str, *, served_name: str | None = None, device: str | None = None,
                matryoshka_dims: list[int] | None = None, max_inputs: int = 2048,
-               dtype: str | None = None) -> LoadedModel:
+               dtype: str | None = None, max_embed_len: int | None = None) -> LoadedModel:
     """Load a HF or sentence-transformers model folder (or hub id) for serving.
 
     device: None picks "cuda" when available, else "cpu". dtype: "float32", "float16" or "bfloat16";
@@ -217,6 +218,8 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
     "auto"); anything but float32 must pass the fidelity check in worker/fidelity.py.
     served_name: the model name requests use (default: the folder or hub name).
     matryoshka_dims: the Matryoshka sizes the model allows (the --matryoshka-dims flag).
+    max_embed_len: inputs up to this many tokens are embedded in chunks of the max length (--max-embed-len);
+        it must exceed the model's max length.
     """
     from transformers import AutoConfig, AutoModel, AutoTokenizer  # noqa: PLC0415 - slow import, kept lazy
 
@@ -269,9 +272,17 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
     pad = tokenizer.pad_token_id
     if pad is None:  # decoders often have no pad token; any id works, padded positions are masked
         pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    max_len = _max_len(st, tokenizer, hf_config)
+    if max_embed_len is not None and not max_len < max_embed_len <= MAX_EMBED_LEN:
+        raise StartupError(f"--max-embed-len {max_embed_len} must exceed the model's max length ({max_len}: "
+                           f"shorter inputs need no chunks) and be at most {MAX_EMBED_LEN} tokens")
+    if max_embed_len is not None and (pooler.modes != ("mean",) or len(dense)):
+        log.warning("--max-embed-len on a model with %s pooling%s: a long input's vector is the length-weighted "
+                    "mean of its chunks' vectors, which only mean pooling makes the mean over its tokens (as vLLM "
+                    "warns too)", pooler.name, " and Dense layers" if len(dense) else "")
     caps = ModelCapabilities(
         name=_served_name(path_or_id, served_name),
-        max_model_len=_max_len(st, tokenizer, hf_config),
+        max_model_len=max_len,
         embedding_size=embedding_size,
         vocab_size=module.get_input_embeddings().num_embeddings,
         pooling=pooler.name,
@@ -285,6 +296,7 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         tasks=("token_embed", "score", "tokenize", "detokenize") if colbert
         else ("embed", "score", "token_embed", "tokenize", "detokenize"),
         token_size=embedding_size if colbert else hidden,
+        max_embed_len=max_embed_len,
     )
     loaded = LoadedModel(
         tokenizer=tokenizer, module=module, pooler=pooler, dense=dense, caps=caps,

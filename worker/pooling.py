@@ -119,6 +119,10 @@ class Pooler:
         mask = attention
         if not self.include_prompt and prompt_lengths is not None:
             mask = exclude_prompt(attention, prompt_lengths)
+        return self.pool(hidden, mask, attention)
+
+    def pool(self, hidden: Tensor, mask: Tensor, attention: Tensor) -> Tensor:
+        """Pool the tokens `mask` marks (late chunking: one span's), among the real tokens of `attention`."""
         pooled = [strategy(hidden, mask, attention) for strategy in self._strategies]
         return pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=-1)
 

@@ -7,8 +7,11 @@ The order follows sentence-transformers: pool -> Dense (in the model) -> cut to 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from common.dtypes import float32_to_bfloat16_bits
+
+_FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
 def finish(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
@@ -68,6 +71,10 @@ def cast(vectors: np.ndarray, embed_dtype: str, ranges: np.ndarray | None = None
     if embed_dtype in ("int8", "uint8"):
         codes = _scalar_codes(vectors, quantization_ranges(vectors) if ranges is None else ranges)
         return codes.astype(np.uint8) if embed_dtype == "uint8" else (codes - 128).astype(np.int8)
+    if embed_dtype in _FP8:
+        # torch's cast, as vLLM does it: round to nearest even; beyond the format's range (448 for e4m3,
+        # 57344 for e5m2) is NaN / inf, which only unnormalised outputs can reach.
+        return torch.tensor(vectors).to(_FP8[embed_dtype]).view(torch.uint8).numpy()
     if embed_dtype == "ubinary":
         return np.packbits(vectors > 0, axis=-1)
     if embed_dtype == "binary":

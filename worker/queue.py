@@ -27,7 +27,9 @@ Status decisions, per job:
   while rq's Retry lasts (the fault may be the machine's, e.g. CUDA out of memory), then FAILED;
 - undecodable job data, or a request for another model: FAILED at once with the reason, never retried;
 - cancelled while queued: CANCELED, answered `cancelled` unless it has an answer;
-- taken again after its workers died with it MAX_DELIVERIES times: FAILED `poison`, never run.
+- taken again after its workers died with it MAX_DELIVERIES times: FAILED `poison`, never run;
+- a long request spread over the fleet: FINISHED without an answer once its parts are queued; a part: answered
+  into its request's join, never under its own id, FAILED rather than retried (worker/chunkjobs.py).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from common.request import EmbedRequest, job_reply_to
 from common.result import Result, publish
 from common.serializer import MsgpackSerializer
 from worker.advertise import Advertiser
+from worker.chunkjobs import ChunkJobs
 from worker.engine import Round
 from worker.heartbeat import Heartbeat, Watchdog, timed_out
 from worker import answers
@@ -139,6 +142,8 @@ class BatchWorker(SimpleWorker):
             raise ValueError(f"lease must be positive and max_deliveries at least 1, got {lease}, {max_deliveries}")
         self.schema = RqSchema(connection, self.queue.name, self.name, result_ttl=result_ttl, lease=lease)
         self.advertiser = Advertiser(connection, engine.caps, self.name, info=info)
+        self.chunk_jobs = ChunkJobs(connection, self.queue, engine.caps.name, result_ttl=result_ttl,
+                                    chunks_per_job=getattr(engine, "chunks_per_job", 0))
         self.heartbeat_interval = heartbeat_interval
         self.lease = lease
         self.max_deliveries = max_deliveries
@@ -463,6 +468,7 @@ class BatchWorker(SimpleWorker):
         results = self._results(batch)
         for job, result in zip(batch.runnable, results):
             written.append(answers.served(job, result, batch.reply_to.get(job.id), self.engine.caps.name))
+        written = self.chunk_jobs.settle(batch, written)  # long requests spread, parts of them joined
         counts = self._with_retries(lambda: self.schema.finish(written, time.time() - batch.began))
         self._release(batch)
         self.batches += 1

@@ -56,12 +56,22 @@ def _vectors(result: Result, encoding_format: str, openai_base64: bool) -> list:
     return [base64.b64encode(row).decode("ascii") for row in rows]
 
 
+def span_fields(result: Result, row: int) -> dict:
+    """Late chunking: which input a row belongs to and the token / character range it pools (ends
+    exclusive; no characters for token-id inputs). Nothing for one row per input."""
+    if result.spans is None:
+        return {}
+    index, start, end, char_start, char_end = result.spans[row]
+    return {"input_index": index, "token_span": [start, end],
+            "char_span": None if char_start < 0 else [char_start, char_end]}
+
+
 def metadata(result: Result) -> dict:
     """vLLM's `metadata` header for bytes answers: where each item's bytes start and end in the body."""
     return {
         "id": result.id, "created": int(result.finished_at), "model": result.model,
         "data": [{"index": i, "embed_dtype": result.embed_dtype, "endianness": result.endianness,
-                  "start": start, "end": end, "shape": shape}
+                  "start": start, "end": end, "shape": shape, **span_fields(result, i)}
                  for i, (start, end, shape) in enumerate(_item_spans(result))],
         "usage": _usage(result, completion=True),
     }
@@ -80,7 +90,8 @@ def embeddings_body(result: Result, encoding_format: str, explicit_layout: bool)
     vectors = _vectors(result, encoding_format, openai_base64=not explicit_layout)
     return {
         "id": result.id, "object": "list", "created": int(result.finished_at), "model": result.model,
-        "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+        "data": [{"object": "embedding", "index": i, "embedding": v, **span_fields(result, i)}
+                 for i, v in enumerate(vectors)],
         "usage": _usage(result),
     }
 
@@ -100,6 +111,6 @@ def pooling_response(result: Result, encoding_format: str) -> Response:
     vectors = _vectors(result, encoding_format, openai_base64=False)
     return JSONResponse({
         "id": result.id, "object": "list", "created": int(result.finished_at), "model": result.model,
-        "data": [{"object": "pooling", "index": i, "data": v} for i, v in enumerate(vectors)],
+        "data": [{"object": "pooling", "index": i, "data": v, **span_fields(result, i)} for i, v in enumerate(vectors)],
         "usage": _usage(result, completion=True),
     })

@@ -41,6 +41,9 @@ class EmbedBody(BaseModel):
     add_special_tokens: bool | None = None
     embed_dtype: EmbedDtype | None = None
     endianness: Endianness | None = None
+    chunk_size: int | None = Field(None, description="late chunking: one vector per this many tokens of each input")
+    chunk_spans: list[tuple[int, int]] | None = Field(
+        None, description="late chunking: one vector per [start, end) character span of the one text input")
 
     def param_fields(self) -> dict:
         """The PoolingParams fields that were sent, as keywords for Producer.submit (which validates them)."""
