@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 
@@ -31,6 +32,14 @@ class EmbedRequest(BaseModel):
     params: PoolingParams = PoolingParams()
     created_at: float = Field(default_factory=time.time)
     reply_to: str | None = None  # an optional per-producer stream that also gets the id on completion
+    deadline: float | None = None  # unix time past which a still-queued request is answered `expired`
+
+    @field_validator("deadline")
+    @classmethod
+    def _finite(cls, value):
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"`deadline` must be a finite unix time, got {value}")
+        return value
 
     @field_validator("model", "inputs", "reply_to")
     @classmethod
@@ -65,7 +74,12 @@ class EmbedRequest(BaseModel):
         return self.model_copy(update={"params": self.params.resolve(caps)})
 
     def encode(self) -> bytes:
-        return packb({"v": WIRE_VERSION, **self.model_dump(mode="json", exclude_defaults=False)})
+        # No deadline, no field: workers built before deadlines existed (extra="forbid") still read it.
+        drop = {"deadline"} if self.deadline is None else set()
+        return packb({"v": WIRE_VERSION, **self.model_dump(mode="json", exclude_defaults=False, exclude=drop)})
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
 
     @classmethod
     def decode(cls, raw: bytes) -> EmbedRequest:

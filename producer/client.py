@@ -20,6 +20,7 @@ from common.params import PoolingParams
 from common.redisclient import block_for, check_access, connect
 from common.shards import ShardMap
 from common.request import job_reply_to
+from common.scheduling import DEFAULT_PRIORITY, priority_level, resolve_deadline
 from common.result import Result
 from producer.cancel import cancel_pending
 from producer.core import (CAPS_CACHE_SECONDS, PENDING, SERIALIZER, build_request, enqueue, job_state,
@@ -147,14 +148,22 @@ class Producer:
         return self.submit_many([inputs], model, params=params, reply_to=reply_to, **fields)[0]
 
     def submit_many(self, batches: list, model: str | None = None, *, params: PoolingParams | None = None,
-                    reply_to: str | None = None, **fields) -> list[str]:
-        """Enqueue one request per element of `batches` in one round trip; returns their ids."""
+                    reply_to: str | None = None, priority: str | int | None = None, deadline: float | None = None,
+                    timeout: float | None = None, **fields) -> list[str]:
+        """Enqueue one request per element of `batches` in one round trip; returns their ids.
+
+        `priority`: "interactive" (default), "bulk", or vLLM's integer (<= 0 interactive, >= 1 bulk).
+        `deadline` (unix time) / `timeout` (seconds from now): a request still queued then is answered
+        `expired` (ExpiredError) and never computed. See common/scheduling.py.
+        """
+        level = priority_level(priority)
+        when = resolve_deadline(deadline, timeout, time.time())
         served = self.models(refresh=False)
         if model not in served:  # a worker may have come up since the cached read
             served = self.models()
         caps = pick_model(model, served, self._known)
-        requests = [build_request(inputs, caps, params, fields, reply_to) for inputs in batches]
-        queue = self._queue(caps.name)
+        requests = [build_request(inputs, caps, params, fields, reply_to, when) for inputs in batches]
+        queue = self._queue(caps.name, level)
         with _redis_errors():
             if self.max_queue_depth is not None:
                 depth = queue.count
@@ -248,6 +257,7 @@ class Producer:
             queue = Queue(job.origin, connection=connection, serializer=SERIALIZER)
             return cancel_pending(connection, job, queue, answer, job_reply_to(job))
 
-    def _queue(self, model: str) -> Queue:
-        return Queue(keys.queue_name(model), connection=self.connection_for_model(model), serializer=SERIALIZER)
+    def _queue(self, model: str, level: str = DEFAULT_PRIORITY) -> Queue:
+        return Queue(keys.queue_name(model, level), connection=self.connection_for_model(model),
+                     serializer=SERIALIZER)
 

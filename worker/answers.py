@@ -3,8 +3,10 @@ the engine's result or from why the job could not run. Pure: no Redis, no model.
 
 from __future__ import annotations
 
-from common.errors import CancelledError, DecodeError, EmbedfleetError, InternalError, PoisonError
+from common.errors import (CancelledError, DecodeError, EmbedfleetError, ExpiredError, InternalError,
+                           PoisonError)
 from common.keys import JOB_FUNC
+from common.request import EmbedRequest
 from common.result import Result
 from worker.jobdata import decode_job
 from worker.rqschema import Answer, Outcome, Taken
@@ -47,3 +49,11 @@ def poisoned(job: Taken, model: str, max_deliveries: int) -> Answer:
                         f"before answering; it is not run again (the limit is --max-deliveries {max_deliveries}). "
                         f"Inspect it with `embedfleet failed show {job.id}`")
     return failed(job, error, Outcome.FAILED, reply_stream_of(job, model), model)
+
+
+def expired(job: Taken, request: EmbedRequest, now: float) -> Answer:
+    """FAILED `expired`: the request's deadline passed while it was queued, so it is not computed."""
+    error = ExpiredError(f"request {job.id} was still queued {now - request.deadline:.3f} s after its deadline "
+                         f"({request.deadline:.3f}); it was not computed. Send a later `deadline` or a longer "
+                         "`timeout`, or a higher `priority`")
+    return failed(job, error, Outcome.FAILED, request.reply_to, request.model)

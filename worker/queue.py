@@ -52,7 +52,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from common.errors import EmbedfleetError, InternalError
 from common.keys import (DRAIN_TIMEOUT, HEARTBEAT_INTERVAL, LEASE_SECONDS, MAINTENANCE_INTERVAL,
-                         MAX_DELIVERIES, RECOVER_LIMIT, RESULT_TTL, queue_name)
+                         MAX_DELIVERIES, PRIORITIES, RECOVER_LIMIT, RESULT_TTL, queue_name)
 from common.redisclient import MAX_BLOCK
 from common.request import EmbedRequest, job_reply_to
 from common.result import Result, publish
@@ -62,7 +62,8 @@ from worker.engine import Round
 from worker.heartbeat import Heartbeat, Watchdog, timed_out
 from worker import answers
 from worker.jobdata import decode_job
-from worker.rqschema import Answer, Kind, Outcome, RqSchema, Taken
+from worker.levels import BULK_SHARE, Levels
+from worker.rqschema import Answer, Kind, Outcome, Taken
 
 log = logging.getLogger("embedfleet.worker")
 
@@ -119,14 +120,17 @@ class BatchWorker(SimpleWorker):
                  poll_timeout: int = 5, heartbeat_interval: float = HEARTBEAT_INTERVAL,
                  lease: float = LEASE_SECONDS, max_deliveries: int = MAX_DELIVERIES,
                  drain_timeout: float = DRAIN_TIMEOUT, watchdog: tuple[float, float] | None = None,
-                 name: str | None = None, queue: str | None = None, info: dict | None = None, **kwargs):
+                 name: str | None = None, queue: str | None = None, info: dict | None = None,
+                 bulk_share: int = BULK_SHARE, metrics=None, **kwargs):
         if max_jobs < 1:
             raise ValueError(f"max_jobs must be at least 1, got {max_jobs}")
         if result_ttl < 1:
             raise ValueError(f"result_ttl must be at least 1 second, got {result_ttl}: results are stored "
                              "with an expiry, and 0 or -1 would lose every one of them")
         kwargs.setdefault("maintenance_interval", MAINTENANCE_INTERVAL)  # rq's 600 s leaves dead jobs too long
-        super().__init__([queue or queue_name(engine.caps.name)], name=name or unique_worker_name(),
+        # One rq queue per priority level (worker/levels.py), highest first; `queue` names a lone queue.
+        queues = [queue] if queue else [queue_name(engine.caps.name, level) for level in PRIORITIES]
+        super().__init__(queues, name=name or unique_worker_name(),
                          connection=connection, serializer=MsgpackSerializer,
                          default_result_ttl=result_ttl, **kwargs)
         self.engine = engine
@@ -137,7 +141,9 @@ class BatchWorker(SimpleWorker):
         self.queue = self.queues[0]
         if lease <= 0 or max_deliveries < 1:
             raise ValueError(f"lease must be positive and max_deliveries at least 1, got {lease}, {max_deliveries}")
-        self.schema = RqSchema(connection, self.queue.name, self.name, result_ttl=result_ttl, lease=lease)
+        self.schema = Levels(connection, [q.name for q in self.queues], self.name, result_ttl=result_ttl,
+                             lease=lease, share=bulk_share)
+        self.metrics = metrics  # worker/metrics.py's WorkerMetrics, or None
         self.advertiser = Advertiser(connection, engine.caps, self.name, info=info)
         self.heartbeat_interval = heartbeat_interval
         self.lease = lease
@@ -392,7 +398,7 @@ class BatchWorker(SimpleWorker):
         """Burst mode: nothing held any more (a retry may requeue a job), and the queue still empty."""
         while self.held_count() and not self._stop_requested:
             time.sleep(0.005)
-        return self.connection.llen(self.queue.key) == 0
+        return self.schema.queued() == 0
 
     def take_round(self, block: float | None) -> Batch | None:
         """Take up to max_jobs jobs (started in Redis as they are taken), decode and prepare them."""
@@ -424,7 +430,7 @@ class BatchWorker(SimpleWorker):
 
     def _prepare_round(self, batch: Batch, taken: list[Taken]) -> None:
         """Decode each taken job, answer the ones that cannot run (poison too), and tokenise the rest."""
-        model = self.engine.caps.name
+        model, now = self.engine.caps.name, time.time()
         requests: list[EmbedRequest] = []
         for job in taken:
             if job.kind is Kind.STARTED and job.lapses >= self.max_deliveries:
@@ -435,6 +441,9 @@ class BatchWorker(SimpleWorker):
                     request = decode_job(job.id, job.data, model)
                 except EmbedfleetError as exc:
                     batch.answers.append(answers.failed(job, exc, Outcome.FAILED, None, model))
+                    continue
+                if request.expired(now):  # its deadline passed while queued: never computed
+                    batch.answers.append(answers.expired(job, request, now))
                     continue
                 batch.runnable.append(job)
                 batch.reply_to[job.id] = request.reply_to
