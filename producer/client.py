@@ -23,6 +23,7 @@ from common.request import job_reply_to
 from common.scheduling import DEFAULT_PRIORITY, priority_level, resolve_deadline
 from common.result import Result
 from producer.cancel import cancel_pending
+from producer.fleet import LevelStats, level_stats
 from producer.core import (CAPS_CACHE_SECONDS, PENDING, SERIALIZER, build_request, enqueue, job_state,
                            model_of_queue, parse_models, parse_worker_info, pick_model, read_result,
                            redis_errors as _redis_errors, result_state)
@@ -86,6 +87,11 @@ class Producer:
             self._served, self._known, self._served_at = served, known, time.monotonic()
         return self._served
 
+    def known_models(self) -> set[str]:
+        """Every model ever advertised, served now or not (as of the last `models()` read): a model scaled
+        to zero keeps its queues."""
+        return set(self._known)
+
     def live_workers(self, model: str) -> int:
         with _redis_errors():
             return self.connection_for_model(model).zcount(keys.model_workers_key(model),
@@ -102,6 +108,11 @@ class Producer:
     def queue_depth(self, model: str) -> int:
         with _redis_errors():
             return self.connection_for_model(model).llen(self._queue(model).key)
+
+    def level_stats(self, model: str) -> list[LevelStats]:
+        """Per priority level of `model`: depth, estimated queued tokens, oldest job's age (producer.fleet)."""
+        with _redis_errors():
+            return level_stats(self.connection_for_model(model), model)
 
     # -- shards ----------------------------------------------------------------------------------
     def connection_for_model(self, model: str | None) -> redis.Redis:

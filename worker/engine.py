@@ -30,6 +30,9 @@ class Round:
     prepared: dict[int, Prepared] = field(default_factory=dict)
     rows: dict[int, np.ndarray] = field(default_factory=dict)
     failed: dict[int, EmbedfleetError] = field(default_factory=dict)
+    passes: int = 0  # forward passes cut by the budget (a failed pass's halves not counted)
+    tokens: int = 0  # real tokens through those passes
+    padded_tokens: int = 0  # rows * longest row, summed over the passes: what the device computed
 
     @property
     def texts(self) -> int:
@@ -98,6 +101,9 @@ class Engine:
             return
         lengths = [len(flat.token_lists[i]) for i in flat.order]
         for start, end in cuts(lengths, self.max_batch_tokens, self.max_batch_size):
+            work.passes += 1
+            work.tokens += sum(lengths[start:end])
+            work.padded_tokens += (end - start) * lengths[end - 1]  # sorted ascending: the last is longest
             self._pass(flat.order[start:end], flat, work)
         offset = 0
         for index, prep in work.prepared.items():

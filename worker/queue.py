@@ -113,6 +113,9 @@ class BatchWorker(SimpleWorker):
         watchdog: (floor seconds, seconds per padded token) of a forward round's deadline; None: no watchdog.
         name: rq worker name; default unique per start.
         info: this worker's facts for its advert (device, dtype, batch budget; `embedfleet status`).
+        queue: serve this one rq queue only; default: the model's queue of each priority level.
+        bulk_share: one round in this many reads the lowest priority level first (worker/levels.py).
+        metrics: a worker.metrics.WorkerMetrics to record into, or None.
         Other keyword arguments go to rq's SimpleWorker.
     """
 
@@ -299,6 +302,8 @@ class BatchWorker(SimpleWorker):
                 self._device_busy = (began, began + texts * self._seconds_per_text)
                 try:
                     self.engine.forward(batch.work)
+                    if self.metrics is not None:
+                        self.metrics.forwarded(batch.work, time.monotonic() - began)
                     if texts:  # how long a text takes on the device, smoothed: when to take the next round
                         spent = (time.monotonic() - began) / texts
                         self._seconds_per_text = 0.7 * self._seconds_per_text + 0.3 * spent
@@ -442,6 +447,8 @@ class BatchWorker(SimpleWorker):
                 except EmbedfleetError as exc:
                     batch.answers.append(answers.failed(job, exc, Outcome.FAILED, None, model))
                     continue
+                if self.metrics is not None:
+                    self.metrics.waited(job.queue, now - request.created_at)
                 if request.expired(now):  # its deadline passed while queued: never computed
                     batch.answers.append(answers.expired(job, request, now))
                     continue
@@ -474,6 +481,8 @@ class BatchWorker(SimpleWorker):
             written.append(answers.served(job, result, batch.reply_to.get(job.id), self.engine.caps.name))
         counts = self._with_retries(lambda: self.schema.finish(written, time.time() - batch.began))
         self._release(batch)
+        if self.metrics is not None:
+            self.metrics.answered([answer.code for answer in written])
         self.batches += 1
         self.served += counts[0]
         log.info("worker %s: round of %d: %d served, %d failed, %d requeued%s in %.3f s", self.name,

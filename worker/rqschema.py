@@ -94,6 +94,7 @@ class Answer:
     summary: dict | None = None  # rq's return value for a finished job (never the embeddings)
     reason: str = ""  # rq's exc_string for a failed job
     only_if_absent: bool = True  # the first answer stays: a re-enqueued id cannot replace a stored result
+    code: str = ""  # the error code answered, if any (the worker's error metric)
 
 
 def _ttl(raw: bytes | str, default: int, bound: int) -> int:
