@@ -25,6 +25,9 @@ class Metrics:
                                  ["model"], registry=self.registry)
         self.live_workers = Gauge("embedfleet_live_workers", "workers serving a model, at scrape",
                                   ["model"], registry=self.registry)
+        self.key_requests = Counter("embedfleet_gateway_key_requests", "submits per API key name (never the "
+                                    "key): admitted, or refused over its rate or share", ["key", "outcome"],
+                                    registry=self.registry)
         # per model and priority level (producer/fleet.py): what an autoscaler reads (deploy/autoscaling.md)
         levels = ["model", "priority"]
         self.level_depth = Gauge("embedfleet_level_queue_depth", "requests waiting at one priority level of a "
@@ -46,6 +49,9 @@ class Metrics:
             self.queue_depth.labels(model=model).set(depth)
         for model, count in workers.items():
             self.live_workers.labels(model=model).set(count)
+
+    def keyed(self, name: str | None, outcome: str) -> None:
+        self.key_requests.labels(key=name or "none", outcome=outcome).inc()
 
     def set_levels(self, levels) -> None:
         """Replace the per-level gauges with producer.fleet.LevelStats read at this scrape."""

@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from common.errors import EmbedfleetError, NoWorkerError
 from producer.gateway import encoding
-from producer.gateway.auth import require_key
+from producer.gateway.auth import admit, require_key
 from producer.gateway.errors import error_body, status_of
 from producer.gateway.schemas import EmbedBody, PoolingBody
 from producer.gateway.service import Gateway, gateway
@@ -19,13 +19,13 @@ public = APIRouter()
 protected = APIRouter(dependencies=[Depends(require_key)])
 
 
-@protected.post("/v1/embeddings")
+@protected.post("/v1/embeddings", dependencies=[Depends(admit)])
 async def create_embeddings(body: EmbedBody, gw: Gateway = Depends(gateway)) -> Response:
     result = await gw.run(body)
     return encoding.embeddings_response(result, body.encoding_format, body.explicit_layout)
 
 
-@protected.post("/pooling")
+@protected.post("/pooling", dependencies=[Depends(admit)])
 async def create_pooling(body: PoolingBody, gw: Gateway = Depends(gateway)) -> Response:
     result = await gw.run(body)
     return encoding.pooling_response(result, body.encoding_format)
