@@ -14,7 +14,7 @@ from rq.job import Job
 
 from common import keys
 from common.capabilities import ModelCapabilities
-from common.errors import CancelledError, NotFoundError, QueueFullError, ResultTimeoutError
+from common.errors import CancelledError, NoWorkerError, NotFoundError, QueueFullError, ResultTimeoutError
 from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
 from common.redisclient import block_for, check_access, connect
@@ -172,19 +172,25 @@ class Producer:
         served = self.models(refresh=False)
         if model not in served:  # a worker may have come up since the cached read
             served = self.models()
-        caps = pick_model(model, served, self._known)
+        try:
+            caps = pick_model(model, served, self._known)
+        except NoWorkerError:
+            if level == DEFAULT_PRIORITY or model is None:
+                raise
+            caps = model  # bulk work waits for a worker scaled from zero (deploy/autoscaling.md)
         requests = [build_request(inputs, caps, params, fields, reply_to, when) for inputs in batches]
-        queue = self._queue(caps.name, level)
+        name = caps if isinstance(caps, str) else caps.name
+        queue = self._queue(name, level)
         with _redis_errors():
             if self.max_queue_depth is not None:
                 depth = queue.count
                 if depth + len(requests) > self.max_queue_depth:
-                    raise QueueFullError(f"the queue of model '{caps.name}' holds {depth} requests, "
+                    raise QueueFullError(f"the queue of model '{name}' holds {depth} requests, "
                                          f"the limit is {self.max_queue_depth}: retry later")
             enqueue(queue, requests)
         ids = [r.id for r in requests]
         if self.shards:
-            self._remember(ids, self.shards.url_for(caps.name))
+            self._remember(ids, self.shards.url_for(name))
         return ids
 
     # -- results ---------------------------------------------------------------------------------

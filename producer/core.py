@@ -73,20 +73,24 @@ def pick_model(model: str | None, served: dict[str, ModelCapabilities],
                             param="model")
 
 
-def build_request(inputs, caps: ModelCapabilities, params: PoolingParams | None, fields: dict,
+def build_request(inputs, caps: ModelCapabilities | str, params: PoolingParams | None, fields: dict,
                   reply_to: str | None = None, deadline: float | None = None) -> EmbedRequest:
     """A request checked against the advertised capabilities (the worker checks again).
 
     The request carries the params as the caller gave them, so the worker merges its own defaults.
+    `caps` may be only a model's name (a bulk request for a model scaled to zero, whose capabilities no
+    live worker advertises): then only the request's own shape is checked here, and the worker verifies
+    the rest when it starts.
     """
     try:
         if params is not None:  # fields override the given params, and are validated like them
             fields = {**params.model_dump(exclude_unset=True), **fields}
-        request = EmbedRequest(model=caps.name, inputs=normalize_inputs(inputs),
+        request = EmbedRequest(model=caps if isinstance(caps, str) else caps.name, inputs=normalize_inputs(inputs),
                                params=PoolingParams(**fields), reply_to=reply_to, deadline=deadline)
     except PydanticValidationError as exc:  # the gateway's schema errors meet the same formatter
         raise invalid_request(exc.errors()) from exc
-    request.resolve(caps)
+    if not isinstance(caps, str):
+        request.resolve(caps)
     return request
 
 

@@ -204,3 +204,19 @@ def test_queued_tokens_follow_submit_take_cancel_and_requeue(engine, producer, r
     assert int(redis_client.get(counter)) == estimates[0] + estimates[1]
     worker.schema.take(10, None)
     assert redis_client.get(counter) is None  # the queue is empty: no estimate left (and no drift)
+
+
+def test_bulk_waits_for_a_model_scaled_to_zero_while_interactive_is_told_no_worker(engine, producer,
+                                                                                  redis_client):
+    from common.errors import NoWorkerError, UnknownModelError
+
+    gone = advertised(engine, redis_client)
+    gone.advertiser.withdraw()  # the model is known, no worker serves it now (scaled to zero)
+    with pytest.raises(NoWorkerError, match="has no live worker"):
+        producer.submit(["now"], MODEL)
+    with pytest.raises(UnknownModelError):
+        producer.submit(["typo"], "no-such-model", priority="bulk")
+    queued = producer.submit(["later"], MODEL, priority="bulk")
+    assert rq(redis_client, BULK).job_ids == [queued]
+    assert BatchWorker(engine, redis_client).work(burst=True)  # the autoscaler started one
+    assert producer.wait(queued, 5).embeddings.shape == (1, 8)
