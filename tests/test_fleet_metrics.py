@@ -136,3 +136,17 @@ def test_a_worker_started_with_a_metrics_port_serves_them(redis_url, redis_clien
         proc.terminate()
         proc.wait(30)
         proc.stderr.close()
+
+
+def test_the_keda_example_names_our_real_queue_and_gauges():
+    import yaml
+
+    from producer.gateway.metrics import Metrics
+
+    docs = list(yaml.safe_load_all((ROOT / "deploy" / "keda-scaledobject.yaml").read_text()))
+    triggers = [t for d in docs if d["kind"] == "ScaledObject" for t in d["spec"]["triggers"]]
+    [redis_list] = [t["metadata"]["listName"] for t in triggers if t["type"] == "redis"]
+    assert redis_list == f"rq:queue:{keys.queue_name('bge-m3', 'bulk')}"
+    exported = {m.name for m in Metrics().registry.collect()}
+    queried = [t["metadata"]["query"] for t in triggers if t["type"] == "prometheus"]
+    assert queried and all(any(f"{name}{{" in q for name in exported) for q in queried), queried
