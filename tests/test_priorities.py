@@ -138,9 +138,9 @@ def test_a_deep_bulk_backlog_lets_an_interactive_request_through_within_a_few_ro
     served_at = ended_at(redis_client, [interactive])[interactive]
     bulk_ended = {i: stamp for i, stamp in ended_at(redis_client, bulk).items() if stamp}
     rounds_between = {stamp for stamp in bulk_ended.values() if submitted < stamp < served_at}
-    # the rounds already taken when it arrived (being finished, on the device, prepared, being taken) and
-    # at most one bulk-first round of the share: never the backlog's hundreds of rounds
-    assert len(rounds_between) <= 5, sorted(rounds_between)
+    # the rounds it found being finished and on the device (a prepared bulk round yields to it), one more
+    # if a take raced its submit; a bulk-first round of the share at most once: never the backlog's hundreds
+    assert len(rounds_between) <= 4, sorted(rounds_between)
     assert len(bulk) - sum(stamp < served_at for stamp in bulk_ended.values()) > 2000  # it jumped the queue
 
 

@@ -7,9 +7,15 @@ bulk is non-empty it gets at least one round in N (`--bulk-share`, default 4: a 
 however much interactive traffic there is, and interactive requests wait behind a deep bulk backlog for
 at most the rounds already taken plus that one round in N.
 
-Idle, a worker blocks on the highest level's queue only (Redis can wait on one list without popping it),
-for at most LOWER_LEVEL_POLL seconds at a time, so work that lands on a lower level of an idle worker is
-taken within that time.
+A round taken from the lower levels only (not the share's round) yields to interactive work that arrives
+while it waits for the device: the worker returns it to the head of its queue (as a drain does: the
+delivery is not counted) and takes again, so an interactive request waits for the round on the device,
+not also for a prepared bulk round behind it.
+
+A take reads every level without waiting; only when all are empty does an idle worker block, on the
+highest level's queue only (Redis can wait on one list without popping it) and for at most
+LOWER_LEVEL_POLL seconds at a time, so work that lands on a lower level of an idle worker is taken within
+that time.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class Levels:
         self.order = list(self.schemas.values())
         self.share = share
         self.rounds = 0  # rounds that took something
+        self.lower_first = False  # whether the last take read the lowest level first (the share's round)
 
     @property
     def queue_keys(self) -> list[str]:
@@ -46,14 +53,28 @@ class Levels:
     def take(self, max_jobs: int, block: float | None, before=None) -> tuple[bool, list[Taken]]:
         """(suspended, taken ids) in this round's order of levels (see the module docstring)."""
         order = self.order
-        if len(order) > 1 and self.rounds % self.share == self.share - 1:
+        self.lower_first = len(order) > 1 and self.rounds % self.share == self.share - 1
+        if self.lower_first:
             order = order[-1:] + order[:-1]
-        if len(order) > 1 and block is not None:
-            block = min(block, LOWER_LEVEL_POLL)
-        suspended, taken = take_from(order, max_jobs, block, before)
+        if len(order) == 1 or block is None:
+            suspended, taken = take_from(order, max_jobs, block, before)
+        else:  # Redis waits on one list only: take what is there at any level, and only if none, wait
+            suspended, taken = take_from(order, max_jobs, None, before)
+            if not taken and not suspended:
+                suspended, taken = take_from(order, max_jobs, min(block, LOWER_LEVEL_POLL))
         if taken:
             self.rounds += 1
         return suspended, taken
+
+    def preemptible(self, taken: list[Taken]) -> bool:
+        """Whether a round just taken may yield to higher-level work that arrives before it reaches the
+        device: it holds no job of the highest level and is not the lower levels' share."""
+        top = self.order[0].queue
+        return len(self.order) > 1 and not self.lower_first and bool(taken) and all(t.queue != top for t in taken)
+
+    def higher_waiting(self) -> bool:
+        """Whether the highest level has jobs waiting (one LLEN)."""
+        return self.connection.llen(self.order[0].queue_key) > 0
 
     def queued(self) -> int:
         """Job ids waiting on all levels."""

@@ -88,6 +88,7 @@ class Batch:
     work: Round | None = None
     reply_to: dict[str, str | None] = field(default_factory=dict)
     engine_error: BaseException | None = None
+    preemptible: bool = False  # lower-level work only: yields to higher-level work (worker/levels.py)
 
     @property
     def size(self) -> int:
@@ -294,6 +295,8 @@ class BatchWorker(SimpleWorker):
             self._slot.release()  # the take stage may prepare the next round while this one runs
             if self._draining:
                 self._give_back(batch)
+            elif batch.preemptible and batch.work is not None and self._higher_waiting():
+                self._give_back(batch, "interactive work arrived")
             elif batch.work is not None:
                 if self.watchdog is not None:
                     self.watchdog.arm(batch.work)
@@ -316,8 +319,15 @@ class BatchWorker(SimpleWorker):
                         self.watchdog.disarm()
             self._hand_off(forwarded, batch, stages)
 
-    def _give_back(self, batch: Batch) -> None:
-        """A drain: this round has not reached the device; its runnable jobs go back to the queue's head."""
+    def _higher_waiting(self) -> bool:
+        try:
+            return self.schema.higher_waiting()
+        except (redis.ConnectionError, redis.TimeoutError):
+            return False  # run the round: the outage is the take stage's to ride out
+
+    def _give_back(self, batch: Batch, why: str = "draining") -> None:
+        """This round has not reached the device (a drain, or it yields to higher-level work): its runnable
+        jobs go back to the head of their queues."""
         jobs, batch.runnable, batch.work = batch.runnable, [], None
         if not jobs:
             return
@@ -329,7 +339,8 @@ class BatchWorker(SimpleWorker):
         with self._held_lock:
             for job in jobs:
                 self._held.pop((job.id, job.execution), None)
-        log.info("worker %s: draining: returned %d jobs to the head of the queue", self.name, returned)
+        log.log(logging.INFO if self._draining else logging.DEBUG, "worker %s: %s: returned %d jobs to the head of "
+                "their queue", self.name, why, returned)
 
     def _hand_off(self, forwarded: stdqueue.Queue, item, stages) -> None:
         """Put, unless the finish stage is gone (its jobs stay started and are recovered)."""
@@ -418,7 +429,7 @@ class BatchWorker(SimpleWorker):
             return None
         if not taken:
             return None
-        batch = Batch(time.time())
+        batch = Batch(time.time(), preemptible=self.schema.preemptible(taken))
         with self._held_lock:
             for job in taken:
                 if job.kind is Kind.STARTED:
