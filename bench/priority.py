@@ -2,11 +2,13 @@
 the interactive level, as every request was queued before priority levels) vs priority levels (the
 backlog at `bulk`). Real all-MiniLM-L6-v2 worker (in process, one thread per stage), real Redis.
 
-    PYTHONPATH=. .venv/bin/python bench/priority.py [--backlog 60] [--texts 8] [--queries 5] [--max-jobs 16]
+    PYTHONPATH=. .venv/bin/python bench/priority.py [--backlog 60] [--texts 8] [--queries 8] [--interval 1]
+                                                    [--max-jobs 4]
 
 Per mode: `--backlog` requests of `--texts` corpus texts each are queued, the worker starts, and once its
-first round is answered `--queries` one-text requests are sent one after another (each waits for its
-answer). Printed: their latency (p50, max), and the bulk texts served while they ran, per second.
+first round is answered `--queries` one-text requests are sent, one every `--interval` seconds (open
+loop). Printed: their latency (submit to answer stored; p50, max), and the bulk texts served per second
+meanwhile.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import logging
 import threading
 import time
+from datetime import datetime, timezone
 
 import redis
 
@@ -25,6 +28,19 @@ from producer import Producer
 from worker.engine import Engine
 from worker.model import load_model
 from worker.queue import BatchWorker
+
+
+def _answered_at(conn, request_id: str) -> float:
+    """When the worker stored the answer (rq's ended_at, this machine's clock)."""
+    stamp = conn.hget(f"rq:job:{request_id}", "ended_at").decode()
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+def _finished(conn, ids: list[str]) -> int:
+    with conn.pipeline(transaction=False) as pipe:
+        for request_id in ids:
+            pipe.hget(f"rq:job:{request_id}", "status")
+        return sum(status == b"finished" for status in pipe.execute())
 
 
 def run(engine, texts: list[str], queries: list[str], args, backlog_priority: str) -> dict:
@@ -41,14 +57,14 @@ def run(engine, texts: list[str], queries: list[str], args, backlog_priority: st
             thread.start()
             while not conn.zcard(finished):
                 time.sleep(0.01)
-            served_before = conn.zcard(finished)
-            latencies = []
-            with Timer() as phase:
+            served_before = _finished(conn, backlog)
+            sent = []
+            with Timer() as phase:  # open loop: a query every --interval seconds, whatever the answers
                 for query in queries:
-                    with Timer() as one:
-                        producer.wait(producer.submit([query], name), 600)
-                    latencies.append(one.seconds)
-            bulk_during = (conn.zcard(finished) - served_before) * args.texts
+                    sent.append((time.time(), producer.submit([query], name)))
+                    time.sleep(args.interval)
+                latencies = [producer.wait(i, 600) and _answered_at(conn, i) - at for at, i in sent]
+            bulk_during = (_finished(conn, backlog) - served_before) * args.texts
             worker.stop()
             thread.join(600)
             left = sum(1 for i in backlog if producer.status(i) != "finished")
@@ -61,8 +77,9 @@ def main() -> None:
     add_corpus_flags(parser, None)
     parser.add_argument("--backlog", type=int, default=60, help="bulk requests queued first")
     parser.add_argument("--texts", type=int, default=8, help="texts per bulk request")
-    parser.add_argument("--queries", type=int, default=5, help="interactive one-text requests, one at a time")
-    parser.add_argument("--max-jobs", type=int, default=16, help="requests per worker round")
+    parser.add_argument("--queries", type=int, default=8, help="interactive one-text requests")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between two queries (open loop)")
+    parser.add_argument("--max-jobs", type=int, default=4, help="requests per worker round")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     corpus = load_corpus(args.corpus, args.limit)
@@ -78,7 +95,7 @@ def main() -> None:
                  ["bulk (priority levels)", levels["p50"], levels["max"], levels["bulk_texts_per_s"],
                   levels["backlog_left"]]],
                 title=f"{args.backlog} x {args.texts}-text bulk requests queued, then {len(queries)} one-text "
-                      f"queries one at a time (max_jobs {args.max_jobs})"))
+                      f"queries, one every {args.interval:g} s (max_jobs {args.max_jobs})"))
     print(f"\ninteractive p50 ratio FIFO / levels: {ratio(fifo['p50'], levels['p50']):.1f}x, "
           f"max: {ratio(fifo['max'], levels['max']):.1f}x")
 

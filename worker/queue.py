@@ -1,4 +1,6 @@
-"""BatchWorker: an rq SimpleWorker that serves one model's queue many requests at a time, as a pipeline.
+"""BatchWorker: an rq SimpleWorker that serves one model's queues many requests at a time, as a pipeline.
+
+A model has one queue per priority level; each take reads them in the order worker/levels.py decides.
 
 Three stages joined by bounded hand-offs, so the device never waits for Redis or the tokenizer:
 
