@@ -25,6 +25,10 @@ class ModelCapabilities(BaseModel):
     default_prompt_name: str | None = None
     truncation_side: str = "right"
     max_inputs: int = 2048
+    # The request kinds (common.params.Task) this model answers; an advert without it predates tasks.
+    tasks: tuple[str, ...] = ("embed",)
+    labels: tuple[str, ...] = ()  # a classifier's label names by index (its config's id2label)
+    token_size: int | None = None  # width of a token_embed vector (the hidden size, or a ColBERT projection's)
 
     def encode(self) -> bytes:
         return packb(self.model_dump(mode="json"))

@@ -147,10 +147,11 @@ REQUEST_FIELDS = ("input", "model", "encoding_format", "user", "task", "dimensio
 _LOCATIONS = ("body", "query", "path")  # FastAPI's first loc element: where, not which field
 
 
-def invalid_request(errors: list[dict]) -> ValidationError:
+def invalid_request(errors: list[dict], fields: tuple[str, ...] = REQUEST_FIELDS) -> ValidationError:
     """pydantic's errors (from a model or from FastAPI) as the one ValidationError both paths raise.
 
     Python keywords and HTTP bodies end here alike, so the same mistake gets the same message and param.
+    `fields`: the known fields an unknown one is matched against (another route's body has its own).
     """
     parts, param = [], None
     for err in errors:
@@ -159,9 +160,9 @@ def invalid_request(errors: list[dict]) -> ValidationError:
         field = ".".join(loc)
         text = err.get("msg", "").removeprefix("Value error, ")
         if err.get("type") == "extra_forbidden":
-            close = difflib.get_close_matches(field, REQUEST_FIELDS, n=1)
+            close = difflib.get_close_matches(field, fields, n=1)
             text = f"`{field}` is not a request field" + (f"; did you mean `{close[0]}`?" if close else
-                                                          f"; known fields are {', '.join(REQUEST_FIELDS)}")
+                                                          f"; known fields are {', '.join(fields)}")
         elif field and f"`{field}`" not in text:
             text = f"{field}: {text}"
         if text not in parts:

@@ -13,6 +13,10 @@ from common.errors import ValidationError
 EmbedDtype = Literal["float32", "float16", "bfloat16", "int8", "uint8", "binary", "ubinary"]
 Endianness = Literal["native", "little", "big"]
 EMBED_DTYPES: tuple[str, ...] = EmbedDtype.__args__
+# vLLM's pooling tasks (plus tokenize/detokenize, which need no forward pass): one request kind each.
+Task = Literal["embed", "score", "classify", "token_embed", "tokenize", "detokenize"]
+TASKS: tuple[str, ...] = Task.__args__
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 PACKED_DTYPES = ("binary", "ubinary")  # one bit per dimension, eight dimensions per byte
 
 
@@ -21,7 +25,7 @@ class PoolingParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    task: Literal["embed"] = "embed"
+    task: Task = "embed"
     dimensions: int | None = None
     use_activation: bool | None = None
     truncate_prompt_tokens: int | None = None
@@ -85,6 +89,12 @@ class PoolingParams(BaseModel):
         return merged
 
     def _verify(self, caps: ModelCapabilities) -> None:
+        if self.task not in caps.tasks:
+            raise ValidationError(
+                f"task '{self.task}' is not supported by model '{caps.name}': it supports "
+                f"{list(caps.tasks)}", param="task")
+        if self.task != "embed":
+            self._verify_task(caps)
         if self.dimensions is not None:
             if not caps.is_matryoshka:
                 raise ValidationError(
@@ -117,5 +127,16 @@ class PoolingParams(BaseModel):
                 f"{self.output_size(caps)} dimensions: use a `dimensions` that is a multiple of 8 "
                 "or another embed_dtype", param="embed_dtype")
 
+    def _verify_task(self, caps: ModelCapabilities) -> None:
+        """The options that mean something only for `embed` vectors are refused for the other tasks."""
+        if self.dimensions is not None:
+            raise ValidationError(f"`dimensions` applies to task 'embed' only, not '{self.task}'",
+                                  param="dimensions")
+        if self.task != "token_embed" and self.embed_dtype != "float32":
+            raise ValidationError(f"`embed_dtype` applies to tasks 'embed' and 'token_embed' only; task "
+                                  f"'{self.task}' answers float32", param="embed_dtype")
+
     def output_size(self, caps: ModelCapabilities) -> int:
+        if self.task == "token_embed" and caps.token_size:
+            return caps.token_size
         return self.dimensions or caps.embedding_size

@@ -32,6 +32,7 @@ class EmbedRequest(BaseModel):
     params: PoolingParams = PoolingParams()
     created_at: float = Field(default_factory=time.time)
     reply_to: str | None = None  # an optional per-producer stream that also gets the id on completion
+    text_pair: list[str] | None = None  # task "score": the second text of each pair, aligned with `inputs`
     deadline: float | None = None  # unix time past which a still-queued request is answered `expired`
 
     @field_validator("deadline")
@@ -41,7 +42,7 @@ class EmbedRequest(BaseModel):
             raise ValueError(f"`deadline` must be a finite unix time, got {value}")
         return value
 
-    @field_validator("model", "inputs", "reply_to")
+    @field_validator("model", "inputs", "reply_to", "text_pair")
     @classmethod
     def _unicode(cls, value):
         return check_text(value)  # msgpack carries UTF-8 only
@@ -71,12 +72,16 @@ class EmbedRequest(BaseModel):
                 raise ValidationError(
                     f"token id {bad[0]} is outside model '{caps.name}''s vocabulary: allowed is 0 to "
                     f"{caps.vocab_size - 1}", param="input")
-        return self.model_copy(update={"params": self.params.resolve(caps)})
+        params = self.params.resolve(caps)
+        check_task_inputs(self, params.task)
+        return self.model_copy(update={"params": params})
 
     def encode(self) -> bytes:
-        # No deadline, no field: workers built before deadlines existed (extra="forbid") still read it.
-        drop = {"deadline"} if self.deadline is None else set()
-        return packb({"v": WIRE_VERSION, **self.model_dump(mode="json", exclude_defaults=False, exclude=drop)})
+        data = self.model_dump(mode="json", exclude_defaults=False)
+        for optional in ("text_pair", "deadline"):  # absent, not null: older workers refuse unknown fields
+            if data[optional] is None:
+                del data[optional]
+        return packb({"v": WIRE_VERSION, **data})
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
@@ -94,6 +99,25 @@ class EmbedRequest(BaseModel):
             return cls.model_validate(data)
         except Exception as exc:
             raise DecodeError(f"malformed embed request: {exc}", raw) from exc
+
+
+def check_task_inputs(request: EmbedRequest, task: str) -> None:
+    """The input shapes each task takes: pairs of texts for score, token ids for detokenize, texts for
+    tokenize; ValidationError(param="input") naming what the task needs."""
+    if task == "score":
+        if request.text_pair is None or request.is_tokens:
+            raise ValidationError("task 'score' takes pairs of texts: `inputs` (the first texts) and "
+                                  "`text_pair` (the second texts), one of each per pair", param="input")
+        if len(request.text_pair) != len(request.inputs):
+            raise ValidationError(f"task 'score': {len(request.inputs)} first texts but "
+                                  f"{len(request.text_pair)} second texts; send one of each per pair",
+                                  param="input")
+    elif request.text_pair is not None:
+        raise ValidationError(f"`text_pair` is for task 'score' only, not '{task}'", param="input")
+    if task == "detokenize" and not request.is_tokens:
+        raise ValidationError("task 'detokenize' takes token-id lists, not texts", param="input")
+    if task == "tokenize" and request.is_tokens:
+        raise ValidationError("task 'tokenize' takes texts, not token-id lists", param="input")
 
 
 INPUT_SHAPES = "a text, a list of texts, a token-id list, or a list of token-id lists"

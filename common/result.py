@@ -3,13 +3,19 @@
 Layout: b"EFR" | version (1 byte) | header length (4 bytes, big-endian) | msgpack header | array bytes.
 The header holds status, model, embed_dtype, shape, endianness, usage and error; the array bytes decode
 with `numpy.frombuffer(data, common.dtypes.storage_dtype(embed_dtype, endianness)).reshape(shape)`.
+
+Tasks other than `embed` add header keys only where they differ from embed's, so an embed blob is byte for
+byte what it was and older readers still decode the rest (they ignore keys they do not know):
+`task` (absent = "embed"); `parts` (token_embed: rows per input; the array is every input's rows back to
+back, shape (sum(parts), d)); `labels` (classify: the label name of each column); `items` (tokenize and
+detokenize: one JSON-like value per input, no array). score answers shape (n,), classify (n, labels).
 """
 
 from __future__ import annotations
 
 import struct
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -48,6 +54,10 @@ class Result:
     error_message: str | None = None
     error_param: str | None = None
     finished_at: float = field(default_factory=time.time)
+    task: str = "embed"
+    parts: tuple[int, ...] | None = None
+    labels: tuple[str, ...] = ()
+    items: list | None = None
 
     @classmethod
     def success(cls, request_id: str, model: str, array: np.ndarray, embed_dtype: str,
@@ -57,6 +67,11 @@ class Result:
         return cls(id=request_id, model=model, embed_dtype=embed_dtype, endianness=order,
                    shape=tuple(array.shape), usage=Usage(prompt_tokens),
                    data=to_bytes(array, embed_dtype, order))
+
+    def with_task(self, task: str, *, parts=None, labels=(), items=None) -> Result:
+        """This result marked as an answer of `task`, with that task's header keys."""
+        return replace(self, task=task, parts=None if parts is None else tuple(int(p) for p in parts),
+                       labels=tuple(labels), items=items)
 
     @classmethod
     def failure(cls, request_id: str, model: str, error: EmbedfleetError) -> Result:
@@ -80,6 +95,20 @@ class Result:
         return bfloat16_bits_to_float32(stored) if self.embed_dtype == "bfloat16" else stored
 
     @property
+    def scores(self) -> np.ndarray:
+        """score: shape (n,); classify: (n, labels), probabilities (or logits without activation)."""
+        return self.embeddings
+
+    @property
+    def multi_vectors(self) -> list[np.ndarray]:
+        """token_embed: one (tokens, d) array per input."""
+        rows = self.embeddings
+        if self.parts is None:
+            return [rows]
+        ends = np.cumsum(self.parts)
+        return [rows[end - count:end] for end, count in zip(ends, self.parts)]
+
+    @property
     def error(self) -> EmbedfleetError | None:
         if self.ok:
             return None
@@ -98,8 +127,21 @@ class Result:
             "error": None if self.ok else
             {"code": self.error_code, "message": self.error_message, "param": self.error_param},
             "finished_at": self.finished_at,
+            **self._task_header(),
         })
         return _PREFIX.pack(MAGIC, VERSION, len(header)) + header + self.data
+
+    def _task_header(self) -> dict:
+        header: dict = {}
+        if self.task != "embed":
+            header["task"] = self.task
+        if self.parts is not None:
+            header["parts"] = list(self.parts)
+        if self.labels:
+            header["labels"] = list(self.labels)
+        if self.items is not None:
+            header["items"] = self.items
+        return header
 
     @classmethod
     def decode(cls, raw: bytes) -> Result:
@@ -116,12 +158,56 @@ class Result:
                 shape=tuple(head["shape"]), usage=Usage(head["usage"]["prompt_tokens"]),
                 data=bytes(raw[start + size:]), error_code=error.get("code"),
                 error_message=error.get("message"), error_param=error.get("param"),
-                finished_at=head["finished_at"])
+                finished_at=head["finished_at"], **_task_fields(head))
+            if result.parts is not None and (sum(result.parts) != result.shape[0] or min(result.parts, default=0) < 0):
+                raise ValueError(f"parts {list(result.parts)} do not add up to the {result.shape[0]} rows")
+            _check_task_shapes(result)
             if result.ok:
                 result.stored  # noqa: B018 - checks that the bytes fit the declared shape and dtype
             return result
         except Exception as exc:
             raise DecodeError(f"malformed result blob: {exc}", bytes(raw)) from exc
+
+
+def _task_fields(head: dict) -> dict:
+    """The task header keys, checked for type: Redis is input."""
+    task, parts = head.get("task", "embed"), head.get("parts")
+    labels, items = head.get("labels", []), head.get("items")
+    if not isinstance(task, str):
+        raise ValueError(f"task must be a string, got {task!r}")
+    if parts is not None and not (isinstance(parts, list) and all(type(p) is int for p in parts)):
+        raise ValueError("parts must be a list of integers")
+    if not (isinstance(labels, list) and all(isinstance(label, str) for label in labels)):
+        raise ValueError("labels must be a list of strings")
+    if items is not None and not isinstance(items, list):
+        raise ValueError("items must be a list")
+    return {"task": task, "parts": None if parts is None else tuple(parts), "labels": tuple(labels),
+            "items": items}
+
+
+def _check_task_shapes(result: Result) -> None:
+    """Labels name the columns, items answer the inputs one each (tokenize: ids, tokens, special flags and
+    offsets of one length): what readers index without further checks."""
+    if result.labels and (len(result.shape) != 2 or len(result.labels) != result.shape[1]):
+        raise ValueError(f"{len(result.labels)} labels for an array of shape {list(result.shape)}")
+    if result.items is None:
+        return
+    if not result.shape or len(result.items) != result.shape[0]:
+        raise ValueError(f"{len(result.items)} items for {result.shape[0] if result.shape else 0} inputs")
+    for item in result.items:
+        if result.task == "detokenize" and not isinstance(item, str):
+            raise ValueError("a detokenize item must be a string")
+        if result.task == "tokenize":
+            ids, tokens, special = (item.get(k) if isinstance(item, dict) else None
+                                    for k in ("ids", "tokens", "special"))
+            offsets = item.get("offsets")
+            if not (isinstance(ids, list) and all(type(i) is int for i in ids)
+                    and isinstance(tokens, list) and all(isinstance(t, str) for t in tokens)
+                    and isinstance(special, list) and all(isinstance(f, bool) for f in special)
+                    and len(ids) == len(tokens) == len(special)
+                    and (offsets is None or (isinstance(offsets, list) and len(offsets) == len(ids) and all(
+                        isinstance(o, list) and len(o) == 2 and all(type(v) is int for v in o) for o in offsets)))):
+                raise ValueError("a tokenize item must hold ids, tokens, special flags (and offsets) of one length")
 
 
 def publish(pipe, result: Result, ttl: int, reply_to: str | None = None, only_if_absent: bool = False) -> None:

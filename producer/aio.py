@@ -24,6 +24,7 @@ from common.result import Result
 from producer.client import Producer
 from producer.core import PENDING, read_result, redis_errors
 from producer.replies import ReplyListener
+from producer.tasks import check_rerank, rank, score_pairs
 
 OUTAGE_RECHECK = 0.5  # seconds between a waiter's looks for its result while Redis is unreachable
 
@@ -107,17 +108,18 @@ class AsyncProducer:
         return await asyncio.to_thread(self._sync.level_stats, model)
 
     async def submit(self, inputs, model: str | None = None, *, params: PoolingParams | None = None,
-                     reply_to: str | None = None, **fields) -> str:
-        return (await self.submit_many([inputs], model, params=params, reply_to=reply_to, **fields))[0]
+                     reply_to: str | None = None, text_pair: list[str] | None = None, **fields) -> str:
+        return (await self.submit_many([inputs], model, params=params, reply_to=reply_to, text_pair=text_pair,
+                                       **fields))[0]
 
     async def submit_many(self, batches: list, model: str | None = None, *,
                           params: PoolingParams | None = None, reply_to: str | None = None,
-                          **fields) -> list[str]:
+                          text_pair: list[str] | None = None, **fields) -> list[str]:
         link = self._links[self._sync.redis_url]
         if len(self._links) > 1:
             link = self._links[await asyncio.to_thread(self._sync.url_for_submit, model)]
         ids = await asyncio.to_thread(self._sync.submit_many, batches, model, params=params,
-                                      reply_to=reply_to or link.replies.stream, **fields)
+                                      reply_to=reply_to or link.replies.stream, text_pair=text_pair, **fields)
         if reply_to is None:
             link.replies.expect(ids)
         return ids
@@ -231,6 +233,35 @@ class AsyncProducer:
     async def embed(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> np.ndarray:
         """Submit and wait: the embeddings as a numpy array of shape (n, d)."""
         return (await self.wait(await self.submit(inputs, model, **fields), timeout)).embeddings
+
+    # -- the other tasks: see Producer ----------------------------------------------------------------
+    async def score(self, text_1, text_2, model: str | None = None, *, timeout: float = 60.0,
+                    **fields) -> np.ndarray:
+        firsts, seconds = score_pairs(text_1, text_2)
+        request_id = await self.submit(firsts, model, text_pair=seconds, task="score", **fields)
+        return (await self.wait(request_id, timeout)).scores
+
+    async def rerank(self, query: str, documents: list[str], model: str | None = None, *,
+                     top_n: int | None = None, return_documents: bool = False, timeout: float = 60.0,
+                     **fields) -> list[dict]:
+        documents = check_rerank(query, documents, top_n)
+        scores = await self.score(query, documents, model, timeout=timeout, **fields)
+        return rank(scores, documents, top_n, return_documents)
+
+    async def classify(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> Result:
+        return await self.wait(await self.submit(inputs, model, task="classify", **fields), timeout)
+
+    async def token_embed(self, inputs, model: str | None = None, *, timeout: float = 60.0,
+                          **fields) -> list[np.ndarray]:
+        return (await self.wait(await self.submit(inputs, model, task="token_embed", **fields),
+                                timeout)).multi_vectors
+
+    async def tokenize(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> list[dict]:
+        return (await self.wait(await self.submit(inputs, model, task="tokenize", **fields), timeout)).items
+
+    async def detokenize(self, token_ids, model: str | None = None, *, timeout: float = 60.0,
+                         **fields) -> list[str]:
+        return (await self.wait(await self.submit(token_ids, model, task="detokenize", **fields), timeout)).items
 
     async def status(self, request_id: str) -> str:
         return await asyncio.to_thread(self._sync.status, request_id)

@@ -90,7 +90,7 @@ def status(argv: list[str]) -> int:
             shard = f", on {redact(url)}" if (url := settings.shards.url_for(name)) != settings.redis_url else ""
             print(f"{name}: {producer.live_workers(name)} live worker(s), queue depth "
                   f"{producer.queue_depth(name)}, queue {keys.queue_name(name)}, dim {caps.embedding_size}, "
-                  f"max length {caps.max_model_len}, pooling {caps.pooling}{shard}")
+                  f"max length {caps.max_model_len}, pooling {caps.pooling}, tasks {', '.join(caps.tasks)}{shard}")
             for worker in producer.workers(name):
                 print(f"  worker {worker['name']}: {worker.get('device', '?')} {worker.get('dtype', '?')}, "
                       f"batches of {worker.get('max_batch_tokens', '?')} padded tokens / "

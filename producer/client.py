@@ -24,6 +24,7 @@ from common.scheduling import DEFAULT_PRIORITY, priority_level, resolve_deadline
 from common.result import Result
 from producer.cancel import cancel_pending
 from producer.fleet import LevelStats, level_stats
+from producer.tasks import check_rerank, rank, score_pairs
 from producer.core import (CAPS_CACHE_SECONDS, PENDING, SERIALIZER, build_request, enqueue, job_state,
                            model_of_queue, parse_models, parse_worker_info, pick_model, read_result,
                            redis_errors as _redis_errors, result_state)
@@ -149,18 +150,21 @@ class Producer:
 
     # -- submit ----------------------------------------------------------------------------------
     def submit(self, inputs, model: str | None = None, *, params: PoolingParams | None = None,
-               reply_to: str | None = None, **fields) -> str:
+               reply_to: str | None = None, text_pair: list[str] | None = None, **fields) -> str:
         """Enqueue one request and return its id.
 
         `inputs`: a text, a list of texts, a token-id list or a list of token-id lists. `fields` are
         PoolingParams fields (dimensions, use_activation, truncate_prompt_tokens, embed_dtype, ...).
         Unknown models, parameters the model cannot honour and full queues fail here, before enqueue.
+        `task` (a field) picks the request kind; task "score" pairs each input with `text_pair`'s text.
         """
-        return self.submit_many([inputs], model, params=params, reply_to=reply_to, **fields)[0]
+        return self.submit_many([inputs], model, params=params, reply_to=reply_to, text_pair=text_pair,
+                                **fields)[0]
 
     def submit_many(self, batches: list, model: str | None = None, *, params: PoolingParams | None = None,
-                    reply_to: str | None = None, priority: str | int | None = None, deadline: float | None = None,
-                    timeout: float | None = None, **fields) -> list[str]:
+                    reply_to: str | None = None, text_pair: list[str] | None = None,
+                    priority: str | int | None = None, deadline: float | None = None, timeout: float | None = None,
+                    **fields) -> list[str]:
         """Enqueue one request per element of `batches` in one round trip; returns their ids.
 
         `priority`: "interactive" (default), "bulk", or vLLM's integer (<= 0 interactive, >= 1 bulk).
@@ -178,7 +182,7 @@ class Producer:
             if level == DEFAULT_PRIORITY or model is None:
                 raise
             caps = model  # bulk work waits for a worker scaled from zero (deploy/autoscaling.md)
-        requests = [build_request(inputs, caps, params, fields, reply_to, when) for inputs in batches]
+        requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when) for inputs in batches]
         name = caps if isinstance(caps, str) else caps.name
         queue = self._queue(name, level)
         with _redis_errors():
@@ -243,6 +247,37 @@ class Producer:
     def embed(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> np.ndarray:
         """Submit and wait: the embeddings as a numpy array of shape (n, d)."""
         return self.wait(self.submit(inputs, model, **fields), timeout).embeddings
+
+    # -- the other tasks (common.params.Task): submit with a task, wait, read its part of the result --------
+    def score(self, text_1, text_2, model: str | None = None, *, timeout: float = 60.0, **fields) -> np.ndarray:
+        """Scores of (text_1, text_2) pairs, one text against many or two lists pairwise: a cross-encoder's
+        (through its activation), the cosine of two embeddings, or MaxSim of token vectors (ColBERT)."""
+        firsts, seconds = score_pairs(text_1, text_2)
+        return self.wait(self.submit(firsts, model, text_pair=seconds, task="score", **fields), timeout).scores
+
+    def rerank(self, query: str, documents: list[str], model: str | None = None, *, top_n: int | None = None,
+               return_documents: bool = False, timeout: float = 60.0, **fields) -> list[dict]:
+        """`documents` best first for `query`: [{index, relevance_score[, document]}], the first `top_n`."""
+        documents = check_rerank(query, documents, top_n)
+        return rank(self.score(query, documents, model, timeout=timeout, **fields), documents, top_n,
+                    return_documents)
+
+    def classify(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> Result:
+        """`.scores` (n, labels): probabilities (raw logits with use_activation=False); `.labels` names them."""
+        return self.wait(self.submit(inputs, model, task="classify", **fields), timeout)
+
+    def token_embed(self, inputs, model: str | None = None, *, timeout: float = 60.0,
+                    **fields) -> list[np.ndarray]:
+        """One (tokens, d) array per input: every token's vector (multi-vector, ColBERT-style)."""
+        return self.wait(self.submit(inputs, model, task="token_embed", **fields), timeout).multi_vectors
+
+    def tokenize(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> list[dict]:
+        """Per text, by the model's own tokenizer: {ids, tokens, offsets, special}."""
+        return self.wait(self.submit(inputs, model, task="tokenize", **fields), timeout).items
+
+    def detokenize(self, token_ids, model: str | None = None, *, timeout: float = 60.0, **fields) -> list[str]:
+        """Per token-id list, its text."""
+        return self.wait(self.submit(token_ids, model, task="detokenize", **fields), timeout).items
 
     def status(self, request_id: str) -> str:
         """queued | started | finished | failed | cancelled | not_found."""

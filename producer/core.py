@@ -74,7 +74,8 @@ def pick_model(model: str | None, served: dict[str, ModelCapabilities],
 
 
 def build_request(inputs, caps: ModelCapabilities | str, params: PoolingParams | None, fields: dict,
-                  reply_to: str | None = None, deadline: float | None = None) -> EmbedRequest:
+                  reply_to: str | None = None, text_pair: list[str] | None = None,
+                  deadline: float | None = None) -> EmbedRequest:
     """A request checked against the advertised capabilities (the worker checks again).
 
     The request carries the params as the caller gave them, so the worker merges its own defaults.
@@ -86,7 +87,8 @@ def build_request(inputs, caps: ModelCapabilities | str, params: PoolingParams |
         if params is not None:  # fields override the given params, and are validated like them
             fields = {**params.model_dump(exclude_unset=True), **fields}
         request = EmbedRequest(model=caps if isinstance(caps, str) else caps.name, inputs=normalize_inputs(inputs),
-                               params=PoolingParams(**fields), reply_to=reply_to, deadline=deadline)
+                               params=PoolingParams(**fields), reply_to=reply_to, text_pair=text_pair,
+                               deadline=deadline)
     except PydanticValidationError as exc:  # the gateway's schema errors meet the same formatter
         raise invalid_request(exc.errors()) from exc
     if not isinstance(caps, str):

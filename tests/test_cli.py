@@ -72,6 +72,7 @@ def test_embed_refuses_an_empty_file_and_status_lists_the_fleet(tmp_path, redis_
     status = embedfleet("status", "--redis-url", redis_url, env=env)
     assert status.returncode == 0, status.stderr
     assert "minilm: 1 live worker(s), queue depth 0" in status.stdout and "dim 384" in status.stdout
+    assert "tasks embed, score, token_embed, tokenize, detokenize" in status.stdout
     assert "cpu float32, batches of 8192 padded tokens / 256 rows (flags), takes 64 requests" in status.stdout
     # an advert is input too: a live worker whose facts are garbage is listed without them, never a crash
     redis_client.zadd(model_workers_key("minilm"), {"forged": time.time()})

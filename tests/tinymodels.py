@@ -60,6 +60,43 @@ def save_tiny_bert(folder: str, *, max_positions: int = 128, matryoshka_dimensio
     return folder
 
 
+def save_tiny_classifier(folder: str, *, labels: tuple[str, ...] = ("score",), seed: int = 0) -> str:
+    """A 2-layer BertForSequenceClassification (a cross-encoder with one label, a classifier with more)
+    whose config names its labels (id2label); a plain HF folder with its tokenizer."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    os.makedirs(folder, exist_ok=True)
+    tokenizer = BertTokenizerFast(vocab=_bert_vocab(), do_lower_case=True)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128, num_labels=len(labels),
+                        id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)})
+    config.architectures = ["BertForSequenceClassification"]
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(config).eval()
+    with torch.no_grad():  # a random head's logits sit near 0; spread them so that orderings mean something
+        model.classifier.weight.mul_(20)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def save_tiny_colbert(folder: str, *, out_features: int = 16, seed: int = 0) -> str:
+    """pylate's ColBERT layout: a BERT folder with sentence-transformers modules Transformer -> Dense (no
+    Pooling, no bias, identity activation): the Dense projects every token state."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Transformer
+
+    save_tiny_bert(folder, seed=seed)
+    transformer = Transformer(folder)
+    torch.manual_seed(seed + 1)
+    dense = Dense(transformer.get_embedding_dimension(), out_features, bias=False,
+                  activation_function=torch.nn.Identity())
+    SentenceTransformer(modules=[transformer, dense], device="cpu").save(folder)
+    return folder
+
+
 def _byte_bpe_tokenizer(folder: str):
     """A byte-level BPE trained on the tiny corpus; appends <|endoftext|> like decoder embedders do."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -241,3 +278,22 @@ def gpt2_lasttoken(tmp_path_factory) -> str:
     """GPT2 (absolute positions: left padding must not shift them), last-token pooling."""
     folder = save_tiny_decoder(str(tmp_path_factory.mktemp("gpt2")), kind="gpt2")
     return wrap_sentence_transformers(folder, "lasttoken", normalize=True)
+
+
+@pytest.fixture(scope="session")
+def cross_encoder(tmp_path_factory) -> str:
+    """BertForSequenceClassification with one label: a cross-encoder (tasks score, classify)."""
+    return save_tiny_classifier(str(tmp_path_factory.mktemp("cross_encoder")))
+
+
+@pytest.fixture(scope="session")
+def classifier(tmp_path_factory) -> str:
+    """BertForSequenceClassification with three named labels."""
+    return save_tiny_classifier(str(tmp_path_factory.mktemp("classifier")),
+                                labels=("negative", "neutral", "positive"), seed=1)
+
+
+@pytest.fixture(scope="session")
+def colbert(tmp_path_factory) -> str:
+    """A ColBERT-style folder: token vectors projected 32 -> 16 (tasks token_embed, score by MaxSim)."""
+    return save_tiny_colbert(str(tmp_path_factory.mktemp("colbert")))

@@ -15,6 +15,8 @@ from common.result import Result
 from worker.batcher import cuts
 from worker.postprocess import cast, finish
 from worker.preprocess import Prepared, prepare
+from worker.tasks.heads import finish_task
+from worker.tasks.inputs import prepare_task
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +30,7 @@ class Round:
     results: list[Result | None]
     resolved: dict[int, EmbedRequest] = field(default_factory=dict)
     prepared: dict[int, Prepared] = field(default_factory=dict)
-    rows: dict[int, np.ndarray] = field(default_factory=dict)
+    rows: dict[int, np.ndarray | list[np.ndarray]] = field(default_factory=dict)  # a list: per-token rows
     failed: dict[int, EmbedfleetError] = field(default_factory=dict)
     passes: int = 0  # forward passes cut by the budget (a failed pass's halves not counted)
     tokens: int = 0  # real tokens through those passes
@@ -48,8 +50,11 @@ class _Flat:
     token_lists: list[list[int]]
     prompt_lengths: list[int]
     owners: np.ndarray  # flat position -> request index
-    order: np.ndarray  # sorted position -> flat position
+    order: np.ndarray  # sorted position -> flat position (by head, then length)
     vectors: np.ndarray | None = None
+    heads: list[str] = field(default_factory=list)  # flat position -> Prepared.head
+    pair_starts: list[int] = field(default_factory=list)  # flat position -> a pair's second text (0: none)
+    ragged: dict[int, np.ndarray] = field(default_factory=dict)  # head "tokens": flat position -> its rows
 
 
 class Engine:
@@ -85,7 +90,14 @@ class Engine:
             try:
                 resolved = self._resolve(request)
                 work.resolved[index] = resolved
-                work.prepared[index] = tokenize(resolved) if tokenize else prepare(self.model, resolved)
+                if resolved.params.task != "embed":
+                    prepared = prepare_task(self.model, resolved)
+                    if isinstance(prepared, Result):  # tokenize / detokenize: answered without a forward pass
+                        work.results[index] = prepared
+                        continue
+                    work.prepared[index] = prepared
+                else:
+                    work.prepared[index] = tokenize(resolved) if tokenize else prepare(self.model, resolved)
             except EmbedfleetError as exc:
                 work.results[index] = Result.failure(request.id, self.caps.name, exc)
             except Exception as exc:  # a tokenizer crash on one request must not sink the others
@@ -100,16 +112,22 @@ class Engine:
         if flat is None:
             return
         lengths = [len(flat.token_lists[i]) for i in flat.order]
-        for start, end in cuts(lengths, self.max_batch_tokens, self.max_batch_size):
-            work.passes += 1
-            work.tokens += sum(lengths[start:end])
-            work.padded_tokens += (end - start) * lengths[end - 1]  # sorted ascending: the last is longest
-            self._pass(flat.order[start:end], flat, work)
+        heads = [flat.heads[i] for i in flat.order]
+        begin = 0
+        for head_end in [i for i in range(1, len(heads)) if heads[i] != heads[i - 1]] + [len(heads)]:
+            for start, end in cuts(lengths[begin:head_end], self.max_batch_tokens, self.max_batch_size):
+                batch = lengths[begin + start:begin + end]
+                work.passes += 1
+                work.tokens += sum(batch)
+                work.padded_tokens += len(batch) * max(batch)  # what the device computed
+                self._pass(flat.order[begin + start:begin + end], flat, work)
+            begin = head_end  # a pass never mixes heads: each runs its own forward
         offset = 0
         for index, prep in work.prepared.items():
             count = len(prep.token_lists)
             if index not in work.failed:
-                work.rows[index] = flat.vectors[offset:offset + count]
+                work.rows[index] = [flat.ragged[p] for p in range(offset, offset + count)] \
+                    if prep.head == "tokens" else flat.vectors[offset:offset + count]
             offset += count
 
     @staticmethod
@@ -117,14 +135,19 @@ class Engine:
         token_lists: list[list[int]] = []
         prompt_lengths: list[int] = []
         owners: list[int] = []
+        heads: list[str] = []
+        pair_starts: list[int] = []
         for index, prep in work.prepared.items():
             token_lists.extend(prep.token_lists)
             prompt_lengths.extend([prep.prompt_length] * len(prep.token_lists))
             owners.extend([index] * len(prep.token_lists))
+            heads.extend([prep.head] * len(prep.token_lists))
+            pair_starts.extend(prep.pair_starts or [0] * len(prep.token_lists))
         if not token_lists:
             return None
         lengths = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
-        return _Flat(token_lists, prompt_lengths, np.asarray(owners), np.argsort(lengths, kind="stable"))
+        order = np.lexsort((lengths, np.asarray([head != "pool" for head in heads])))  # stable, by head
+        return _Flat(token_lists, prompt_lengths, np.asarray(owners), order, heads=heads, pair_starts=pair_starts)
 
     def finish(self, work: Round) -> list[Result]:
         """Post-process every request that reached the forward pass; returns all results in input order."""
@@ -134,15 +157,14 @@ class Engine:
             if index in work.failed:
                 work.results[index] = Result.failure(request.id, self.caps.name, work.failed[index])
             else:
-                work.results[index] = self._postprocess(request, work.rows[index],
-                                                        work.prepared[index].prompt_tokens)
+                work.results[index] = self._postprocess(request, work.rows[index], work.prepared[index])
         return work.results
 
     # -- internals --------------------------------------------------------------------------------------
 
     def _resolve(self, request: EmbedRequest) -> EmbedRequest:
         """request.resolve(caps), with the params part cached: most requests share a few param sets."""
-        if len(request.inputs) > self.caps.max_inputs or request.is_tokens:
+        if len(request.inputs) > self.caps.max_inputs or request.is_tokens or request.params.task != "embed":
             return request.resolve(self.caps)  # raises the right message (or checks token ids)
         params = self._resolved.get(request.params)
         if params is None:
@@ -166,8 +188,14 @@ class Engine:
             return
         try:
             self.forward_passes += 1
-            vectors = self.model.embed([flat.token_lists[p] for p in positions],
-                                       [flat.prompt_lengths[p] for p in positions])
+            lists = [flat.token_lists[p] for p in positions]
+            if flat.heads[positions[0]] == "tokens":
+                for p, rows in zip(positions, self.model.token_embed(lists)):
+                    flat.ragged[int(p)] = rows
+                return
+            pairs = {"pair_starts": [flat.pair_starts[p] for p in positions]} \
+                if any(flat.pair_starts[p] for p in positions) else {}  # a cross-encoder's pairs
+            vectors = self.model.embed(lists, [flat.prompt_lengths[p] for p in positions], **pairs)
             vectors = vectors.numpy() if hasattr(vectors, "numpy") else vectors  # torch, or numpy (null model)
         except Exception as exc:
             error = InternalError(f"forward pass failed: {type(exc).__name__}: {exc}")
@@ -186,9 +214,11 @@ class Engine:
         self._pass(positions[:half], flat, work)
         self._pass(positions[half:], flat, work)
 
-    def _postprocess(self, request: EmbedRequest, vectors: np.ndarray, prompt_tokens: int) -> Result:
-        params = request.params
+    def _postprocess(self, request: EmbedRequest, vectors, prepared: Prepared) -> Result:
+        params, prompt_tokens = request.params, prepared.prompt_tokens
         try:
+            if params.task != "embed":
+                return finish_task(self.model, request, vectors, prepared)
             final = finish(vectors, params.dimensions, bool(params.use_activation))
             stored = cast(final, params.embed_dtype)
             return Result.success(request.id, self.caps.name, stored, params.embed_dtype,

@@ -85,6 +85,17 @@ def _resolve_folder(path_or_id: str) -> str:
     return snapshot_download(path_or_id)
 
 
+def _served_name(path_or_id: str, served_name: str | None) -> str:
+    if served_name:
+        return served_name
+    return os.path.basename(os.path.normpath(path_or_id)) if os.path.isdir(path_or_id) else path_or_id
+
+
+def is_classifier(config) -> bool:
+    """A sequence-classification checkpoint (a cross-encoder, a classifier): served for score/classify."""
+    return any(a.endswith("ForSequenceClassification") for a in getattr(config, "architectures", None) or [])
+
+
 def _is_decoder(config) -> bool:
     from transformers.models.auto.modeling_auto import (  # noqa: PLC0415 - transformers loads lazily
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES)
@@ -132,6 +143,23 @@ def _lowercase(tokenizer) -> None:
     backend.normalizer = Sequence([Lowercase()] + ([current] if current is not None else []))
 
 
+def pad_batch(token_lists: list[list[int]], pad_token_id: int, padding_side: str, device,
+              position_ids: bool = False) -> dict[str, torch.Tensor]:
+    """The model inputs of one batch: ids padded on `padding_side` and the attention mask, on `device`."""
+    longest = max(len(ids) for ids in token_lists)
+    input_ids = torch.full((len(token_lists), longest), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((len(token_lists), longest), dtype=torch.long)
+    for row, ids in enumerate(token_lists):
+        span = slice(longest - len(ids), longest) if padding_side == "left" else slice(0, len(ids))
+        input_ids[row, span] = torch.as_tensor(ids, dtype=torch.long)
+        attention[row, span] = 1
+    inputs = {"input_ids": input_ids.to(device), "attention_mask": attention.to(device)}
+    if position_ids and padding_side == "left":
+        # Left padding must not shift positions: each text counts from 0 at its first real token.
+        inputs["position_ids"] = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    return inputs
+
+
 @dataclass
 class LoadedModel:
     """A tokenizer, a transformer, pooling, Dense layers and the capabilities requests are checked against."""
@@ -147,25 +175,27 @@ class LoadedModel:
     _position_ids: bool = False
     _prompt_lengths: dict = field(default_factory=dict)
     fidelity: float = 1.0  # lowest probe cosine of the serving dtype against float32 (worker/fidelity.py)
+    token_dense: nn.Module | None = None  # a ColBERT-style folder's projection of every token state
 
     @torch.inference_mode()
     def embed(self, token_lists: list[list[int]], prompt_lengths: list[int] | None = None) -> torch.Tensor:
         """One forward pass: pad, run the transformer, pool, Dense. Float32 (n, d) on the CPU."""
-        longest = max(len(ids) for ids in token_lists)
-        input_ids = torch.full((len(token_lists), longest), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((len(token_lists), longest), dtype=torch.long)
-        for row, ids in enumerate(token_lists):
-            span = slice(longest - len(ids), longest) if self.padding_side == "left" else slice(0, len(ids))
-            input_ids[row, span] = torch.as_tensor(ids, dtype=torch.long)
-            attention[row, span] = 1
-        inputs = {"input_ids": input_ids.to(self.device), "attention_mask": attention.to(self.device)}
-        if self._position_ids and self.padding_side == "left":
-            # Left padding must not shift positions: each text counts from 0 at its first real token.
-            inputs["position_ids"] = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+        inputs = pad_batch(token_lists, self.pad_token_id, self.padding_side, self.device, self._position_ids)
         hidden = self.module(**inputs).last_hidden_state
         lengths = None if prompt_lengths is None else torch.as_tensor(prompt_lengths, device=self.device)
         pooled = self.pooler(hidden, inputs["attention_mask"], lengths)
         return self.dense(pooled).float().cpu()
+
+    @torch.inference_mode()
+    def token_embed(self, token_lists: list[list[int]]) -> list:
+        """One forward pass for task token_embed: each row's real tokens' last hidden states (projected by
+        `token_dense` where the folder has one), float32 (tokens, d) numpy arrays; padding left out."""
+        inputs = pad_batch(token_lists, self.pad_token_id, self.padding_side, self.device, self._position_ids)
+        hidden = self.module(**inputs).last_hidden_state.float()
+        if self.token_dense is not None:
+            hidden = self.token_dense(hidden)
+        hidden, mask = hidden.cpu(), inputs["attention_mask"].bool().cpu()
+        return [hidden[row][mask[row]].numpy() for row in range(len(token_lists))]
 
     def prompt_length(self, prompt: str, add_special_tokens: bool) -> int:
         """Tokens a prompt occupies at the front of a text, as ST counts them (minus a trailing special)."""
@@ -204,6 +234,11 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                               else os.cpu_count() or 1)
 
+    if is_classifier(hf_config) and st.pooling is None and not st.dense_paths:  # a cross-encoder, a classifier
+        from worker.tasks.classifier import load_classifier  # noqa: PLC0415 - only for such folders
+
+        return load_classifier(folder, st, hf_config, name=_served_name(path_or_id, served_name), device=device,
+                               dtype=dtype, max_inputs=max_inputs)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if st.do_lower_case:
         _lowercase(tokenizer)
@@ -222,6 +257,11 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         normalize = True
     dense = nn.Sequential(*(_load_dense(os.path.join(folder, p)) for p in st.dense_paths))
     dense = dense.to(device).eval()  # stays float32: tiny, and pooling hands it float32
+    # pylate's ColBERT layout (Transformer -> Dense, no Pooling): the Dense projects every token state and
+    # the model serves multi-vector tasks only, normalised per token as ColBERT scores them.
+    colbert = st.pooling is None and bool(st.dense_paths)
+    if colbert:
+        normalize = True
 
     hidden = hf_config.get_text_config().hidden_size
     embedding_size = dense[-1].linear.out_features if len(dense) else hidden * len(pooler.modes)
@@ -230,8 +270,7 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
     if pad is None:  # decoders often have no pad token; any id works, padded positions are masked
         pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
     caps = ModelCapabilities(
-        name=served_name or (os.path.basename(os.path.normpath(path_or_id)) if os.path.isdir(path_or_id)
-                                else path_or_id),
+        name=_served_name(path_or_id, served_name),
         max_model_len=_max_len(st, tokenizer, hf_config),
         embedding_size=embedding_size,
         vocab_size=module.get_input_embeddings().num_embeddings,
@@ -243,12 +282,16 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         default_prompt_name=st.default_prompt_name,
         truncation_side=getattr(tokenizer, "truncation_side", "right") or "right",
         max_inputs=max_inputs,
+        tasks=("token_embed", "score", "tokenize", "detokenize") if colbert
+        else ("embed", "score", "token_embed", "tokenize", "detokenize"),
+        token_size=embedding_size if colbert else hidden,
     )
     loaded = LoadedModel(
         tokenizer=tokenizer, module=module, pooler=pooler, dense=dense, caps=caps,
         device=device, padding_side=getattr(tokenizer, "padding_side", "right") or "right",
         pad_token_id=pad,
         _position_ids="position_ids" in inspect.signature(module.forward).parameters,
+        token_dense=dense if colbert else None,
     )
     if dtype != "float32":
         loaded.fidelity = cast_with_fidelity_check(loaded, _DTYPES[dtype])

@@ -15,6 +15,8 @@ class Prepared:
 
     token_lists: list[list[int]]
     prompt_length: int = 0  # tokens to leave out of pooling (only with ST's include_prompt=False)
+    head: str = "pool"  # what the forward pass returns: "pool" (one vector per row) or "tokens" (one per token)
+    pair_starts: list[int] | None = None  # a cross-encoder's pairs: where each row's second text starts
 
     @property
     def prompt_tokens(self) -> int:

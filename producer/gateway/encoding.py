@@ -25,15 +25,29 @@ def _usage(result: Result, completion: bool = False) -> dict:
     return usage
 
 
-def _stored_rows(result: Result) -> list[bytes]:
-    """Each row's bytes exactly as the worker stored them (embed_dtype, byte order)."""
+def _item_spans(result: Result) -> list[tuple[int, int, list[int]]]:
+    """Each input's (start, end) in the stored bytes and its shape: one row, or (token_embed, Result.parts)
+    its (tokens, d) rows."""
     n = result.shape[0]
     size = len(result.data) // n if n else 0
-    return [result.data[i * size:(i + 1) * size] for i in range(n)]
+    if result.parts is None:
+        return [(i * size, (i + 1) * size, list(result.shape[1:])) for i in range(n)]
+    spans, start = [], 0
+    for count in result.parts:
+        spans.append((start * size, (start + count) * size, [count, *result.shape[1:]]))
+        start += count
+    return spans
+
+
+def _stored_rows(result: Result) -> list[bytes]:
+    """Each input's bytes exactly as the worker stored them (embed_dtype, byte order)."""
+    return [result.data[start:end] for start, end, _ in _item_spans(result)]
 
 
 def _vectors(result: Result, encoding_format: str, openai_base64: bool) -> list:
     if encoding_format == "float":
+        if result.parts is not None:
+            return [rows.tolist() for rows in result.multi_vectors]
         return result.embeddings.tolist()
     if openai_base64:
         rows = [row.tobytes() for row in np.asarray(result.embeddings, dtype=_OPENAI_FLOAT)]
@@ -44,13 +58,11 @@ def _vectors(result: Result, encoding_format: str, openai_base64: bool) -> list:
 
 def metadata(result: Result) -> dict:
     """vLLM's `metadata` header for bytes answers: where each item's bytes start and end in the body."""
-    row_shape = list(result.shape[1:])
-    row_bytes = len(result.data) // result.shape[0] if result.shape[0] else 0
     return {
         "id": result.id, "created": int(result.finished_at), "model": result.model,
         "data": [{"index": i, "embed_dtype": result.embed_dtype, "endianness": result.endianness,
-                  "start": i * row_bytes, "end": (i + 1) * row_bytes, "shape": row_shape}
-                 for i in range(result.shape[0])],
+                  "start": start, "end": end, "shape": shape}
+                 for i, (start, end, shape) in enumerate(_item_spans(result))],
         "usage": _usage(result, completion=True),
     }
 

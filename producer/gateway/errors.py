@@ -111,7 +111,7 @@ def install(app: FastAPI, retry_after: int, on_error: Callable[[str], None]) -> 
         if bad_json:
             err = DecodeError(f"the body is not valid JSON: {bad_json[0].get('ctx', {}).get('error', '')}")
         else:
-            err = invalid_request(exc.errors())
+            err = invalid_request(exc.errors(), *_body_fields(request))
         return error_response(err, retry_after, on_error)
 
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -127,6 +127,15 @@ def install(app: FastAPI, retry_after: int, on_error: Callable[[str], None]) -> 
     app.add_exception_handler(EmbedfleetError, embedfleet_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
+
+
+def _body_fields(request: Request) -> tuple:
+    """A body model's own "did you mean" candidates (`known_fields`, the task routes' bodies), as the
+    optional argument of invalid_request; empty (the embeddings fields) for every other route."""
+    model = getattr(getattr(getattr(request.scope.get("route"), "body_field", None), "field_info", None),
+                    "annotation", None)
+    known = getattr(model, "known_fields", None)
+    return (known(),) if callable(known) else ()
 
 
 class ErrorBoundary:

@@ -80,4 +80,7 @@ PARAM_FIELDS = frozenset(PoolingParams.model_fields) | {"normalize"}
 
 
 class PoolingBody(EmbedBody):
-    """vLLM's /pooling body: the same fields; `encoding_format` also takes bytes and bytes_only."""
+    """vLLM's /pooling body: the same fields; `encoding_format` also takes bytes and bytes_only; `task`
+    also token_embed (a 2-D array per input) and classify (the label probabilities)."""
+
+    task: Literal["embed", "token_embed", "classify"] | None = None

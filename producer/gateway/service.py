@@ -42,7 +42,19 @@ class Gateway:
     async def run(self, body: EmbedBody) -> Result:
         """Submit and wait up to the request timeout; a request that timed out is cancelled if still queued,
         so that no worker spends time on an answer nobody reads."""
-        request_id = await self.submit(body)
+        return await self.settle(await self.submit(body))
+
+    async def run_task(self, inputs, model: str | None, task: str, fields: dict,
+                       text_pair: list[str] | None = None) -> Result:
+        """A request of `task` (producer.gateway.taskroutes), submitted and waited for like `run`'s."""
+        inputs = normalize_inputs(inputs)
+        if len(inputs) > self.settings.max_inputs:
+            raise ValidationError(f"{len(inputs)} inputs in one request; this gateway allows at most "
+                                  f"{self.settings.max_inputs} (split the request)", param="input")
+        return await self.settle(await self.producer.submit(inputs, model, text_pair=text_pair, task=task,
+                                                            **fields))
+
+    async def settle(self, request_id: str) -> Result:
         try:
             return await self.producer.wait(request_id, self.settings.request_timeout)
         except ResultTimeoutError:

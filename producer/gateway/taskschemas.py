@@ -1,0 +1,108 @@
+"""Request bodies of the task routes: vLLM's /score, /rerank, /classify, /tokenize, /detokenize and TEI's
+/rerank, /tokenize and /decode shapes (same paths, told apart by their field names)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from producer.gateway.schemas import Input
+
+Texts = str | list[str]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str | None = Field(None, description="served model name; omitted: the only served model")
+    user: str | None = Field(None, description="accepted for OpenAI compatibility, not used")
+
+    @classmethod
+    def known_fields(cls) -> tuple[str, ...]:
+        """What "did you mean" picks from for a misspelt field of this body (producer.gateway.errors)."""
+        return tuple(cls.model_fields)
+
+    def param_fields(self) -> dict:
+        """The PoolingParams fields that were sent (the producer verifies them)."""
+        return self.model_dump(include={"truncate_prompt_tokens", "use_activation", "add_special_tokens"},
+                               exclude_none=True)
+
+
+class ScoreBody(_Body):
+    """vLLM's /score: `text_1` against `text_2`, one against many or pairwise."""
+
+    # newer vLLM names the two sides `queries` / `documents` (`data_1` / `data_2` before): all are accepted
+    text_1: Texts = Field(validation_alias=AliasChoices("text_1", "queries", "data_1"))
+    text_2: Texts = Field(validation_alias=AliasChoices("text_2", "documents", "data_2"))
+    truncate_prompt_tokens: int | None = None
+    use_activation: bool | None = None
+
+
+class RerankBody(_Body):
+    """vLLM's /rerank, Cohere's and Jina's /v1/rerank: documents best first for the query."""
+
+    query: str
+    documents: list[str]
+    top_n: int | None = Field(None, description="keep the best n; 0 or omitted: all")
+    return_documents: bool = True
+    truncate_prompt_tokens: int | None = None
+    use_activation: bool | None = None
+
+
+class TeiRerankBody(_Body):
+    """TEI's /rerank: `texts` for documents, `raw_scores` for no activation, `return_text`."""
+
+    query: str
+    texts: list[str]
+    raw_scores: bool = False
+    return_text: bool = False
+    truncate: bool | None = None
+
+    def param_fields(self) -> dict:
+        return {"use_activation": not self.raw_scores,
+                **({"truncate_prompt_tokens": -1} if self.truncate else {})}
+
+
+class ClassifyBody(_Body):
+    """vLLM's /classify."""
+
+    input: Input
+    truncate_prompt_tokens: int | None = None
+    use_activation: bool | None = None
+
+
+class TokenizeBody(_Body):
+    """vLLM's /tokenize."""
+
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TeiTokenizeBody(_Body):
+    """TEI's /tokenize: `inputs`, one text or many; answers a list of tokens per text."""
+
+    inputs: Texts
+    add_special_tokens: bool = True
+
+
+class DetokenizeBody(_Body):
+    """vLLM's /detokenize."""
+
+    tokens: list[int]
+
+
+class TeiDecodeBody(_Body):
+    """TEI's /decode: one id list or many; special tokens left out unless skip_special_tokens is false."""
+
+    ids: list[int] | list[list[int]]
+    skip_special_tokens: bool = True
+
+    def param_fields(self) -> dict:
+        return {"add_special_tokens": not self.skip_special_tokens}
+
+
+def pick(data: Any, tei_field: str, vllm: type[BaseModel], tei: type[BaseModel]) -> type[BaseModel]:
+    """The body class of a shared path: TEI's when its own field name is there."""
+    return tei if isinstance(data, dict) and tei_field in data else vllm

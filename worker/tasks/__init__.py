@@ -1,0 +1,1 @@
+"""The request kinds beyond `embed`: their tokenising, model heads and answers (see common.params.Task)."""
