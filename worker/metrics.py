@@ -3,7 +3,9 @@ tokens, seconds) and what its requests met (time queued per priority level, erro
 
 One registry per worker, so that several workers in one process (tests) never clash. Every metric carries
 the served model's name, so that a fleet's scrapes sum per model. The queue wait is measured from the
-request's `created_at` (the producer's clock) to the take (this worker's clock).
+request's `created_at` (the producer's clock) to the take (this worker's clock), at each take: a request
+that went back to its queue untouched (a drain, a bulk round yielding to interactive work, a retry) is
+observed again when it is taken again.
 """
 
 from __future__ import annotations
