@@ -99,6 +99,12 @@ class CancelledError(EmbedfleetError):
     code = "cancelled"
 
 
+class ExpiredError(EmbedfleetError):
+    """The request's deadline (`deadline` / `timeout`) passed while it was still queued: it was not computed."""
+
+    code = "expired"
+
+
 class StartupError(EmbedfleetError):
     """A command could not start what it was asked to (port taken, model missing, data dir in use)."""
 
@@ -129,7 +135,7 @@ _BY_CODE: dict[str, type[EmbedfleetError]] = {
     for cls in (
         ValidationError, InputTooLongError, UnknownModelError, DecodeError, TimeoutError,
         QueueFullError, NoWorkerError, UnavailableError, AuthError, PayloadTooLargeError,
-        NotFoundError, CancelledError, StartupError, DuplicateRequestError, InternalError, PoisonError,
+        NotFoundError, CancelledError, ExpiredError, StartupError, DuplicateRequestError, InternalError, PoisonError,
     )
 }
 
@@ -137,7 +143,7 @@ _BY_CODE: dict[str, type[EmbedfleetError]] = {
 # Every field a request may carry, over HTTP or as Producer keywords: the candidates of "did you mean".
 REQUEST_FIELDS = ("input", "model", "encoding_format", "user", "task", "dimensions", "use_activation",
                   "normalize", "truncate_prompt_tokens", "truncation_side", "prompt_name", "prompt",
-                  "add_special_tokens", "embed_dtype", "endianness")
+                  "add_special_tokens", "embed_dtype", "endianness", "priority", "deadline", "timeout")
 _LOCATIONS = ("body", "query", "path")  # FastAPI's first loc element: where, not which field
 
 

@@ -27,15 +27,23 @@
                                             TTL CHUNKS_TTL, deleted once the request is answered
 
     Every key above expires. The only keys without a TTL are shared, one per model or per fleet:
-    embedfleet:models, rq:queues, rq:queue:<queue> and rq's registries.
+    embedfleet:models, rq:queues, rq:queue:<queue>, embedfleet:queued_tokens:<queue> and rq's registries.
 
-    rq:queue:<queue>                LIST    pending job ids; <queue> = queue_name(model)
+    rq:queue:<queue>                LIST    pending job ids; <queue> = queue_name(model, priority): one queue
+                                            per level of PRIORITIES (interactive: embedfleet.<model>, bulk:
+                                            embedfleet.<model>@bulk), each with rq's own registries below
     rq:queue:<queue>:intermediate   LIST    rq's own dequeue parks ids here; embedfleet workers never do: their
                                             take moves ids straight into rq:wip:<queue> (worker/rqschema.py)
     rq:job:<id>                     HASH    the rq job; `data` = zlib(msgpack([func, None, [request
                                             bytes], {}])); job id = request id. Ours besides rq's fields:
                                             `deliveries` (times a worker took it), `lapses` (times its
-                                            worker died holding it: past MAX_DELIVERIES it is poison)
+                                            worker died holding it: past MAX_DELIVERIES it is poison),
+                                            `tokens` (the producer's estimate, common.scheduling)
+    embedfleet:queued_tokens:<queue> STRING estimated tokens of the jobs in rq:queue:<queue>: INCRBY by the
+                                            producer in the enqueue transaction, DECRBY by take (and by
+                                            cancel), INCRBY by recover / return; deleted whenever take
+                                            finds the queue empty (which heals drift). No TTL: one per
+                                            queue, like the queue itself
     rq:wip:<queue>                  ZSET    rq's started registry: member <id>:<execution>, score = the
                                             claim's lease end + LEASE_GRACE (Redis server clock)
     rq:finished:<queue>, rq:failed:<queue> ...   ZSET  rq registries
@@ -106,6 +114,11 @@ def queue_name(model: str, priority: str = "interactive") -> str:
     if priority not in PRIORITIES:
         raise ValueError(f"unknown priority {priority!r}: one of {', '.join(PRIORITIES)}")
     return f"{PREFIX}.{model}" if priority == "interactive" else f"{PREFIX}.{model}@{priority}"
+
+
+def queued_tokens_key(queue: str) -> str:
+    """The estimated tokens waiting in rq queue `queue` (a queue_name), for autoscaling gauges."""
+    return f"{PREFIX}:queued_tokens:{queue}"
 
 
 def result_key(request_id: str) -> str:

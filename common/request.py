@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 
@@ -51,6 +52,14 @@ class EmbedRequest(BaseModel):
     reply_to: str | None = None  # an optional per-producer stream that also gets the id on completion
     text_pair: list[str] | None = None  # task "score": the second text of each pair, aligned with `inputs`
     part_of: PartOf | None = None  # set by a worker on the parts of a spread long request only
+    deadline: float | None = None  # unix time past which a still-queued request is answered `expired`
+
+    @field_validator("deadline")
+    @classmethod
+    def _finite(cls, value):
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"`deadline` must be a finite unix time, got {value}")
+        return value
 
     @field_validator("model", "inputs", "reply_to", "text_pair")
     @classmethod
@@ -100,10 +109,13 @@ class EmbedRequest(BaseModel):
 
     def encode(self) -> bytes:
         data = self.model_dump(mode="json", exclude_defaults=False)
-        for optional in ("text_pair", "part_of"):  # absent, not null: older workers refuse unknown fields
+        for optional in ("text_pair", "part_of", "deadline"):  # absent, not null: older workers refuse them
             if data[optional] is None:
                 del data[optional]
         return packb({"v": WIRE_VERSION, **data})
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
 
     @classmethod
     def decode(cls, raw: bytes) -> EmbedRequest:

@@ -101,6 +101,12 @@ class AsyncProducer:
     async def queue_depth(self, model: str) -> int:
         return await asyncio.to_thread(self._sync.queue_depth, model)
 
+    def known_models(self) -> set[str]:
+        return self._sync.known_models()
+
+    async def level_stats(self, model: str) -> list:
+        return await asyncio.to_thread(self._sync.level_stats, model)
+
     async def submit(self, inputs, model: str | None = None, *, params: PoolingParams | None = None,
                      reply_to: str | None = None, text_pair: list[str] | None = None, **fields) -> str:
         return (await self.submit_many([inputs], model, params=params, reply_to=reply_to, text_pair=text_pair,

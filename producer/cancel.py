@@ -15,7 +15,8 @@ from rq.job import Job, JobStatus
 from common import keys
 from common.result import Result
 
-# KEYS: queue list, job hash, canceled registry, result key, notify list, job options[, reply stream]
+# KEYS: queue list, job hash, canceled registry, result key, notify list, job options, queued tokens
+#       counter[, reply stream]
 # ARGV: request id, now, result blob, ttl, reply stream max length
 _CANCEL = """
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
@@ -25,9 +26,14 @@ redis.call('SET', KEYS[4], ARGV[3], 'EX', ARGV[4])
 redis.call('RPUSH', KEYS[5], 1)
 redis.call('EXPIRE', KEYS[5], ARGV[4])
 redis.call('EXPIRE', KEYS[6], ARGV[4])
-if KEYS[7] then
-  redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[5], '*', 'id', ARGV[1])
-  redis.call('EXPIRE', KEYS[7], ARGV[4])
+local tokens = tonumber(redis.call('HGET', KEYS[2], 'tokens'))
+if tokens and tokens > 0 then
+  local left = redis.pcall('DECRBY', KEYS[7], math.floor(tokens))
+  if type(left) ~= 'number' or left < 0 then redis.call('DEL', KEYS[7]) end
+end
+if KEYS[8] then
+  redis.call('XADD', KEYS[8], 'MAXLEN', '~', ARGV[5], '*', 'id', ARGV[1])
+  redis.call('EXPIRE', KEYS[8], ARGV[4])
 end
 return 1
 """
@@ -37,6 +43,7 @@ def cancel_pending(connection: Redis, job: Job, queue: Queue, answer: Result, re
     """True if the job was still queued and is now cancelled, with `answer` published for its waiters."""
     stream = [reply_to] if reply_to else []
     return bool(connection.eval(
-        _CANCEL, 6 + len(stream), queue.key, job.key, queue.canceled_job_registry.key,
-        keys.result_key(job.id), keys.notify_key(job.id), keys.job_options_key(job.id), *stream,
+        _CANCEL, 7 + len(stream), queue.key, job.key, queue.canceled_job_registry.key,
+        keys.result_key(job.id), keys.notify_key(job.id), keys.job_options_key(job.id),
+        keys.queued_tokens_key(queue.name), *stream,
         job.id, time.time(), answer.encode(), keys.RESULT_TTL, keys.REPLY_STREAM_MAXLEN))

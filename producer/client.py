@@ -14,14 +14,16 @@ from rq.job import Job
 
 from common import keys
 from common.capabilities import ModelCapabilities
-from common.errors import CancelledError, NotFoundError, QueueFullError, ResultTimeoutError
+from common.errors import CancelledError, NoWorkerError, NotFoundError, QueueFullError, ResultTimeoutError
 from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
 from common.redisclient import block_for, check_access, connect
 from common.shards import ShardMap
 from common.request import job_reply_to
+from common.scheduling import DEFAULT_PRIORITY, priority_level, resolve_deadline
 from common.result import Result
 from producer.cancel import cancel_pending
+from producer.fleet import LevelStats, level_stats
 from producer.tasks import check_rerank, rank, score_pairs
 from producer.core import (CAPS_CACHE_SECONDS, PENDING, SERIALIZER, build_request, enqueue, job_state,
                            model_of_queue, parse_models, parse_worker_info, pick_model, read_result,
@@ -86,6 +88,11 @@ class Producer:
             self._served, self._known, self._served_at = served, known, time.monotonic()
         return self._served
 
+    def known_models(self) -> set[str]:
+        """Every model ever advertised, served now or not (as of the last `models()` read): a model scaled
+        to zero keeps its queues."""
+        return set(self._known)
+
     def live_workers(self, model: str) -> int:
         with _redis_errors():
             return self.connection_for_model(model).zcount(keys.model_workers_key(model),
@@ -102,6 +109,11 @@ class Producer:
     def queue_depth(self, model: str) -> int:
         with _redis_errors():
             return self.connection_for_model(model).llen(self._queue(model).key)
+
+    def level_stats(self, model: str) -> list[LevelStats]:
+        """Per priority level of `model`: depth, estimated queued tokens, oldest job's age (producer.fleet)."""
+        with _redis_errors():
+            return level_stats(self.connection_for_model(model), model)
 
     # -- shards ----------------------------------------------------------------------------------
     def connection_for_model(self, model: str | None) -> redis.Redis:
@@ -150,24 +162,39 @@ class Producer:
                                 **fields)[0]
 
     def submit_many(self, batches: list, model: str | None = None, *, params: PoolingParams | None = None,
-                    reply_to: str | None = None, text_pair: list[str] | None = None, **fields) -> list[str]:
-        """Enqueue one request per element of `batches` in one round trip; returns their ids."""
+                    reply_to: str | None = None, text_pair: list[str] | None = None,
+                    priority: str | int | None = None, deadline: float | None = None, timeout: float | None = None,
+                    **fields) -> list[str]:
+        """Enqueue one request per element of `batches` in one round trip; returns their ids.
+
+        `priority`: "interactive" (default), "bulk", or vLLM's integer (<= 0 interactive, >= 1 bulk).
+        `deadline` (unix time) / `timeout` (seconds from now): a request still queued then is answered
+        `expired` (ExpiredError) and never computed. See common/scheduling.py.
+        """
+        level = priority_level(priority)
+        when = resolve_deadline(deadline, timeout, time.time())
         served = self.models(refresh=False)
         if model not in served:  # a worker may have come up since the cached read
             served = self.models()
-        caps = pick_model(model, served, self._known)
-        requests = [build_request(inputs, caps, params, fields, reply_to, text_pair) for inputs in batches]
-        queue = self._queue(caps.name)
+        try:
+            caps = pick_model(model, served, self._known)
+        except NoWorkerError:
+            if level == DEFAULT_PRIORITY or model is None:
+                raise
+            caps = model  # bulk work waits for a worker scaled from zero (deploy/autoscaling.md)
+        requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when) for inputs in batches]
+        name = caps if isinstance(caps, str) else caps.name
+        queue = self._queue(name, level)
         with _redis_errors():
             if self.max_queue_depth is not None:
                 depth = queue.count
                 if depth + len(requests) > self.max_queue_depth:
-                    raise QueueFullError(f"the queue of model '{caps.name}' holds {depth} requests, "
+                    raise QueueFullError(f"the queue of model '{name}' holds {depth} requests, "
                                          f"the limit is {self.max_queue_depth}: retry later")
             enqueue(queue, requests)
         ids = [r.id for r in requests]
         if self.shards:
-            self._remember(ids, self.shards.url_for(caps.name))
+            self._remember(ids, self.shards.url_for(name))
         return ids
 
     # -- results ---------------------------------------------------------------------------------
@@ -284,6 +311,7 @@ class Producer:
             queue = Queue(job.origin, connection=connection, serializer=SERIALIZER)
             return cancel_pending(connection, job, queue, answer, job_reply_to(job))
 
-    def _queue(self, model: str) -> Queue:
-        return Queue(keys.queue_name(model), connection=self.connection_for_model(model), serializer=SERIALIZER)
+    def _queue(self, model: str, level: str = DEFAULT_PRIORITY) -> Queue:
+        return Queue(keys.queue_name(model, level), connection=self.connection_for_model(model),
+                     serializer=SERIALIZER)
 

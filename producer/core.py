@@ -16,6 +16,7 @@ from common.errors import (DecodeError, DuplicateRequestError, NoWorkerError, Un
                            UnknownModelError, ValidationError, invalid_request)
 from common.params import PoolingParams
 from common.request import EmbedRequest, normalize_inputs
+from common.scheduling import estimate_tokens
 from common.result import Result
 from common.serializer import MsgpackSerializer
 
@@ -72,20 +73,26 @@ def pick_model(model: str | None, served: dict[str, ModelCapabilities],
                             param="model")
 
 
-def build_request(inputs, caps: ModelCapabilities, params: PoolingParams | None, fields: dict,
-                  reply_to: str | None = None, text_pair: list[str] | None = None) -> EmbedRequest:
+def build_request(inputs, caps: ModelCapabilities | str, params: PoolingParams | None, fields: dict,
+                  reply_to: str | None = None, text_pair: list[str] | None = None,
+                  deadline: float | None = None) -> EmbedRequest:
     """A request checked against the advertised capabilities (the worker checks again).
 
     The request carries the params as the caller gave them, so the worker merges its own defaults.
+    `caps` may be only a model's name (a bulk request for a model scaled to zero, whose capabilities no
+    live worker advertises): then only the request's own shape is checked here, and the worker verifies
+    the rest when it starts.
     """
     try:
         if params is not None:  # fields override the given params, and are validated like them
             fields = {**params.model_dump(exclude_unset=True), **fields}
-        request = EmbedRequest(model=caps.name, inputs=normalize_inputs(inputs),
-                               params=PoolingParams(**fields), reply_to=reply_to, text_pair=text_pair)
+        request = EmbedRequest(model=caps if isinstance(caps, str) else caps.name, inputs=normalize_inputs(inputs),
+                               params=PoolingParams(**fields), reply_to=reply_to, text_pair=text_pair,
+                               deadline=deadline)
     except PydanticValidationError as exc:  # the gateway's schema errors meet the same formatter
         raise invalid_request(exc.errors()) from exc
-    request.resolve(caps)
+    if not isinstance(caps, str):
+        request.resolve(caps)
     return request
 
 
@@ -106,10 +113,20 @@ def enqueue(queue: Queue, requests: list[EmbedRequest]) -> None:
                     raise DuplicateRequestError(f"request id {used} is already in use: ids are never reused")
                 pipe.multi()
                 queue.enqueue_many([enqueue_data(r) for r in requests], pipeline=pipe)
+                count_tokens(pipe, queue.name, requests)
                 pipe.execute()
                 return
             except redis.WatchError:
                 continue
+
+
+def count_tokens(pipe, queue: str, requests: list[EmbedRequest]) -> None:
+    """Each job's estimated tokens on its hash, their sum on the queue's counter (common.keys: the fleet's
+    queued-tokens gauge; the worker's take subtracts them), in the enqueue's transaction."""
+    estimates = [estimate_tokens(r) for r in requests]
+    for request, estimate in zip(requests, estimates):
+        pipe.hset(Job.key_for(request.id), "tokens", estimate)
+    pipe.incrby(keys.queued_tokens_key(queue), sum(estimates))
 
 
 def enqueue_data(request: EmbedRequest):
@@ -157,7 +174,11 @@ def result_state(result: Result) -> str:
 
 def model_of_queue(queue: str) -> str:
     prefix = keys.queue_name("")
-    return queue[len(prefix):] if queue.startswith(prefix) else queue
+    model = queue[len(prefix):] if queue.startswith(prefix) else queue
+    for level in keys.PRIORITIES[1:]:  # a lower level's queue: <queue>@<level>
+        if queue == keys.queue_name(model.removesuffix(f"@{level}"), level):
+            return model.removesuffix(f"@{level}")
+    return model
 
 
 # A Redis that answers but refuses writes: full (maxmemory with noeviction), a replica after a failover, or a

@@ -130,7 +130,7 @@ def test_a_jobs_options_expire_with_its_result(redis_url, redis_client, producer
 
 
 SHARED = ("rq:queues", f"rq:queue:{keys.queue_name(MODEL)}", f"rq:canceled:{keys.queue_name(MODEL)}",
-          keys.MODELS_KEY)
+          keys.MODELS_KEY, keys.queued_tokens_key(keys.queue_name(MODEL)))  # one counter per queue, like it
 
 
 def test_every_key_the_producer_side_creates_expires(redis_url, redis_client, producer):

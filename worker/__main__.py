@@ -29,7 +29,7 @@ def serve(argv: list[str]) -> int:
         from worker import gpus  # noqa: PLC0415 - the per-GPU supervisor loads no model itself
 
         ids = gpus.visible_gpus(settings.gpus, dict(os.environ))
-        return gpus.run(ids, argv, settings.name, dict(os.environ))
+        return gpus.run(ids, argv, settings.name, dict(os.environ), settings.metrics_port)
     from worker.engine import Engine  # noqa: PLC0415 - torch loads after the flags
     from worker.nullmodel import NullModel, is_null  # noqa: PLC0415 - the null model needs no transformers
     from worker.probe import Budget, probe_budget  # noqa: PLC0415
@@ -60,7 +60,9 @@ def serve(argv: list[str]) -> int:
             "host": socket.gethostname(), "pid": os.getpid(),  # `embedfleet health --worker` looks for its host
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     watchdog = (settings.watchdog_seconds, _per_token(settings.watchdog_per_token, budget))
-    worker = BatchWorker(engine, connection, max_jobs=settings.max_jobs,
+    metrics = _metrics(settings, model.caps.name)
+    worker = BatchWorker(engine, connection, max_jobs=settings.max_jobs, bulk_share=settings.bulk_share,
+                         metrics=metrics,
                          result_ttl=settings.result_ttl, poll_timeout=settings.poll_timeout,
                          lease=settings.lease_seconds, max_deliveries=settings.max_deliveries,
                          drain_timeout=settings.drain_timeout, watchdog=watchdog, name=settings.name, info=info)
@@ -70,6 +72,23 @@ def serve(argv: list[str]) -> int:
         dtype, device, model.fidelity, budget.describe(), worker.queue.name, redact(url), worker.name)
     worker.work(burst=settings.burst)
     return 0
+
+
+def _metrics(settings: WorkerSettings, model: str):
+    """The worker's Prometheus metrics, served on --metrics-port, or None."""
+    if settings.metrics_port is None:
+        return None
+    from worker.metrics import WorkerMetrics  # noqa: PLC0415 - only with a metrics port
+
+    port = settings.metrics_port
+    metrics = WorkerMetrics(model)
+    try:
+        metrics.serve(port, settings.metrics_host)
+    except OSError as exc:
+        raise StartupError(f"cannot serve metrics on {settings.metrics_host}:{port}: {exc}; pick a free "
+                           "--metrics-port") from exc
+    logging.getLogger("embedfleet.worker").info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
+    return metrics
 
 
 def _per_token(flag: float | None, budget) -> float:

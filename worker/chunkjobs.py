@@ -66,9 +66,11 @@ return {0}
 class ChunkJobs:
     """Spreads and joins for one worker: `settle` rewrites a round's answers before they are written."""
 
-    def __init__(self, connection: Redis, queue: Queue, model: str, *, result_ttl: int, chunks_per_job: int):
+    def __init__(self, connection: Redis, queues: list[Queue], model: str, *, result_ttl: int,
+                 chunks_per_job: int):
         self.connection = connection
-        self.queue = queue
+        self.queues = {queue.name: queue for queue in queues}  # a request's parts go on its own level's queue
+        self.queue = queues[0]
         self.model = model
         self.result_ttl = result_ttl
         self.chunks_per_job = chunks_per_job
@@ -122,8 +124,8 @@ class ChunkJobs:
             pipe.hsetnx(key, "plan", plan)
             pipe.hsetnx(key, "parts", len(parts))
             pipe.expire(key, keys.CHUNKS_TTL)
-            self.queue.enqueue_many([_job_data(part) for part, there in zip(parts, exists) if not there],
-                                    pipeline=pipe)
+            queue = self.queues.get(job.queue, self.queue)
+            queue.enqueue_many([_job_data(part) for part, there in zip(parts, exists) if not there], pipeline=pipe)
             pipe.execute()
         self.spread_requests += 1
         log.info("request %s: %d chunks spread over the fleet as %d parts", request.id,

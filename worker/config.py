@@ -52,6 +52,13 @@ class WorkerSettings(Settings):
                                     "measured rate); past it the worker exits 70 for its supervisor to restart")
     watchdog_per_token: float | None = Field(None, ge=0, description="seconds per padded token of a forward "
                                                                      "round's deadline (see --watchdog-seconds)")
+    bulk_share: int = Field(4, ge=2, description="while interactive work is queued, one round in this many is "
+                            "taken from the bulk level first, so bulk is never starved (the other rounds take "
+                            "interactive first and fill with bulk)")
+    metrics_port: int | None = Field(None, ge=1, le=65535, description="serve Prometheus metrics on this port "
+                                     "(batches, rows, real/padded tokens, forward and queue-wait seconds, errors "
+                                     "by code); with --gpus, GPU i's engine serves on this port + i")
+    metrics_host: str = Field("0.0.0.0", description="interface the metrics port listens on")
     gpus: str | None = Field(None, description="`all` or GPU indices (0,1,...): one engine process per GPU, each "
                                                "with CUDA_VISIBLE_DEVICES set to its GPU (a multi-GPU host); "
                                                "default: one engine on --device")

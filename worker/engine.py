@@ -37,6 +37,9 @@ class Round:
     failed: dict[int, EmbedfleetError] = field(default_factory=dict)
     # long requests whose chunks go to the fleet as sub-jobs (worker/chunkjobs.py): no result from here
     spread: dict[int, Prepared] = field(default_factory=dict)
+    passes: int = 0  # forward passes cut by the budget (a failed pass's halves not counted)
+    tokens: int = 0  # real tokens through those passes
+    padded_tokens: int = 0  # rows * longest row, summed over the passes: what the device computed
 
     @property
     def texts(self) -> int:
@@ -127,6 +130,10 @@ class Engine:
         begin = 0
         for head_end in [i for i in range(1, len(heads)) if heads[i] != heads[i - 1]] + [len(heads)]:
             for start, end in cuts(lengths[begin:head_end], self.max_batch_tokens, self.max_batch_size):
+                batch = lengths[begin + start:begin + end]
+                work.passes += 1
+                work.tokens += sum(batch)
+                work.padded_tokens += len(batch) * max(batch)  # what the device computed
                 self._pass(flat.order[begin + start:begin + end], flat, work)
             begin = head_end  # a pass never mixes heads: each runs its own forward
         offset = 0
@@ -201,6 +208,9 @@ class Engine:
             for start, end in cuts([len(ids) for ids in prep.token_lists], self.max_batch_tokens,
                                    self.max_batch_size):
                 spans = [(owner - start, *rest) for owner, *rest in prep.spans if start <= owner < end]
+                batch = [len(ids) for ids in prep.token_lists[start:end]]
+                work.passes, work.tokens = work.passes + 1, work.tokens + sum(batch)
+                work.padded_tokens += len(batch) * max(batch)
                 self.forward_passes += 1
                 rows.append(embed_spans(self.model, prep.token_lists[start:end], spans))
             work.rows[index] = np.vstack(rows)

@@ -42,27 +42,33 @@ def visible_gpus(spec: str, environ: dict[str, str]) -> list[str]:
 
 
 def child_argv(argv: list[str]) -> list[str]:
-    """The worker's own flags minus --gpus (children serve one GPU each) and minus a fixed --name."""
+    """The worker's own flags minus --gpus (children serve one GPU each), a fixed --name and --metrics-port
+    (each child gets its own)."""
     out, skip = [], False
     for arg in argv:
         if skip:
             skip = False
             continue
-        if arg in ("--gpus", "--name"):
+        if arg in ("--gpus", "--name", "--metrics-port"):
             skip = True
             continue
-        if arg.startswith(("--gpus=", "--name=")):
+        if arg.startswith(("--gpus=", "--name=", "--metrics-port=")):
             continue
         out.append(arg)
     return out
 
 
-def run(gpus: list[str], argv: list[str], name: str | None, environ: dict[str, str]) -> int:
-    """Start one worker per GPU and supervise them until they stop; returns the exit code."""
-    base = {k: v for k, v in environ.items() if k not in ("EMBEDFLEET_GPUS", "EMBEDFLEET_NAME")}
+def run(gpus: list[str], argv: list[str], name: str | None, environ: dict[str, str],
+        metrics_port: int | None = None) -> int:
+    """Start one worker per GPU and supervise them until they stop; returns the exit code. With
+    `metrics_port`, GPU i's worker serves its metrics on metrics_port + i."""
+    base = {k: v for k, v in environ.items() if k not in ("EMBEDFLEET_GPUS", "EMBEDFLEET_NAME",
+                                                          "EMBEDFLEET_METRICS_PORT")}
     children = []
-    for gpu in gpus:
+    for index, gpu in enumerate(gpus):
         extra = ["--name", f"{name}-gpu{gpu}"] if name else []
+        if metrics_port is not None:
+            extra += ["--metrics-port", str(metrics_port + index)]
         env = {**base, "CUDA_VISIBLE_DEVICES": gpu}
         children.append(subprocess.Popen([sys.executable, "-m", "worker", *child_argv(argv), *extra], env=env))
         log.info("GPU %s: worker pid %d", gpu, children[-1].pid)

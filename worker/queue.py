@@ -1,4 +1,6 @@
-"""BatchWorker: an rq SimpleWorker that serves one model's queue many requests at a time, as a pipeline.
+"""BatchWorker: an rq SimpleWorker that serves one model's queues many requests at a time, as a pipeline.
+
+A model has one queue per priority level; each take reads them in the order worker/levels.py decides.
 
 Three stages joined by bounded hand-offs, so the device never waits for Redis or the tokenizer:
 
@@ -54,7 +56,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from common.errors import EmbedfleetError, InternalError
 from common.keys import (DRAIN_TIMEOUT, HEARTBEAT_INTERVAL, LEASE_SECONDS, MAINTENANCE_INTERVAL,
-                         MAX_DELIVERIES, RECOVER_LIMIT, RESULT_TTL, queue_name)
+                         MAX_DELIVERIES, PRIORITIES, RECOVER_LIMIT, RESULT_TTL, queue_name)
 from common.redisclient import MAX_BLOCK
 from common.request import EmbedRequest, job_reply_to
 from common.result import Result, publish
@@ -65,7 +67,8 @@ from worker.engine import Round
 from worker.heartbeat import Heartbeat, Watchdog, timed_out
 from worker import answers
 from worker.jobdata import decode_job
-from worker.rqschema import Answer, Kind, Outcome, RqSchema, Taken
+from worker.levels import BULK_SHARE, Levels
+from worker.rqschema import Answer, Kind, Outcome, Taken
 
 log = logging.getLogger("embedfleet.worker")
 
@@ -90,6 +93,7 @@ class Batch:
     work: Round | None = None
     reply_to: dict[str, str | None] = field(default_factory=dict)
     engine_error: BaseException | None = None
+    preemptible: bool = False  # lower-level work only: yields to higher-level work (worker/levels.py)
 
     @property
     def size(self) -> int:
@@ -115,6 +119,9 @@ class BatchWorker(SimpleWorker):
         watchdog: (floor seconds, seconds per padded token) of a forward round's deadline; None: no watchdog.
         name: rq worker name; default unique per start.
         info: this worker's facts for its advert (device, dtype, batch budget; `embedfleet status`).
+        queue: serve this one rq queue only; default: the model's queue of each priority level.
+        bulk_share: one round in this many reads the lowest priority level first (worker/levels.py).
+        metrics: a worker.metrics.WorkerMetrics to record into, or None.
         Other keyword arguments go to rq's SimpleWorker.
     """
 
@@ -122,14 +129,17 @@ class BatchWorker(SimpleWorker):
                  poll_timeout: int = 5, heartbeat_interval: float = HEARTBEAT_INTERVAL,
                  lease: float = LEASE_SECONDS, max_deliveries: int = MAX_DELIVERIES,
                  drain_timeout: float = DRAIN_TIMEOUT, watchdog: tuple[float, float] | None = None,
-                 name: str | None = None, queue: str | None = None, info: dict | None = None, **kwargs):
+                 name: str | None = None, queue: str | None = None, info: dict | None = None,
+                 bulk_share: int = BULK_SHARE, metrics=None, **kwargs):
         if max_jobs < 1:
             raise ValueError(f"max_jobs must be at least 1, got {max_jobs}")
         if result_ttl < 1:
             raise ValueError(f"result_ttl must be at least 1 second, got {result_ttl}: results are stored "
                              "with an expiry, and 0 or -1 would lose every one of them")
         kwargs.setdefault("maintenance_interval", MAINTENANCE_INTERVAL)  # rq's 600 s leaves dead jobs too long
-        super().__init__([queue or queue_name(engine.caps.name)], name=name or unique_worker_name(),
+        # One rq queue per priority level (worker/levels.py), highest first; `queue` names a lone queue.
+        queues = [queue] if queue else [queue_name(engine.caps.name, level) for level in PRIORITIES]
+        super().__init__(queues, name=name or unique_worker_name(),
                          connection=connection, serializer=MsgpackSerializer,
                          default_result_ttl=result_ttl, **kwargs)
         self.engine = engine
@@ -140,9 +150,11 @@ class BatchWorker(SimpleWorker):
         self.queue = self.queues[0]
         if lease <= 0 or max_deliveries < 1:
             raise ValueError(f"lease must be positive and max_deliveries at least 1, got {lease}, {max_deliveries}")
-        self.schema = RqSchema(connection, self.queue.name, self.name, result_ttl=result_ttl, lease=lease)
+        self.schema = Levels(connection, [q.name for q in self.queues], self.name, result_ttl=result_ttl,
+                             lease=lease, share=bulk_share)
+        self.metrics = metrics  # worker/metrics.py's WorkerMetrics, or None
         self.advertiser = Advertiser(connection, engine.caps, self.name, info=info)
-        self.chunk_jobs = ChunkJobs(connection, self.queue, engine.caps.name, result_ttl=result_ttl,
+        self.chunk_jobs = ChunkJobs(connection, self.queues, engine.caps.name, result_ttl=result_ttl,
                                     chunks_per_job=getattr(engine, "chunks_per_job", 0))
         self.heartbeat_interval = heartbeat_interval
         self.lease = lease
@@ -290,6 +302,8 @@ class BatchWorker(SimpleWorker):
             self._slot.release()  # the take stage may prepare the next round while this one runs
             if self._draining:
                 self._give_back(batch)
+            elif batch.preemptible and batch.work is not None and self._higher_waiting():
+                self._give_back(batch, "interactive work arrived")
             elif batch.work is not None:
                 if self.watchdog is not None:
                     self.watchdog.arm(batch.work)
@@ -298,6 +312,8 @@ class BatchWorker(SimpleWorker):
                 self._device_busy = (began, began + texts * self._seconds_per_text)
                 try:
                     self.engine.forward(batch.work)
+                    if self.metrics is not None:
+                        self.metrics.forwarded(batch.work, time.monotonic() - began)
                     if texts:  # how long a text takes on the device, smoothed: when to take the next round
                         spent = (time.monotonic() - began) / texts
                         self._seconds_per_text = 0.7 * self._seconds_per_text + 0.3 * spent
@@ -310,8 +326,15 @@ class BatchWorker(SimpleWorker):
                         self.watchdog.disarm()
             self._hand_off(forwarded, batch, stages)
 
-    def _give_back(self, batch: Batch) -> None:
-        """A drain: this round has not reached the device; its runnable jobs go back to the queue's head."""
+    def _higher_waiting(self) -> bool:
+        try:
+            return self.schema.higher_waiting()
+        except (redis.ConnectionError, redis.TimeoutError):
+            return False  # run the round: the outage is the take stage's to ride out
+
+    def _give_back(self, batch: Batch, why: str = "draining") -> None:
+        """This round has not reached the device (a drain, or it yields to higher-level work): its runnable
+        jobs go back to the head of their queues."""
         jobs, batch.runnable, batch.work = batch.runnable, [], None
         if not jobs:
             return
@@ -323,7 +346,8 @@ class BatchWorker(SimpleWorker):
         with self._held_lock:
             for job in jobs:
                 self._held.pop((job.id, job.execution), None)
-        log.info("worker %s: draining: returned %d jobs to the head of the queue", self.name, returned)
+        log.log(logging.INFO if self._draining else logging.DEBUG, "worker %s: %s: returned %d jobs to the head of "
+                "their queue", self.name, why, returned)
 
     def _hand_off(self, forwarded: stdqueue.Queue, item, stages) -> None:
         """Put, unless the finish stage is gone (its jobs stay started and are recovered)."""
@@ -397,7 +421,7 @@ class BatchWorker(SimpleWorker):
         """Burst mode: nothing held any more (a retry may requeue a job), and the queue still empty."""
         while self.held_count() and not self._stop_requested:
             time.sleep(0.005)
-        return self.connection.llen(self.queue.key) == 0
+        return self.schema.queued() == 0
 
     def take_round(self, block: float | None) -> Batch | None:
         """Take up to max_jobs jobs (started in Redis as they are taken), decode and prepare them."""
@@ -412,7 +436,7 @@ class BatchWorker(SimpleWorker):
             return None
         if not taken:
             return None
-        batch = Batch(time.time())
+        batch = Batch(time.time(), preemptible=self.schema.preemptible(taken))
         with self._held_lock:
             for job in taken:
                 if job.kind is Kind.STARTED:
@@ -429,7 +453,7 @@ class BatchWorker(SimpleWorker):
 
     def _prepare_round(self, batch: Batch, taken: list[Taken]) -> None:
         """Decode each taken job, answer the ones that cannot run (poison too), and tokenise the rest."""
-        model = self.engine.caps.name
+        model, now = self.engine.caps.name, time.time()
         requests: list[EmbedRequest] = []
         for job in taken:
             if job.kind is Kind.STARTED and job.lapses >= self.max_deliveries:
@@ -440,6 +464,11 @@ class BatchWorker(SimpleWorker):
                     request = decode_job(job.id, job.data, model)
                 except EmbedfleetError as exc:
                     batch.answers.append(answers.failed(job, exc, Outcome.FAILED, None, model))
+                    continue
+                if self.metrics is not None:
+                    self.metrics.waited(job.queue, now - request.created_at)
+                if request.expired(now):  # its deadline passed while queued: never computed
+                    batch.answers.append(answers.expired(job, request, now))
                     continue
                 batch.runnable.append(job)
                 batch.reply_to[job.id] = request.reply_to
@@ -471,6 +500,8 @@ class BatchWorker(SimpleWorker):
         written = self.chunk_jobs.settle(batch, written)  # long requests spread, parts of them joined
         counts = self._with_retries(lambda: self.schema.finish(written, time.time() - batch.began))
         self._release(batch)
+        if self.metrics is not None:
+            self.metrics.answered([answer.code for answer in written])
         self.batches += 1
         self.served += counts[0]
         log.info("worker %s: round of %d: %d served, %d failed, %d requeued%s in %.3f s", self.name,

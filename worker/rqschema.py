@@ -6,7 +6,9 @@ touches; tests/test_rqschema.py compares what these scripts leave in Redis with 
 leaves for the same jobs, so a change in rq's layout fails loudly there.
 
     take     queue -> started, for up to N jobs, atomically: no id is ever held outside a registry; each
-             claim is a lease (its started-registry score) and each take counts a delivery
+             claim is a lease (its started-registry score) and each take counts a delivery. One take reads
+             several queues in a given order (a model's priority levels, worker/levels.py), each job
+             started in its own queue's registry
     finish   answer (result blob, notify list, reply stream) + FINISHED / FAILED / requeued / CANCELED
     refresh  renew a held batch's leases (the worker's heartbeat)
     recover  requeue, at the queue's head, the jobs whose lease lapsed (their worker died): any live worker
@@ -78,6 +80,7 @@ class Taken:
     started: str = ""  # when take started it (unix seconds, as rq's execution records it)
     deliveries: int = 1  # times a worker has taken it, this take included
     lapses: int = 0  # times a worker died holding it (its lease lapsed and recover requeued it)
+    queue: str = ""  # the rq queue it was taken from: finish, refresh and return use that queue's keys
 
 
 @dataclass
@@ -91,6 +94,7 @@ class Answer:
     summary: dict | None = None  # rq's return value for a finished job (never the embeddings)
     reason: str = ""  # rq's exc_string for a failed job
     only_if_absent: bool = True  # the first answer stays: a re-enqueued id cannot replace a stored result
+    code: str = ""  # the error code answered, if any (the worker's error metric)
 
 
 def _ttl(raw: bytes | str, default: int, bound: int) -> int:
@@ -139,49 +143,19 @@ class RqSchema:
         self.result_ttl = result_ttl
         self.lease = lease
         q = f"rq:queue:{queue}"
+        self.queue = queue
         self.queue_key = q
+        self.tokens_key = keys.queued_tokens_key(queue)
         self.wip_key = f"rq:wip:{queue}"
         worker_key = f"rq:worker:{worker_name}"
-        self.take_keys = [q, self.wip_key, worker_key, f"{worker_key}:executions", "rq:suspended",
-                          f"rq:canceled:{queue}"]
+        self.worker_keys = [worker_key, f"{worker_key}:executions", "rq:suspended"]
+        self.level_keys = [q, self.wip_key, f"rq:canceled:{queue}", self.tokens_key]
         self.finish_keys = [q, self.wip_key, f"rq:finished:{queue}", f"rq:failed:{queue}",
                             f"rq:canceled:{queue}", worker_key, f"{worker_key}:executions"]
 
     def take(self, max_jobs: int, block: float | None, before=None) -> tuple[bool, list[Taken]]:
-        """(suspended, taken ids). With `block` seconds, first wait until the queue has an id, without
-        taking it (BLMOVE of the queue onto itself, LEFT to LEFT, moves nothing), then take in the same
-        round trip. `before(pipe)` may queue commands ahead (the worker's rq heartbeat)."""
-        stamp = datetime.now(timezone.utc)
-        args = [max_jobs, self.worker_name, f"{stamp.timestamp():.6f}", rq_time(stamp), uuid4().hex[:24],
-                keys.MAX_REQUEST_ID_LENGTH, keys.JOB_TIMEOUT, self.lease, keys.LEASE_GRACE]
-        try:
-            suspended, entries = self._take(args, block, before)
-        except redis.exceptions.NoScriptError:  # the server lost its scripts (a restart): load, take again
-            TAKE_SCRIPT.load(self.connection)
-            suspended, entries = self._take(args, None, before)
-        return bool(suspended), [self._taken(entry, args[2]) for entry in entries]
-
-    def _take(self, args: list, block: float | None, before) -> tuple[int, list]:
-        with self.connection.pipeline(transaction=False) as pipe:  # MULTI would not block
-            if before is not None:
-                before(pipe)
-            if block is not None:
-                pipe.blmove(self.queue_key, self.queue_key, block, "LEFT", "LEFT")
-            TAKE_SCRIPT.queue(pipe, self.take_keys, args)
-            return pipe.execute()[-1]
-
-    @staticmethod
-    def _taken(entry: list, started: str) -> Taken:
-        raw_id, kind = entry[0], Kind(_text(entry[1]))
-        job_id = _text(raw_id)
-        if kind is Kind.CANCELED:
-            return Taken(job_id, kind, data=entry[3])  # its request may name a reply stream to wake
-        if kind is not Kind.STARTED:
-            return Taken(job_id, kind)
-        _, _, execution, data, timeout, result_ttl, failure_ttl, deliveries, lapses = entry
-        return Taken(job_id, kind, _text(execution), data, float(timeout),
-                     _ttl(result_ttl, 0, keys.RESULT_TTL_BOUND) or None,
-                     _ttl(failure_ttl, keys.FAILURE_TTL, keys.FAILURE_TTL), started, int(deliveries), int(lapses))
+        """(suspended, taken ids) from this queue alone; see `take_from`."""
+        return take_from([self], max_jobs, block, before)
 
     def finish(self, answers: list[Answer], working_seconds: float) -> list[int]:
         """One EVALSHA for the whole list; returns [finished, failed, requeued, late]."""
@@ -213,8 +187,9 @@ class RqSchema:
     def recover(self, limit: int = 1000) -> list[Recovered]:
         """Requeue, at the queue's head, up to `limit` jobs whose lease lapsed (any worker's)."""
         args = [keys.LEASE_GRACE, limit, rq_time(datetime.now(timezone.utc))]
+        keys_ = [self.queue_key, self.wip_key, self.tokens_key]
         return [Recovered(_text(i), float(overdue), _text(owner))
-                for i, overdue, owner in RECOVER_SCRIPT(self.connection, [self.queue_key, self.wip_key], args)]
+                for i, overdue, owner in RECOVER_SCRIPT(self.connection, keys_, args)]
 
     def give_back(self, jobs: list[Taken]) -> int:
         """Return jobs this worker took but never started to the head of the queue, in their order."""
@@ -223,5 +198,49 @@ class RqSchema:
         args: list = [rq_time(datetime.now(timezone.utc))]
         for taken in jobs:
             args += [taken.id, taken.execution]
-        keys_ = [self.queue_key, self.wip_key, f"rq:worker:{self.worker_name}:executions"]
+        keys_ = [self.queue_key, self.wip_key, f"rq:worker:{self.worker_name}:executions", self.tokens_key]
         return int(RETURN_SCRIPT(self.connection, keys_, args))
+
+
+def take_from(schemas: list[RqSchema], max_jobs: int, block: float | None, before=None) -> tuple[bool, list[Taken]]:
+    """(suspended, taken ids): up to `max_jobs` from the schemas' queues in their order (the first queue is
+    emptied before the next is read), in one atomic script. With `block` seconds, first wait until the
+    first queue has an id, without taking it (BLMOVE of the queue onto itself, LEFT to LEFT, moves
+    nothing), then take in the same round trip. `before(pipe)` may queue commands ahead (the worker's rq
+    heartbeat). The schemas share one connection and worker name."""
+    first = schemas[0]
+    stamp = datetime.now(timezone.utc)
+    args = [max_jobs, first.worker_name, f"{stamp.timestamp():.6f}", rq_time(stamp), uuid4().hex[:24],
+            keys.MAX_REQUEST_ID_LENGTH, keys.JOB_TIMEOUT, first.lease, keys.LEASE_GRACE]
+    keys_ = first.worker_keys + [key for schema in schemas for key in schema.level_keys]
+    try:
+        suspended, entries = _take(first, keys_, args, block, before)
+    except redis.exceptions.NoScriptError:  # the server lost its scripts (a restart): load, take again
+        TAKE_SCRIPT.load(first.connection)
+        suspended, entries = _take(first, keys_, args, None, before)
+    return bool(suspended), [_taken(entry, args[2], schemas) for entry in entries]
+
+
+def _take(first: RqSchema, keys_: list[str], args: list, block: float | None, before) -> tuple[int, list]:
+    with first.connection.pipeline(transaction=False) as pipe:  # MULTI would not block
+        if before is not None:
+            before(pipe)
+        if block is not None:
+            pipe.blmove(first.queue_key, first.queue_key, block, "LEFT", "LEFT")
+        TAKE_SCRIPT.queue(pipe, keys_, args)
+        return pipe.execute()[-1]
+
+
+def _taken(entry: list, started: str, schemas: list[RqSchema]) -> Taken:
+    queue = schemas[int(entry[0]) - 1].queue
+    raw_id, kind = entry[1], Kind(_text(entry[2]))
+    job_id = _text(raw_id)
+    if kind is Kind.CANCELED:
+        return Taken(job_id, kind, data=entry[4], queue=queue)  # its request may name a reply stream to wake
+    if kind is not Kind.STARTED:
+        return Taken(job_id, kind, queue=queue)
+    _, _, _, execution, data, timeout, result_ttl, failure_ttl, deliveries, lapses = entry
+    return Taken(job_id, kind, _text(execution), data, float(timeout),
+                 _ttl(result_ttl, 0, keys.RESULT_TTL_BOUND) or None,
+                 _ttl(failure_ttl, keys.FAILURE_TTL, keys.FAILURE_TTL), started, int(deliveries), int(lapses),
+                 queue)

@@ -27,6 +27,12 @@ local function server_time()
   local t = redis.call('TIME')
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
+-- a requeued job's estimated tokens back on its queue's counter (see TAKE); a corrupt counter is reset
+local function requeue_tokens(counter, jobkey)
+  local n = redis.pcall('HGET', jobkey, 'tokens')
+  n = refused(n) and 0 or math.max(0, math.floor(num(n, 0)))
+  if n > 0 and refused(redis.pcall('INCRBY', counter, n)) then redis.call('DEL', counter) end
+end
 -- one multi-member command per batch (in chunks, within Lua's unpack limit): `args` after the key
 local function bulk(command, key, args)
   for i = 1, #args, 4000 do
@@ -36,73 +42,95 @@ end
 """
 
 TAKE = _LIB + """
--- take: move up to ARGV[1] job ids from the queue straight into the started registry, as rq's
+-- take: move up to ARGV[1] job ids from a model's queues (its priority levels, in the order given: the
+-- first is emptied before the next is read) straight into each queue's started registry, as rq's
 -- prepare_execution + prepare_job_execution write them, in one atomic step (no intermediate list).
--- KEYS[1] rq:queue:<q>            LIST  LPOP
--- KEYS[2] rq:wip:<q>              ZSET  ZADD <id>:<execution> (score: the lease, below)
--- KEYS[3] rq:worker:<name>        HASH  HSET state, last_heartbeat
--- KEYS[4] rq:worker:<name>:executions SET SADD <id>:<execution>, EXPIRE
--- KEYS[5] rq:suspended            STRING EXISTS (set: take nothing)
--- KEYS[6] rq:canceled:<q>         ZSET  ZADD (a job cancelled while it was queued)
+-- KEYS[1] rq:worker:<name>        HASH  HSET state, last_heartbeat
+-- KEYS[2] rq:worker:<name>:executions SET SADD <id>:<execution>, EXPIRE
+-- KEYS[3] rq:suspended            STRING EXISTS (set: take nothing)
+-- then per queue, 4 keys:
+--   rq:queue:<q>                  LIST  LPOP, LLEN
+--   rq:wip:<q>                    ZSET  ZADD <id>:<execution> (score: the lease, below)
+--   rq:canceled:<q>               ZSET  ZADD (a job cancelled while it was queued)
+--   embedfleet:queued_tokens:<q>  STRING DECRBY each taken job's `tokens`; DEL when the queue is empty
 -- per id: rq:job:<id> HASH (HMGET, HSET status/started_at/last_heartbeat/worker_name, HINCRBY deliveries,
---         PERSIST; a key of
---         another type counts as missing),
+--         PERSIST; a key of another type counts as missing),
 --         rq:execution:<id>:<execution> HASH (HSET, EXPIRE), rq:executions:<id> ZSET (ZADD, EXPIRE)
 -- ARGV: 1 max ids, 2 worker name, 3 now (unix s), 4 now (rq time), 5 execution id prefix,
 --       6 max id length, 7 default job timeout, 8 lease (s), 9 lease grace (s)
 -- The lease: score = the server's clock (TIME) + lease + grace; job field `deliveries` += 1.
--- Returns {suspended, {id, kind, execution, data, timeout, result_ttl, failure_ttl, deliveries, lapses}...}
+-- Returns {suspended, {queue, id, kind, execution, data, timeout, result_ttl, failure_ttl, deliveries,
+--          lapses}...}; queue: the queue's position in KEYS (1 = the first)
 -- kind: started | canceled | missing (no hash: dropped, as rq drops it) | badid | stale (already ended)
-if redis.call('EXISTS', KEYS[5]) == 1 then return {1, {}} end
-local ids = redis.call('LPOP', KEYS[1], tonumber(ARGV[1]))
-if not ids then return {0, {}} end
+if redis.call('EXISTS', KEYS[3]) == 1 then return {1, {}} end
 local now, iso, worker = tonumber(ARGV[3]), ARGV[4], ARGV[2]
-local maxlen, default_timeout = tonumber(ARGV[6]), tonumber(ARGV[7])
+local wanted, maxlen, default_timeout = tonumber(ARGV[1]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local lease, grace = tonumber(ARGV[8]), tonumber(ARGV[9])
 local clock = server_time()
 local ttl = math.ceil(lease + grace)
-local out, longest, started, members = {}, 0, {}, {}
-for i, id in ipairs(ids) do
-  if #id > maxlen or not string.match(id, '^[%w_%-]+$') then
-    out[#out + 1] = {id, 'badid'}
-  else
-    local jobkey = 'rq:job:' .. id
-    local f = redis.pcall('HMGET', jobkey, 'data', 'status', 'timeout', 'result_ttl', 'failure_ttl', 'lapses')
-    if refused(f) or not f[1] then
-      out[#out + 1] = {id, 'missing'}
-    elseif f[2] == 'canceled' then
-      redis.call('ZADD', KEYS[6], now, id)
-      out[#out + 1] = {id, 'canceled', '', f[1]}
-    elseif f[2] == 'finished' or f[2] == 'failed' then
-      out[#out + 1] = {id, 'stale'}
+local out, longest, members, n = {}, 0, {}, 0
+for q = 1, (#KEYS - 3) / 4 do
+  local base = 3 + (q - 1) * 4
+  local qkey, wip, canceled, tokens = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]
+  local ids = false
+  if wanted > 0 then ids = redis.call('LPOP', qkey, wanted) end
+  local started, taken_tokens = {}, 0
+  for _, id in ipairs(ids or {}) do
+    n = n + 1
+    wanted = wanted - 1
+    if #id > maxlen or not string.match(id, '^[%w_%-]+$') then
+      out[#out + 1] = {q, id, 'badid'}
     else
-      local timeout = num(f[3], default_timeout)
-      longest = ttl
-      local execution = ARGV[5] .. i
-      local member = id .. ':' .. execution
-      local exkey = 'rq:execution:' .. member
-      redis.call('HSET', exkey, 'id', execution, 'job_id', id, 'created_at', ARGV[3],
-                 'last_heartbeat', ARGV[3], 'worker_name', worker)
-      redis.call('EXPIRE', exkey, ttl)
-      redis.call('ZADD', 'rq:executions:' .. id, now + ttl + 60, execution)
-      redis.call('EXPIRE', 'rq:executions:' .. id, ttl + 60)
-      started[#started + 1] = clock + lease + grace
-      started[#started + 1] = member
-      members[#members + 1] = member
-      redis.call('HSET', jobkey, 'last_heartbeat', iso, 'status', 'started', 'started_at', iso,
-                 'worker_name', worker)
-      local deliveries = redis.call('HINCRBY', jobkey, 'deliveries', 1)
-      redis.call('PERSIST', jobkey)
-      out[#out + 1] = {id, 'started', execution, f[1], tostring(timeout), f[4] or '', f[5] or '', deliveries,
-                       math.floor(num(f[6], 0))}
+      local jobkey = 'rq:job:' .. id
+      local f = redis.pcall('HMGET', jobkey, 'data', 'status', 'timeout', 'result_ttl', 'failure_ttl', 'lapses',
+                            'tokens')
+      if refused(f) or not f[1] then
+        out[#out + 1] = {q, id, 'missing'}
+      else
+        taken_tokens = taken_tokens + math.max(0, math.floor(num(f[7], 0)))
+        if f[2] == 'canceled' then
+          redis.call('ZADD', canceled, now, id)
+          out[#out + 1] = {q, id, 'canceled', '', f[1]}
+        elseif f[2] == 'finished' or f[2] == 'failed' then
+          out[#out + 1] = {q, id, 'stale'}
+        else
+          local timeout = num(f[3], default_timeout)
+          longest = ttl
+          local execution = ARGV[5] .. n
+          local member = id .. ':' .. execution
+          local exkey = 'rq:execution:' .. member
+          redis.call('HSET', exkey, 'id', execution, 'job_id', id, 'created_at', ARGV[3],
+                     'last_heartbeat', ARGV[3], 'worker_name', worker)
+          redis.call('EXPIRE', exkey, ttl)
+          redis.call('ZADD', 'rq:executions:' .. id, now + ttl + 60, execution)
+          redis.call('EXPIRE', 'rq:executions:' .. id, ttl + 60)
+          started[#started + 1] = clock + lease + grace
+          started[#started + 1] = member
+          members[#members + 1] = member
+          redis.call('HSET', jobkey, 'last_heartbeat', iso, 'status', 'started', 'started_at', iso,
+                     'worker_name', worker)
+          local deliveries = redis.call('HINCRBY', jobkey, 'deliveries', 1)
+          redis.call('PERSIST', jobkey)
+          out[#out + 1] = {q, id, 'started', execution, f[1], tostring(timeout), f[4] or '', f[5] or '',
+                           deliveries, math.floor(num(f[6], 0))}
+        end
+      end
     end
+  end
+  if #started > 0 then bulk('ZADD', wip, started) end
+  -- the counter is an estimate kept by producers (INCRBY) and takers (DECRBY); an empty queue has none,
+  -- which also heals any drift (jobs that expired in the queue, a producer that died mid-way)
+  if redis.call('LLEN', qkey) == 0 then
+    redis.call('DEL', tokens)
+  elseif taken_tokens > 0 then
+    local left = redis.pcall('DECRBY', tokens, taken_tokens)
+    if refused(left) or left < 0 then redis.call('DEL', tokens) end
   end
 end
 if longest > 0 then
-  bulk('ZADD', KEYS[2], started)
-  bulk('SADD', KEYS[4], members)
-  redis.call('EXPIRE', KEYS[4], longest + 60)
-  redis.call('HSET', KEYS[3], 'state', 'busy', 'last_heartbeat', iso)
+  bulk('SADD', KEYS[2], members)
+  redis.call('EXPIRE', KEYS[2], longest + 60)
+  redis.call('HSET', KEYS[1], 'state', 'busy', 'last_heartbeat', iso)
 end
 return {0, out}
 """
@@ -249,6 +277,7 @@ RECOVER = _LIB + """
 -- ZRANGEBYSCORE with LIMIT from the low end of the registry (lapsed claims sort first), never a scan.
 -- KEYS[1] rq:queue:<q>            LIST  LPUSH
 -- KEYS[2] rq:wip:<q>              ZSET  ZRANGEBYSCORE LIMIT, ZREM
+-- KEYS[3] embedfleet:queued_tokens:<q> STRING INCRBY the requeued job's `tokens`
 -- per claim: rq:execution:<id>:<execution> HASH (HGET worker_name, DEL), rq:executions:<id> ZSET (ZREM),
 --            rq:worker:<dead worker>:executions SET (SREM),
 --            rq:job:<id> HASH (HGET status; when started: HSET status/enqueued_at, HINCRBY lapses)
@@ -275,6 +304,7 @@ for i = 1, #lapsed, 2 do
       if status == 'started' then
         redis.call('HSET', jobkey, 'status', 'queued', 'enqueued_at', ARGV[3])
         redis.call('HINCRBY', jobkey, 'lapses', 1)
+        requeue_tokens(KEYS[3], jobkey)
         requeue[#requeue + 1] = id
         out[#out + 1] = {id, tostring(clock - (score - grace)), owner}
       end
@@ -293,6 +323,7 @@ RETURN = _LIB + """
 -- KEYS[1] rq:queue:<q>            LIST  LPUSH
 -- KEYS[2] rq:wip:<q>              ZSET  ZREM
 -- KEYS[3] rq:worker:<name>:executions SET SREM
+-- KEYS[4] embedfleet:queued_tokens:<q> STRING INCRBY the returned job's `tokens`
 -- per id: rq:execution:<id>:<execution> HASH (DEL), rq:executions:<id> ZSET (ZREM), rq:job:<id> HASH
 --         (HSET status/enqueued_at, HINCRBY deliveries -1; only when it is still started)
 -- ARGV: 1 now (rq time), then per job: id, execution
@@ -309,6 +340,7 @@ for i = 2, #ARGV, 2 do
     if redis.pcall('HGET', jobkey, 'status') == 'started' then
       redis.call('HSET', jobkey, 'status', 'queued', 'enqueued_at', ARGV[1])
       redis.call('HINCRBY', jobkey, 'deliveries', -1)
+      requeue_tokens(KEYS[4], jobkey)
       back[#back + 1] = id
     end
   end

@@ -43,12 +43,12 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             await producer.close()
 
     # FastAPI's own /docs and /redoc load their scripts from a CDN (a blank page offline): ours serves
-    # Swagger UI from the swagger-ui-bundle package. With an API key, /docs and /openapi.json (which a
+    # Swagger UI from the swagger-ui-bundle package. With API keys, /docs and /openapi.json (which a
     # browser cannot send a bearer key to) are switched off.
     app = FastAPI(title="embedfleet gateway", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None if settings.api_key else "/openapi.json",
+                  openapi_url=None if settings.keys else "/openapi.json",
                   description="OpenAI /v1/embeddings, vLLM /pooling and async jobs on an embedfleet fleet")
-    if not settings.api_key:
+    if not settings.keys:
         _serve_docs(app)
     app.include_router(routes.public)
     app.include_router(routes.protected)

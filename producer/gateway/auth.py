@@ -1,20 +1,43 @@
-"""Bearer-key check: with an API key configured, every route but /health needs `Authorization: Bearer KEY`."""
+"""Bearer-key check: with API keys configured, every route but /health needs `Authorization: Bearer KEY`;
+the key found is kept on the request (`request.state.api_key`) for its fair share (apikeys.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 
 from fastapi import Depends, Request
 
 from common.errors import AuthError
+from producer.gateway.errors import RateLimitedError
 from producer.gateway.service import Gateway, gateway
 
 
 async def require_key(request: Request, gw: Gateway = Depends(gateway)) -> None:
-    expected = gw.settings.api_key
-    if not expected:
+    request.state.api_key = None
+    accepted = gw.settings.keys
+    if not accepted:
         return
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    # compare_digest: the time taken must not reveal how much of a guessed key was right
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
+    given_bytes = given.strip().encode()
+    found = None
+    # compare_digest against every key: the time taken must not reveal how much of a guess was right
+    for key, options in accepted.items():
+        if hmac.compare_digest(given_bytes, key.encode()):
+            found = options
+    if scheme.lower() != "bearer" or found is None:
         raise AuthError("missing or wrong API key: send `Authorization: Bearer <key>`")
+    request.state.api_key = found.name
+
+
+async def admit(request: Request, gw: Gateway = Depends(gateway)):
+    """Hold the request against its key's rate and share until it is answered (429 rate_limited past them)."""
+    name = getattr(request.state, "api_key", None)
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(gw.limiter.admit(name))
+        except RateLimitedError:
+            gw.metrics.keyed(name, "refused")
+            raise
+        gw.metrics.keyed(name, "admitted")
+        yield

@@ -33,6 +33,16 @@ class MethodNotAllowedError(EmbedfleetError):
     code = "method_not_allowed"
 
 
+class RateLimitedError(EmbedfleetError):
+    """An API key sent requests faster than its configured rate; `retry_after`: whole seconds to wait."""
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 # code -> (HTTP status, OpenAI error type). The one place where codes become statuses.
 STATUS: dict[str, tuple[int, str]] = {
     "invalid_request": (400, "invalid_request_error"),
@@ -53,6 +63,8 @@ STATUS: dict[str, tuple[int, str]] = {
     "no_worker": (503, "service_unavailable_error"),
     "redis_unavailable": (503, "service_unavailable_error"),
     "timeout": (504, "timeout_error"),
+    "expired": (504, "timeout_error"),  # its own `deadline` / `timeout` passed while it was queued
+    "rate_limited": (429, "rate_limit_error"),  # an API key over its rate (producer/gateway/keys.py)
 }
 RETRY_LATER = {"queue_full", "no_worker", "redis_unavailable"}  # answered with a Retry-After header
 
@@ -70,6 +82,8 @@ def error_response(err: EmbedfleetError, retry_after: int, on_error: Callable[[s
     """The HTTP answer for `err`; `on_error` sees every code answered (the error metric)."""
     on_error(err.code)
     headers = {"Retry-After": str(retry_after)} if err.code in RETRY_LATER else None
+    if isinstance(err, RateLimitedError):
+        headers = {"Retry-After": str(err.retry_after)}
     if err.code == "unauthorized":
         headers = {"WWW-Authenticate": "Bearer"}
     return AsciiJSONResponse(error_body(err), status_code=status_of(err.code), headers=headers)

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from common import keys
 from common.errors import EmbedfleetError, InternalError, NotFoundError, UnavailableError
 from producer.gateway import encoding
-from producer.gateway.auth import require_key
+from producer.gateway.auth import admit, require_key
 from producer.gateway.errors import JobNotCancellableError
 from producer.gateway.schemas import EmbedBody
 from producer.gateway.service import Gateway, gateway
@@ -35,7 +35,7 @@ def _job(job_id: str, status: str, code: int = 202) -> JSONResponse:
     return JSONResponse({"id": job_id, "object": "job", "status": status}, status_code=code)
 
 
-@router.post("/v1/jobs", status_code=202)
+@router.post("/v1/jobs", status_code=202, dependencies=[Depends(admit)])
 async def create_job(body: EmbedBody, gw: Gateway = Depends(gateway)) -> JSONResponse:
     job_id = await gw.submit(body)
     await gw.save_job_options(job_id, body)

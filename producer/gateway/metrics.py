@@ -20,10 +20,23 @@ class Metrics:
                               ["code"], registry=self.registry)
         self.latency = Histogram("embedfleet_gateway_request_seconds", "time to answer, by route",
                                  ["route"], buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.queue_depth = Gauge("embedfleet_queue_depth", "requests waiting in a model's queue, at scrape",
+        self.queue_depth = Gauge("embedfleet_queue_depth", "requests waiting in a model's queues (all priority "
+                                 "levels), at scrape",
                                  ["model"], registry=self.registry)
         self.live_workers = Gauge("embedfleet_live_workers", "workers serving a model, at scrape",
                                   ["model"], registry=self.registry)
+        self.key_requests = Counter("embedfleet_gateway_key_requests", "submits per API key name (never the "
+                                    "key): admitted, or refused over its rate or share", ["key", "outcome"],
+                                    registry=self.registry)
+        # per model and priority level (producer/fleet.py): what an autoscaler reads (deploy/autoscaling.md)
+        levels = ["model", "priority"]
+        self.level_depth = Gauge("embedfleet_level_queue_depth", "requests waiting at one priority level of a "
+                                 "model, at scrape", levels, registry=self.registry)
+        self.level_tokens = Gauge("embedfleet_level_queued_tokens", "estimated tokens waiting at one priority "
+                                  "level of a model, at scrape", levels, registry=self.registry)
+        self.level_age = Gauge("embedfleet_level_oldest_age_seconds", "age of the oldest request waiting at "
+                               "one priority level of a model (0 when none), at scrape", levels,
+                               registry=self.registry)
 
     def error(self, code: str) -> None:
         self.errors.labels(code=code).inc()
@@ -36,6 +49,18 @@ class Metrics:
             self.queue_depth.labels(model=model).set(depth)
         for model, count in workers.items():
             self.live_workers.labels(model=model).set(count)
+
+    def keyed(self, name: str | None, outcome: str) -> None:
+        self.key_requests.labels(key=name or "none", outcome=outcome).inc()
+
+    def set_levels(self, levels) -> None:
+        """Replace the per-level gauges with producer.fleet.LevelStats read at this scrape."""
+        for gauge in (self.level_depth, self.level_tokens, self.level_age):
+            gauge.clear()
+        for level in levels:
+            self.level_depth.labels(level.model, level.priority).set(level.depth)
+            self.level_tokens.labels(level.model, level.priority).set(level.queued_tokens)
+            self.level_age.labels(level.model, level.priority).set(level.oldest_age or 0.0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from common.errors import EmbedfleetError, NoWorkerError
 from producer.gateway import encoding
-from producer.gateway.auth import require_key
+from producer.gateway.auth import admit, require_key
 from producer.gateway.errors import error_body, status_of
 from producer.gateway.schemas import EmbedBody, PoolingBody
 from producer.gateway.service import Gateway, gateway
@@ -19,13 +19,13 @@ public = APIRouter()
 protected = APIRouter(dependencies=[Depends(require_key)])
 
 
-@protected.post("/v1/embeddings")
+@protected.post("/v1/embeddings", dependencies=[Depends(admit)])
 async def create_embeddings(body: EmbedBody, gw: Gateway = Depends(gateway)) -> Response:
     result = await gw.run(body)
     return encoding.embeddings_response(result, body.encoding_format, body.explicit_layout)
 
 
-@protected.post("/pooling")
+@protected.post("/pooling", dependencies=[Depends(admit)])
 async def create_pooling(body: PoolingBody, gw: Gateway = Depends(gateway)) -> Response:
     result = await gw.run(body)
     return encoding.pooling_response(result, body.encoding_format)
@@ -62,13 +62,18 @@ async def health(gw: Gateway = Depends(gateway)) -> JSONResponse:
 
 @protected.get("/metrics")
 async def metrics(gw: Gateway = Depends(gateway)) -> Response:
-    """Prometheus text; the per-model gauges are read from Redis now, at scrape time."""
+    """Prometheus text; the per-model gauges are read from Redis now, at scrape time, for every model ever
+    advertised (one scaled to zero still shows its queues: what an autoscaler starts it on)."""
     try:
-        served = await gw.producer.models()
-        depths = {name: await gw.producer.queue_depth(name) for name in served}
-        workers = {name: await gw.producer.live_workers(name) for name in served}
+        await gw.producer.models()
+        models = sorted(gw.producer.known_models())
+        levels = {name: await gw.producer.level_stats(name) for name in models}
+        depths = {name: sum(level.depth for level in stats) for name, stats in levels.items()}
+        workers = {name: await gw.producer.live_workers(name) for name in models}
         gw.metrics.set_fleet(depths, workers)
+        gw.metrics.set_levels([level for stats in levels.values() for level in stats])
     except EmbedfleetError as err:  # Redis down: still expose the gateway's own counters
         gw.metrics.error(err.code)
         gw.metrics.set_fleet({}, {})
+        gw.metrics.set_levels([])
     return Response(gw.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -45,6 +45,17 @@ class EmbedBody(BaseModel):
     chunk_spans: list[tuple[int, int]] | None = Field(
         None, description="late chunking: one vector per [start, end) character span of the one text input")
 
+    # Scheduling (common/scheduling.py): the level it is queued at, and when it stops being worth computing.
+    priority: int | str | None = Field(None, description="`interactive` (default), `bulk`, or vLLM's integer "
+                                       "(<= 0 interactive, >= 1 bulk; lower is served sooner)")
+    deadline: float | None = Field(None, description="unix time after which a still-queued request is not "
+                                   "computed and fails with code `expired`")
+    timeout: float | None = Field(None, description="the same as `deadline`, in seconds from submit")
+
+    def schedule_fields(self) -> dict:
+        """priority / deadline / timeout as sent, as keywords for Producer.submit (which validates them)."""
+        return self.model_dump(include={"priority", "deadline", "timeout"}, exclude_none=True)
+
     def param_fields(self) -> dict:
         """The PoolingParams fields that were sent, as keywords for Producer.submit (which validates them)."""
         return self.model_dump(include=PARAM_FIELDS, exclude_none=True)

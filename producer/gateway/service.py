@@ -14,6 +14,7 @@ from common.request import normalize_inputs
 from common.result import Result
 from producer import AsyncProducer
 from producer.core import redis_errors
+from producer.gateway.apikeys import KeyLimiter
 from producer.gateway.metrics import Metrics
 from producer.gateway.schemas import EmbedBody
 from producer.gateway.settings import GatewaySettings
@@ -24,6 +25,11 @@ class Gateway:
     settings: GatewaySettings
     producer: AsyncProducer
     metrics: Metrics
+    limiter: KeyLimiter | None = None  # built from the settings when not given
+
+    def __post_init__(self):
+        if self.limiter is None:
+            self.limiter = KeyLimiter(self.settings.keys, self.settings.max_in_flight)
 
     async def submit(self, body: EmbedBody) -> str:
         """Enqueue the body's inputs (a fleet with no live worker raises NoWorkerError: a 503)."""
@@ -31,7 +37,7 @@ class Gateway:
         if len(inputs) > self.settings.max_inputs:
             raise ValidationError(f"{len(inputs)} inputs in one request; this gateway allows at most "
                                   f"{self.settings.max_inputs} (split the request)", param="input")
-        return await self.producer.submit(inputs, body.model, **body.param_fields())
+        return await self.producer.submit(inputs, body.model, **body.param_fields(), **body.schedule_fields())
 
     async def run(self, body: EmbedBody) -> Result:
         """Submit and wait up to the request timeout; a request that timed out is cancelled if still queued,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr, model_validator
 
 from common.config import Settings
+from producer.gateway.apikeys import ApiKey, parse_api_keys
 
 
 class GatewaySettings(Settings):
@@ -12,6 +13,11 @@ class GatewaySettings(Settings):
     port: int = Field(8000, description="TCP port to listen on")
     api_key: str | None = Field(None, repr=False, description="when set, every route but /health needs "
                                                                "`Authorization: Bearer KEY`")
+    api_keys: str | None = Field(None, repr=False, description="several keys, each with a weight and an "
+                                 "optional rate: a JSON object {KEY: {name, weight, rate, burst}} inline or as "
+                                 "@FILE (producer/gateway/apikeys.py); every route but /health then needs one")
+    max_in_flight: int | None = Field(None, ge=1, description="requests this gateway holds waiting for results "
+                                      "before each API key is held to its weighted share (429 past it)")
     max_inputs: int = Field(2048, ge=1, description="inputs allowed in one request (the model's own limit "
                                                     "also applies)")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1, description="largest request body accepted, in bytes")
@@ -23,3 +29,14 @@ class GatewaySettings(Settings):
                                                     "?wait= may ask for")
     retry_after: int = Field(1, ge=0, description="seconds sent in Retry-After with 429 and 503 answers")
     log_level: str = Field("info", description="uvicorn log level")
+    _keys: dict[str, ApiKey] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _parse_keys(self):
+        self._keys = parse_api_keys(self.api_keys, self.api_key)  # a bad file stops the start, in one line
+        return self
+
+    @property
+    def keys(self) -> dict[str, ApiKey]:
+        """Every accepted API key (--api-key and --api-keys) with its options; empty: the gateway is open."""
+        return self._keys

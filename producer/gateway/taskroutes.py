@@ -15,13 +15,13 @@ from pydantic import ValidationError as PydanticValidationError
 
 from common.errors import invalid_request
 from common.result import Result
-from producer.gateway.auth import require_key
+from producer.gateway.auth import admit, require_key
 from producer.gateway.service import Gateway, gateway
 from producer.gateway.taskschemas import (ClassifyBody, DetokenizeBody, RerankBody, ScoreBody, TeiDecodeBody,
                                           TeiRerankBody, TeiTokenizeBody, TokenizeBody, pick)
 from producer.tasks import check_rerank, rank, score_pairs
 
-router = APIRouter(dependencies=[Depends(require_key)])
+router = APIRouter(dependencies=[Depends(require_key), Depends(admit)])  # every route here submits
 
 
 def _parse(cls: type[BaseModel], data):
