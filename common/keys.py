@@ -5,6 +5,9 @@
                                             waiter), TTL RESULT_TTL
     embedfleet:replies:<producer>   STREAM  one entry {id} per finished request of an AsyncProducer (its
                                             `reply_to`), MAXLEN ~REPLY_STREAM_MAXLEN, TTL RESULT_TTL
+    embedfleet:kick:<producer>      LIST    an AsyncProducer's own: one element interrupts its BLPOP over many
+                                            notify lists so that it starts again with the ids waited for
+                                            now (producer/notify.py), TTL KICK_TTL
     embedfleet:models               SET     names of every model ever advertised; never pruned: a name
                                             without a live worker is answered 503 no_worker (known model,
                                             none serving now), a name never seen 404 unknown model
@@ -119,6 +122,13 @@ def reply_stream_key(producer_id: str) -> str:
 
 
 REPLY_STREAM_MAXLEN = 10_000
+
+
+def kick_key(producer_id: str) -> str:
+    return f"{PREFIX}:kick:{producer_id}"
+
+
+KICK_TTL = 60  # a kick list outlives its producer by at most this long
 
 MODELS_KEY = f"{PREFIX}:models"
 

@@ -1,0 +1,107 @@
+"""Waits on ids another producer submitted: one BLPOP over all their notify lists, on one connection.
+
+Their results wake no reply stream of ours, only the request's notify list (common.result.publish). One
+BLPOP names every such list plus this producer's kick list; a wait that starts meanwhile pushes one
+element on the kick list, which ends the BLPOP so that the next one names the new id too. A popped
+wake-up is pushed back (another process may wait on the same id) and the id is read by the WaitHub.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+import redis
+import redis.asyncio as aioredis
+
+from common import keys
+from common.redisclient import MAX_BLOCK, bounded, close_async
+from producer.waiters import WaitHub
+
+log = logging.getLogger(__name__)
+
+
+class NotifyListener:
+    def __init__(self, connect, commands: aioredis.Redis, hub: WaitHub):
+        self._connect = connect  # made on first use: a producer that waits only on its own ids needs none
+        self.connection: aioredis.Redis | None = None
+        self.commands = commands
+        self.hub = hub
+        self.kick = keys.kick_key(uuid.uuid4().hex)
+        self.ids: set[str] = set()
+        self._changed = asyncio.Event()
+        self._blocked = False  # a BLPOP is in flight
+        self._kicked = False  # ... and a kick was sent for it
+        self._kicks: set[asyncio.Task] = set()
+        self._task: asyncio.Task | None = None
+
+    def add(self, request_id: str) -> None:
+        if request_id in self.ids:
+            return
+        self.ids.add(request_id)
+        self._changed.set()
+        if self._task is None or self._task.done():
+            if self.connection is None:
+                self.connection = self._connect()
+            self._task = asyncio.get_running_loop().create_task(self._listen(), name=f"notify {self.kick}")
+        elif self._blocked and not self._kicked:
+            self._kicked = True
+            task = asyncio.get_running_loop().create_task(self._send_kick())
+            self._kicks.add(task)
+            task.add_done_callback(self._kicks.discard)
+
+    def discard(self, request_id: str) -> None:
+        self.ids.discard(request_id)  # the next BLPOP leaves it out; no kick needed
+
+    async def forged(self, request_id: str) -> None:
+        """Drop a wake-up whose result was not there (else every BLPOP would take it again)."""
+        await self.commands.delete(keys.notify_key(request_id))
+
+    async def close(self) -> None:
+        for task in [self._task, *self._kicks]:
+            if task is not None:
+                task.cancel()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.connection is not None:
+            await bounded(self.connection.delete(self.kick))
+            await close_async(self.connection)
+
+    async def _send_kick(self) -> None:
+        try:
+            await self.commands.pipeline(transaction=False).rpush(self.kick, 1).expire(
+                self.kick, keys.KICK_TTL).execute()
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass  # the BLPOP fails too, and its reconnect looks at every id
+
+    async def _listen(self) -> None:
+        prefix = keys.notify_key("")
+        backoff, recheck = 0.5, False
+        while True:
+            if not self.ids:
+                self._changed.clear()
+                await self._changed.wait()
+            watched = [keys.notify_key(i) for i in self.ids]
+            self._blocked, self._kicked = True, False
+            try:
+                popped = await self.connection.blpop([self.kick, *watched], timeout=MAX_BLOCK)
+                if popped is not None and popped[0].decode() != self.kick:  # hand it on, for other waiters
+                    await self.connection.pipeline(transaction=False).rpush(popped[0], 1).expire(
+                        popped[0], keys.RESULT_TTL).execute()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.warning("notify lists: Redis unreachable (%s); retrying in %.1f s", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff, recheck = min(backoff * 2, MAX_BLOCK), True
+                continue
+            finally:
+                self._blocked = False
+            backoff = 0.5
+            if recheck:  # a wake-up may have come while we were away
+                recheck = False
+                self.hub.recheck()
+            if popped is None or popped[0].decode() == self.kick:
+                continue
+            request_id = popped[0].decode()[len(prefix):]
+            self.ids.discard(request_id)
+            self.hub.woke([request_id])
