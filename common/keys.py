@@ -18,13 +18,21 @@
                                             budget and where it came from), TTL ADVERTISE_TTL, refreshed
                                             with the advert
     embedfleet:job:<id>             STRING  the HTTP gateway's answer options for an async job (JSON:
-                                            encoding_format, explicit layout), TTL JOB_TTL + RESULT_TTL
-                                            while the job waits; `publish` gives it the result's TTL in
+                                            encoding_format, explicit layout, webhook URL), TTL JOB_TTL +
+                                            RESULT_TTL while the job waits; `publish` gives it the result's TTL in
                                             the result's own pipeline, so it outlives its result by at
                                             most that round trip (and a job dropped unserved by RESULT_TTL)
 
-    Every key above expires. The only keys without a TTL are shared, one per model or per fleet:
-    embedfleet:models, rq:queues, rq:queue:<queue> and rq's registries.
+    embedfleet:replies:webhooks     STREAM  the reply stream of every gateway job with a webhook, shared by the
+                                            gateway replicas (each reads all of it: a fast wake-up only)
+    embedfleet:webhooks             ZSET    job id -> when a gateway should next look at its webhook (unix s):
+                                            the durable delivery list that any replica drains; a member
+                                            leaves once delivered, given up, or its job and result expired
+    embedfleet:webhook:<id>         STRING  a replica's claim on delivering <id>'s webhook, TTL WEBHOOK_LEASE
+                                            (a replica that dies mid-delivery frees it: another redelivers)
+
+    Every key above expires but embedfleet:webhooks. The only keys without a TTL are shared, one per model or per
+    fleet: embedfleet:models, embedfleet:webhooks, rq:queues, rq:queue:<queue> and rq's registries.
 
     rq:queue:<queue>                LIST    pending job ids; <queue> = queue_name(model)
     rq:queue:<queue>:intermediate   LIST    rq's own dequeue parks ids here; embedfleet workers never do: their
@@ -129,6 +137,14 @@ def kick_key(producer_id: str) -> str:
 
 
 KICK_TTL = 60  # a kick list outlives its producer by at most this long
+
+WEBHOOK_STREAM = reply_stream_key("webhooks")
+WEBHOOKS_KEY = f"{PREFIX}:webhooks"
+WEBHOOK_LEASE = 300  # seconds a claim on a delivery lasts: longer than all its attempts together
+
+
+def webhook_claim_key(request_id: str) -> str:
+    return f"{PREFIX}:webhook:{request_id}"
 
 MODELS_KEY = f"{PREFIX}:models"
 

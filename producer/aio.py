@@ -86,10 +86,22 @@ class AsyncProducer:
         """The asyncio client of the shard that holds `request_id` (the only one, unless sharded)."""
         return (await self._link_of(request_id)).redis
 
-    async def _link_of(self, request_id: str) -> _Link:
+    def urls(self) -> list[str]:
+        """The URL of each Redis (shard) this producer talks to, the default one first."""
+        return list(self._links)
+
+    def connection_at(self, url: str) -> aioredis.Redis:
+        """The asyncio client (command connections) of the Redis at `url`, one of `urls()`."""
+        return self._links[url].redis
+
+    async def url_of(self, request_id: str) -> str:
+        """The URL of the shard that holds `request_id` (the default Redis, unless sharded)."""
         if len(self._links) == 1:
-            return self._links[self._sync.redis_url]
-        return self._links[await asyncio.to_thread(self._sync.url_of, request_id)]
+            return self._sync.redis_url
+        return await asyncio.to_thread(self._sync.url_of, request_id)
+
+    async def _link_of(self, request_id: str) -> _Link:
+        return self._links[await self.url_of(request_id)]
 
     async def __aenter__(self) -> AsyncProducer:
         return self

@@ -70,3 +70,11 @@ PARAM_FIELDS = frozenset(PoolingParams.model_fields) | {"normalize"}
 
 class PoolingBody(EmbedBody):
     """vLLM's /pooling body: the same fields; `encoding_format` also takes bytes and bytes_only."""
+
+
+class JobBody(EmbedBody):
+    """POST /v1/jobs: the embeddings body, plus where to POST the result when it lands."""
+
+    webhook: str | None = Field(None, max_length=2048, pattern=r"^https?://[^\s]+$",
+                                description="http(s) URL the gateway POSTs the job's result to, signed "
+                                            "(X-Embedfleet-Signature-256), retried on failure")
