@@ -18,11 +18,8 @@ from common import keys
 from producer import AsyncProducer, Producer
 from tests.answers import MODEL, advertise, answer
 from tests.test_trust import readme_acl
-from worker.engine import Engine
-from worker.nullmodel import NullModel
-from worker.queue import BatchWorker
-
-NULL = "null"
+from tests.nullworker import NULL
+from tests.nullworker import null_worker as serving_null_worker
 WAITS = 10_000
 
 
@@ -61,16 +58,8 @@ class Sampler:
 
 @pytest.fixture
 def null_worker(redis_url):
-    """The real BatchWorker on the null model, advertised; the test starts it (`serve`)."""
-    engine = Engine(NullModel("null:4", served_name=NULL), max_batch_tokens=1 << 20, max_batch_size=4096)
-    worker = BatchWorker(engine, redis.Redis.from_url(redis_url), max_jobs=512, poll_timeout=1)
-    worker.advertiser.advertise()
-    thread = threading.Thread(target=worker.work, daemon=True)
-    worker.serve = thread.start
-    yield worker
-    worker.stop()
-    if thread.ident is not None:
-        thread.join(30)
+    with serving_null_worker(redis_url) as worker:
+        yield worker
 
 
 def test_10000_concurrent_waits_use_at_most_4_connections(producer_url, redis_client, null_worker):
