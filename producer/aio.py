@@ -1,10 +1,10 @@
 """AsyncProducer: the asyncio face of Producer, for web apps and the gateway.
 
 Per Redis (shard) it holds at most four connections, however many requests wait: two for short
-commands (submits, coalesced result reads), one blocked on its reply stream (producer/replies.py: wakes
+commands (coalesced submits and result reads), one blocked on its reply stream (producer/replies.py: wakes
 the requests it submitted) and, once it waits on ids it did not submit, one blocked on their notify lists
 (producer/notify.py). Every wait is a future in a WaitHub (producer/waiters.py) that reads the results of
-ids that woke together in one round trip. Submits are native asyncio (producer/asubmit.py); cancel and
+ids that woke together in one round trip. Submits are native asyncio and coalesced (producer/asubmit.py); cancel and
 the fleet's bookkeeping reads (workers, status) run the sync Producer in a thread.
 """
 
@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 
 from common import keys
 from common.capabilities import ModelCapabilities
-from common.errors import QueueFullError, ResultTimeoutError, UnavailableError
+from common.errors import ResultTimeoutError, UnavailableError
 from common.params import PoolingParams
 from common.redisclient import close_async, connect_async
 from common.result import Result
@@ -41,11 +41,12 @@ class _Link:
 
     url: str
     status: object  # the producer's status coroutine function
+    max_queue_depth: int | None
     redis: aioredis.Redis = field(init=False)
     hub: WaitHub = field(init=False)
     replies: ReplyListener = field(init=False)
     notify: NotifyListener = field(init=False)
-    version: tuple | None = None  # the server's, for rq's job data (read once)
+    submitter: asubmit.Submitter = field(init=False)
 
     def __post_init__(self):
         self.redis = connect_async(self.url, max_connections=COMMAND_CONNECTIONS)
@@ -53,9 +54,11 @@ class _Link:
         self.replies = ReplyListener(connect_async(self.url, max_connections=1), self.hub)
         self.notify = NotifyListener(lambda: connect_async(self.url, max_connections=1), self.redis, self.hub)
         self.hub.notify = self.notify
+        self.submitter = asubmit.Submitter(self.redis, self.max_queue_depth)
 
     async def close(self) -> None:
         self.hub.close(UnavailableError("the producer was closed while waiting for a result"))
+        await self.submitter.close()
         await self.notify.close()
         await self.replies.close()
         await close_async(self.redis)
@@ -69,7 +72,7 @@ class AsyncProducer:
                  max_queue_depth: int | None = None):
         self._sync = Producer(redis_url, shards=shards, max_queue_depth=max_queue_depth)
         # URLs resolved once (flag, env, running `up`, default), one link per shard
-        self._links = {url: _Link(url, self.status) for url in self._sync.shards.urls()}
+        self._links = {url: _Link(url, self.status, max_queue_depth) for url in self._sync.shards.urls()}
         self.redis = self._links[self._sync.redis_url].redis  # the default Redis
         self._served: dict[str, ModelCapabilities] = {}
         self._known: set[str] = set()
@@ -159,15 +162,8 @@ class AsyncProducer:
             link.hub.expect(ids)
             link.replies.start()
         try:
-            with redis_errors():
-                if self.max_queue_depth is not None:
-                    depth = await link.redis.llen("rq:queue:" + keys.queue_name(caps.name))
-                    if depth + len(requests) > self.max_queue_depth:
-                        raise QueueFullError(f"the queue of model '{caps.name}' holds {depth} requests, "
-                                             f"the limit is {self.max_queue_depth}: retry later")
-                if link.version is None:
-                    link.version = await asubmit.server_version(link.redis)
-                await asubmit.enqueue(link.redis, keys.queue_name(caps.name), requests, link.version)
+            with redis_errors():  # coalesced with concurrent submits; refused alone if the queue is full
+                await link.submitter.submit(caps.name, requests)
         except BaseException:
             link.hub.unexpect(ids)
             raise

@@ -105,3 +105,6 @@ class NotifyListener:
             request_id = popped[0].decode()[len(prefix):]
             self.ids.discard(request_id)
             self.hub.woke([request_id])
+            # Results often land together (a worker's round): one read of every id still named finds
+            # the others, so that the next BLPOPs need not pop them one by one.
+            self.hub.look_at(list(self.ids))

@@ -107,9 +107,19 @@ class WaitHub:
         self._subscribers.discard(queue)
 
     def woke(self, request_ids: list[str]) -> None:
-        """Wake-ups for these ids (each is checked against its result key)."""
-        self._mark([i for i in request_ids if i in self._waiters or (self._subscribers and i in self._own)],
-                   Look.WOKE)
+        """Wake-ups for these ids (each is checked against its result key). An id of ours that nobody
+        waits for is forgotten: its result is in, and a later wait's first look finds it."""
+        due = []
+        for request_id in request_ids:
+            if request_id in self._waiters or (self._subscribers and request_id in self._own):
+                due.append(request_id)
+            else:
+                self._own.pop(request_id, None)
+        self._mark(due, Look.WOKE)
+
+    def look_at(self, request_ids: list[str]) -> None:
+        """Read these ids with the next batch (results that may have landed without a wake-up yet)."""
+        self._mark([i for i in request_ids if i in self._waiters], Look.RECHECK)
 
     def recheck(self) -> None:
         """A listener reconnected: any wake-up may have been lost, so look at every id still waited for

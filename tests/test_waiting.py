@@ -21,6 +21,7 @@ from tests.test_trust import readme_acl
 from tests.nullworker import NULL
 from tests.nullworker import null_worker as serving_null_worker
 WAITS = 10_000
+FOREIGN = 2_000
 
 
 @pytest.fixture
@@ -63,9 +64,12 @@ def null_worker(redis_url):
 
 
 def test_10000_concurrent_waits_use_at_most_4_connections(producer_url, redis_client, null_worker):
-    """Each of 10,000 coroutines submits one request and waits for it, all at once; the producer's
-    connections, submits included, never exceed 4, and results are read by MGETs, never one GET each."""
+    """Each of 10,000 coroutines submits one request and waits for it, all at once, beside 2,000 waits on
+    requests another client submitted (the notify-list path); the producer's connections, submits
+    included, never exceed 4, and results are read by MGETs, never one GET each."""
     sampler = Sampler(redis_client)
+    with Producer(redis_url_of(producer_url)) as other:
+        foreign = other.submit_many([[f"foreign {i}"] for i in range(FOREIGN)], NULL)
 
     async def one(producer, i):
         return await producer.wait(await producer.submit([f"text {i}"], NULL), timeout=240)
@@ -75,8 +79,9 @@ def test_10000_concurrent_waits_use_at_most_4_connections(producer_url, redis_cl
             await producer.models()
             redis_client.config_resetstat()
             tasks = [asyncio.ensure_future(one(producer, i)) for i in range(WAITS)]
-            while redis_client.llen("rq:queue:" + keys.queue_name(NULL)) < WAITS:  # all submitted, none served
-                await asyncio.sleep(0.1)
+            tasks += [asyncio.ensure_future(producer.wait(i, timeout=240)) for i in foreign]
+            while redis_client.llen("rq:queue:" + keys.queue_name(NULL)) < WAITS + FOREIGN:
+                await asyncio.sleep(0.1)  # all submitted, none served yet
             null_worker.serve()
             return await asyncio.gather(*tasks)
 
@@ -85,10 +90,10 @@ def test_10000_concurrent_waits_use_at_most_4_connections(producer_url, redis_cl
     finally:
         peak = sampler.stop()
     stats = redis_client.info("commandstats")
-    assert len(results) == WAITS and all(r.ok and r.embeddings.shape == (1, 4) for r in results)
-    assert len({r.id for r in results}) == WAITS
-    assert sampler.samples > 10 and peak >= 2, "the sampler saw nothing: the test would prove nothing"
-    assert peak <= 4, f"{peak} producer connections at peak for {WAITS} waits"
+    assert len(results) == WAITS + FOREIGN and all(r.ok and r.embeddings.shape == (1, 4) for r in results)
+    assert len({r.id for r in results}) == WAITS + FOREIGN and [r.id for r in results[WAITS:]] == foreign
+    assert sampler.samples > 10 and peak >= 3, "the sampler saw nothing: the test would prove nothing"
+    assert peak <= 4, f"{peak} producer connections at peak for {WAITS + FOREIGN} waits"
     mgets = stats["cmdstat_mget"]["calls"]
     assert mgets < WAITS / 5, f"{mgets} MGETs for {WAITS} waits: reads are not coalesced"
     assert stats.get("cmdstat_get", {"calls": 0})["calls"] < 100  # a GET per wait would be 10,000
