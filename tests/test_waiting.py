@@ -131,9 +131,11 @@ def test_wake_ups_lost_while_the_listeners_reconnect_are_not_missed(producer_url
             own = await producer.submit_many([[f"mine {i}"] for i in range(5)], MODEL)
             own_ids.extend(own)
             waits = [asyncio.ensure_future(producer.wait(i, timeout=60)) for i in [*own, *foreign]]
-            await asyncio.sleep(0.5)
-            blocked = {c["cmd"] for c in redis_client.client_list() if c["user"] == "embedfleet-producer"}
-            assert {"xread", "blpop"} <= blocked  # both listeners are waiting
+            deadline = time.monotonic() + 20
+            while not {"xread", "blpop"} <= {c["cmd"] for c in redis_client.client_list()
+                                             if c["user"] == "embedfleet-producer"}:
+                assert time.monotonic() < deadline, "the two listeners never blocked"
+                await asyncio.sleep(0.05)  # until both listeners wait
             redis_client.execute_command("ACL", "SETUSER", "embedfleet-producer", "off")
             redis_client.client_kill_filter(user="embedfleet-producer")
             await asyncio.to_thread(answer, redis_client, [*own, *foreign])
