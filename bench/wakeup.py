@@ -9,9 +9,9 @@ script's own TIME is frozen at its start). The clock stops when the
 waiting coroutine (or thread) resumes with its result (time.time(); server and client share the host).
 
 Rows: AsyncProducer.wait on its own request (reply stream), on a request another producer submitted (its
-notify list), bursts of waits whose results land in one script (a worker's round of 64, and 1000: coalesced
-reads), and the sync
-Producer.wait (BLPOP on the notify list) as the baseline. No model and no worker: the requests stay queued
+notify list; also 64 landing together: one BLPOP over all their lists), bursts of waits whose results land
+in one script (a worker's round of 64, and 1000: coalesced reads), and the sync Producer.wait (BLPOP on
+the notify list) as the baseline. No model and no worker: the requests stay queued
 and only their results are written.
 """
 
@@ -132,6 +132,8 @@ def main() -> int:
             **{f"AsyncProducer.wait, {burst} waits landing together": asyncio.run(
                 async_waits(server.url, max(burst * 5, args.requests), burst, foreign=False))
                for burst in map(int, args.bursts.split(","))},
+            "AsyncProducer.wait, 64 of another producer's landing together": asyncio.run(
+                async_waits(server.url, max(64 * 5, args.requests), 64, foreign=True)),
             "Producer.wait (sync, BLPOP), baseline": sync_waits(server.url, args.requests),
         }
     baseline = percentile(runs["Producer.wait (sync, BLPOP), baseline"], 50)

@@ -4,8 +4,8 @@ Per Redis (shard) it holds at most four connections, however many requests wait:
 commands (coalesced submits and result reads), one blocked on its reply stream (producer/replies.py: wakes
 the requests it submitted) and, once it waits on ids it did not submit, one blocked on their notify lists
 (producer/notify.py). Every wait is a future in a WaitHub (producer/waiters.py) that reads the results of
-ids that woke together in one round trip. Submits are native asyncio and coalesced (producer/asubmit.py); cancel and
-the fleet's bookkeeping reads (workers, status) run the sync Producer in a thread.
+ids that woke together in one round trip. Submits are native asyncio and coalesced (producer/asubmit.py);
+cancel and the fleet's bookkeeping reads (live workers) run the sync Producer in a thread.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import redis.asyncio as aioredis
+from rq.job import Job, JobStatus
 
 from common import keys
 from common.capabilities import ModelCapabilities
@@ -26,8 +27,8 @@ from common.redisclient import close_async, connect_async
 from common.result import Result
 from producer import asubmit
 from producer.client import Producer
-from producer.core import (CAPS_CACHE_SECONDS, build_request, parse_models, pick_model, read_result,
-                           redis_errors)
+from producer.core import (CAPS_CACHE_SECONDS, build_request, job_state, parse_models, pick_model, read_result,
+                           redis_errors, result_state)
 from producer.notify import NotifyListener
 from producer.replies import ReplyListener
 from producer.waiters import WaitHub
@@ -255,7 +256,19 @@ class AsyncProducer:
         return (await self.wait(await self.submit(inputs, model, **fields), timeout)).embeddings
 
     async def status(self, request_id: str) -> str:
-        return await asyncio.to_thread(self._sync.status, request_id)
+        """queued | started | finished | failed | cancelled | not_found (see Producer.status): two reads on
+        the command connections, no thread (10,000 waits timing out together stay within them)."""
+        result = await self.get(request_id)
+        if result is not None:
+            return result_state(result)
+        if not keys.valid_request_id(request_id):
+            return "not_found"  # no request of ours has such an id
+        with redis_errors():
+            raw = await (await self.connection_of(request_id)).hget(Job.key_for(request_id), "status")
+        try:
+            return job_state(JobStatus(raw.decode()) if raw else None)
+        except (ValueError, UnicodeDecodeError):  # no status rq knows: not an rq job of ours
+            return "not_found"
 
     async def cancel(self, request_id: str) -> bool:
         link = await self._link_of(request_id)
