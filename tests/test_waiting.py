@@ -201,3 +201,37 @@ def test_results_yields_each_of_this_producers_results_once(redis_url, redis_cli
 
     ids, seen = asyncio.run(main())
     assert sorted(r.id for r in seen) == sorted(ids)
+
+
+def test_coalesced_submits_fail_alone(redis_url, redis_client):
+    """Callers whose submits share a transaction are refused one by one: past max_queue_depth in arrival
+    order, and a taken id fails only its own caller."""
+    from common.errors import DuplicateRequestError, QueueFullError
+    from common.request import EmbedRequest
+    from producer.asubmit import Submitter
+    from redis.asyncio import Redis
+
+    advertise(redis_client)
+
+    async def main():
+        async with AsyncProducer(redis_url, max_queue_depth=3) as producer:
+            outcomes = await asyncio.gather(*(producer.submit([f"text {i}"], MODEL) for i in range(5)),
+                                            return_exceptions=True)
+        connection = Redis.from_url(redis_url)
+        submitter = Submitter(connection, None)
+        taken = outcomes[0]
+        clash = EmbedRequest(id=taken, model=MODEL, inputs=["reuses an id"])
+        fresh = EmbedRequest(model=MODEL, inputs=["fresh"])
+        together = await asyncio.gather(submitter.submit(MODEL, [clash]), submitter.submit(MODEL, [fresh]),
+                                        return_exceptions=True)
+        await submitter.close()
+        await connection.aclose()
+        return outcomes, together, fresh.id
+
+    outcomes, together, fresh = asyncio.run(main())
+    accepted = [o for o in outcomes if isinstance(o, str)]
+    refused = [o for o in outcomes if isinstance(o, QueueFullError)]
+    assert len(accepted) == 3 and len(refused) == 2 and "the limit is 3" in refused[0].message
+    assert isinstance(together[0], DuplicateRequestError) and together[1] is None
+    queued = [i.decode() for i in redis_client.lrange("rq:queue:" + keys.queue_name(MODEL), 0, -1)]
+    assert sorted(queued) == sorted([*accepted, fresh])
