@@ -4,6 +4,8 @@ Their results wake no reply stream of ours, only the request's notify list (comm
 BLPOP names every such list plus this producer's kick list; a wait that starts meanwhile pushes one
 element on the kick list, which ends the BLPOP so that the next one names the new id too. A popped
 wake-up is pushed back (another process may wait on the same id) and the id is read by the WaitHub.
+A notify key that is not a list (Redis is input) would fail the BLPOP of all: it leaves the BLPOP and its
+wait looks at its result every OUTAGE_RECHECK seconds instead.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import redis.asyncio as aioredis
 
 from common import keys
 from common.redisclient import MAX_BLOCK, bounded, close_async
-from producer.waiters import WaitHub
+from producer.waiters import OUTAGE_RECHECK, WaitHub
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,7 @@ class NotifyListener:
         self.hub = hub
         self.kick = keys.kick_key(uuid.uuid4().hex)
         self.ids: set[str] = set()
+        self.unusable: set[str] = set()  # ids whose notify key is no list: polled (_poll)
         self._changed = asyncio.Event()
         self._blocked = False  # a BLPOP is in flight
         self._kicked = False  # ... and a kick was sent for it
@@ -37,7 +40,7 @@ class NotifyListener:
         self._task: asyncio.Task | None = None
 
     def add(self, request_id: str) -> None:
-        if request_id in self.ids:
+        if request_id in self.ids or request_id in self.unusable:
             return
         self.ids.add(request_id)
         self._changed.set()
@@ -68,6 +71,37 @@ class NotifyListener:
             await bounded(self.connection.delete(self.kick))
             await close_async(self.connection)
 
+    async def _drop_unusable(self, exc: redis.ResponseError) -> None:
+        """Notify keys that are not lists (written by someone else: Redis is input) leave the BLPOP; their
+        waits look at their result every POLL_UNUSABLE seconds instead."""
+        watched = [self.kick, *(keys.notify_key(i) for i in self.ids)]
+        pipe = self.connection.pipeline(transaction=False)
+        for key in watched:
+            pipe.type(key)
+        kinds = await pipe.execute()
+        bad = [key for key, kind in zip(watched, kinds) if kind not in (b"list", b"none")]
+        log.warning("notify lists: BLPOP refused (%s); %d key(s) are not lists: %s", exc, len(bad), bad[:5])
+        if not bad:  # not a key's fault: do not spin
+            await asyncio.sleep(OUTAGE_RECHECK)
+            return
+        prefix = keys.notify_key("")
+        for key in bad:
+            if key == self.kick:
+                await self.commands.delete(self.kick)
+                continue
+            request_id = key[len(prefix):]
+            self.ids.discard(request_id)
+            self.unusable.add(request_id)
+            task = asyncio.get_running_loop().create_task(self._poll(request_id))
+            self._kicks.add(task)
+            task.add_done_callback(self._kicks.discard)
+
+    async def _poll(self, request_id: str) -> None:
+        while self.hub.waits_for(request_id):
+            self.hub.look_at([request_id])
+            await asyncio.sleep(OUTAGE_RECHECK)
+        self.unusable.discard(request_id)
+
     async def _send_kick(self) -> None:
         try:
             await self.commands.pipeline(transaction=False).rpush(self.kick, 1).expire(
@@ -93,6 +127,9 @@ class NotifyListener:
                 log.warning("notify lists: Redis unreachable (%s); retrying in %.1f s", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff, recheck = min(backoff * 2, MAX_BLOCK), True
+                continue
+            except redis.ResponseError as exc:  # one key that is no list fails the BLPOP of all of them
+                await self._drop_unusable(exc)
                 continue
             finally:
                 self._blocked = False

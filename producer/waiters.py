@@ -131,6 +131,9 @@ class WaitHub:
         self.streaming = False
         self.recheck()
 
+    def waits_for(self, request_id: str) -> bool:
+        return request_id in self._waiters
+
     def is_own(self, request_id: str) -> bool:
         return self.streaming and request_id in self._own
 

@@ -235,3 +235,22 @@ def test_coalesced_submits_fail_alone(redis_url, redis_client):
     assert isinstance(together[0], DuplicateRequestError) and together[1] is None
     queued = [i.decode() for i in redis_client.lrange("rq:queue:" + keys.queue_name(MODEL), 0, -1)]
     assert sorted(queued) == sorted([*accepted, fresh])
+
+
+def test_a_notify_key_that_is_no_list_fails_no_other_wait(redis_url, redis_client):
+    """Someone made one request's notify key a string: the one BLPOP over all notify lists would fail for
+    every waiter; that id leaves it (its wait looks at its result instead) and the others still wake."""
+    advertise(redis_client)
+    with Producer(redis_url) as sync:
+        spoiled, fine = sync.submit_many([["spoiled"], ["fine"]], MODEL)
+    redis_client.set(keys.notify_key(spoiled), "not a list")
+
+    async def main():
+        async with AsyncProducer(redis_url) as producer:
+            waits = [asyncio.ensure_future(producer.wait(i, timeout=30)) for i in (spoiled, fine)]
+            await asyncio.sleep(0.5)
+            with pytest.raises(redis.ResponseError, match="WRONGTYPE"):  # the stand-in worker's RPUSH
+                await asyncio.to_thread(answer, redis_client, [spoiled, fine])
+            return await asyncio.wait_for(asyncio.gather(*waits), 20)
+
+    assert [r.id for r in asyncio.run(main())] == [spoiled, fine]
