@@ -45,14 +45,32 @@ class NotifyListener:
         self.ids.add(request_id)
         self._changed.set()
         if self._task is None or self._task.done():
-            if self.connection is None:
-                self.connection = self._connect()
-            self._task = asyncio.get_running_loop().create_task(self._listen(), name=f"notify {self.kick}")
+            self._start()
         elif self._blocked and not self._kicked:
             self._kicked = True
             task = asyncio.get_running_loop().create_task(self._send_kick())
             self._kicks.add(task)
             task.add_done_callback(self._kicks.discard)
+
+    def _start(self) -> None:
+        if self.connection is None:
+            self.connection = self._connect()
+        self._task = asyncio.get_running_loop().create_task(self._listen(), name=f"notify {self.kick}")
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        """Never silent: a listener that died of an unexpected error is logged and started again (its waits
+        are looked at once more: a wake-up may have come meanwhile)."""
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("notify listener died; starting it again in %.1f s", OUTAGE_RECHECK, exc_info=task.exception())
+
+        def restart() -> None:
+            if self._task is task and self.ids:
+                self.hub.look_at(list(self.ids))
+                self._start()
+
+        asyncio.get_running_loop().call_later(OUTAGE_RECHECK, restart)
 
     def discard(self, request_id: str) -> None:
         self.ids.discard(request_id)  # the next BLPOP leaves it out; no kick needed
