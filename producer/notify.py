@@ -160,6 +160,8 @@ class NotifyListener:
             request_id = popped[0].decode()[len(prefix):]
             self.ids.discard(request_id)
             self.hub.woke([request_id])
-            # Results often land together (a worker's round): one read of every id still named finds
-            # the others, so that the next BLPOPs need not pop them one by one.
+            # Results often land together (a worker's round): one read of every id still named finds the
+            # others before the next BLPOP names them, so that they are not popped one by one (each pop
+            # would start another read of them all).
             self.hub.look_at(list(self.ids))
+            await self.hub.read_through()

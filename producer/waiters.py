@@ -58,6 +58,7 @@ class WaitHub:
         self._due: dict[str, Look] = {}
         self._subscribers: set[asyncio.Queue] = set()
         self._wakeup = asyncio.Event()
+        self._read_waiters: list[asyncio.Future] = []  # read_through() callers, answered after the next read
         self._task: asyncio.Task | None = None
         self._checks: set[asyncio.Task] = set()  # running _check_pending tasks (held: the loop keeps weak refs)
         self._closed: BaseException | None = None
@@ -121,6 +122,16 @@ class WaitHub:
         """Read these ids with the next batch (results that may have landed without a wake-up yet)."""
         self._mark([i for i in request_ids if i in self._waiters], Look.RECHECK)
 
+    async def read_through(self) -> None:
+        """Return once the reader has read everything marked so far."""
+        if self._closed is not None:
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._read_waiters.append(future)
+        self._mark([], Look.RECHECK)  # start the reader if it is idle
+        self._wakeup.set()
+        await future
+
     def recheck(self) -> None:
         """A listener reconnected: any wake-up may have been lost, so look at every id still waited for
         (and, while someone iterates `results()`, at every id of ours without a result yet)."""
@@ -150,10 +161,12 @@ class WaitHub:
         for task in [self._task, *self._checks]:
             if task is not None:
                 task.cancel()
+        for future in self._read_waiters:
+            future.cancel()
 
     # -- the reader --------------------------------------------------------------------------------
     def _mark(self, request_ids, why: Look) -> None:
-        if not request_ids or self._closed is not None:
+        if (not request_ids and not self._read_waiters) or self._closed is not None:
             return
         for request_id in request_ids:
             if self._due.get(request_id, -1) < why:
@@ -173,19 +186,24 @@ class WaitHub:
             await self._wakeup.wait()
             self._wakeup.clear()
             due, self._due = self._due, {}
+            read, self._read_waiters = self._read_waiters, []
             due = {i: why for i, why in due.items() if i in self._waiters or (self._subscribers and i in self._own)}
-            if not due:
-                continue
             try:
-                await self._read(due)
+                if due:
+                    await self._read(due)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("reading %d results: Redis unreachable (%s); looking again in %.1f s", len(due), exc,
                             OUTAGE_RECHECK)
                 for request_id, why in due.items():
                     if self._due.get(request_id, -1) < why:
                         self._due[request_id] = why
+                self._read_waiters += read  # they wait for a read that happened
                 await asyncio.sleep(OUTAGE_RECHECK)
                 self._wakeup.set()
+                continue
+            for future in read:
+                if not future.done():
+                    future.set_result(None)
 
     async def _read(self, due: dict[str, Look]) -> None:
         ids = list(due)
