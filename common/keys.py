@@ -5,6 +5,9 @@
                                             waiter), TTL RESULT_TTL
     embedfleet:replies:<producer>   STREAM  one entry {id} per finished request of an AsyncProducer (its
                                             `reply_to`), MAXLEN ~REPLY_STREAM_MAXLEN, TTL RESULT_TTL
+    embedfleet:kick:<producer>      LIST    an AsyncProducer's own: one element interrupts its BLPOP over many
+                                            notify lists so that it starts again with the ids waited for
+                                            now (producer/notify.py), TTL KICK_TTL
     embedfleet:models               SET     names of every model ever advertised; never pruned: a name
                                             without a live worker is answered 503 no_worker (known model,
                                             none serving now), a name never seen 404 unknown model
@@ -15,8 +18,8 @@
                                             budget and where it came from), TTL ADVERTISE_TTL, refreshed
                                             with the advert
     embedfleet:job:<id>             STRING  the HTTP gateway's answer options for an async job (JSON:
-                                            encoding_format, explicit layout), TTL JOB_TTL + RESULT_TTL
-                                            while the job waits; `publish` gives it the result's TTL in
+                                            encoding_format, explicit layout, webhook URL), TTL JOB_TTL +
+                                            RESULT_TTL while the job waits; `publish` gives it the result's TTL in
                                             the result's own pipeline, so it outlives its result by at
                                             most that round trip (and a job dropped unserved by RESULT_TTL)
 
@@ -25,9 +28,17 @@
                                             input and token count), `parts`, `done`, `part:<k>` (a part's
                                             result blob), `failed` (the first failed part's error blob);
                                             TTL CHUNKS_TTL, deleted once the request is answered
+    embedfleet:replies:webhooks     STREAM  the reply stream of every gateway job with a webhook, shared by the
+                                            gateway replicas (each reads all of it: a fast wake-up only)
+    embedfleet:webhooks             ZSET    job id -> when a gateway should next look at its webhook (unix s):
+                                            the durable delivery list that any replica drains; a member
+                                            leaves once delivered, given up, or its job and result expired
+    embedfleet:webhook:<id>         STRING  a replica's claim on delivering <id>'s webhook, TTL WEBHOOK_LEASE
+                                            (a replica that dies mid-delivery frees it: another redelivers)
 
-    Every key above expires. The only keys without a TTL are shared, one per model or per fleet:
-    embedfleet:models, rq:queues, rq:queue:<queue>, embedfleet:queued_tokens:<queue> and rq's registries.
+    Every key above expires but embedfleet:webhooks. The only keys without a TTL are shared, one per model or
+    per fleet: embedfleet:models, embedfleet:webhooks, rq:queues, rq:queue:<queue>,
+    embedfleet:queued_tokens:<queue> and rq's registries.
 
     rq:queue:<queue>                LIST    pending job ids; <queue> = queue_name(model, priority): one queue
                                             per level of PRIORITIES (interactive: embedfleet.<model>, bulk:
@@ -150,6 +161,21 @@ def part_id(request_id: str, index: int) -> str | None:
 CHUNKS_TTL = JOB_TTL + RESULT_TTL  # a spread request's parts may wait in the queue as long as any job
 
 REPLY_STREAM_MAXLEN = 10_000
+
+
+def kick_key(producer_id: str) -> str:
+    return f"{PREFIX}:kick:{producer_id}"
+
+
+KICK_TTL = 60  # a kick list outlives its producer by at most this long
+
+WEBHOOK_STREAM = reply_stream_key("webhooks")
+WEBHOOKS_KEY = f"{PREFIX}:webhooks"
+WEBHOOK_LEASE = 300  # seconds a claim on a delivery lasts: longer than all its attempts together
+
+
+def webhook_claim_key(request_id: str) -> str:
+    return f"{PREFIX}:webhook:{request_id}"
 
 MODELS_KEY = f"{PREFIX}:models"
 

@@ -65,14 +65,17 @@ def connect(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, **_timeouts())
 
 
-def connect_async(url: str) -> aioredis.Redis:
+def connect_async(url: str, max_connections: int = MAX_ASYNC_CONNECTIONS) -> aioredis.Redis:
+    """An asyncio client whose pool never holds more than `max_connections` (a command beyond them waits
+    up to SOCKET_TIMEOUT for one to be free). Through Sentinel the pool is redis-py's own, which has no
+    blocking variant: there the bound is not enforced (exceeding it would fail commands, not queue them)."""
     retry = Retry(NoBackoff(), 1, (redis.ConnectionError,))
     if is_sentinel(url):
         hosts, service, kwargs, sentinel_kwargs = parse_sentinel(url)
         sentinels = aiosentinel.Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **_timeouts())
         return sentinels.master_for(service, **kwargs, **_timeouts(), retry=retry)
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=MAX_ASYNC_CONNECTIONS, timeout=SOCKET_TIMEOUT, retry=retry, **_timeouts())
+        url, max_connections=max_connections, timeout=SOCKET_TIMEOUT, retry=retry, **_timeouts())
     return aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it too
 
 

@@ -1,67 +1,84 @@
 """AsyncProducer: the asyncio face of Producer, for web apps and the gateway.
 
-Waiting is native asyncio: requests this producer submitted wake through its reply stream (one blocked
-connection for all waiters, producer/replies.py), any other id through BLPOP on its notify list. rq's
-enqueue/cancel/status calls are synchronous by design and run in worker threads.
+Per Redis (shard) it holds at most four connections, however many requests wait: two for short
+commands (coalesced submits and result reads), one blocked on its reply stream (producer/replies.py: wakes
+the requests it submitted) and, once it waits on ids it did not submit, one blocked on their notify lists
+(producer/notify.py). Every wait is a future in a WaitHub (producer/waiters.py) that reads the results of
+ids that woke together in one round trip. Submits are native asyncio and coalesced (producer/asubmit.py);
+cancel and the fleet's bookkeeping reads (live workers) run the sync Producer in a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import redis.asyncio as aioredis
+from rq.job import Job, JobStatus
 
 from common import keys
 from common.capabilities import ModelCapabilities
-from common.errors import NotFoundError, ResultTimeoutError, UnavailableError
+from common.errors import ResultTimeoutError, UnavailableError
 from common.params import PoolingParams
-from common.redisclient import MAX_ASYNC_CONNECTIONS, block_for, close_async, connect_async
+from common.redisclient import close_async, connect_async
 from common.result import Result
+from producer import asubmit
 from producer.client import Producer
-from producer.core import PENDING, read_result, redis_errors
+from producer.core import (CAPS_CACHE_SECONDS, build_request, job_state, parse_models, read_result, redis_errors,
+                           resolve_target, result_state)
+from producer.notify import NotifyListener
 from producer.replies import ReplyListener
 from producer.tasks import check_rerank, rank, score_pairs
+from producer.waiters import WaitHub
 
-OUTAGE_RECHECK = 0.5  # seconds between a waiter's looks for its result while Redis is unreachable
+COMMAND_CONNECTIONS = 2  # per Redis: submits and reads share them (a WATCH transaction holds one briefly)
 
 
 @dataclass
 class _Link:
-    """One Redis (shard) of the fleet: short commands, this producer's reply stream there, and the BLPOPs
-    for ids this producer did not submit, in a pool of their own so that however many there are they never
-    starve short commands (beyond the pool's size they queue for a slot)."""
+    """One Redis (shard) of the fleet: short commands, the wait hub, and the two listeners that wake it."""
 
     url: str
+    status: object  # the producer's status coroutine function
+    max_queue_depth: int | None
     redis: aioredis.Redis = field(init=False)
+    hub: WaitHub = field(init=False)
     replies: ReplyListener = field(init=False)
-    blocking: aioredis.Redis = field(init=False)
-    slots: asyncio.Semaphore = field(init=False)
+    notify: NotifyListener = field(init=False)
+    submitter: asubmit.Submitter = field(init=False)
 
     def __post_init__(self):
-        self.redis = connect_async(self.url)
-        self.replies = ReplyListener(connect_async(self.url))
-        self.blocking = connect_async(self.url)
-        self.slots = asyncio.Semaphore(MAX_ASYNC_CONNECTIONS)
+        self.redis = connect_async(self.url, max_connections=COMMAND_CONNECTIONS)
+        self.hub = WaitHub(self.redis, self.status)
+        self.replies = ReplyListener(connect_async(self.url, max_connections=1), self.hub)
+        self.notify = NotifyListener(lambda: connect_async(self.url, max_connections=1), self.redis, self.hub)
+        self.hub.notify = self.notify
+        self.submitter = asubmit.Submitter(self.redis, self.max_queue_depth)
 
     async def close(self) -> None:
+        self.hub.close(UnavailableError("the producer was closed while waiting for a result"))
+        await self.submitter.close()
+        await self.notify.close()
         await self.replies.close()
-        await close_async(self.blocking)
         await close_async(self.redis)
 
 
 class AsyncProducer:
-    """Same methods as Producer, as coroutines. See Producer for the arguments."""
+    """Same methods as Producer, as coroutines (see Producer for the arguments), plus `as_completed` and
+    `results` to consume results as they land."""
 
     def __init__(self, redis_url: str | None = None, *, shards: Mapping[str, str] | None = None,
                  max_queue_depth: int | None = None):
         self._sync = Producer(redis_url, shards=shards, max_queue_depth=max_queue_depth)
         # URLs resolved once (flag, env, running `up`, default), one link per shard
-        self._links = {url: _Link(url) for url in self._sync.shards.urls()}
+        self._links = {url: _Link(url, self.status, max_queue_depth) for url in self._sync.shards.urls()}
         self.redis = self._links[self._sync.redis_url].redis  # the default Redis
+        self._served: dict[str, ModelCapabilities] = {}
+        self._known: set[str] = set()
+        self._served_at = float("-inf")
 
     async def close(self) -> None:
         """Fail pending waits and drop every connection. Bounded: each step that talks to Redis gets
@@ -74,10 +91,22 @@ class AsyncProducer:
         """The asyncio client of the shard that holds `request_id` (the only one, unless sharded)."""
         return (await self._link_of(request_id)).redis
 
-    async def _link_of(self, request_id: str) -> _Link:
+    def urls(self) -> list[str]:
+        """The URL of each Redis (shard) this producer talks to, the default one first."""
+        return list(self._links)
+
+    def connection_at(self, url: str) -> aioredis.Redis:
+        """The asyncio client (command connections) of the Redis at `url`, one of `urls()`."""
+        return self._links[url].redis
+
+    async def url_of(self, request_id: str) -> str:
+        """The URL of the shard that holds `request_id` (the default Redis, unless sharded)."""
         if len(self._links) == 1:
-            return self._links[self._sync.redis_url]
-        return self._links[await asyncio.to_thread(self._sync.url_of, request_id)]
+            return self._sync.redis_url
+        return await asyncio.to_thread(self._sync.url_of, request_id)
+
+    async def _link_of(self, request_id: str) -> _Link:
+        return self._links[await self.url_of(request_id)]
 
     async def __aenter__(self) -> AsyncProducer:
         return self
@@ -89,8 +118,19 @@ class AsyncProducer:
     def max_queue_depth(self) -> int | None:
         return self._sync.max_queue_depth
 
-    async def models(self) -> dict[str, ModelCapabilities]:
-        return await asyncio.to_thread(self._sync.models)
+    async def models(self, refresh: bool = True) -> dict[str, ModelCapabilities]:
+        """Models served by at least one live worker, with their capabilities (see Producer.models)."""
+        if refresh or time.monotonic() - self._served_at > CAPS_CACHE_SECONDS:
+            served, known = {}, set()
+            for url, link in self._links.items():  # a model counts on its own shard only
+                with redis_errors():
+                    names = sorted(n.decode() for n in await link.redis.smembers(keys.MODELS_KEY)
+                                   if self._sync.shards.owns(url, n.decode()))
+                    raw = await link.redis.mget([keys.model_key(n) for n in names]) if names else []
+                served.update(parse_models(names, raw))
+                known.update(names)
+            self._served, self._known, self._served_at = served, known, time.monotonic()
+        return self._served
 
     async def live_workers(self, model: str) -> int:
         return await asyncio.to_thread(self._sync.live_workers, model)
@@ -99,7 +139,9 @@ class AsyncProducer:
         return await asyncio.to_thread(self._sync.workers, model)
 
     async def queue_depth(self, model: str) -> int:
-        return await asyncio.to_thread(self._sync.queue_depth, model)
+        with redis_errors():
+            return await self._links[self._sync.shards.url_for(model)].redis.llen(
+                "rq:queue:" + keys.queue_name(model))
 
     def known_models(self) -> set[str]:
         return self._sync.known_models()
@@ -114,14 +156,31 @@ class AsyncProducer:
 
     async def submit_many(self, batches: list, model: str | None = None, *,
                           params: PoolingParams | None = None, reply_to: str | None = None,
-                          text_pair: list[str] | None = None, **fields) -> list[str]:
-        link = self._links[self._sync.redis_url]
-        if len(self._links) > 1:
-            link = self._links[await asyncio.to_thread(self._sync.url_for_submit, model)]
-        ids = await asyncio.to_thread(self._sync.submit_many, batches, model, params=params,
-                                      reply_to=reply_to or link.replies.stream, text_pair=text_pair, **fields)
-        if reply_to is None:
-            link.replies.expect(ids)
+                          text_pair: list[str] | None = None, priority: str | int | None = None,
+                          deadline: float | None = None, timeout: float | None = None, **fields) -> list[str]:
+        """Enqueue one request per element of `batches` in one transaction; returns their ids (the
+        keywords as in Producer.submit_many)."""
+        served = await self.models(refresh=False)
+        if model not in served:  # a worker may have come up since the cached read
+            served = await self.models()
+        caps, level, when = resolve_target(model, served, self._known, priority, deadline, timeout)
+        name = caps if isinstance(caps, str) else caps.name
+        url = self._sync.shards.url_for(name)
+        link = self._links[url]
+        requests = [build_request(inputs, caps, params, fields, reply_to or link.replies.stream, text_pair, when)
+                    for inputs in batches]
+        ids = [r.id for r in requests]
+        if reply_to is None:  # before the enqueue: a fast worker's reply may come before it returns
+            link.hub.expect(ids)
+            link.replies.start()
+        try:
+            with redis_errors():  # coalesced with concurrent submits; refused alone if the queue is full
+                await link.submitter.submit(name, requests, level)
+        except BaseException:
+            link.hub.unexpect(ids)
+            raise
+        if self._sync.shards:
+            self._sync._remember(ids, url)
         return ids
 
     async def get(self, request_id: str) -> Result | None:
@@ -133,102 +192,75 @@ class AsyncProducer:
     async def wait(self, request_id: str, timeout: float = 60.0) -> Result:
         """Block until the result lands; raises TimeoutError or the request's own error.
 
-        A wait rides out a Redis outage shorter than its timeout, and a wake-up (a reply-stream entry, a
-        notify-list element) counts only once the result it announces is there: anyone who can write to
-        Redis can forge one.
+        No round trip of its own: the wait joins the producer's coalesced reads. It rides out a Redis
+        outage shorter than its timeout, and a wake-up counts only once the result it announces is there.
         """
-        deadline = time.monotonic() + timeout
-        link = await self._link_of(request_id)
-        if link.replies.handles(request_id):
-            result = await self._wait_reply(link, request_id, deadline, timeout)
-        else:
-            result = await self._wait_notify(link, request_id, deadline, timeout)
+        result = await self._wait_result(await self._link_of(request_id), request_id, timeout)
         result.raise_for_error()
         return result
 
-    async def _wait_reply(self, link: _Link, request_id: str, deadline: float, timeout: float) -> Result:
-        while True:
-            future = link.replies.waiter(request_id)  # before the GET: a reply after it cannot be missed
-            try:
-                result, reachable = await self._get_through_outage(request_id)
-                if result is not None:  # landed before the wait began (its reply may be yet to come)
-                    link.replies.complete(request_id)
-                    return result
-                left = deadline - time.monotonic()
-                try:  # in an outage the reply may have come and gone unseen: look again soon
-                    await asyncio.wait_for(future, max(left if reachable else min(left, OUTAGE_RECHECK), 0))
-                except asyncio.TimeoutError:
-                    if time.monotonic() < deadline:
-                        continue
-                    raise await self._timeout(request_id, timeout) from None
-                except UnavailableError:  # the producer was closed
-                    raise
-                except Exception:  # noqa: BLE001 - the listener died (it logged why); notify lists still work
-                    return await self._wait_notify(link, request_id, deadline, timeout)
-            finally:
-                link.replies.forget(request_id, future)
-            result = await self.get(request_id)
-            if result is not None:
-                return result
-            await self._check_still_pending(request_id)  # a reply without its result: forged, or expired
-
-    async def _wait_notify(self, link: _Link, request_id: str, deadline: float, timeout: float) -> Result:
-        await asyncio.to_thread(self._sync.raise_if_unknown, request_id)  # an id that never existed: at once
-        while True:
-            result, reachable = await self._get_through_outage(request_id)
-            if result is not None:
-                return result
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise await self._timeout(request_id, timeout)
-            woke = None
-            if reachable:
-                try:
-                    woke = await self._blpop(link, request_id, deadline)
-                except UnavailableError:
-                    reachable = False
-            if not reachable:
-                await asyncio.sleep(min(left, OUTAGE_RECHECK))
-            elif woke is not None:
-                result = await self.get(request_id)
-                if result is not None:
-                    return result
-                await self._check_still_pending(request_id)  # a wake-up without its result: forged
-                with redis_errors():  # else every BLPOP would take it again (a result lands with a new one)
-                    await link.redis.delete(keys.notify_key(request_id))
-
-    async def _get_through_outage(self, request_id: str) -> tuple[Result | None, bool]:
-        """(the result or None, whether Redis answered)."""
+    async def _wait_result(self, link: _Link, request_id: str, timeout: float) -> Result:
+        """The result, ok or error (not raised); NotFoundError for an unknown id, ResultTimeoutError."""
+        future = link.hub.watch(request_id)
         try:
-            return await self.get(request_id), True
-        except UnavailableError:
-            return None, False
-
-    async def _check_still_pending(self, request_id: str) -> None:
-        """After a wake-up that announced a result which is not there: go on waiting if the request is
-        still queued or running (the wake-up was forged), else its result has expired."""
-        if await self.status(request_id) not in PENDING:
-            raise NotFoundError(f"the result of request {request_id} has expired")
-
-    async def _blpop(self, link: _Link, request_id: str, deadline: float):
-        """One bounded BLPOP on the notify list; None if it timed out (or no slot freed in time)."""
-        try:
-            await asyncio.wait_for(link.slots.acquire(), max(deadline - time.monotonic(), 0))
+            return await asyncio.wait_for(future, max(timeout, 0))
         except asyncio.TimeoutError:
-            return None
-        try:
-            with redis_errors():
-                key = keys.notify_key(request_id)
-                woke = await link.blocking.blpop([key], timeout=block_for(deadline - time.monotonic()))
-                if woke is not None:  # hand the wake-up on to any other waiter on the same id
-                    await link.blocking.pipeline().rpush(key, 1).expire(key, keys.RESULT_TTL).execute()
-                return woke
+            raise await self._timeout(request_id, timeout) from None
         finally:
-            link.slots.release()
+            link.hub.unwatch(request_id, future)
+
+    async def as_completed(self, request_ids: Iterable[str], timeout: float | None = None
+                           ) -> AsyncIterator[Result]:
+        """Yield each request's result as it lands, in landing order; a failed request's result is yielded
+        too (check `.ok` or call `.raise_for_error()`), so that one failure does not end the iteration.
+
+        Raises NotFoundError for an id never submitted, and ResultTimeoutError once `timeout` seconds (for
+        the whole set) have passed with results still missing.
+        """
+        ids = list(dict.fromkeys(request_ids))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        watched = {}
+        try:
+            for request_id in ids:
+                link = await self._link_of(request_id)
+                watched[link.hub.watch(request_id)] = (link, request_id)
+            pending = set(watched)
+            while pending:
+                left = None if deadline is None else max(deadline - time.monotonic(), 0)
+                done, pending = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    raise ResultTimeoutError(f"{len(pending)} of {len(ids)} results did not land within "
+                                             f"{timeout:g} s")
+                for future in done:
+                    yield future.result()
+        finally:
+            for future, (link, request_id) in watched.items():
+                link.hub.unwatch(request_id, future)
+
+    async def results(self) -> AsyncIterator[Result]:
+        """Yield every result of a request this producer submitted (with its own reply stream), once, as it
+        lands, from now until the producer is closed (then UnavailableError) or the loop is left. Results
+        that landed before the iteration began are not yielded, except those a reconnect found unseen."""
+        link = self._links[self._sync.redis_url] if len(self._links) == 1 else None
+        links = [link] if link is not None else list(self._links.values())
+        queues = [(lk, lk.hub.subscribe()) for lk in links]
+        merged: asyncio.Queue = asyncio.Queue()
+        pumps = [asyncio.ensure_future(_pump(queue, merged)) for _, queue in queues]
+        try:
+            while True:
+                item = await merged.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            for pump in pumps:
+                pump.cancel()
+            for lk, queue in queues:
+                lk.hub.unsubscribe(queue)
 
     async def _timeout(self, request_id: str, timeout: float) -> ResultTimeoutError:
         return ResultTimeoutError(f"no result for request {request_id} after {timeout:g} s "
-                            f"(status: {await self.status(request_id)})")
+                                  f"(status: {await self.status(request_id)})")
 
     async def embed(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> np.ndarray:
         """Submit and wait: the embeddings as a numpy array of shape (n, d)."""
@@ -264,11 +296,28 @@ class AsyncProducer:
         return (await self.wait(await self.submit(token_ids, model, task="detokenize", **fields), timeout)).items
 
     async def status(self, request_id: str) -> str:
-        return await asyncio.to_thread(self._sync.status, request_id)
+        """queued | started | finished | failed | cancelled | not_found (see Producer.status): two reads on
+        the command connections, no thread (10,000 waits timing out together stay within them)."""
+        result = await self.get(request_id)
+        if result is not None:
+            return result_state(result)
+        if not keys.valid_request_id(request_id):
+            return "not_found"  # no request of ours has such an id
+        with redis_errors():
+            raw = await (await self.connection_of(request_id)).hget(Job.key_for(request_id), "status")
+        try:
+            return job_state(JobStatus(raw.decode()) if raw else None)
+        except (ValueError, UnicodeDecodeError):  # no status rq knows: not an rq job of ours
+            return "not_found"
 
     async def cancel(self, request_id: str) -> bool:
         link = await self._link_of(request_id)
         cancelled = await asyncio.to_thread(self._sync.cancel, request_id)
         if cancelled:
-            link.replies.complete(request_id)
+            link.hub.woke([request_id])  # its result is there now; its reply may come later
         return cancelled
+
+
+async def _pump(source: asyncio.Queue, sink: asyncio.Queue) -> None:
+    while True:
+        sink.put_nowait(await source.get())

@@ -14,18 +14,19 @@ from rq.job import Job
 
 from common import keys
 from common.capabilities import ModelCapabilities
-from common.errors import CancelledError, NoWorkerError, NotFoundError, QueueFullError, ResultTimeoutError
+from common.errors import CancelledError, NotFoundError, QueueFullError, ResultTimeoutError
 from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
 from common.redisclient import block_for, check_access, connect
 from common.shards import ShardMap
 from common.request import job_reply_to
-from common.scheduling import DEFAULT_PRIORITY, priority_level, resolve_deadline
+from common.scheduling import DEFAULT_PRIORITY
 from common.result import Result
 from producer.cancel import cancel_pending
 from producer.fleet import LevelStats, level_stats
 from producer.tasks import check_rerank, rank, score_pairs
 from producer.core import (CAPS_CACHE_SECONDS, PENDING, SERIALIZER, build_request, enqueue, job_state,
+                           resolve_target,
                            model_of_queue, parse_models, parse_worker_info, pick_model, read_result,
                            redis_errors as _redis_errors, result_state)
 
@@ -171,17 +172,10 @@ class Producer:
         `deadline` (unix time) / `timeout` (seconds from now): a request still queued then is answered
         `expired` (ExpiredError) and never computed. See common/scheduling.py.
         """
-        level = priority_level(priority)
-        when = resolve_deadline(deadline, timeout, time.time())
         served = self.models(refresh=False)
         if model not in served:  # a worker may have come up since the cached read
             served = self.models()
-        try:
-            caps = pick_model(model, served, self._known)
-        except NoWorkerError:
-            if level == DEFAULT_PRIORITY or model is None:
-                raise
-            caps = model  # bulk work waits for a worker scaled from zero (deploy/autoscaling.md)
+        caps, level, when = resolve_target(model, served, self._known, priority, deadline, timeout)
         requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when) for inputs in batches]
         name = caps if isinstance(caps, str) else caps.name
         queue = self._queue(name, level)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 
 import redis
 from pydantic import ValidationError as PydanticValidationError
@@ -16,7 +17,7 @@ from common.errors import (DecodeError, DuplicateRequestError, NoWorkerError, Un
                            UnknownModelError, ValidationError, invalid_request)
 from common.params import PoolingParams
 from common.request import EmbedRequest, normalize_inputs
-from common.scheduling import estimate_tokens
+from common.scheduling import DEFAULT_PRIORITY, estimate_tokens, priority_level, resolve_deadline
 from common.result import Result
 from common.serializer import MsgpackSerializer
 
@@ -71,6 +72,22 @@ def pick_model(model: str | None, served: dict[str, ModelCapabilities],
     listed = sorted(served) or "none (no worker is running)"
     raise UnknownModelError(f"model '{model}' is not served by any live worker; served models: {listed}",
                             param="model")
+
+
+def resolve_target(model: str | None, served: dict[str, ModelCapabilities], known: set[str],
+                   priority: str | int | None, deadline: float | None, timeout: float | None,
+                   ) -> tuple[ModelCapabilities | str, str, float | None]:
+    """(the model's capabilities, or only its name for bulk work waiting for a worker scaled from zero;
+    the priority level; the absolute deadline) of a submit. Raises what pick_model raises otherwise."""
+    level = priority_level(priority)
+    when = resolve_deadline(deadline, timeout, time.time())
+    try:
+        caps = pick_model(model, served, known)
+    except NoWorkerError:
+        if level == DEFAULT_PRIORITY or model is None:
+            raise
+        caps = model  # bulk work waits for a worker scaled from zero (deploy/autoscaling.md)
+    return caps, level, when
 
 
 def build_request(inputs, caps: ModelCapabilities | str, params: PoolingParams | None, fields: dict,

@@ -331,20 +331,29 @@ def test_closing_an_async_producer_fails_its_pending_waits_at_once(redis_url, id
     asyncio.run(main())
 
 
-def test_reply_listener_wakes_waiters_whose_reply_was_lost_in_an_outage(redis_url, redis_client):
-    """After a reconnect the listener checks its waiters' result keys: a stream entry lost with a
+def test_a_recheck_wakes_waiters_whose_reply_was_lost_in_an_outage(redis_url, redis_client):
+    """After a listener reconnects the hub looks at its waiters' result keys: a stream entry lost with a
     restarted Redis (or trimmed meanwhile) must not leave a waiter hanging."""
-    from common.redisclient import connect_async
-    from producer.replies import ReplyListener
+    from common.redisclient import close_async, connect_async
+    from producer.waiters import WaitHub
+
+    async def status(request_id):
+        return "queued"
 
     async def main():
-        listener = ReplyListener(connect_async(redis_url))
-        landed, pending = listener.waiter("landed"), listener.waiter("pending")
+        connection = connect_async(redis_url)
+        hub = WaitHub(connection, status)
+        hub.expect(["landed", "pending"])  # ours: a first look that finds nothing waits for the stream
+        landed, pending = hub.watch("landed"), hub.watch("pending")
+        await asyncio.sleep(0.2)
+        assert not landed.done() and not pending.done()
         blob = Result.success("landed", "m", np.ones((1, 2), np.float32), "float32", "little", 1).encode()
         redis_client.set(keys.result_key("landed"), blob)  # its reply stream entry never came
-        await listener._complete_landed()
-        assert landed.done() and not pending.done()
-        await listener.close()
+        hub.recheck()
+        assert (await asyncio.wait_for(landed, 5)).id == "landed"
+        assert not pending.done()
+        hub.close(UnavailableError("closed"))
         assert isinstance(pending.exception(), UnavailableError)
+        await close_async(connection)
 
     asyncio.run(main())

@@ -11,13 +11,14 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from common.errors import UnavailableError
-from common.redisclient import redact
+from common.redisclient import connect_async, redact
 from producer import AsyncProducer
-from producer.gateway import errors, jobs, routes, taskroutes
+from producer.gateway import errors, events, jobs, routes, taskroutes
 from producer.gateway.limits import BodyLimitMiddleware
 from producer.gateway.metrics import Metrics, MetricsMiddleware
 from producer.gateway.service import Gateway
 from producer.gateway.settings import GatewaySettings
+from producer.gateway.webhooks import Deliveries
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +32,20 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         # The producer is made here, inside the server's event loop, which its redis.asyncio pool binds to.
         producer = AsyncProducer(settings.redis_url, shards=settings.shards.shards,
                                  max_queue_depth=settings.max_queue_depth)
-        app.state.gateway = Gateway(settings, producer, metrics)
+        gw = app.state.gateway = Gateway(settings, producer, metrics)
+        gw.deliveries = webhook_deliveries(settings, producer, gw.job_options)
         try:
             await producer.models()
         except UnavailableError as err:  # serve anyway: Redis may come later; until then requests get 503
             log.warning("Redis at %s is unreachable (%s); answering 503 redis_unavailable until it is back",
                         redact(settings.redis_url), err.message)
+        for deliveries in gw.deliveries.values():
+            deliveries.start()
         try:
             yield
         finally:
+            for deliveries in gw.deliveries.values():
+                await deliveries.close()
             await producer.close()
 
     # FastAPI's own /docs and /redoc load their scripts from a CDN (a blank page offline): ours serves
@@ -52,6 +58,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         _serve_docs(app)
     app.include_router(routes.public)
     app.include_router(routes.protected)
+    app.include_router(events.router)  # before jobs.router, whose /v1/jobs/{job_id} would match "events"
     app.include_router(jobs.router)
     app.include_router(taskroutes.router)
     errors.install(app, settings.retry_after, metrics.error)
@@ -62,10 +69,19 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     # Added innermost first: the body limit, the metrics around it, the error boundary around all.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, reject=reject)
     app.add_middleware(MetricsMiddleware, metrics=metrics,
-                       routes=[*routes.public.routes, *routes.protected.routes, *jobs.router.routes,
-                               *taskroutes.router.routes])
+                       routes=[*routes.public.routes, *routes.protected.routes, *events.router.routes,
+                               *jobs.router.routes, *taskroutes.router.routes])
     app.add_middleware(errors.ErrorBoundary, retry_after=settings.retry_after, on_error=metrics.error)
     return app
+
+
+def webhook_deliveries(settings: GatewaySettings, producer: AsyncProducer, options_of) -> dict[str, Deliveries]:
+    """This replica's webhook deliveries, one per Redis (shard): each has a connection of its own for the
+    blocking read of the shared webhook stream, and shares the producer's command connections."""
+    return {url: Deliveries(producer.connection_at(url), connect_async(url, max_connections=1), options_of,
+                            secret=settings.webhook_secret, attempts=settings.webhook_attempts,
+                            timeout=settings.webhook_timeout, sweep=settings.webhook_sweep_seconds)
+            for url in producer.urls()}
 
 
 def _serve_docs(app: FastAPI) -> None:

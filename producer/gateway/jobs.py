@@ -1,6 +1,8 @@
 """Durable async jobs for web apps that should not hold a connection open while a worker computes.
 
-POST /v1/jobs -> 202 {id, status}; GET /v1/jobs/{id}[?wait=S] -> 202 while queued/started, 200 with the
+POST /v1/jobs -> 202 {id, status} (with `webhook`: the result is POSTed there, see
+producer/gateway/webhooks.py; GET /v1/jobs/events streams results as they land, see
+producer/gateway/events.py); GET /v1/jobs/{id}[?wait=S] -> 202 while queued/started, 200 with the
 /v1/embeddings body (plus `status`) once finished, or the job's own error in OpenAI's shape and status;
 DELETE /v1/jobs/{id} cancels a job no worker has taken yet. Jobs live in Redis, so any gateway replica
 answers for any job, and a gateway restart loses none.
@@ -12,11 +14,12 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse, Response
 
 from common import keys
-from common.errors import EmbedfleetError, InternalError, NotFoundError, UnavailableError
+from common.errors import EmbedfleetError, InternalError, NotFoundError, UnavailableError, ValidationError
 from producer.gateway import encoding
 from producer.gateway.auth import admit, require_key
 from producer.gateway.errors import JobNotCancellableError
-from producer.gateway.schemas import EmbedBody
+from producer.core import redis_errors
+from producer.gateway.schemas import JobBody
 from producer.gateway.service import Gateway, gateway
 
 router = APIRouter(dependencies=[Depends(require_key)])
@@ -36,9 +39,16 @@ def _job(job_id: str, status: str, code: int = 202) -> JSONResponse:
 
 
 @router.post("/v1/jobs", status_code=202, dependencies=[Depends(admit)])
-async def create_job(body: EmbedBody, gw: Gateway = Depends(gateway)) -> JSONResponse:
-    job_id = await gw.submit(body)
+async def create_job(body: JobBody, gw: Gateway = Depends(gateway)) -> JSONResponse:
+    if body.webhook and not gw.settings.webhook_secret:
+        raise ValidationError("this gateway signs webhooks and has no --webhook-secret (EMBEDFLEET_WEBHOOK_"
+                              "SECRET): `webhook` is refused; poll GET /v1/jobs/{id} or follow GET "
+                              "/v1/jobs/events instead", param="webhook")
+    job_id = await gw.submit(body, reply_to=keys.WEBHOOK_STREAM if body.webhook else None)
     await gw.save_job_options(job_id, body)
+    if body.webhook:  # the durable delivery list: any replica delivers (producer/gateway/webhooks.py)
+        with redis_errors():
+            await gw.deliveries[await gw.producer.url_of(job_id)].register(job_id)
     response = _job(job_id, "queued")
     response.headers["Location"] = f"/v1/jobs/{job_id}"
     return response

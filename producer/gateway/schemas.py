@@ -87,3 +87,11 @@ class PoolingBody(EmbedBody):
     also token_embed (a 2-D array per input) and classify (the label probabilities)."""
 
     task: Literal["embed", "token_embed", "classify"] | None = None
+
+
+class JobBody(EmbedBody):
+    """POST /v1/jobs: the embeddings body, plus where to POST the result when it lands."""
+
+    webhook: str | None = Field(None, max_length=2048, pattern=r"^https?://[^\s]+$",
+                                description="http(s) URL the gateway POSTs the job's result to, signed "
+                                            "(X-Embedfleet-Signature-256), retried on failure")

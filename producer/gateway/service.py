@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
@@ -26,18 +26,20 @@ class Gateway:
     producer: AsyncProducer
     metrics: Metrics
     limiter: KeyLimiter | None = None  # built from the settings when not given
+    deliveries: dict = field(default_factory=dict)  # Redis URL -> webhooks.Deliveries (app.py starts them)
 
     def __post_init__(self):
         if self.limiter is None:
             self.limiter = KeyLimiter(self.settings.keys, self.settings.max_in_flight)
 
-    async def submit(self, body: EmbedBody) -> str:
+    async def submit(self, body: EmbedBody, reply_to: str | None = None) -> str:
         """Enqueue the body's inputs (a fleet with no live worker raises NoWorkerError: a 503)."""
         inputs = normalize_inputs(body.input)
         if len(inputs) > self.settings.max_inputs:
             raise ValidationError(f"{len(inputs)} inputs in one request; this gateway allows at most "
                                   f"{self.settings.max_inputs} (split the request)", param="input")
-        return await self.producer.submit(inputs, body.model, **body.param_fields(), **body.schedule_fields())
+        return await self.producer.submit(inputs, body.model, reply_to=reply_to, **body.param_fields(),
+                                          **body.schedule_fields())
 
     async def run(self, body: EmbedBody) -> Result:
         """Submit and wait up to the request timeout; a request that timed out is cancelled if still queued,
@@ -64,7 +66,10 @@ class Gateway:
 
     # -- async jobs: how to answer a job is kept next to it, for GET /v1/jobs/{id} ------------------
     async def save_job_options(self, request_id: str, body: EmbedBody) -> None:
-        options = json.dumps({"encoding_format": body.encoding_format, "explicit_layout": body.explicit_layout})
+        options = {"encoding_format": body.encoding_format, "explicit_layout": body.explicit_layout}
+        if getattr(body, "webhook", None):  # a JobBody's: where the result goes (producer/gateway/webhooks.py)
+            options["webhook"] = body.webhook
+        options = json.dumps(options)
         with redis_errors():
             await save_job_options(await self.producer.connection_of(request_id), request_id, options)
 

@@ -29,6 +29,15 @@ class GatewaySettings(Settings):
                                                     "?wait= may ask for")
     retry_after: int = Field(1, ge=0, description="seconds sent in Retry-After with 429 and 503 answers")
     log_level: str = Field("info", description="uvicorn log level")
+    webhook_secret: str | None = Field(None, repr=False, description="key of the HMAC-SHA256 signature sent with "
+                                       "each webhook (X-Embedfleet-Signature-256); without it POST /v1/jobs "
+                                       "refuses a `webhook`")
+    webhook_attempts: int = Field(6, ge=1, description="tries per webhook delivery (a 5xx, 429, timeout or "
+                                                       "refused connection is retried, doubling the pause)")
+    webhook_timeout: float = Field(10.0, gt=0, description="seconds one webhook POST may take")
+    webhook_sweep_seconds: float = Field(5.0, gt=0, description="seconds between this replica's sweeps of the "
+                                         "fleet's webhook delivery list (results no replica was woken for)")
+    max_event_ids: int = Field(1000, ge=1, description="job ids one GET /v1/jobs/events stream may follow")
     _keys: dict[str, ApiKey] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")

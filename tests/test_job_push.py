@@ -1,0 +1,183 @@
+"""Results pushed to the client (issue #9): webhooks on POST /v1/jobs and GET /v1/jobs/events (SSE).
+
+Real uvicorn gateways, the real BatchWorker on its null model, a real redis-server, and a real HTTP
+receiver on loopback that the test starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from common import keys
+from tests.gatewayserver import Server, settings
+from tests.nullworker import NULL, null_worker
+
+SECRET = "webhook-s3cret"
+
+
+class Receiver:
+    """A loopback HTTP server that records each POST and answers with the next of `statuses` (then 200)."""
+
+    def __init__(self, statuses=()):
+        self.requests: list[dict] = []
+        self.statuses = list(statuses)
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                status = receiver.statuses.pop(0) if receiver.statuses else 200
+                receiver.requests.append({"headers": dict(self.headers), "body": body, "status": status})
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait_for(self, count: int, timeout: float = 30) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while len(self.requests) < count:
+            assert time.monotonic() < deadline, f"{len(self.requests)} of {count} webhook requests came"
+            time.sleep(0.05)
+        return self.requests
+
+    def close(self):
+        self.server.shutdown()
+
+
+@pytest.fixture
+def receiver():
+    receiver = Receiver()
+    yield receiver
+    receiver.close()
+
+
+def gateway(redis_url: str, **fields) -> Server:
+    return Server(settings(redis_url, webhook_secret=SECRET, webhook_sweep_seconds=0.2, **fields))
+
+
+def post_job(server: Server, **body) -> str:
+    response = httpx.post(f"{server.url}/v1/jobs", json={"model": NULL, **body}, timeout=30)
+    assert response.status_code == 202, response.text
+    return response.json()["id"]
+
+
+def test_webhook_is_signed_retried_on_a_500_and_delivered(redis_url, redis_client, receiver):
+    receiver.statuses = [500]
+    server = gateway(redis_url)
+    try:
+        with null_worker(redis_url) as worker:
+            worker.serve()
+            job = post_job(server, input=["first", "second"], webhook=receiver.url)
+            first, second = receiver.wait_for(2)
+            answer = httpx.get(f"{server.url}/v1/jobs/{job}", timeout=30).json()
+            time.sleep(1.0)  # the sweeps that follow deliver nothing more
+    finally:
+        server.stop()
+    assert [first["status"], second["status"]] == [500, 200] and len(receiver.requests) == 2
+    assert [first["headers"]["X-Embedfleet-Attempt"], second["headers"]["X-Embedfleet-Attempt"]] == ["1", "2"]
+    assert first["body"] == second["body"] and first["headers"]["X-Embedfleet-Job"] == job
+    expected = "sha256=" + hmac.new(SECRET.encode(), second["body"], hashlib.sha256).hexdigest()
+    assert hmac.compare_digest(second["headers"]["X-Embedfleet-Signature-256"], expected)
+    forged = "sha256=" + hmac.new(b"another secret", second["body"], hashlib.sha256).hexdigest()
+    assert second["headers"]["X-Embedfleet-Signature-256"] != forged
+    delivered = json.loads(second["body"])
+    assert delivered["id"] == job and delivered["status"] == "finished"
+    assert delivered["data"] == answer["data"] and len(delivered["data"]) == 2
+    assert redis_client.zcard(keys.WEBHOOKS_KEY) == 0  # off the delivery list
+
+
+def test_any_replica_delivers_a_webhook_when_the_accepting_one_is_gone(redis_url, redis_client, receiver):
+    with null_worker(redis_url) as worker:
+        accepting = gateway(redis_url)
+        try:
+            job = post_job(accepting, input="accepted by a replica that then stops", webhook=receiver.url)
+        finally:
+            accepting.stop()
+        worker.serve()  # the result lands while no replica runs: nobody reads the stream entry
+        deadline = time.monotonic() + 30
+        while not redis_client.exists(keys.result_key(job)):
+            assert time.monotonic() < deadline, "the worker did not answer"
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert receiver.requests == []
+        other = gateway(redis_url)
+        try:
+            [delivery] = receiver.wait_for(1)
+        finally:
+            other.stop()
+    assert json.loads(delivery["body"])["id"] == job and delivery["status"] == 200
+    assert redis_client.zcard(keys.WEBHOOKS_KEY) == 0
+
+
+def test_a_webhook_needs_a_secret_and_an_http_url(redis_url, receiver):
+    unsigned = Server(settings(redis_url))
+    signed = gateway(redis_url)
+    try:
+        with null_worker(redis_url):
+            refused = httpx.post(f"{unsigned.url}/v1/jobs", json={"model": NULL, "input": "x",
+                                                                   "webhook": receiver.url}, timeout=30)
+            bad_url = httpx.post(f"{signed.url}/v1/jobs", json={"model": NULL, "input": "x",
+                                                                "webhook": "file:///etc/passwd"}, timeout=30)
+    finally:
+        unsigned.stop()
+        signed.stop()
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "webhook"
+    assert "--webhook-secret" in refused.json()["error"]["message"]
+    assert bad_url.status_code == 400 and "webhook" in bad_url.json()["error"]["message"]
+
+
+def read_events(response: httpx.Response) -> list[tuple[str, dict]]:
+    """(event name, data) of each event of an SSE response, until the stream ends."""
+    events, name, data = [], None, None
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            data = json.loads(line[6:])
+        elif line == "" and name is not None:
+            events.append((name, data))
+            name = data = None
+    return events
+
+
+def test_events_stream_each_job_once_from_any_replica(redis_url):
+    accepting, streaming = gateway(redis_url), gateway(redis_url)
+    try:
+        with null_worker(redis_url) as worker:
+            jobs = [post_job(accepting, input=[f"text {i}"] * (i + 1)) for i in range(3)]
+            ids = [*jobs, jobs[0], "no-such-job"]  # a repeated id counts once
+            events: list = []
+            with httpx.Client(timeout=60) as client, client.stream(
+                    "GET", f"{streaming.url}/v1/jobs/events", params={"ids": ",".join(ids)}) as response:
+                assert response.status_code == 200
+                assert response.headers["content-type"].startswith("text/event-stream")
+                reader = threading.Thread(target=lambda: events.extend(read_events(response)), daemon=True)
+                reader.start()
+                time.sleep(0.5)  # the stream is open and the jobs are still queued
+                worker.serve()
+                reader.join(30)
+            bad = httpx.get(f"{streaming.url}/v1/jobs/events", params={"ids": "a,../b"}, timeout=30)
+    finally:
+        accepting.stop()
+        streaming.stop()
+    assert [name for name, _ in events] == ["job"] * 4 + ["done"]
+    by_id = {data["id"]: data for name, data in events if name == "job"}
+    assert sorted(by_id) == sorted([*jobs, "no-such-job"])
+    assert by_id["no-such-job"]["status"] == "not_found" and by_id["no-such-job"]["error"]["code"] == "not_found"
+    for i, job in enumerate(jobs):
+        assert by_id[job]["status"] == "finished" and len(by_id[job]["data"]) == i + 1
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "ids"
