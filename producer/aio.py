@@ -144,7 +144,8 @@ class AsyncProducer:
                 "rq:queue:" + keys.queue_name(model))
 
     def known_models(self) -> set[str]:
-        return self._sync.known_models()
+        """Every model ever advertised, as of the last models() read."""
+        return set(self._known)
 
     async def level_stats(self, model: str) -> list:
         return await asyncio.to_thread(self._sync.level_stats, model)
