@@ -62,6 +62,7 @@ from worker.engine import Round
 from worker.heartbeat import Heartbeat, Watchdog, timed_out
 from worker import answers
 from worker.jobdata import decode_job
+from worker.livestats import LiveStats
 from worker.rqschema import Answer, Kind, Outcome, RqSchema, Taken
 
 log = logging.getLogger("embedfleet.worker")
@@ -138,7 +139,8 @@ class BatchWorker(SimpleWorker):
         if lease <= 0 or max_deliveries < 1:
             raise ValueError(f"lease must be positive and max_deliveries at least 1, got {lease}, {max_deliveries}")
         self.schema = RqSchema(connection, self.queue.name, self.name, result_ttl=result_ttl, lease=lease)
-        self.advertiser = Advertiser(connection, engine.caps, self.name, info=info)
+        self.live = LiveStats()
+        self.advertiser = Advertiser(connection, engine.caps, self.name, info=info, live=self._live_facts)
         self.heartbeat_interval = heartbeat_interval
         self.lease = lease
         self.max_deliveries = max_deliveries
@@ -291,6 +293,7 @@ class BatchWorker(SimpleWorker):
                 began, texts = time.monotonic(), batch.work.texts
                 self._device_free.clear()
                 self._device_busy = (began, began + texts * self._seconds_per_text)
+                self.live.on_device(len(batch.runnable), texts)
                 try:
                     self.engine.forward(batch.work)
                     if texts:  # how long a text takes on the device, smoothed: when to take the next round
@@ -301,6 +304,7 @@ class BatchWorker(SimpleWorker):
                     batch.engine_error = exc
                 finally:
                     self._device_free.set()
+                    self.live.on_device(0, 0)
                     if self.watchdog is not None:
                         self.watchdog.disarm()
             self._hand_off(forwarded, batch, stages)
@@ -467,6 +471,7 @@ class BatchWorker(SimpleWorker):
         self._release(batch)
         self.batches += 1
         self.served += counts[0]
+        self.live.finished(sum(result.shape[0] for result in results if result is not None and result.ok))
         log.info("worker %s: round of %d: %d served, %d failed, %d requeued%s in %.3f s", self.name,
                  batch.size, counts[0], counts[1], counts[2],
                  f", {counts[3]} answered late (their claim had lapsed)" if counts[3] else "",
@@ -546,6 +551,11 @@ class BatchWorker(SimpleWorker):
                 self.heartbeat()
             self._advertised_at = stamp
         self.recover()
+
+    def _live_facts(self) -> dict:
+        """The advert's changing part: idle, busy (holding taken jobs) or draining, and worker.livestats'."""
+        state = "draining" if self._draining else "busy" if self.held_count() else "idle"
+        return {"state": state, **self.live.facts()}
 
     def recover(self) -> int:
         """Requeue every lapsed claim of this model's queue (a dead worker's jobs); returns how many."""
