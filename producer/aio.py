@@ -97,6 +97,9 @@ class AsyncProducer:
     async def workers(self, model: str) -> list[dict]:
         return await asyncio.to_thread(self._sync.workers, model)
 
+    async def fleet(self) -> dict:
+        return await asyncio.to_thread(self._sync.fleet)
+
     async def queue_depth(self, model: str) -> int:
         return await asyncio.to_thread(self._sync.queue_depth, model)
 

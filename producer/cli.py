@@ -5,10 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-
-from common import console, keys
-from common.config import Settings
-from common.redisclient import redact
+from common import console
 
 USAGE = """usage: embedfleet {up,worker,gateway,embed,status,failed,health} [options]
 
@@ -16,7 +13,7 @@ USAGE = """usage: embedfleet {up,worker,gateway,embed,status,failed,health} [opt
   worker   serve one model from a Redis queue        (embedfleet worker --help)
   gateway  HTTP gateway: /v1/embeddings, /pooling   (embedfleet gateway --help)
   embed    embed a file (txt, json, jsonl, csv, parquet, OpenAI batch) into .npy/.parquet/.jsonl, resumable
-  status   served models, live workers, queue depths
+  status   models, queues per priority, workers, failures (--json for scripts, --watch to refresh)
   failed   list|show|requeue|purge failed requests  (embedfleet failed --help)
   health   a container healthcheck: --worker (its advert in Redis) or --gateway (its /health)
 
@@ -68,29 +65,9 @@ def _health(argv: list[str]) -> int:
 # -- status -------------------------------------------------------------------------------------------
 
 def status(argv: list[str]) -> int:
-    """Show the Redis in use, the served models, their live workers and queue depths."""
-    settings = Settings.from_args(argv, "embedfleet status", status.__doc__)
-    from producer.client import Producer  # noqa: PLC0415 - rq and friends load after the flags
+    from producer import statusview  # noqa: PLC0415 - rich loads only for `status`
 
-    with Producer(settings.redis_url, shards=settings.shards.shards) as producer:
-        producer.check()
-        served = producer.models()
-        print(f"Redis {redact(settings.redis_url)}")
-        for model, url in sorted(settings.shards.shards.items()):
-            print(f"shard of {model}: Redis {redact(url)}")
-        if not served:
-            print("no model is served (no live worker)")
-        for name, caps in sorted(served.items()):
-            shard = f", on {redact(url)}" if (url := settings.shards.url_for(name)) != settings.redis_url else ""
-            print(f"{name}: {producer.live_workers(name)} live worker(s), queue depth "
-                  f"{producer.queue_depth(name)}, queue {keys.queue_name(name)}, dim {caps.embedding_size}, "
-                  f"max length {caps.max_model_len}, pooling {caps.pooling}{shard}")
-            for worker in producer.workers(name):
-                print(f"  worker {worker['name']}: {worker.get('device', '?')} {worker.get('dtype', '?')}, "
-                      f"batches of {worker.get('max_batch_tokens', '?')} padded tokens / "
-                      f"{worker.get('max_batch_size', '?')} rows ({worker.get('budget_source', '?')}), "
-                      f"takes {worker.get('max_jobs', '?')} requests at a time")
-    return 0
+    return statusview.main(argv)
 
 
 # -- embed: a file of texts through the fleet (producer/bulk) -----------------------------------------

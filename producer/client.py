@@ -21,6 +21,7 @@ from common.redisclient import block_for, check_access, connect
 from common.shards import ShardMap
 from common.request import job_reply_to
 from common.result import Result
+from producer import fleetview
 from producer.cancel import cancel_pending
 from producer.core import (CAPS_CACHE_SECONDS, PENDING, SERIALIZER, build_request, enqueue, job_state,
                            model_of_queue, parse_models, parse_worker_info, pick_model, read_result,
@@ -97,6 +98,10 @@ class Producer:
                 keys.model_workers_key(model), time.time() - keys.ADVERTISE_TTL, "+inf")]
             raw = self.redis.mget([keys.worker_info_key(n) for n in names]) if names else []
         return [info for name, blob in zip(names, raw) if (info := parse_worker_info(name, blob)) is not None]
+
+    def fleet(self) -> dict:
+        """Models, their queues per priority, live workers and recent failures (producer.fleetview)."""
+        return fleetview.snapshot(self)
 
     def queue_depth(self, model: str) -> int:
         with _redis_errors():

@@ -20,46 +20,10 @@ from rq.suspension import resume, suspend
 from common.keys import PRIORITIES, queue_name
 from producer.bulk.checkpoint import checkpoint_path, records
 from tests.commands import ROOT, assert_one_line_error, clean_env, embedfleet
-from tests.crashworker import CrashModel, token, vector
-from worker.engine import Engine
-from worker.queue import BatchWorker
+from tests.crashworker import token, vector
+from tests.hashed import MODEL
 
-MODEL = "hashed"
 LINES = 2000
-
-
-class Hashed(CrashModel):
-    """A fixed vector per text (crashworker's), taking `seconds_per_text` of "device" time: the order of
-    the output is checked exactly, and a run lasts long enough to be killed in the middle."""
-
-    def __init__(self, seconds_per_text: float):
-        super().__init__(MODEL)
-        self.seconds_per_text = seconds_per_text
-
-    def embed(self, token_lists, prompt_lengths=None) -> np.ndarray:
-        time.sleep(self.seconds_per_text * len(token_lists))
-        return np.stack([vector(t[0]) for t in token_lists])
-
-
-@pytest.fixture
-def fleet(redis_client):
-    """start(seconds_per_text): a worker of MODEL in a thread of the test, stopped at the end."""
-    started = []
-
-    def start(seconds_per_text: float = 0.0) -> BatchWorker:
-        engine = Engine(Hashed(seconds_per_text), max_batch_tokens=64, max_batch_size=64)
-        worker = BatchWorker(engine, redis_client, max_jobs=8, poll_timeout=1)
-        worker.advertiser.advertise()
-        thread = threading.Thread(target=worker.work, daemon=True)
-        thread.start()
-        started.append((worker, thread))
-        return worker
-
-    yield start
-    resume(redis_client)
-    for worker, thread in started:
-        worker.stop()
-        thread.join(30)
 
 
 @pytest.fixture

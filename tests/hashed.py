@@ -1,0 +1,52 @@
+"""A worker of the model "hashed" in a thread of the test: a fixed vector per text (tests/crashworker.py's),
+with `seconds_per_text` of "device" time, so that order is checked exactly and a run can be caught mid-way."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+from rq.suspension import resume
+
+from tests.crashworker import CrashModel, vector
+from worker.engine import Engine
+from worker.queue import BatchWorker
+
+MODEL = "hashed"
+DIM = 8
+
+
+class Hashed(CrashModel):
+    def __init__(self, seconds_per_text: float):
+        super().__init__(MODEL)
+        self.seconds_per_text = seconds_per_text
+
+    def embed(self, token_lists, prompt_lengths=None) -> np.ndarray:
+        time.sleep(self.seconds_per_text * len(token_lists))
+        return np.stack([vector(t[0]) for t in token_lists])
+
+
+@pytest.fixture
+def fleet(redis_client):
+    """start(seconds_per_text=0, **worker kwargs): a running worker of MODEL; all stopped at the end."""
+    started = []
+
+    def start(seconds_per_text: float = 0.0, **kwargs) -> BatchWorker:
+        engine = Engine(Hashed(seconds_per_text), max_batch_tokens=64, max_batch_size=64)
+        info = {"device": "cpu", "dtype": "float32", "max_batch_tokens": 64, "max_batch_size": 64,
+                "budget_source": "flags", "max_jobs": 8, "host": socket.gethostname()}
+        worker = BatchWorker(engine, redis_client, max_jobs=8, poll_timeout=1, info=info, **kwargs)
+        worker.advertiser.advertise()
+        thread = threading.Thread(target=worker.work, daemon=True)
+        thread.start()
+        started.append((worker, thread))
+        return worker
+
+    yield start
+    resume(redis_client)
+    for worker, thread in started:
+        worker.stop()
+        thread.join(30)
