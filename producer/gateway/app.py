@@ -13,7 +13,7 @@ from fastapi.staticfiles import StaticFiles
 from common.errors import UnavailableError
 from common.redisclient import redact
 from producer import AsyncProducer
-from producer.gateway import errors, jobs, routes
+from producer.gateway import dashboard, errors, jobs, routes
 from producer.gateway.limits import BodyLimitMiddleware
 from producer.gateway.metrics import Metrics, MetricsMiddleware
 from producer.gateway.service import Gateway
@@ -53,6 +53,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(routes.public)
     app.include_router(routes.protected)
     app.include_router(jobs.router)
+    dashboard.install(app)
     errors.install(app, settings.retry_after, metrics.error)
 
     def reject(err):
@@ -61,7 +62,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     # Added innermost first: the body limit, the metrics around it, the error boundary around all.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, reject=reject)
     app.add_middleware(MetricsMiddleware, metrics=metrics,
-                       routes=[*routes.public.routes, *routes.protected.routes, *jobs.router.routes])
+                       routes=[*routes.public.routes, *routes.protected.routes, *jobs.router.routes,
+                               *dashboard.public.routes, *dashboard.protected.routes])
     app.add_middleware(errors.ErrorBoundary, retry_after=settings.retry_after, on_error=metrics.error)
     return app
 
