@@ -179,6 +179,19 @@ class Producer:
             raw = self.connection_of(request_id).get(keys.result_key(request_id))
         return read_result(request_id, raw)
 
+    def get_many(self, request_ids: list[str]) -> list[Result | None]:
+        """`get` for many ids in one round trip per shard: each result that has landed, else None."""
+        by_url: dict[str, list[int]] = {}
+        for i, request_id in enumerate(request_ids):
+            by_url.setdefault(self.url_of(request_id), []).append(i)
+        found: list[Result | None] = [None] * len(request_ids)
+        for url, positions in by_url.items():
+            with _redis_errors():
+                raw = self.links[url].mget([keys.result_key(request_ids[i]) for i in positions])
+            for i, blob in zip(positions, raw):
+                found[i] = read_result(request_ids[i], blob)
+        return found
+
     def wait(self, request_id: str, timeout: float = 60.0) -> Result:
         """Block until the result lands (no polling: BLPOP on the request's notify list).
 

@@ -124,14 +124,29 @@ class Window:
                 self._fill()
                 if not self.inflight:
                     continue
-                unit, request_id = next(iter(self.inflight.items()))
-                self._collect(unit, request_id)
-                progress.advance(len(self.units[unit].inputs))
+                for unit in self._collect():
+                    progress.advance(len(self.units[unit].inputs))
         return self.failures
 
+    def _collect(self) -> list[int]:
+        """Settle every in-flight request whose result has landed (one MGET), else wait for the oldest."""
+        flying = list(self.inflight.items())
+        landed = [(unit, request_id, result) for (unit, request_id), result
+                  in zip(flying, self.producer.get_many([request_id for _, request_id in flying]))
+                  if result is not None]
+        for unit, request_id, result in landed:
+            self._settle(unit, request_id, lambda result=result: (result.raise_for_error(), result)[1])
+        if landed:
+            return [unit for unit, _, _ in landed]
+        unit, request_id = flying[0]
+        self._settle(unit, request_id, lambda: self.producer.wait(request_id, self.plan.timeout))
+        return [unit]
+
     def _fill(self) -> None:
+        # Refilled a quarter of the window at a time: each submit is a few round trips (a WATCH
+        # transaction) whatever its size, and the queue still holds 3/4 of the window meanwhile.
         free = self.plan.window - len(self.inflight)
-        if free <= 0 or not self.todo:
+        if free < min(max(1, self.plan.window // 4), len(self.todo)) or not self.todo:
             return
         batch, self.todo = self.todo[:free], self.todo[free:]
         refused = [i for i in batch if self.units[i].error is not None]
@@ -161,10 +176,11 @@ class Window:
                 self.checkpoint.submitted(index, request_id)
                 self.inflight[index] = request_id
 
-    def _collect(self, index: int, request_id: str) -> None:
+    def _settle(self, index: int, request_id: str, outcome) -> None:
+        """Log the result `outcome()` gives, or decide what its error means for the run."""
         unit = self.units[index]
         try:
-            result = self.producer.wait(request_id, self.plan.timeout)
+            result = outcome()
         except (CancelledError, NotFoundError):
             if index not in self.adopted:
                 raise
