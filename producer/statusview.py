@@ -45,6 +45,10 @@ def run(settings: StatusSettings, as_json: bool = False) -> int:
         if settings.watch is None:
             console.print(render(producer.fleet(), settings))
             return 0
+        if not console.is_terminal:  # a pipe or a file gets one snapshot after the other
+            while True:
+                console.print(render(producer.fleet(), settings))
+                time.sleep(settings.watch)
         with Live(render(producer.fleet(), settings), console=console, auto_refresh=False) as live:
             while True:
                 time.sleep(settings.watch)

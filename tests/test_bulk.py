@@ -240,3 +240,19 @@ def test_a_checkpoint_of_another_run_is_refused_until_no_resume(tmp_path, fleet,
     done = embedfleet("embed", str(source), str(out), "--chunk", "8", "--no-resume", env=env)
     assert done.returncode == 0, done.stderr
     assert_rows(np.load(out), texts(40))
+
+
+def test_a_fleet_that_stops_answering_ends_the_run_with_its_progress_kept(tmp_path, fleet, env, redis_client):
+    fleet()
+    source, out = tmp_path / "in.txt", tmp_path / "out.npy"
+    write_input(source, texts(64))
+    suspend(redis_client)
+    done = embedfleet("embed", str(source), str(out), "--chunk", "8", "--window", "2", "--timeout", "1", env=env)
+    assert_one_line_error(done, 1, "no result for request", "0 of 8 requests done are kept in",
+                          "rerun the same command to resume")
+    assert not out.exists() and in_queue(redis_client) == 2
+    resume(redis_client)
+    done = embedfleet("embed", str(source), str(out), "--chunk", "8", "--window", "2", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "0 of 8 requests done, 2 in flight" in done.stderr
+    assert_rows(np.load(out), texts(64))

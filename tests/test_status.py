@@ -91,3 +91,20 @@ def test_status_with_no_fleet(env):
     done = embedfleet("status", env=env)
     assert done.returncode == 0 and "no model is served" in done.stdout, done.stderr
     assert status_json(env)["models"] == []
+
+
+def test_watch_redraws_until_ctrl_c(fleet, env, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from tests.commands import ROOT
+
+    fleet()
+    watch = subprocess.Popen([sys.executable, "-m", "producer.cli", "status", "--watch", "0.2"], cwd=ROOT,
+                             env={**env, "COLUMNS": "250"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    watch.send_signal(signal.SIGINT)
+    out, err = watch.communicate(timeout=30)
+    assert watch.returncode == 130, err
+    assert out.count("models and queues") >= 3 and MODEL in out and "Traceback" not in err  # one per refresh

@@ -16,7 +16,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.errors import (CancelledError, EmbedfleetError, NotFoundError, UnknownModelError, ValidationError)
+from common.errors import (CancelledError, EmbedfleetError, NotFoundError, UnknownModelError, ValidationError,
+                           error_from_code)
 from common.params import PoolingParams
 from common.result import Result
 from producer.bulk import sinks
@@ -74,6 +75,11 @@ def run(plan: Plan) -> int:
             print(f"interrupted: {len(state.done)} of {len(source.units)} requests done, kept in "
                   f"{checkpoint.path}; rerun the same command to resume", file=sys.stderr)
             raise
+        except EmbedfleetError as exc:  # the fleet's trouble, not the file's: what is done is kept
+            checkpoint.close()
+            raise error_from_code(exc.code, f"{exc.message.rstrip('.')}; {len(state.done)} of "
+                                  f"{len(source.units)} requests done are kept in {checkpoint.path}: rerun "
+                                  "the same command to resume", exc.param) from exc
         except BaseException:
             checkpoint.close()
             raise
@@ -121,7 +127,8 @@ class Window:
         done_texts = sum(len(self.units[i].inputs) for i in self.checkpoint.state.done)
         with Progress(self.plan.source.texts, done_texts, self.plan.progress) as progress:
             while self.todo or self.inflight:
-                self._fill()
+                for unit in self._fill():
+                    progress.advance(len(self.units[unit].inputs))
                 if not self.inflight:
                     continue
                 for unit in self._collect():
@@ -142,25 +149,41 @@ class Window:
         self._settle(unit, request_id, lambda: self.producer.wait(request_id, self.plan.timeout))
         return [unit]
 
-    def _fill(self) -> None:
+    def _fill(self) -> list[int]:
+        """Submit up to the window; returns the batch lines answered without a request (refused ones)."""
         # Refilled a quarter of the window at a time: each submit is a few round trips (a WATCH
         # transaction) whatever its size, and the queue still holds 3/4 of the window meanwhile.
         free = self.plan.window - len(self.inflight)
         if free < min(max(1, self.plan.window // 4), len(self.todo)) or not self.todo:
-            return
+            return []
         batch, self.todo = self.todo[:free], self.todo[free:]
-        refused = [i for i in batch if self.units[i].error is not None]
-        for index in refused:  # a batch line refused on reading: its answer is the error
+        answered = [i for i in batch if self.units[i].error is not None]
+        for index in answered:  # a batch line refused on reading: its answer is the error
             unit = self.units[index]
             self.checkpoint.done(index, Result.failure(f"line-{index}", unit.model or "", unit.error))
-        batch = [i for i in batch if i not in refused]
-        if self.plan.source.is_batch:
-            for index in batch:
-                self._submit([index], self.units[index].model or self.model, self.units[index].fields)
-        elif batch:
-            self._submit(batch, self.model, self.plan.fields)
+        batch = [i for i in batch if i not in answered]
+        if not self.plan.source.is_batch:
+            if batch:
+                self._submit(batch, self.model, self.plan.fields)
+            return answered
+        groups: dict[tuple, list[int]] = {}  # batch lines with the same model and fields go in one submit
+        for index in batch:
+            unit = self.units[index]
+            groups.setdefault((unit.model or self.model, repr(sorted(unit.fields.items()))), []).append(index)
+        for (model, _), indices in groups.items():
+            if self._submit(indices, model, self.units[indices[0]].fields):
+                continue
+            if len(indices) == 1:  # refused, and answered with its error
+                answered += indices
+                continue
+            for index in indices:  # one line's fault fails the whole submit: each goes alone
+                if not self._submit([index], model, self.units[index].fields):
+                    answered.append(index)
+        return answered
 
-    def _submit(self, indices: list[int], model: str | None, fields: dict) -> None:
+    def _submit(self, indices: list[int], model: str | None, fields: dict) -> bool:
+        """Submit and log the ids; False if refused for the request's own fault (a batch line, alone, is
+        then answered with that error)."""
         # Ctrl-C waits until the ids are in the checkpoint: a restart then waits for them, never submitting
         # a second copy beside them (which would hold more than the window in the queue).
         with _no_interrupt():
@@ -170,11 +193,13 @@ class Window:
             except REQUEST_ERRORS as exc:
                 if not self.plan.source.is_batch:
                     raise  # the flags are wrong for every chunk: say so once
-                self.checkpoint.done(indices[0], Result.failure(f"line-{indices[0]}", model or "", exc))
-                return
+                if len(indices) == 1:
+                    self.checkpoint.done(indices[0], Result.failure(f"line-{indices[0]}", model or "", exc))
+                return False
             for index, request_id in zip(indices, ids):
                 self.checkpoint.submitted(index, request_id)
                 self.inflight[index] = request_id
+        return True
 
     def _settle(self, index: int, request_id: str, outcome) -> None:
         """Log the result `outcome()` gives, or decide what its error means for the run."""
