@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
 from common import console
+from common.errors import StartupError
 
 USAGE = """usage: embedfleet {up,worker,gateway,embed,status,failed,health} [options]
 
@@ -62,20 +64,32 @@ def _health(argv: list[str]) -> int:
     return health.run(settings)
 
 
-# -- status -------------------------------------------------------------------------------------------
+# -- status and embed: the [cli] extra's tables, progress bar and Parquet ---------------------------
 
 def status(argv: list[str]) -> int:
-    from producer import statusview  # noqa: PLC0415 - rich loads only for `status`
+    with _cli_extra("status"):
+        from producer import statusview  # noqa: PLC0415 - rich loads only for `status`
 
-    return statusview.main(argv)
+        return statusview.main(argv)
 
-
-# -- embed: a file of texts through the fleet (producer/bulk) -----------------------------------------
 
 def embed_file(argv: list[str]) -> int:
-    from producer import bulk  # noqa: PLC0415 - its readers and writers load only for `embed`
+    with _cli_extra("embed"):
+        from producer import bulk  # noqa: PLC0415 - its readers and writers load only for `embed`
 
-    return bulk.main(argv)
+        return bulk.main(argv)
+
+
+@contextlib.contextmanager
+def _cli_extra(command: str):
+    """A missing rich or pyarrow (a client-only install) is one line that says what to install."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("rich", "pyarrow"):
+            raise
+        raise StartupError(f"`embedfleet {command}` needs the {exc.name} package; install it with "
+                           "pip install 'embedfleet[cli]'") from exc
 
 
 if __name__ == "__main__":

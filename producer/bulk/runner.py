@@ -75,6 +75,9 @@ def run(plan: Plan) -> int:
             print(f"interrupted: {len(state.done)} of {len(source.units)} requests done, kept in "
                   f"{checkpoint.path}; rerun the same command to resume", file=sys.stderr)
             raise
+        except REQUEST_ERRORS:  # the flags: the same command would fail the same way
+            checkpoint.close()
+            raise
         except EmbedfleetError as exc:  # the fleet's trouble, not the file's: what is done is kept
             checkpoint.close()
             raise error_from_code(exc.code, f"{exc.message.rstrip('.')}; {len(state.done)} of "

@@ -65,11 +65,15 @@ def _npy(tmp: Path, arrays: Iterator[np.ndarray], rows: int) -> tuple[tuple[int,
     first = next(arrays)
     header = {"descr": np.lib.format.dtype_to_descr(first.dtype), "fortran_order": False,
               "shape": (rows, first.shape[1])}
+    written = 0
     with tmp.open("wb") as handle:
         np.lib.format.write_array_header_1_0(handle, header)
         for array in _chain(first, arrays):
             _same_layout(first, array)
             handle.write(np.ascontiguousarray(array).tobytes())
+            written += len(array)
+    if written != rows:  # the header promised `rows`: never rename a file that lies about its shape
+        raise ValidationError(f"the fleet answered {written} vectors for {rows} texts; rerun with --no-resume")
     return (rows, first.shape[1]), str(first.dtype)
 
 
