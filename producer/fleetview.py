@@ -14,7 +14,8 @@ gateway's /dashboard polls it (GET /v1/fleet), so both show the same facts.
 
 Failures of the last hour are the ids in rq's failed registries whose score (failure time + the job's
 failure_ttl, keys.FAILURE_TTL for every job a Producer enqueues) is within the last hour, up to
-FAILED_SAMPLE per queue, grouped by the error code of their stored answer (`unknown` when that has gone).
+FAILED_SAMPLE per queue (the newest), grouped by the error code of their stored answer (`unknown` when it
+has gone); any more are counted as `more_not_read`.
 Everything read is input: an unreadable advert, job or answer is skipped or counted as unknown.
 """
 
@@ -36,7 +37,8 @@ from common.result import Result
 from producer.core import parse_worker_info, redis_errors
 
 FAILURE_WINDOW = 3600  # seconds of failures shown
-FAILED_SAMPLE = 1000  # failed ids per queue whose answers are read for their codes
+FAILED_SAMPLE = 1000  # failed ids per queue whose answers are read for their codes (the newest)
+UNREAD = "more_not_read"  # the failures past FAILED_SAMPLE, counted under this name
 
 
 def snapshot(producer) -> dict:
@@ -66,13 +68,15 @@ def _read(connection, names: list[str], now: float) -> tuple[list[dict], list[di
             pipe.llen(Queue.redis_queue_namespace_prefix + queue)
             pipe.lindex(Queue.redis_queue_namespace_prefix + queue, 0)
             pipe.zcard(StartedJobRegistry.key_template.format(queue))
-            pipe.zrangebyscore(FailedJobRegistry.key_template.format(queue), recent, "+inf", start=0,
-                               num=FAILED_SAMPLE)
+            pipe.zrevrangebyscore(FailedJobRegistry.key_template.format(queue), "+inf", recent, start=0,
+                                  num=FAILED_SAMPLE)
+            pipe.zcount(FailedJobRegistry.key_template.format(queue), recent, "+inf")
     first = iter(pipe.execute())
     plans = []
     for name in names:
         caps_raw, beats = next(first), next(first)
-        queues = [(priority, next(first), next(first), next(first), next(first)) for priority in keys.PRIORITIES]
+        queues = [(priority, next(first), next(first), next(first), next(first), next(first))
+                  for priority in keys.PRIORITIES]
         plans.append((name, caps_raw, beats, queues))
 
     # second round trip: the live workers' adverts, the queue heads' enqueue times, the failures' answers
@@ -80,7 +84,7 @@ def _read(connection, names: list[str], now: float) -> tuple[list[dict], list[di
     for _, _, beats, queues in plans:
         for worker, _ in beats:
             pipe.get(keys.worker_info_key(worker.decode("utf-8", "replace")))
-        for _, _, head, _, failed in queues:
+        for _, _, head, _, failed, _ in queues:
             if head is not None and keys.valid_request_id(head):
                 pipe.hget(Job.key_for(head.decode()), "enqueued_at")
             for request_id in failed:
@@ -95,7 +99,7 @@ def _read(connection, names: list[str], now: float) -> tuple[list[dict], list[di
             if info is not None:
                 live.append(_worker(info, now - beat))
         rows, failures = [], {}
-        for priority, depth, head, in_progress, failed in queues:
+        for priority, depth, head, in_progress, failed, failed_count in queues:
             enqueued = next(second) if head is not None and keys.valid_request_id(head) else None
             rows.append({"priority": priority, "queue": keys.queue_name(name, priority), "depth": depth,
                          "in_progress": in_progress, "oldest_age_s": _age(enqueued, now) if depth else None,
@@ -103,6 +107,8 @@ def _read(connection, names: list[str], now: float) -> tuple[list[dict], list[di
             for request_id in failed:
                 code = _code(next(second)) if keys.valid_request_id(request_id) else "unknown"
                 failures[code] = failures.get(code, 0) + 1
+            if failed_count > len(failed):  # past FAILED_SAMPLE: counted, their codes not read
+                failures[UNREAD] = failures.get(UNREAD, 0) + failed_count - len(failed)
         models.append(_model(name, caps_raw, live, rows, failures))
         workers += live
     return models, workers
