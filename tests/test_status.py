@@ -108,3 +108,15 @@ def test_watch_redraws_until_ctrl_c(fleet, env, tmp_path):
     out, err = watch.communicate(timeout=30)
     assert watch.returncode == 130, err
     assert out.count("models and queues") >= 3 and MODEL in out and "Traceback" not in err  # one per refresh
+
+
+def test_a_busy_worker_shows_the_round_on_its_device_within_a_beat(fleet, redis_url, env):
+    # 40 texts: 2.4 s on the "device"; adverts every 10 s, heartbeats (leases, live facts) every 0.3 s
+    fleet(seconds_per_text=0.06, lease=0.9)
+    with Producer(redis_url) as producer:
+        request_id = producer.submit([f"text {i}" for i in range(40)], MODEL)
+        deadline = time.monotonic() + 10
+        while (seen := status_json(env)["workers"][0]).get("current_texts") != 40:
+            assert time.monotonic() < deadline, seen
+        assert seen["state"] == "busy" and seen["current_requests"] == 1
+        producer.wait(request_id, 30)

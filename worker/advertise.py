@@ -56,6 +56,13 @@ class Advertiser:
             pipe.set(worker_info_key(self.worker_name), info, ex=self.ttl)
             pipe.execute()
 
+    def publish_live(self) -> None:
+        """Between adverts, at each heartbeat: this worker's facts with what changes (state, current round,
+        texts/s) read afresh, so that `status` and /dashboard see them within a beat, not an advert."""
+        if self.live is not None:
+            self.connection.set(worker_info_key(self.worker_name), packb({**self._facts, **self.live()}),
+                                ex=self.ttl)
+
     def withdraw(self) -> bool:
         """Removes this worker; deletes the model's capabilities if no live worker serves it. True if deleted."""
         name = self.caps.name

@@ -550,6 +550,8 @@ class BatchWorker(SimpleWorker):
             if held:
                 self.heartbeat()
             self._advertised_at = stamp
+        else:
+            self.advertiser.publish_live()
         self.recover()
 
     def _live_facts(self) -> dict:
