@@ -160,7 +160,8 @@ def test_an_openai_batch_file_in_and_out(tmp_path, fleet, env):
     assert_rows(np.frombuffer(packed, "<f4")[None], ["second 7"])
     refused = lines[9]["response"]
     assert refused["status_code"] == 400 and "temperature" in refused["body"]["error"]["message"]
-    assert lines[11]["response"]["status_code"] == 404 and lines[11]["error"] is None
+    assert lines[11]["response"]["status_code"] == 404 and lines[11]["error"]["code"] == "model_not_found"
+    assert lines[0]["error"] is None
 
 
 @pytest.mark.parametrize(("stop", "suffix"), [(signal.SIGKILL, ".parquet"), (signal.SIGINT, ".npy")])

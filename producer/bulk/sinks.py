@@ -139,17 +139,20 @@ def write_batch(path: Path, lines: Iterable[tuple[str, str, Result]]) -> int:
     with atomic(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
         for n, (custom_id, encoding_format, result) in enumerate(lines):
             failed += not result.ok
+            error = None if result.ok else {"message": result.error_message, "type": "invalid_request_error",
+                                             "param": result.error_param, "code": result.error_code}
             handle.write(json.dumps({"id": f"batch_req_{n}", "custom_id": custom_id,
-                                     "response": _response(n, encoding_format, result), "error": None}) + "\n")
+                                     "response": _response(n, encoding_format, result, error),
+                                     "error": error}) + "\n")
     return failed
 
 
-def _response(n: int, encoding_format: str, result: Result) -> dict:
-    if not result.ok:
-        body = {"error": {"message": result.error_message, "type": "invalid_request_error",
-                          "param": result.error_param, "code": result.error_code}}
+def _response(n: int, encoding_format: str, result: Result, error: dict | None) -> dict:
+    # A failed line carries its error twice: in the response body with its 4xx status, as OpenAI's batch
+    # output has it, and in `error`, where vLLM's run-batch puts it; a reader of either finds it.
+    if error is not None:
         return {"status_code": _STATUS.get(result.error_code or "", 400), "request_id": f"embedfleet-batch-{n}",
-                "body": body}
+                "body": {"error": error}}
     vectors = result.embeddings
     data = [{"object": "embedding", "index": i,
              "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if encoding_format == "base64"
