@@ -1,5 +1,6 @@
 """A worker of the model "hashed" in a thread of the test: a fixed vector per text (tests/crashworker.py's),
-with `seconds_per_text` of "device" time, so that order is checked exactly and a run can be caught mid-way."""
+with `seconds_per_text` of "device" time, so that order is checked exactly and a run can be caught mid-way.
+Registered for every test module by tests/conftest.py; torch loads only when a test starts a worker."""
 
 from __future__ import annotations
 
@@ -7,35 +8,36 @@ import socket
 import threading
 import time
 
-import numpy as np
 import pytest
 from rq.suspension import resume
-
-from tests.crashworker import CrashModel, vector
-from worker.engine import Engine
-from worker.queue import BatchWorker
 
 MODEL = "hashed"
 DIM = 8
 
 
-class Hashed(CrashModel):
-    def __init__(self, seconds_per_text: float):
-        super().__init__(MODEL)
-        self.seconds_per_text = seconds_per_text
+def hashed_model(seconds_per_text: float):
+    import numpy as np
 
-    def embed(self, token_lists, prompt_lengths=None) -> np.ndarray:
-        time.sleep(self.seconds_per_text * len(token_lists))
-        return np.stack([vector(t[0]) for t in token_lists])
+    from tests.crashworker import CrashModel, vector
+
+    class Hashed(CrashModel):
+        def embed(self, token_lists, prompt_lengths=None) -> np.ndarray:
+            time.sleep(seconds_per_text * len(token_lists))
+            return np.stack([vector(t[0]) for t in token_lists])
+
+    return Hashed(MODEL)
 
 
 @pytest.fixture
 def fleet(redis_client):
     """start(seconds_per_text=0, **worker kwargs): a running worker of MODEL; all stopped at the end."""
+    from worker.engine import Engine
+    from worker.queue import BatchWorker
+
     started = []
 
     def start(seconds_per_text: float = 0.0, **kwargs) -> BatchWorker:
-        engine = Engine(Hashed(seconds_per_text), max_batch_tokens=64, max_batch_size=64)
+        engine = Engine(hashed_model(seconds_per_text), max_batch_tokens=64, max_batch_size=64)
         info = {"device": "cpu", "dtype": "float32", "max_batch_tokens": 64, "max_batch_size": 64,
                 "budget_source": "flags", "max_jobs": 8, "host": socket.gethostname()}
         worker = BatchWorker(engine, redis_client, max_jobs=8, poll_timeout=1, info=info, **kwargs)

@@ -164,7 +164,8 @@ def test_an_openai_batch_file_in_and_out(tmp_path, fleet, env):
     assert lines[0]["error"] is None
 
 
-@pytest.mark.parametrize(("stop", "suffix"), [(signal.SIGKILL, ".parquet"), (signal.SIGINT, ".npy")])
+@pytest.mark.parametrize(("stop", "suffix"), [(signal.SIGKILL, ".parquet"), (signal.SIGINT, ".npy")],
+                         ids=["SIGKILL-parquet", "SIGINT-npy"])
 def test_killed_mid_run_it_resumes_to_the_same_bytes_and_never_queues_more_than_its_window(
         tmp_path, fleet, env, redis_client, stop, suffix):
     window, chunk = 4, 16
