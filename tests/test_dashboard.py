@@ -42,6 +42,16 @@ def test_fleet_data_is_behind_the_key_and_the_page_loads_nothing_from_elsewhere(
     assert httpx.get(f"{gateway.url}/dashboard/config.json").json() == {"api_key_required": True}
 
 
+def test_without_a_key_the_page_does_not_ask_and_the_data_is_open(redis_url, fleet):
+    fleet()
+    server = gatewayserver.Server(gatewayserver.settings(redis_url))
+    try:
+        assert httpx.get(f"{server.url}/dashboard/config.json").json() == {"api_key_required": False}
+        assert httpx.get(f"{server.url}/v1/fleet").json()["models"][0]["live_workers"] == 1
+    finally:
+        server.stop()
+
+
 def chromium():
     """A headless Chromium session, or a skip that says what is missing."""
     if not CHROMIUM or not CHROMEDRIVER:
