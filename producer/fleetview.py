@@ -2,9 +2,9 @@
 level, live workers and recent failures. `embedfleet status` prints it (a table, or `--json`) and the
 gateway's /dashboard polls it (GET /v1/fleet), so both show the same facts.
 
-    models[]   name, served (a live worker advertises it), dim, max_model_len, pooling, live_workers,
-               texts_per_s (its workers' sum), cache_hit_rate (where workers count cache hits, else null),
-               failures_last_hour {code: count}, queues[]:
+    models[]   name, redis (its Redis or shard, redacted), served (a live worker advertises it), dim,
+               max_model_len, pooling, live_workers, texts_per_s (its workers' sum), cache_hit_rate
+               (where workers count cache hits, else null), failures_last_hour {code: count}, queues[]:
                    priority, queue, depth (queued), in_progress (taken by workers), oldest_age_s (the
                    queue head's time since enqueue; null when empty), queued_tokens (null: not counted yet)
     workers[]  name, model, host, pid, device, dtype, max_batch_tokens, max_batch_size, max_jobs, state,
@@ -51,7 +51,7 @@ def snapshot(producer) -> dict:
             names = [n for n in names if producer.shards.owns(url, n)]
             if names:
                 found_models, found_workers = _read(connection, names, now)
-                models += found_models
+                models += [{**model, "redis": redact(url)} for model in found_models]
                 workers += found_workers
     return {"time": now, "redis": redact(producer.redis_url), "priorities": list(keys.PRIORITIES),
             "models": sorted(models, key=lambda m: m["name"]), "workers": workers}

@@ -42,6 +42,8 @@ def run(settings: StatusSettings, as_json: bool = False) -> int:
             print(json.dumps(producer.fleet(), indent=2))
             return 0
         console = Console()
+        if not console.is_terminal:  # a pipe or a file: whole rows, for grep, rather than a wrapped table
+            console = Console(width=200)
         if settings.watch is None:
             console.print(render(producer.fleet(), settings))
             return 0
@@ -76,9 +78,10 @@ def _models(fleet: dict) -> Table:
         about = f"{model['dim']} / {model['max_model_len']} / {model['pooling']}" if model["dim"] else "-"
         failures = ", ".join(f"{code} {count}" for code, count in model["failures_last_hour"].items()) or "-"
         rate = f"{model['cache_hit_rate']:.0%}" if model["cache_hit_rate"] is not None else "-"
+        name = model["name"] if model["redis"] == fleet["redis"] else f"{model['name']} (on {model['redis']})"
         for i, queue in enumerate(model["queues"]):
             first = i == 0
-            table.add_row(model["name"] if first else "", str(model["live_workers"]) if first else "",
+            table.add_row(name if first else "", str(model["live_workers"]) if first else "",
                           about if first else "", queue["priority"], str(queue["depth"]), str(queue["in_progress"]),
                           _seconds(queue["oldest_age_s"]), "-" if queue["queued_tokens"] is None else
                           str(queue["queued_tokens"]), f"{model['texts_per_s']:.1f}" if first else "",
