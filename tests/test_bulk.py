@@ -3,6 +3,7 @@ window, and resuming after SIGINT and SIGKILL to the same bytes as an uninterrup
 
 from __future__ import annotations
 
+import base64
 import csv
 import json
 import signal
@@ -18,7 +19,7 @@ import pytest
 from rq.suspension import resume, suspend
 
 from common.keys import PRIORITIES, queue_name
-from producer.bulk.checkpoint import checkpoint_path, records
+from producer.bulk.checkpoint import Checkpoint, checkpoint_path, records
 from tests.commands import ROOT, assert_one_line_error, clean_env, embedfleet
 from tests.crashworker import token, vector
 from tests.hashed import MODEL
@@ -47,7 +48,6 @@ def assert_rows(vectors: np.ndarray, lines: list[str]) -> None:
 
 def write_input(path, lines: list[str], ids: list | None = None) -> None:
     """`lines` in the format of `path`'s suffix; with `ids`, in an id column or field."""
-    ids = ids if ids is not None else None
     if path.suffix == ".txt":
         path.write_text("\n".join(lines) + "\n")
     elif path.suffix == ".json":
@@ -155,7 +155,6 @@ def test_an_openai_batch_file_in_and_out(tmp_path, fleet, env):
     assert first["status_code"] == 200 and first["body"]["object"] == "list"
     assert_rows(np.array([d["embedding"] for d in first["body"]["data"]], np.float32), ["first 0", "second 0"])
     assert len(lines[4]["response"]["body"]["data"][0]["embedding"]) == 4
-    import base64
     packed = base64.b64decode(lines[7]["response"]["body"]["data"][1]["embedding"])
     assert_rows(np.frombuffer(packed, "<f4")[None], ["second 7"])
     refused = lines[9]["response"]
@@ -233,7 +232,6 @@ def test_a_checkpoint_of_another_run_is_refused_until_no_resume(tmp_path, fleet,
     write_input(source, texts(40))
     checkpoint_path(out).write_bytes(b"")  # a run killed before its first record: simply started over
     assert embedfleet("embed", str(source), str(out), "--chunk", "8", env=env).returncode == 0
-    from producer.bulk.checkpoint import Checkpoint
     stale = Checkpoint(checkpoint_path(out), {"version": 1, "input_sha256": "0" * 64})
     stale.open(resume=False)
     stale.close()

@@ -4,6 +4,9 @@ and the last hour's failures, as --json and as tables."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -14,7 +17,7 @@ from common.keys import FAILURE_TTL, JOB_FUNC, model_workers_key, queue_name, wo
 from common.serializer import MsgpackSerializer
 from producer import Producer
 from producer.core import build_request, enqueue
-from tests.commands import clean_env, embedfleet
+from tests.commands import ROOT, clean_env, embedfleet
 from tests.hashed import MODEL
 
 
@@ -93,13 +96,7 @@ def test_status_with_no_fleet(env):
     assert status_json(env)["models"] == []
 
 
-def test_watch_redraws_until_ctrl_c(fleet, env, tmp_path):
-    import signal
-    import subprocess
-    import sys
-
-    from tests.commands import ROOT
-
+def test_watch_redraws_until_ctrl_c(fleet, env):
     fleet()
     watch = subprocess.Popen([sys.executable, "-m", "producer.cli", "status", "--watch", "0.2"], cwd=ROOT,
                              env={**env, "COLUMNS": "250"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
