@@ -3,7 +3,12 @@ flight) vs every request at once (the first version's way, --window larger than 
 by SIGKILL half-way then resumed: texts/s (wall clock of the command, start-up included) and the most
 requests of the run seen queued or in progress at once (sampled every 2 ms).
 
-    PYTHONPATH=. .venv/bin/python bench/bulk.py [--lines 50000] [--chunk 64] [--window 16]
+    PYTHONPATH=. .venv/bin/python bench/bulk.py [--lines 50000] [--chunk 64] [--window 16] [--minilm 400]
+
+With --minilm N, also: the first N corpus texts through the bundled all-MiniLM-L6-v2 worker with three
+chunkings (8 texts x window 2, 64 x 16, 1 x 64): whether the .npy files are byte-identical, i.e. whether this
+machine's worker gives the same bits for a text whatever round it lands in (what a resumed run relies on
+to match an uninterrupted one with a real model).
 
 The corpus's texts (repeated up to --lines) go in a .txt file; the output is .npy. One private redis-server
 and one `python -m worker --model null:384` serve every row.
@@ -23,7 +28,8 @@ from pathlib import Path
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, RedisServer, describe_machine, load_corpus, ratio, start_worker, table
+from _common import (REPO, RedisServer, describe_machine, load_corpus, model_path, ratio, start_worker,
+                     table)
 
 from common.keys import PRIORITIES, queue_name
 
@@ -66,11 +72,32 @@ def finish(run: subprocess.Popen) -> None:
         raise SystemExit(f"embed failed ({run.returncode}): {stderr}")
 
 
+def same_bits_with_minilm(texts: list[str]) -> str:
+    chunkings = ((8, 2), (64, 16), (1, 64))
+    with tempfile.TemporaryDirectory() as folder, RedisServer(Path(folder) / "redis") as server:
+        source = Path(folder) / "texts.txt"
+        source.write_text("\n".join(texts) + "\n")
+        worker = start_worker(server.url, model_path(), "minilm")
+        try:
+            outputs = []
+            for chunk, window in chunkings:
+                out = Path(folder) / f"{chunk}.npy"
+                finish(embed(server.url, source, out, "--chunk", str(chunk), "--window", str(window),
+                             "--truncate-prompt-tokens", "-1"))
+                outputs.append(out.read_bytes())
+        finally:
+            worker.stop()
+    same = all(o == outputs[0] for o in outputs)
+    shapes = ", ".join(f"{chunk} x {window}" for chunk, window in chunkings)
+    return f"all-MiniLM-L6-v2, {len(texts)} corpus texts, chunk x window {shapes}: byte-identical .npy: {same}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lines", type=int, default=50_000)
     parser.add_argument("--chunk", type=int, default=64)
     parser.add_argument("--window", type=int, default=16)
+    parser.add_argument("--minilm", type=int, default=0, help="texts for the real-model byte check (0: skip)")
     args = parser.parse_args()
     corpus = [" ".join(t.split()) for t in load_corpus() if t.strip()]
     lines = [corpus[i % len(corpus)] for i in range(args.lines)]
@@ -105,6 +132,8 @@ def main() -> None:
                          args.lines / seconds, peak.most])
         finally:
             worker.stop()
+    if args.minilm:
+        print(same_bits_with_minilm(corpus[:args.minilm]))
     print(describe_machine())
     print(table(["run", "texts", "seconds", "texts/s", "most requests in the queue"], rows,
                 title=f"embedfleet embed, null:384, {args.chunk} texts per request ({requests} requests)"))
