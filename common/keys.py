@@ -15,8 +15,10 @@
                                             every HEARTBEAT_INTERVAL by each worker serving <name>
     embedfleet:model:<name>:workers ZSET    worker name -> time of its last heartbeat, TTL 2 * ADVERTISE_TTL
     embedfleet:worker:<worker>      STRING  one worker's own facts (msgpack: model, device, dtype, batch
-                                            budget and where it came from), TTL ADVERTISE_TTL, refreshed
-                                            with the advert
+                                            budget and where it came from; and what changes, rewritten at
+                                            each heartbeat: state, the round on its device, texts/s over
+                                            the last minute, 10 minutes of 10-s buckets; worker/livestats.py),
+                                            TTL ADVERTISE_TTL, refreshed with the advert and each heartbeat
     embedfleet:job:<id>             STRING  the HTTP gateway's answer options for an async job (JSON:
                                             encoding_format, explicit layout, webhook URL), TTL JOB_TTL +
                                             RESULT_TTL while the job waits; `publish` gives it the result's TTL in

@@ -138,6 +138,9 @@ class AsyncProducer:
     async def workers(self, model: str) -> list[dict]:
         return await asyncio.to_thread(self._sync.workers, model)
 
+    async def fleet(self) -> dict:
+        return await asyncio.to_thread(self._sync.fleet)
+
     async def queue_depth(self, model: str) -> int:
         with redis_errors():
             return await self._links[self._sync.shards.url_for(model)].redis.llen(

@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
-import re
 import sys
-from pathlib import Path
 
-import numpy as np
-from pydantic import Field
-
-from common import console, keys
-from common.config import Settings
-from common.errors import EmbedfleetError, ValidationError
-from common.redisclient import redact
+from common import console
+from common.errors import StartupError
 
 USAGE = """usage: embedfleet {up,worker,gateway,embed,status,failed,health} [options]
 
   up       embedded Redis + worker(s) + gateway in one command (Ctrl-C stops all)
   worker   serve one model from a Redis queue        (embedfleet worker --help)
   gateway  HTTP gateway: /v1/embeddings, /pooling   (embedfleet gateway --help)
-  embed    embed a file of texts into a .npy file    (embedfleet embed --help)
-  status   served models, live workers, queue depths
+  embed    embed a file (txt, json, jsonl, csv, parquet, OpenAI batch) into .npy/.parquet/.jsonl, resumable
+  status   models, queues per priority, workers, failures (--json for scripts, --watch to refresh)
   failed   list|show|requeue|purge failed requests  (embedfleet failed --help)
   health   a container healthcheck: --worker (its advert in Redis) or --gateway (its /health)
 
@@ -71,132 +64,32 @@ def _health(argv: list[str]) -> int:
     return health.run(settings)
 
 
-# -- status -------------------------------------------------------------------------------------------
+# -- status and embed: the [cli] extra's tables, progress bar and Parquet ---------------------------
 
 def status(argv: list[str]) -> int:
-    """Show the Redis in use, the served models, their live workers and queue depths."""
-    settings = Settings.from_args(argv, "embedfleet status", status.__doc__)
-    from producer.client import Producer  # noqa: PLC0415 - rq and friends load after the flags
+    with _cli_extra("status"):
+        from producer import statusview  # noqa: PLC0415 - rich loads only for `status`
 
-    with Producer(settings.redis_url, shards=settings.shards.shards) as producer:
-        producer.check()
-        served = producer.models()
-        print(f"Redis {redact(settings.redis_url)}")
-        for model, url in sorted(settings.shards.shards.items()):
-            print(f"shard of {model}: Redis {redact(url)}")
-        if not served:
-            print("no model is served (no live worker)")
-        for name, caps in sorted(served.items()):
-            shard = f", on {redact(url)}" if (url := settings.shards.url_for(name)) != settings.redis_url else ""
-            print(f"{name}: {producer.live_workers(name)} live worker(s), queue depth "
-                  f"{producer.queue_depth(name)}, queue {keys.queue_name(name)}, dim {caps.embedding_size}, "
-                  f"max length {caps.max_model_len}, pooling {caps.pooling}, tasks {', '.join(caps.tasks)}{shard}")
-            for worker in producer.workers(name):
-                print(f"  worker {worker['name']}: {worker.get('device', '?')} {worker.get('dtype', '?')}, "
-                      f"batches of {worker.get('max_batch_tokens', '?')} padded tokens / "
-                      f"{worker.get('max_batch_size', '?')} rows ({worker.get('budget_source', '?')}), "
-                      f"takes {worker.get('max_jobs', '?')} requests at a time")
-    return 0
-
-
-# -- embed: a file of texts into a .npy file ----------------------------------------------------------
-
-class EmbedFileSettings(Settings):
-    model: str | None = Field(None, description="served model name; default: the only one served")
-    chunk: int = Field(64, ge=1, description="texts per request")
-    timeout: float = Field(600.0, gt=0, description="seconds to wait for each request's result")
-    embed_dtype: str = Field("float32", description="output dtype (see PoolingParams)")
-    dimensions: int | None = Field(None, description="Matryoshka dimensions")
-    truncate_prompt_tokens: int | None = Field(None, description="-1: truncate each text to the model's max "
-                                                                 "length; default: a too-long line fails")
-
-
-EMBED_DOC = """Embed INPUT into OUTPUT (.npy, one row per text, in file order). INPUT holds one text per
-line (.txt; blank lines are skipped), a JSON list of texts (.json) or one JSON string per line (.jsonl).
-Every line is embedded before anything is written: if any line fails, each failing line is named and
-OUTPUT is not written."""
-_INPUT_INDEX = re.compile(r"^input (\d+) ")
+        return statusview.main(argv)
 
 
 def embed_file(argv: list[str]) -> int:
-    parser = EmbedFileSettings.parser("embedfleet embed", EMBED_DOC)
-    parser.add_argument("input", type=Path, help="file of texts (.txt, .json, .jsonl)")
-    parser.add_argument("output", type=Path, help="where to write the .npy array")
-    values = vars(parser.parse_args(argv))
-    source, target = values.pop("input"), values.pop("output")
-    settings = EmbedFileSettings.from_values(parser, values)
-    lines = _read_texts(source)
-    if not lines:
-        raise ValidationError(f"{source}: no texts to embed; put one text per line")
-    from producer.client import Producer  # noqa: PLC0415 - rq and friends load after the flags
+    with _cli_extra("embed"):
+        from producer import bulk  # noqa: PLC0415 - its readers and writers load only for `embed`
 
-    fields = {k: v for k, v in {"embed_dtype": settings.embed_dtype, "dimensions": settings.dimensions,
-                                "truncate_prompt_tokens": settings.truncate_prompt_tokens}.items() if v is not None}
-    starts = range(0, len(lines), settings.chunk)
-    with Producer(settings.redis_url, shards=settings.shards.shards) as producer:
-        producer.check()
-        ids = producer.submit_many([[text for _, text in lines[i:i + settings.chunk]] for i in starts],
-                                   settings.model, **fields)
-        arrays, failed, tokens = [], [], 0
-        for start, request_id in zip(starts, ids):
-            try:
-                result = producer.wait(request_id, settings.timeout)
-            except ValidationError as err:  # this chunk's lines are at fault: name them, go on with the rest
-                failed.append(_locate(err, lines[start:start + settings.chunk]))
-                continue
-            arrays.append(result.embeddings)
-            tokens += result.usage.prompt_tokens
-    if failed:
-        raise ValidationError(_failure_summary(failed, target))
-    out = np.concatenate(arrays)
-    np.save(target, out)
-    print(f"embedded {len(lines)} texts ({tokens} tokens) -> {target} {out.shape} {out.dtype}")
-    return 0
+        return bulk.main(argv)
 
 
-def _read_texts(path: Path) -> list[tuple[str, str]]:
-    """(where, text) pairs; `where` is FILE:LINE (FILE item N for a JSON list), for error messages."""
-    raw = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        try:
-            texts = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ValidationError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}); a .json file holds one "
-                                  "list of texts") from None
-        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-            raise ValidationError(f"{path}: expected a JSON list of strings; use .txt for one text per line")
-        return [(f"{path} item {i}", text) for i, text in enumerate(texts)]
-    lines = [(f"{path}:{n}", line) for n, line in enumerate(raw.splitlines(), 1) if line.strip()]
-    if path.suffix == ".jsonl":
-        return [(where, _json_string(where, line)) for where, line in lines]
-    return lines
-
-
-def _json_string(where: str, line: str) -> str:
+@contextlib.contextmanager
+def _cli_extra(command: str):
+    """A missing rich or pyarrow (a client-only install) is one line that says what to install."""
     try:
-        text = json.loads(line)
-    except json.JSONDecodeError:
-        text = None
-    if not isinstance(text, str):
-        raise ValidationError(f"{where}: not a JSON string; each line of a .jsonl file holds one, like \"a text\"")
-    return text
-
-
-def _locate(err: EmbedfleetError, chunk: list[tuple[str, str]]) -> str:
-    """The error of one request as `FILE:LINE: what`, the line found from the worker's "input N"."""
-    found = _INPUT_INDEX.match(err.message)
-    if found and int(found.group(1)) < len(chunk):
-        what = err.message[found.end():].split(": shorten it")[0]
-        return f"{chunk[int(found.group(1))][0]} {what}"
-    return f"{chunk[0][0]} to {chunk[-1][0].rsplit(':', 1)[-1]}: {err.message}"
-
-
-def _failure_summary(failed: list[str], target: Path) -> str:
-    more = f" (and {len(failed) - 3} more)" if len(failed) > 3 else ""
-    too_long = any("tokens, more than" in f for f in failed)
-    hint = "pass --truncate-prompt-tokens -1 to cut long texts to the model's maximum" if too_long \
-        else "fix those lines"
-    return f"{'; '.join(failed[:3])}{more}; {target} not written; {hint}"
+        yield
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("rich", "pyarrow"):
+            raise
+        raise StartupError(f"`embedfleet {command}` needs the {exc.name} package; install it with "
+                           "pip install 'embedfleet[cli]'") from exc
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from common.shards import ShardMap
 from common.request import job_reply_to
 from common.scheduling import DEFAULT_PRIORITY
 from common.result import Result
+from producer import fleetview
 from producer.cancel import cancel_pending
 from producer.fleet import LevelStats, level_stats
 from producer.tasks import check_rerank, rank, score_pairs
@@ -106,6 +107,10 @@ class Producer:
                 keys.model_workers_key(model), time.time() - keys.ADVERTISE_TTL, "+inf")]
             raw = self.redis.mget([keys.worker_info_key(n) for n in names]) if names else []
         return [info for name, blob in zip(names, raw) if (info := parse_worker_info(name, blob)) is not None]
+
+    def fleet(self) -> dict:
+        """Models, their queues per priority, live workers and recent failures (producer.fleetview)."""
+        return fleetview.snapshot(self)
 
     def queue_depth(self, model: str) -> int:
         with _redis_errors():
@@ -197,6 +202,19 @@ class Producer:
         with _redis_errors():
             raw = self.connection_of(request_id).get(keys.result_key(request_id))
         return read_result(request_id, raw)
+
+    def get_many(self, request_ids: list[str]) -> list[Result | None]:
+        """`get` for many ids in one round trip per shard: each result that has landed, else None."""
+        by_url: dict[str, list[int]] = {}
+        for i, request_id in enumerate(request_ids):
+            by_url.setdefault(self.url_of(request_id), []).append(i)
+        found: list[Result | None] = [None] * len(request_ids)
+        for url, positions in by_url.items():
+            with _redis_errors():
+                raw = self.links[url].mget([keys.result_key(request_ids[i]) for i in positions])
+            for i, blob in zip(positions, raw):
+                found[i] = read_result(request_ids[i], blob)
+        return found
 
     def wait(self, request_id: str, timeout: float = 60.0) -> Result:
         """Block until the result lands (no polling: BLPOP on the request's notify list).

@@ -31,7 +31,11 @@ def parse_models(names: list[str], raw_caps: list[bytes | None]) -> dict[str, Mo
 
 
 WORKER_FIELDS = {"model": str, "device": str, "dtype": str, "max_batch_tokens": int, "max_batch_size": int,
-                 "budget_source": str, "max_jobs": int, "host": str, "pid": int, "cuda_visible_devices": str}
+                 "budget_source": str, "max_jobs": int, "host": str, "pid": int, "cuda_visible_devices": str,
+                 # what changes, refreshed with each advert (worker/livestats.py): `embedfleet status`, /dashboard
+                 "state": str, "current_requests": int, "current_texts": int, "texts_per_s": (int, float),
+                 "texts_history": list, "history_bucket_s": int, "rounds": int, "texts_done": int,
+                 "started_at": (int, float), "cache_hits": int, "cache_misses": int}
 
 
 def parse_worker_info(name: str, raw: bytes | None) -> dict | None:

@@ -8,7 +8,7 @@ from hypothesis import settings
 
 from common.redisserver import RedisServer
 
-pytest_plugins = ["tests.tinymodels"]  # the tiny random model folders, built once per session
+pytest_plugins = ["tests.tinymodels", "tests.hashed"]  # tiny random model folders; the `fleet` of "hashed"
 
 # Shared, noisy 2-core machines: hypothesis' per-example deadline would make tests flaky.
 settings.register_profile("embedfleet", deadline=None)

@@ -47,10 +47,11 @@ def test_two_models_on_two_shards_through_one_gateway(tmp_path):
                 assert stranger.status(request_id) == "finished" and stranger.get(request_id).ok
             with Producer(a.url) as unsharded:  # without the map, beta is not served (its adverts are on b)
                 assert set(unsharded.models()) == {"alpha"}
-            status = embedfleet("status", env=env)
+            status = embedfleet("status", "--json", env=env)
             assert status.returncode == 0, status.stderr
-            assert "alpha: 1 live worker(s)" in status.stdout and "beta: 1 live worker(s)" in status.stdout
-            assert f"on {b.url}" in status.stdout
+            served = {m["name"]: m for m in json.loads(status.stdout)["models"]}
+            assert served["alpha"]["live_workers"] == 1 and served["beta"]["live_workers"] == 1
+            assert served["alpha"]["redis"] == a.url and served["beta"]["redis"] == b.url
             ra.close()
             rb.close()
         finally:

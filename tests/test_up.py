@@ -105,9 +105,11 @@ def test_up_serves_is_found_without_flags_and_ctrl_c_stops_everything_in_order(t
         np.testing.assert_allclose([d["embedding"] for d in data], reference, atol=1e-5)
 
         # No flag, no EMBEDFLEET_REDIS_URL: `status` and `embed` find this fleet through its state file.
-        status = embedfleet("status", env=env)
+        status = embedfleet("status", "--json", env=env)
         assert status.returncode == 0, status.stderr
-        assert f"Redis {up.redis_url}" in status.stdout and "all-MiniLM-L6-v2: 1 live worker(s)" in status.stdout
+        fleet = json.loads(status.stdout)
+        assert fleet["redis"] == up.redis_url and fleet["models"][0]["name"] == "all-MiniLM-L6-v2"
+        assert fleet["models"][0]["live_workers"] == 1
         (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
         embedded = embedfleet("embed", str(tmp_path / "texts.txt"), str(tmp_path / "out.npy"), env=env)
         assert embedded.returncode == 0, embedded.stderr

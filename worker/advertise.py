@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from redis import Redis
 
@@ -31,13 +32,15 @@ class Advertiser:
     """Writes `caps` under the model's keys for `worker_name` (see common.keys for the layout)."""
 
     def __init__(self, connection: Redis, caps: ModelCapabilities, worker_name: str,
-                 ttl: int = ADVERTISE_TTL, info: dict | None = None):
+                 ttl: int = ADVERTISE_TTL, info: dict | None = None, live: Callable[[], dict] | None = None):
         self.connection = connection
         self.caps = caps
         self.worker_name = worker_name
         self.ttl = ttl
         self._blob = caps.encode()
         self._info = packb({"model": caps.name, **(info or {})})  # this worker's device, dtype, batch budget
+        self._facts = {"model": caps.name, **(info or {})}
+        self.live = live  # what changes (state, current round, texts/s), read afresh at each advert
 
     def advertise(self) -> None:
         """One transaction: this worker's beat, capabilities with a TTL, the model name; prunes dead workers."""
@@ -49,8 +52,16 @@ class Advertiser:
             pipe.sadd(MODELS_KEY, name)
             pipe.zremrangebyscore(model_workers_key(name), "-inf", now - self.ttl)
             pipe.expire(model_workers_key(name), self.ttl * 2)
-            pipe.set(worker_info_key(self.worker_name), self._info, ex=self.ttl)
+            info = self._info if self.live is None else packb({**self._facts, **self.live()})
+            pipe.set(worker_info_key(self.worker_name), info, ex=self.ttl)
             pipe.execute()
+
+    def publish_live(self) -> None:
+        """Between adverts, at each heartbeat: this worker's facts with what changes (state, current round,
+        texts/s) read afresh, so that `status` and /dashboard see them within a beat, not an advert."""
+        if self.live is not None:
+            self.connection.set(worker_info_key(self.worker_name), packb({**self._facts, **self.live()}),
+                                ex=self.ttl)
 
     def withdraw(self) -> bool:
         """Removes this worker; deletes the model's capabilities if no live worker serves it. True if deleted."""

@@ -68,6 +68,7 @@ from worker.heartbeat import Heartbeat, Watchdog, timed_out
 from worker import answers
 from worker.jobdata import decode_job
 from worker.levels import BULK_SHARE, Levels
+from worker.livestats import LiveStats
 from worker.rqschema import Answer, Kind, Outcome, Taken
 
 log = logging.getLogger("embedfleet.worker")
@@ -153,7 +154,8 @@ class BatchWorker(SimpleWorker):
         self.schema = Levels(connection, [q.name for q in self.queues], self.name, result_ttl=result_ttl,
                              lease=lease, share=bulk_share)
         self.metrics = metrics  # worker/metrics.py's WorkerMetrics, or None
-        self.advertiser = Advertiser(connection, engine.caps, self.name, info=info)
+        self.live = LiveStats()
+        self.advertiser = Advertiser(connection, engine.caps, self.name, info=info, live=self._live_facts)
         self.chunk_jobs = ChunkJobs(connection, self.queues, engine.caps.name, result_ttl=result_ttl,
                                     chunks_per_job=getattr(engine, "chunks_per_job", 0))
         self.heartbeat_interval = heartbeat_interval
@@ -310,6 +312,7 @@ class BatchWorker(SimpleWorker):
                 began, texts = time.monotonic(), batch.work.texts
                 self._device_free.clear()
                 self._device_busy = (began, began + texts * self._seconds_per_text)
+                self.live.on_device(len(batch.runnable), texts)
                 try:
                     self.engine.forward(batch.work)
                     if self.metrics is not None:
@@ -322,6 +325,7 @@ class BatchWorker(SimpleWorker):
                     batch.engine_error = exc
                 finally:
                     self._device_free.set()
+                    self.live.on_device(0, 0)
                     if self.watchdog is not None:
                         self.watchdog.disarm()
             self._hand_off(forwarded, batch, stages)
@@ -504,6 +508,7 @@ class BatchWorker(SimpleWorker):
             self.metrics.answered([answer.code for answer in written])
         self.batches += 1
         self.served += counts[0]
+        self.live.finished(sum(result.shape[0] for result in results if result is not None and result.ok))
         log.info("worker %s: round of %d: %d served, %d failed, %d requeued%s in %.3f s", self.name,
                  batch.size, counts[0], counts[1], counts[2],
                  f", {counts[3]} answered late (their claim had lapsed)" if counts[3] else "",
@@ -582,7 +587,14 @@ class BatchWorker(SimpleWorker):
             if held:
                 self.heartbeat()
             self._advertised_at = stamp
+        else:
+            self.advertiser.publish_live()
         self.recover()
+
+    def _live_facts(self) -> dict:
+        """The advert's changing part: idle, busy (holding taken jobs) or draining, and worker.livestats'."""
+        state = "draining" if self._draining else "busy" if self.held_count() else "idle"
+        return {"state": state, **self.live.facts()}
 
     def recover(self) -> int:
         """Requeue every lapsed claim of this model's queue (a dead worker's jobs); returns how many."""

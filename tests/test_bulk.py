@@ -1,0 +1,258 @@
+"""`embedfleet embed` against a real worker: every input format, output formats, batch files, the bounded
+window, and resuming after SIGINT and SIGKILL to the same bytes as an uninterrupted run."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from rq.suspension import resume, suspend
+
+from common.keys import PRIORITIES, queue_name
+from producer.bulk.checkpoint import Checkpoint, checkpoint_path, records
+from tests.commands import ROOT, assert_one_line_error, clean_env, embedfleet
+from tests.crashworker import token, vector
+from tests.hashed import MODEL
+
+LINES = 2000
+
+
+@pytest.fixture
+def env(tmp_path, redis_url) -> dict:
+    return clean_env(tmp_path / "cache", EMBEDFLEET_REDIS_URL=redis_url)
+
+
+def texts(count: int = LINES) -> list[str]:
+    return [f"text number {i}, with a comma and \"quotes\"" for i in range(count)]
+
+
+def expected(lines: list[str]) -> np.ndarray:
+    return np.stack([vector(token(t)) for t in lines])
+
+
+def assert_rows(vectors: np.ndarray, lines: list[str]) -> None:
+    """Row i is the vector of lines[i] (the worker re-normalises: equal up to float32 rounding)."""
+    assert vectors.shape == (len(lines), 8)
+    np.testing.assert_allclose(vectors, expected(lines), rtol=0, atol=1e-6)
+
+
+def write_input(path, lines: list[str], ids: list | None = None) -> None:
+    """`lines` in the format of `path`'s suffix; with `ids`, in an id column or field."""
+    if path.suffix == ".txt":
+        path.write_text("\n".join(lines) + "\n")
+    elif path.suffix == ".json":
+        path.write_text(json.dumps([{"id": i, "body": t} for i, t in zip(ids, lines)] if ids else lines))
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps({"id": i, "body": t} if ids else t) + "\n"
+                                for i, t in zip(ids or lines, lines)))
+    elif path.suffix == ".csv":
+        with path.open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["id", "body", "other"])
+            writer.writerows([i, t, "x"] for i, t in zip(ids, lines))
+    else:
+        pq.write_table(pa.table({"id": ids, "other": [1] * len(lines), "body": lines}), path, row_group_size=300)
+
+
+def in_queue(redis_client) -> int:
+    """Requests of MODEL queued or being worked on, over every priority level."""
+    names = [queue_name(MODEL, p) for p in PRIORITIES]
+    pipe = redis_client.pipeline()
+    for name in names:
+        pipe.llen(f"rq:queue:{name}").zcard(f"rq:wip:{name}")
+    return sum(pipe.execute())
+
+
+class DepthSampler:
+    """The largest in_queue() seen while it runs (sampled every few ms in a thread)."""
+
+    def __init__(self, redis_client):
+        self.redis, self.most, self._stop = redis_client, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self):
+        while not self._stop.wait(0.003):
+            self.most = max(self.most, in_queue(self.redis))
+
+
+def wait_for(condition, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".json", ".jsonl", ".csv", ".parquet"])
+def test_each_input_format_gives_every_text_in_order_with_its_id(tmp_path, fleet, env, suffix):
+    fleet()
+    lines = texts()
+    ids = None if suffix == ".txt" else [f"doc-{i}" for i in range(LINES)]
+    source, out = tmp_path / f"in{suffix}", tmp_path / "out.parquet"
+    write_input(source, lines, ids)
+    column = [] if suffix == ".txt" else ["--column" if suffix in (".csv", ".parquet") else "--field", "body"]
+
+    done = embedfleet("embed", str(source), str(out), "--chunk", "50", *column, env=env)
+
+    assert done.returncode == 0, done.stderr
+    assert f"embedded {LINES} texts" in done.stdout and f"({LINES}, 8)" in done.stdout
+    table = pq.read_table(out)
+    assert table.column_names == ["id", "embedding"]
+    assert table.column("id").to_pylist() == (ids or list(range(LINES)))
+    assert_rows(np.array(table.column("embedding").to_pylist(), np.float32), lines)
+    assert not checkpoint_path(out).exists()
+
+
+def test_npy_and_jsonl_outputs_hold_the_same_vectors(tmp_path, fleet, env):
+    fleet()
+    lines = texts(300)
+    source = tmp_path / "in.txt"
+    write_input(source, lines)
+    for out in (tmp_path / "out.npy", tmp_path / "out.jsonl"):
+        done = embedfleet("embed", str(source), str(out), "--chunk", "64", env=env)
+        assert done.returncode == 0, done.stderr
+    assert_rows(np.load(tmp_path / "out.npy"), lines)
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == list(range(300))
+    assert_rows(np.array([r["embedding"] for r in rows], np.float32), lines)
+
+
+def test_an_openai_batch_file_in_and_out(tmp_path, fleet, env):
+    fleet()
+    requests = [{"custom_id": f"req-{i}", "method": "POST", "url": "/v1/embeddings",
+                 "body": {"model": MODEL, "input": [f"first {i}", f"second {i}"]}} for i in range(30)]
+    requests[4]["body"]["dimensions"] = 4
+    requests[7]["body"]["encoding_format"] = "base64"
+    requests[9]["body"]["temperature"] = 1  # refused on its own line; the other lines are answered
+    requests[11]["body"]["model"] = "no-such-model"
+    source, out = tmp_path / "batch.jsonl", tmp_path / "answers.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in requests))
+
+    done = embedfleet("embed", str(source), str(out), env=env)
+
+    assert done.returncode == 0, done.stderr
+    assert "answered 30 batch requests (2 failed" in done.stdout
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["custom_id"] for line in lines] == [r["custom_id"] for r in requests]
+    first = lines[0]["response"]
+    assert first["status_code"] == 200 and first["body"]["object"] == "list"
+    assert_rows(np.array([d["embedding"] for d in first["body"]["data"]], np.float32), ["first 0", "second 0"])
+    assert len(lines[4]["response"]["body"]["data"][0]["embedding"]) == 4
+    packed = base64.b64decode(lines[7]["response"]["body"]["data"][1]["embedding"])
+    assert_rows(np.frombuffer(packed, "<f4")[None], ["second 7"])
+    refused = lines[9]["response"]
+    assert refused["status_code"] == 400 and "temperature" in refused["body"]["error"]["message"]
+    assert lines[11]["response"]["status_code"] == 404 and lines[11]["error"]["code"] == "model_not_found"
+    assert lines[0]["error"] is None
+
+
+@pytest.mark.parametrize(("stop", "suffix"), [(signal.SIGKILL, ".parquet"), (signal.SIGINT, ".npy")],
+                         ids=["SIGKILL-parquet", "SIGINT-npy"])
+def test_killed_mid_run_it_resumes_to_the_same_bytes_and_never_queues_more_than_its_window(
+        tmp_path, fleet, env, redis_client, stop, suffix):
+    window, chunk = 4, 16
+    fleet(seconds_per_text=0.0015)
+    lines = texts()
+    source = tmp_path / "in.csv"
+    write_input(source, lines, [f"doc-{i}" for i in range(LINES)])
+    args = ["--chunk", str(chunk), "--window", str(window), "--column", "body"]
+    reference = tmp_path / f"reference{suffix}"
+    assert embedfleet("embed", str(source), str(reference), *args, env=env).returncode == 0
+
+    out = tmp_path / f"out{suffix}"
+    log = checkpoint_path(out)
+    with DepthSampler(redis_client) as depth:
+        suspend(redis_client)  # no worker takes anything: the run fills its window and waits
+        run = subprocess.Popen([sys.executable, "-m", "producer.cli", "embed", str(source), str(out), *args],
+                               env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: in_queue(redis_client) == window, what="a full window")
+        time.sleep(0.5)
+        assert in_queue(redis_client) == window  # a full window, and no more, while nothing moves
+        resume(redis_client)
+        wait_for(lambda: log.exists() and sum(kind == "D" for kind, _ in records(log)) >= 30, what="progress")
+        run.send_signal(stop)
+        _, stderr = run.communicate(timeout=60)
+        assert run.returncode == (130 if stop == signal.SIGINT else -signal.SIGKILL), stderr
+        if stop == signal.SIGINT:
+            assert "interrupted" in stderr and "rerun the same command to resume" in stderr
+        assert not out.exists() and log.exists()
+        done_before = {unit for kind, unit in records(log) if kind == "D"}
+        assert 30 <= len(done_before) < LINES // chunk
+
+        again = embedfleet("embed", str(source), str(out), *args, env=env)
+
+    assert again.returncode == 0, again.stderr
+    assert f"{len(done_before)} of {-(-LINES // chunk)} requests done" in again.stderr
+    assert out.read_bytes() == reference.read_bytes()
+    assert not log.exists()
+    assert depth.most == window, f"the queue held {depth.most} of the run's requests; its window is {window}"
+
+
+def test_bad_files_and_columns_are_one_line_and_leave_no_output(tmp_path, fleet, env):
+    fleet()
+    out = tmp_path / "out.parquet"
+    table = tmp_path / "in.csv"
+    write_input(table, ["a", "b"], [1, 2])
+    assert_one_line_error(embedfleet("embed", str(table), str(out), "--column", "text", env=env), 1,
+                          "no column 'text'", "id, body, other", "--column")
+    broken = tmp_path / "in.jsonl"
+    broken.write_text('"fine"\n{"no": \n')
+    assert_one_line_error(embedfleet("embed", str(broken), str(out), env=env), 1, f"{broken}:2", "not valid JSON")
+    objects = tmp_path / "objects.json"
+    objects.write_text(json.dumps([{"body": "x"}]))
+    assert_one_line_error(embedfleet("embed", str(objects), str(out), env=env), 1, "no field 'text'", "--field")
+    fake = tmp_path / "fake.parquet"
+    fake.write_text("not parquet")
+    assert_one_line_error(embedfleet("embed", str(fake), str(out), env=env), 1, "not a readable Parquet file")
+    assert_one_line_error(embedfleet("embed", str(table), str(tmp_path / "out.csv"), "--column", "body", env=env), 1,
+                          "unknown output format", ".npy, .parquet, .jsonl")
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_a_checkpoint_of_another_run_is_refused_until_no_resume(tmp_path, fleet, env):
+    fleet()
+    source, out = tmp_path / "in.txt", tmp_path / "out.npy"
+    write_input(source, texts(40))
+    checkpoint_path(out).write_bytes(b"")  # a run killed before its first record: simply started over
+    assert embedfleet("embed", str(source), str(out), "--chunk", "8", env=env).returncode == 0
+    stale = Checkpoint(checkpoint_path(out), {"version": 1, "input_sha256": "0" * 64})
+    stale.open(resume=False)
+    stale.close()
+    done = embedfleet("embed", str(source), str(out), "--chunk", "8", env=env)
+    assert_one_line_error(done, 1, "checkpoint of another run", "input_sha256", "--no-resume")
+    done = embedfleet("embed", str(source), str(out), "--chunk", "8", "--no-resume", env=env)
+    assert done.returncode == 0, done.stderr
+    assert_rows(np.load(out), texts(40))
+
+
+def test_a_fleet_that_stops_answering_ends_the_run_with_its_progress_kept(tmp_path, fleet, env, redis_client):
+    fleet()
+    source, out = tmp_path / "in.txt", tmp_path / "out.npy"
+    write_input(source, texts(64))
+    suspend(redis_client)
+    done = embedfleet("embed", str(source), str(out), "--chunk", "8", "--window", "2", "--timeout", "1", env=env)
+    assert_one_line_error(done, 1, "no result for request", "0 of 8 requests done are kept in",
+                          "rerun the same command to resume")
+    assert not out.exists() and in_queue(redis_client) == 2
+    resume(redis_client)
+    done = embedfleet("embed", str(source), str(out), "--chunk", "8", "--window", "2", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "0 of 8 requests done, 2 in flight" in done.stderr
+    assert_rows(np.load(out), texts(64))

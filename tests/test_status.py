@@ -1,0 +1,119 @@
+"""`embedfleet status` against a real worker: its queues per priority, their ages, the worker's live facts
+and the last hour's failures, as --json and as tables."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from rq import Queue
+from rq.suspension import resume, suspend
+
+from common.keys import FAILURE_TTL, JOB_FUNC, model_workers_key, queue_name, worker_info_key
+from common.serializer import MsgpackSerializer
+from producer import Producer
+from producer.core import build_request, enqueue
+from tests.commands import ROOT, clean_env, embedfleet
+from tests.hashed import MODEL
+
+
+@pytest.fixture
+def env(tmp_path, redis_url) -> dict:
+    return clean_env(tmp_path / "cache", EMBEDFLEET_REDIS_URL=redis_url)
+
+
+def status_json(env) -> dict:
+    done = embedfleet("status", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_status_json_reports_queues_ages_workers_and_failures(fleet, redis_url, redis_client, env):
+    worker = fleet(heartbeat_interval=0.3)
+    suspend(redis_client)  # the worker takes nothing: the queues hold what the test put there
+    with Producer(redis_url) as producer:
+        caps = producer.models()[MODEL]
+        interactive = producer.submit_many([["a", "b"], ["c"], ["d"]], MODEL)
+        # what a Producer with priorities (issue #10) enqueues at `bulk`: the same job on the model's bulk queue
+        enqueue(Queue(queue_name(MODEL, "bulk"), connection=redis_client, serializer=MsgpackSerializer),
+                [build_request(["e"], caps, None, {}) for _ in range(2)])
+        bad = Queue(queue_name(MODEL), connection=redis_client, serializer=MsgpackSerializer)
+        bad.enqueue_many([Queue.prepare_data(JOB_FUNC, args=[b"\xc1 not a request"], job_id="garbled",
+                                             failure_ttl=FAILURE_TTL)])
+        time.sleep(1.2)
+
+        held = status_json(env)
+
+        [model] = held["models"]
+        assert model["name"] == MODEL and model["served"] and model["dim"] == 8 and model["live_workers"] == 1
+        queues = {q["priority"]: q for q in model["queues"]}
+        assert queues["interactive"]["depth"] == 4 and queues["bulk"]["depth"] == 2
+        assert [queues[p]["queue"] for p in ("interactive", "bulk")] == [queue_name(MODEL), f"{queue_name(MODEL)}@bulk"]
+        assert 1.0 <= queues["interactive"]["oldest_age_s"] < 30 and 1.0 <= queues["bulk"]["oldest_age_s"] < 30
+        # the producers' estimate (common.scheduling): 2 per one-character text; the garbled job counts none
+        assert queues["interactive"]["queued_tokens"] == 4 * 2 and queues["bulk"]["queued_tokens"] == 2 * 2
+        [seen] = held["workers"]
+        assert seen["name"] == worker.name and seen["model"] == MODEL and seen["device"] == "cpu"
+        assert seen["max_batch_tokens"] == 64 and seen["state"] == "idle" and seen["last_beat_s"] < 5
+        assert seen["texts_per_s"] == 0 and seen["texts_history"] == [0] * 60
+
+        resume(redis_client)
+        for request_id in interactive:
+            producer.wait(request_id, 30)
+        deadline = time.monotonic() + 10
+        while (after := status_json(env))["workers"][0]["texts_done"] < 4:
+            assert time.monotonic() < deadline, after
+            time.sleep(0.2)
+
+    [model] = after["models"]
+    queues = {q["priority"]: q for q in model["queues"]}
+    assert queues["interactive"]["depth"] == 0 and queues["interactive"]["oldest_age_s"] is None
+    assert model["failures_last_hour"] == {"decode_error": 1}
+    [seen] = after["workers"]
+    assert seen["texts_per_s"] > 0 and sum(seen["texts_history"]) == 4 and seen["rounds"] >= 1
+    assert model["texts_per_s"] == seen["texts_per_s"] and model["cache_hit_rate"] is None
+
+
+def test_status_tables_and_a_forged_advert(fleet, redis_client, env):
+    worker = fleet()
+    redis_client.zadd(model_workers_key(MODEL), {"forged": time.time()})
+    redis_client.set(worker_info_key("forged"), b"\xc1 not msgpack")
+    done = embedfleet("status", env={**env, "COLUMNS": "250"})
+    assert done.returncode == 0, done.stderr
+    for word in ("models and queues", "interactive", "bulk", "workers", worker.name, "64 tok / 64 rows", "idle"):
+        assert word in done.stdout, done.stdout
+    assert "forged" not in done.stdout  # an advert that does not decode is left out, never a crash
+    assert [w["name"] for w in status_json(env)["workers"]] == [worker.name]
+
+
+def test_status_with_no_fleet(env):
+    done = embedfleet("status", env=env)
+    assert done.returncode == 0 and "no model is served" in done.stdout, done.stderr
+    assert status_json(env)["models"] == []
+
+
+def test_watch_redraws_until_ctrl_c(fleet, env):
+    fleet()
+    watch = subprocess.Popen([sys.executable, "-m", "producer.cli", "status", "--watch", "0.2"], cwd=ROOT,
+                             env={**env, "COLUMNS": "250"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    watch.send_signal(signal.SIGINT)
+    out, err = watch.communicate(timeout=30)
+    assert watch.returncode == 130, err
+    assert out.count("models and queues") >= 3 and MODEL in out and "Traceback" not in err  # one per refresh
+
+
+def test_a_busy_worker_shows_the_round_on_its_device_within_a_beat(fleet, redis_url, env):
+    # 40 texts: 2.4 s on the "device"; adverts every 10 s, heartbeats (leases, live facts) every 0.3 s
+    fleet(seconds_per_text=0.06, lease=0.9)
+    with Producer(redis_url) as producer:
+        request_id = producer.submit([f"text {i}" for i in range(40)], MODEL)
+        deadline = time.monotonic() + 10
+        while (seen := status_json(env)["workers"][0]).get("current_texts") != 40:
+            assert time.monotonic() < deadline, seen
+        assert seen["state"] == "busy" and seen["current_requests"] == 1
+        producer.wait(request_id, 30)
