@@ -65,16 +65,17 @@ def test_status_json_reports_queues_ages_workers_and_failures(fleet, redis_url, 
         for request_id in interactive:
             producer.wait(request_id, 30)
         deadline = time.monotonic() + 10
-        while (after := status_json(env))["workers"][0]["texts_done"] < 4:
+        while (after := status_json(env))["workers"][0]["texts_done"] < 6:  # the 2 bulk ones too
             assert time.monotonic() < deadline, after
             time.sleep(0.2)
 
     [model] = after["models"]
     queues = {q["priority"]: q for q in model["queues"]}
     assert queues["interactive"]["depth"] == 0 and queues["interactive"]["oldest_age_s"] is None
+    assert queues["bulk"]["depth"] == 0 and queues["bulk"]["queued_tokens"] == 0
     assert model["failures_last_hour"] == {"decode_error": 1}
     [seen] = after["workers"]
-    assert seen["texts_per_s"] > 0 and sum(seen["texts_history"]) == 4 and seen["rounds"] >= 1
+    assert seen["texts_per_s"] > 0 and sum(seen["texts_history"]) == 6 and seen["rounds"] >= 1
     assert model["texts_per_s"] == seen["texts_per_s"] and model["cache_hit_rate"] is None
 
 
