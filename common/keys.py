@@ -20,6 +20,18 @@
                                             the result's own pipeline, so it outlives its result by at
                                             most that round trip (and a job dropped unserved by RESULT_TTL)
 
+    embedfleet:cache:<model>:<in>   STRING  one pooled float32 vector (little-endian, the model's width), the
+                                            forward pass's output before cut/normalise/cast (worker/cache.py);
+                                            <model> = the worker's model identity (name, digest of its files,
+                                            dtype, device kind), <in> = digest of (prompt length, token ids);
+                                            TTL the worker's --cache-ttl (CACHE_TTL). On the queue's Redis by
+                                            default, or on --cache-url's (an LRU Redis of its own)
+    embedfleet:inflight:<digest>    STRING  the id of the request now computing this (model, inputs, params)
+                                            digest: later identical requests attach to it (worker/inflight.py),
+                                            TTL INFLIGHT_TTL (renewed while it runs)
+    embedfleet:followers:<id>       LIST    ids of identical requests waiting for request <id>'s answer,
+                                            TTL INFLIGHT_TTL
+
     Every key above expires. The only keys without a TTL are shared, one per model or per fleet:
     embedfleet:models, rq:queues, rq:queue:<queue> and rq's registries.
 
@@ -65,6 +77,10 @@ LEASE_GRACE = 60  # seconds a lapsed claim stays invisible to rq's own cleanup (
 RECOVER_LIMIT = 1000  # lapsed claims one recover run requeues (the rest on the next run)
 MAX_DELIVERIES = 3  # default --max-deliveries: a job whose worker died this often is failed as poison
 DRAIN_TIMEOUT = 30.0  # default --drain-timeout
+
+CACHE_TTL = 24 * 3600  # default --cache-ttl: seconds a cached vector lives (the bound on the queue's Redis)
+INFLIGHT_TTL = 60  # seconds an in-flight marker outlives its last renewal (a dead leader's followers wait
+#                    at most this long, then run on their own)
 
 JOB_FUNC = "worker.jobs.embed"  # the rq job's function name; the batch worker runs it in bulk
 
@@ -133,3 +149,15 @@ def model_workers_key(model: str) -> str:
 
 def worker_info_key(worker_name: str) -> str:
     return f"{PREFIX}:worker:{worker_name}"
+
+
+def cache_key(model_identity: str, input_digest: str) -> str:
+    return f"{PREFIX}:cache:{model_identity}:{input_digest}"
+
+
+def inflight_key(request_digest: str) -> str:
+    return f"{PREFIX}:inflight:{request_digest}"
+
+
+def followers_key(request_id: str) -> str:
+    return f"{PREFIX}:followers:{request_id}"

@@ -31,6 +31,7 @@ class EmbedRequest(BaseModel):
     params: PoolingParams = PoolingParams()
     created_at: float = Field(default_factory=time.time)
     reply_to: str | None = None  # an optional per-producer stream that also gets the id on completion
+    cache: bool = True  # False: computed afresh, neither read from nor written to the fleet's vector cache
 
     @field_validator("model", "inputs", "reply_to")
     @classmethod
@@ -65,7 +66,10 @@ class EmbedRequest(BaseModel):
         return self.model_copy(update={"params": self.params.resolve(caps)})
 
     def encode(self) -> bytes:
-        return packb({"v": WIRE_VERSION, **self.model_dump(mode="json", exclude_defaults=False)})
+        # `cache` travels only when off, so that a worker of an earlier build (extra="forbid") still reads
+        # every request that leaves it at its default.
+        return packb({"v": WIRE_VERSION, **self.model_dump(mode="json", exclude_defaults=False,
+                                                           exclude=None if not self.cache else {"cache"})})
 
     @classmethod
     def decode(cls, raw: bytes) -> EmbedRequest:

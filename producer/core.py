@@ -29,7 +29,8 @@ def parse_models(names: list[str], raw_caps: list[bytes | None]) -> dict[str, Mo
 
 
 WORKER_FIELDS = {"model": str, "device": str, "dtype": str, "max_batch_tokens": int, "max_batch_size": int,
-                 "budget_source": str, "max_jobs": int, "host": str, "pid": int, "cuda_visible_devices": str}
+                 "budget_source": str, "max_jobs": int, "host": str, "pid": int, "cuda_visible_devices": str,
+                 "cache_hits": int, "cache_misses": int}
 
 
 def parse_worker_info(name: str, raw: bytes | None) -> dict | None:
@@ -77,12 +78,15 @@ def build_request(inputs, caps: ModelCapabilities, params: PoolingParams | None,
     """A request checked against the advertised capabilities (the worker checks again).
 
     The request carries the params as the caller gave them, so the worker merges its own defaults.
+    `fields` may hold `cache` (False: bypass the fleet's vector cache) besides the PoolingParams fields.
     """
+    fields = dict(fields)
+    cache = fields.pop("cache", True)
     try:
         if params is not None:  # fields override the given params, and are validated like them
             fields = {**params.model_dump(exclude_unset=True), **fields}
         request = EmbedRequest(model=caps.name, inputs=normalize_inputs(inputs),
-                               params=PoolingParams(**fields), reply_to=reply_to)
+                               params=PoolingParams(**fields), reply_to=reply_to, cache=cache)
     except PydanticValidationError as exc:  # the gateway's schema errors meet the same formatter
         raise invalid_request(exc.errors()) from exc
     request.resolve(caps)

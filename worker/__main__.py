@@ -53,7 +53,9 @@ def serve(argv: list[str]) -> int:
     if url != settings.redis_url:
         connection = connect(url)
         check_access(connection, url)
-    engine = Engine(model, max_batch_tokens=budget.max_batch_tokens, max_batch_size=budget.max_batch_size)
+    cache = _cache(settings, connection, model, path, dtype)
+    engine = Engine(model, max_batch_tokens=budget.max_batch_tokens, max_batch_size=budget.max_batch_size,
+                    cache=cache)
     info = {"device": device, "dtype": dtype, "max_batch_tokens": budget.max_batch_tokens,
             "max_batch_size": budget.max_batch_size, "budget_source": budget.source, "max_jobs": settings.max_jobs,
             "host": socket.gethostname(), "pid": os.getpid(),  # `embedfleet health --worker` looks for its host
@@ -65,10 +67,35 @@ def serve(argv: list[str]) -> int:
                          drain_timeout=settings.drain_timeout, watchdog=watchdog, name=settings.name, info=info)
     logging.getLogger("embedfleet.worker").info(
         "serving model %s (%s, dim %d, max length %d, %s on %s, probe cosine vs float32 %.5f, batches of %s) "
-        "from queue %s on %s as %s", model.caps.name, path, model.caps.embedding_size, model.caps.max_model_len,
-        dtype, device, model.fidelity, budget.describe(), worker.queue.name, redact(url), worker.name)
+        "from queue %s on %s as %s; %s", model.caps.name, path, model.caps.embedding_size, model.caps.max_model_len,
+        dtype, device, model.fidelity, budget.describe(), worker.queue.name, redact(url), worker.name,
+        "cache off" if cache is None else f"cache on {redact(settings.cache_url or url)}, model identity "
+                                          f"{cache.identity}, entries live {settings.cache_ttl} s")
     worker.work(burst=settings.burst)
     return 0
+
+
+def _cache(settings: WorkerSettings, queue, model, path: str, dtype: str):
+    """The vector cache (worker/cache.py), or None: off by flag, or the null model (it computes nothing).
+    A cache on the queue's Redis is refused when that Redis may evict queue or result keys."""
+    from worker.cache import VectorCache, check_placement  # noqa: PLC0415
+    from worker.identity import folder_digest, model_identity  # noqa: PLC0415
+    from worker.nullmodel import is_null  # noqa: PLC0415
+
+    log = logging.getLogger("embedfleet.worker")
+    if not settings.cache or is_null(path):
+        return None
+    store = None
+    if settings.cache_url:  # empty (compose passes unset variables as "") counts as unset
+        store = connect(settings.cache_url)
+        check_access(store, settings.cache_url)
+    warning = check_placement(queue, store)
+    if warning:
+        log.warning("%s", warning)
+    files = folder_digest(model.folder or path)
+    identity = model_identity(model.caps.name, files, dtype, str(model.device))
+    return VectorCache(store or queue, identity, model.caps.embedding_size, ttl=settings.cache_ttl,
+                       max_memory=settings.cache_max_memory)
 
 
 def _per_token(flag: float | None, budget) -> float:

@@ -31,13 +31,15 @@ class Advertiser:
     """Writes `caps` under the model's keys for `worker_name` (see common.keys for the layout)."""
 
     def __init__(self, connection: Redis, caps: ModelCapabilities, worker_name: str,
-                 ttl: int = ADVERTISE_TTL, info: dict | None = None):
+                 ttl: int = ADVERTISE_TTL, info: dict | None = None, stats=None):
         self.connection = connection
         self.caps = caps
         self.worker_name = worker_name
         self.ttl = ttl
         self._blob = caps.encode()
-        self._info = packb({"model": caps.name, **(info or {})})  # this worker's device, dtype, batch budget
+        self._facts = {"model": caps.name, **(info or {})}  # this worker's device, dtype, batch budget
+        self._info = packb(self._facts)
+        self._stats = stats  # a callable: counters that change (cache hits and misses), read at each advert
 
     def advertise(self) -> None:
         """One transaction: this worker's beat, capabilities with a TTL, the model name; prunes dead workers."""
@@ -49,7 +51,8 @@ class Advertiser:
             pipe.sadd(MODELS_KEY, name)
             pipe.zremrangebyscore(model_workers_key(name), "-inf", now - self.ttl)
             pipe.expire(model_workers_key(name), self.ttl * 2)
-            pipe.set(worker_info_key(self.worker_name), self._info, ex=self.ttl)
+            info = packb({**self._facts, **self._stats()}) if self._stats else self._info
+            pipe.set(worker_info_key(self.worker_name), info, ex=self.ttl)
             pipe.execute()
 
     def withdraw(self) -> bool:

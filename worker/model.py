@@ -147,6 +147,7 @@ class LoadedModel:
     _position_ids: bool = False
     _prompt_lengths: dict = field(default_factory=dict)
     fidelity: float = 1.0  # lowest probe cosine of the serving dtype against float32 (worker/fidelity.py)
+    folder: str = ""  # the folder it was loaded from (a hub id's snapshot): the cache digests its files
 
     @torch.inference_mode()
     def embed(self, token_lists: list[list[int]], prompt_lengths: list[int] | None = None) -> torch.Tensor:
@@ -248,7 +249,7 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         tokenizer=tokenizer, module=module, pooler=pooler, dense=dense, caps=caps,
         device=device, padding_side=getattr(tokenizer, "padding_side", "right") or "right",
         pad_token_id=pad,
-        _position_ids="position_ids" in inspect.signature(module.forward).parameters,
+        _position_ids="position_ids" in inspect.signature(module.forward).parameters, folder=folder,
     )
     if dtype != "float32":
         loaded.fidelity = cast_with_fidelity_check(loaded, _DTYPES[dtype])

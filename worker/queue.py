@@ -138,7 +138,8 @@ class BatchWorker(SimpleWorker):
         if lease <= 0 or max_deliveries < 1:
             raise ValueError(f"lease must be positive and max_deliveries at least 1, got {lease}, {max_deliveries}")
         self.schema = RqSchema(connection, self.queue.name, self.name, result_ttl=result_ttl, lease=lease)
-        self.advertiser = Advertiser(connection, engine.caps, self.name, info=info)
+        self.advertiser = Advertiser(connection, engine.caps, self.name, info=info,
+                                     stats=getattr(engine, "stats", None))  # cache hits and misses
         self.heartbeat_interval = heartbeat_interval
         self.lease = lease
         self.max_deliveries = max_deliveries

@@ -41,10 +41,15 @@ class EmbedBody(BaseModel):
     add_special_tokens: bool | None = None
     embed_dtype: EmbedDtype | None = None
     endianness: Endianness | None = None
+    cache: bool | None = Field(None, description="false: compute afresh, bypassing the fleet's vector cache")
 
     def param_fields(self) -> dict:
         """The PoolingParams fields that were sent, as keywords for Producer.submit (which validates them)."""
         return self.model_dump(include=PARAM_FIELDS, exclude_none=True)
+
+    def request_fields(self) -> dict:
+        """param_fields plus the request's own options (`cache`), as keywords for Producer.submit."""
+        return {**self.param_fields(), **({} if self.cache is None else {"cache": self.cache})}
 
     @model_validator(mode="before")
     @classmethod
