@@ -26,11 +26,11 @@
                                             dtype, device kind), <in> = digest of (prompt length, token ids);
                                             TTL the worker's --cache-ttl (CACHE_TTL). On the queue's Redis by
                                             default, or on --cache-url's (an LRU Redis of its own)
-    embedfleet:inflight:<digest>    STRING  the id of the request now computing this (model, inputs, params)
-                                            digest: later identical requests attach to it (worker/inflight.py),
-                                            TTL INFLIGHT_TTL (renewed while it runs)
-    embedfleet:followers:<id>       LIST    ids of identical requests waiting for request <id>'s answer,
-                                            TTL INFLIGHT_TTL
+    embedfleet:inflight:<digest>    STRING  the id of the request a worker is computing for this digest of
+                                            (model identity, model, inputs, params): identical requests taken
+                                            meanwhile wait for its answer (worker/inflight.py); TTL
+                                            INFLIGHT_TTL, renewed by its worker's heartbeat, deleted once it
+                                            is answered. On the queue's Redis (it is read with the results)
 
     Every key above expires. The only keys without a TTL are shared, one per model or per fleet:
     embedfleet:models, rq:queues, rq:queue:<queue> and rq's registries.
@@ -158,6 +158,3 @@ def cache_key(model_identity: str, input_digest: str) -> str:
 def inflight_key(request_digest: str) -> str:
     return f"{PREFIX}:inflight:{request_digest}"
 
-
-def followers_key(request_id: str) -> str:
-    return f"{PREFIX}:followers:{request_id}"

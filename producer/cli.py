@@ -95,8 +95,17 @@ def status(argv: list[str]) -> int:
                 print(f"  worker {worker['name']}: {worker.get('device', '?')} {worker.get('dtype', '?')}, "
                       f"batches of {worker.get('max_batch_tokens', '?')} padded tokens / "
                       f"{worker.get('max_batch_size', '?')} rows ({worker.get('budget_source', '?')}), "
-                      f"takes {worker.get('max_jobs', '?')} requests at a time")
+                      f"takes {worker.get('max_jobs', '?')} requests at a time, {_cache_counts(worker)}")
     return 0
+
+
+def _cache_counts(worker: dict) -> str:
+    """The worker's vector-cache counters (inputs found / computed since it started), or "cache off"."""
+    if "cache_hits" not in worker:
+        return "cache off"
+    hits, misses = worker["cache_hits"], worker.get("cache_misses", 0)
+    rate = f" ({100 * hits / (hits + misses):.0f}% hits)" if hits + misses else ""
+    return f"cache {hits} hits / {misses} misses{rate}"
 
 
 # -- embed: a file of texts into a .npy file ----------------------------------------------------------

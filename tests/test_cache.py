@@ -216,3 +216,54 @@ def test_the_cache_key_names_the_model_and_the_input():
     cache = VectorCache(None, "a" * 32, 4)
     assert cache.key([1, 2, 3], 0) != cache.key([1, 2, 3], 1) != cache.key([1, 2], 0)
     assert cache.key([1, 2, 3], 0) == cache.key((1, 2, 3), 0)
+
+
+def test_end_to_end_cache_flag_over_http_python_and_status(bert_mean, redis_url, redis_client, tmp_path):
+    """A real `python -m worker` process (cache on by default), a real gateway and the Python producer:
+    `cache: false` travels on every path, and `embedfleet status` shows the worker's counters."""
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from producer import Producer
+    from tests.commands import ROOT, clean_env, embedfleet
+    from tests.gatewayserver import Server, settings
+
+    env = clean_env(tmp_path / "xdg")
+    worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", bert_mean,
+                               "--served-model-name", "tiny", "--poll-timeout", "1", "--probe-seconds", "1"],
+                              env={**env, "PYTHONPATH": str(ROOT)})
+    gateway = Server(settings(redis_url))
+    try:
+        with Producer(redis_url) as producer, httpx.Client(base_url=gateway.url, timeout=60) as http:
+            deadline = time.monotonic() + 120
+            while not producer.models():
+                assert worker.poll() is None and time.monotonic() < deadline, "no worker came up"
+                time.sleep(0.2)
+            texts = ["coffee tea bread", "river mountain"]
+            first = producer.wait(producer.submit(texts, "tiny"), 60)
+            assert len(redis_client.keys("embedfleet:cache:*")) == 2
+            bypass = producer.wait(producer.submit(["never cached"], "tiny", cache=False), 60)
+            body = {"model": "tiny", "input": ["also never cached"], "cache": False}
+            assert http.post("/v1/embeddings", json=body).status_code == 200
+            assert http.post("/pooling", json=body).status_code == 200
+            job = http.post("/v1/jobs", json=body)
+            assert job.status_code == 202
+            assert http.get(f"/v1/jobs/{job.json()['id']}", params={"wait": 30}).status_code == 200
+            assert len(redis_client.keys("embedfleet:cache:*")) == 2 and bypass.ok
+            again = http.post("/v1/embeddings", json={"model": "tiny", "input": texts, "encoding_format": "base64"})
+            assert again.status_code == 200
+            assert producer.wait(producer.submit(texts, "tiny"), 60).data == first.data
+            bad = http.post("/v1/embeddings", json={"model": "tiny", "input": "x", "cache": "sometimes"})
+            assert bad.status_code == 400 and "cache" in bad.text
+            deadline = time.monotonic() + 30  # the advert refreshes every HEARTBEAT_INTERVAL
+            while "cache 4 hits / 2 misses (67% hits)" not in (out := embedfleet(
+                    "status", "--redis-url", redis_url, env=env).stdout):
+                assert time.monotonic() < deadline, out
+                time.sleep(1)
+    finally:
+        gateway.stop()
+        worker.terminate()
+        worker.wait(30)
