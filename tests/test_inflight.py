@@ -132,3 +132,22 @@ def test_cache_false_never_attaches(fleet, redis_client):
     enqueue(redis_client, request)
     serve(worker)
     assert results(redis_client, [request])[0].ok and worker.inflight.attached == worker.inflight.let_go == 0
+
+
+def test_a_stopping_worker_leaves_no_follower_parked(fleet, redis_client):
+    """stop() finishes every job taken: a parked follower stops waiting and runs in a last round."""
+    worker = fleet()
+    follower = EmbedRequest(model="m", inputs=TEXTS)
+    redis_client.set(inflight_key(request_digest(worker.inflight.identity, follower)), "c" * 32, ex=600)
+    enqueue(redis_client, follower)
+    thread = threading.Thread(target=worker.work)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not worker.inflight.parked:
+        assert time.monotonic() < deadline, "the follower was never parked"
+        time.sleep(0.01)
+    worker.stop()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    answer, = results(redis_client, [follower])
+    assert answer.ok and worker.inflight.let_go == 1 and worker.held_count() == 0

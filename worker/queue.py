@@ -443,7 +443,7 @@ class BatchWorker(SimpleWorker):
             followers = [job for job, *_ in answered + resumed]
             batch.answers = [answers.failed(job, error, Outcome.RETRY, None, self.engine.caps.name)
                              for job in taken + followers if job.kind is Kind.STARTED]
-        return batch
+        return batch if batch.size else None  # all it took was parked (followers of requests in flight)
 
     def _prepare_round(self, batch: Batch, taken: list[Taken], answered=(), resumed=()) -> None:
         """Decode each taken job, answer the ones that cannot run (poison too), and tokenise the rest.
