@@ -263,6 +263,9 @@ def test_end_to_end_cache_flag_over_http_python_and_status(bert_mean, redis_url,
                     "status", "--redis-url", redis_url, env=env).stdout):
                 assert time.monotonic() < deadline, out
                 time.sleep(1)
+            metrics = http.get("/metrics").text
+            assert 'embedfleet_cache_inputs{model="tiny",outcome="hit"} 4.0' in metrics
+            assert 'embedfleet_cache_inputs{model="tiny",outcome="miss"} 2.0' in metrics
     finally:
         gateway.stop()
         worker.terminate()

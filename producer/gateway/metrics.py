@@ -24,6 +24,9 @@ class Metrics:
                                  ["model"], registry=self.registry)
         self.live_workers = Gauge("embedfleet_live_workers", "workers serving a model, at scrape",
                                   ["model"], registry=self.registry)
+        # Sums over the live workers' own counters (since each started): gauges, as workers come and go.
+        self.cache = Gauge("embedfleet_cache_inputs", "inputs the live workers of a model found in the vector "
+                           "cache (hit) or computed (miss), at scrape", ["model", "outcome"], registry=self.registry)
 
     def error(self, code: str) -> None:
         self.errors.labels(code=code).inc()
@@ -36,6 +39,13 @@ class Metrics:
             self.queue_depth.labels(model=model).set(depth)
         for model, count in workers.items():
             self.live_workers.labels(model=model).set(count)
+
+    def set_cache(self, counts: dict[str, tuple[int, int]]) -> None:
+        """Replace the cache gauges: model -> (hits, misses) summed over its live workers."""
+        self.cache.clear()
+        for model, (hits, misses) in counts.items():
+            self.cache.labels(model=model, outcome="hit").set(hits)
+            self.cache.labels(model=model, outcome="miss").set(misses)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
