@@ -135,9 +135,9 @@ def test_a_corrupt_entry_is_a_miss_and_is_rewritten(bert_mean, redis_client):
     assert redis_client.exists(bad, good) == 2
     redis_client.set(bad, b"short")
     redis_client.set(good, np.full(32, np.nan, "<f4").tobytes())
-    rows = engine.forward_rows
+    engine = cached_engine(bert_mean, redis_client)  # another worker: nothing of this in its memory
     again, = run(engine, request(texts))
-    assert engine.forward_rows - rows == 2 and engine.cache.invalid == 2
+    assert engine.forward_rows == 2 and engine.cache.invalid == 2
     assert again.data == reference.data
     assert len(redis_client.get(bad)) == 4 * 32
 
@@ -270,3 +270,32 @@ def test_end_to_end_cache_flag_over_http_python_and_status(bert_mean, redis_url,
         gateway.stop()
         worker.terminate()
         worker.wait(30)
+
+
+def test_the_worker_refuses_to_start_with_its_cache_on_an_allkeys_queue_redis(bert_mean, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.commands import ROOT, assert_one_line_error, clean_env
+
+    with RedisServer(tmp_path / "lru") as server:
+        redis.Redis.from_url(server.url).config_set("maxmemory-policy", "allkeys-lru")
+        command = [sys.executable, "-m", "worker", "--redis-url", server.url, "--model", bert_mean, "--burst"]
+        env = {**clean_env(tmp_path / "xdg"), "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+        assert_one_line_error(done, 1, "maxmemory-policy is allkeys-lru", "queued jobs and results included",
+                              "--cache-url", "--no-cache")
+        done = subprocess.run([*command, "--no-cache", "--probe-seconds", "1"], capture_output=True, text=True,
+                              timeout=120, env=env)
+        assert done.returncode == 0, done.stderr  # without a cache it serves (an empty queue: burst ends)
+
+
+def test_the_worker_dedups_a_request_full_of_duplicates(bert_mean, redis_client):
+    engine = cached_engine(bert_mean, redis_client)
+    distinct = sample_texts(4, seed=17)
+    request_ = EmbedRequest(model=engine.caps.name, inputs=[distinct[i % 4] for i in range(40)], cache=False)
+    enqueue(redis_client, request_)
+    assert BatchWorker(engine, redis_client).work(burst=True)
+    result = Result.decode(redis_client.get(result_key(request_.id)))
+    assert engine.forward_rows == 4 and result.ok and result.shape == (40, 32)
+    assert all((result.embeddings[i] == result.embeddings[i % 4]).all() for i in range(40))

@@ -151,3 +151,20 @@ def test_a_stopping_worker_leaves_no_follower_parked(fleet, redis_client):
     assert not thread.is_alive()
     answer, = results(redis_client, [follower])
     assert answer.ok and worker.inflight.let_go == 1 and worker.held_count() == 0
+
+
+def test_the_next_round_takes_what_the_round_on_the_device_computes(fleet, redis_client):
+    """The next round is prepared (and looked up) while this one is on the device, before its vectors reach
+    Redis: the forward stage hands them on from memory."""
+    worker = fleet(delay=1.0)
+    first = EmbedRequest(model="m", inputs=TEXTS)
+    second = EmbedRequest(model="m", inputs=TEXTS, params={"embed_dtype": "float16"})  # not the same request
+    for request in (first, second):
+        enqueue(redis_client, request)
+
+    serve(worker)
+
+    assert worker.engine.forward_rows == len(TEXTS) and worker.inflight.attached == 0
+    assert (worker.engine.cache.hits, worker.engine.cache.misses) == (len(TEXTS), len(TEXTS))
+    one, two = results(redis_client, [first, second])
+    assert two.embed_dtype == "float16" and (one.embeddings.astype("float16") == two.embeddings).all()

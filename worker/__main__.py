@@ -24,6 +24,10 @@ def serve(argv: list[str]) -> int:
     # A Redis that is down, a wrong password, a missing ACL permission or a certificate that does not
     # verify fails now, in one line, not after the model has loaded.
     check_access(connection, settings.redis_url)
+    if settings.cache and not settings.shards.shards and not (settings.model or "").startswith("null:"):
+        from worker.cache import check_placement  # noqa: PLC0415
+
+        check_placement(connection, _cache_redis(settings))  # a refusal comes now, not after the model loads
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.gpus:
         from worker import gpus  # noqa: PLC0415 - the per-GPU supervisor loads no model itself
@@ -85,10 +89,7 @@ def _cache(settings: WorkerSettings, queue, model, path: str, dtype: str):
     log = logging.getLogger("embedfleet.worker")
     if not settings.cache or is_null(path):
         return None
-    store = None
-    if settings.cache_url:  # empty (compose passes unset variables as "") counts as unset
-        store = connect(settings.cache_url)
-        check_access(store, settings.cache_url)
+    store = _cache_redis(settings)
     warning = check_placement(queue, store)
     if warning:
         log.warning("%s", warning)
@@ -96,6 +97,15 @@ def _cache(settings: WorkerSettings, queue, model, path: str, dtype: str):
     identity = model_identity(model.caps.name, files, dtype, str(model.device))
     return VectorCache(store or queue, identity, model.caps.embedding_size, ttl=settings.cache_ttl,
                        max_memory=settings.cache_max_memory)
+
+
+def _cache_redis(settings: WorkerSettings):
+    """The cache's own Redis (--cache-url), checked like the queue's; None: the queue's Redis."""
+    if not settings.cache_url:  # empty (compose passes unset variables as "") counts as unset
+        return None
+    store = connect(settings.cache_url)
+    check_access(store, settings.cache_url)
+    return store
 
 
 def _per_token(flag: float | None, budget) -> float:

@@ -8,8 +8,11 @@ post-processing as a fresh vector and gives the same bytes in every `dimensions`
 uint8 ranges are computed over the request's rows, which a cache of final bytes per input could not keep).
 
 A round looks up all its cacheable inputs in one MGET before the forward pass and writes its misses back in
-one pipeline. The cache is an optimisation: an unreachable or full cache Redis costs misses, never a
-request. What it returns is input: a value of the wrong size or with a non-finite number is a miss.
+one pipeline. A worker prepares its next round while the current one is on the device, before the current
+one's vectors reach Redis: so the forward stage also keeps the vectors it computed lately in memory (bounded
+by RECENT_BYTES) and takes the next round's misses from there when it can. The cache is an optimisation: an
+unreachable or full cache Redis costs misses, never a request. What it returns is input: a value of the
+wrong size or with a non-finite number is a miss.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections import OrderedDict
 
 import numpy as np
 import redis
@@ -28,6 +32,7 @@ log = logging.getLogger(__name__)
 
 MEMORY_CHECK_SECONDS = 5.0  # how often writes look at the cache Redis's memory use
 WARN_EVERY = 60.0  # seconds between two warnings about the same cache trouble
+RECENT_BYTES = 64 << 20  # vectors the forward stage keeps in memory for the rounds right behind it
 
 
 class VectorCache:
@@ -55,6 +60,8 @@ class VectorCache:
         self._paused = False
         self._checked_at = float("-inf")
         self._warned: dict[str, float] = {}
+        self._recent: OrderedDict[str, np.ndarray] = OrderedDict()  # the forward stage's own, newest last
+        self._recent_max = max(1, RECENT_BYTES // (4 * width))
 
     def key(self, token_ids, prompt_length: int) -> str:
         digest = hashlib.blake2b(np.asarray(token_ids, dtype="<i8").tobytes(), digest_size=16,
@@ -89,6 +96,29 @@ class VectorCache:
                 else:
                     self.hits += 1
                     work.hits.setdefault(index, {})[row] = vector
+
+    def recall(self, work) -> None:
+        """The forward stage, before its passes: misses that a recent round computed become hits."""
+        for index, cache_keys in work.cache_keys.items():
+            hits = work.hits.setdefault(index, {})
+            for row, key in enumerate(cache_keys):
+                if row not in hits and (vector := self._recent.get(key)) is not None:
+                    hits[row] = vector
+                    self.hits += 1
+                    self.misses -= 1
+
+    def remember(self, work) -> None:
+        """The forward stage, after its passes: keep what this round computed for the next rounds."""
+        for index, cache_keys in work.cache_keys.items():
+            rows, hits = work.rows.get(index), work.hits.get(index, {})
+            if rows is None:
+                continue
+            for row, key in enumerate(cache_keys):
+                if row not in hits:
+                    self._recent[key] = rows[row].copy()  # not a view that pins the round's array
+                    self._recent.move_to_end(key)
+        while len(self._recent) > self._recent_max:
+            self._recent.popitem(last=False)
 
     def store(self, work) -> None:
         """Write the vectors computed for cacheable requests (not the hits) in one pipeline."""

@@ -119,6 +119,8 @@ class Engine:
         flat = self._flatten(work)
         if flat is None:
             return
+        if self.cache is not None:
+            self.cache.recall(work)  # in memory: what the rounds just before computed
         known = self._known(work)
         runs = dedup.plan(flat.token_lists, flat.prompt_lengths, known)
         flat.sharers = runs.sharers()
@@ -140,6 +142,8 @@ class Engine:
             if index not in work.failed:
                 work.rows[index] = flat.vectors[offset:offset + count]
             offset += count
+        if self.cache is not None:
+            self.cache.remember(work)
 
     @staticmethod
     def _flatten(work: Round) -> _Flat | None:
