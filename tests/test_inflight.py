@@ -46,10 +46,10 @@ def fleet(bert_mean, redis_client):
     """Two workers of the same model files (so the same identity), each with its own loaded copy."""
     identity = model_identity("m", folder_digest(bert_mean), "float32", "cpu")
 
-    def worker(delay: float = 0.0, failures: int = 0) -> BatchWorker:
+    def worker(delay: float = 0.0, failures: int = 0, max_jobs: int = 1) -> BatchWorker:
         model = Slowed(load_model(bert_mean, served_name="m"), delay, failures)
         engine = Engine(model, cache=VectorCache(redis_client, identity, model.caps.embedding_size))
-        return BatchWorker(engine, redis_client, max_jobs=1, poll_timeout=1)
+        return BatchWorker(engine, redis_client, max_jobs=max_jobs, poll_timeout=1)
 
     return worker
 
@@ -113,16 +113,17 @@ def test_followers_run_on_their_own_when_the_leader_fails(fleet, redis_client):
 def test_a_follower_of_a_dead_leader_runs_once_the_marker_lapses(fleet, redis_client):
     """A leader whose worker died leaves its marker until INFLIGHT_TTL: the follower waits that long at
     most, then runs on its own (here the dead worker's marker is written with a 1 s TTL)."""
-    worker = fleet()
-    follower = EmbedRequest(model="m", inputs=TEXTS)
-    marker = inflight_key(request_digest(worker.inflight.identity, follower))
+    worker = fleet(max_jobs=8)
+    followers = [EmbedRequest(model="m", inputs=TEXTS) for _ in range(3)]  # taken in one round: all wait
+    marker = inflight_key(request_digest(worker.inflight.identity, followers[0]))
     redis_client.set(marker, "a" * 32, ex=1)  # the dead leader's id: no result will ever come
-    enqueue(redis_client, follower)
+    for follower in followers:
+        enqueue(redis_client, follower)
 
     serve(worker)
 
-    answer, = results(redis_client, [follower])
-    assert answer.ok and worker.inflight.let_go == 1 and worker.engine.forward_rows == len(TEXTS)
+    assert all(answer.ok for answer in results(redis_client, followers))
+    assert worker.inflight.let_go == 3 and worker.engine.forward_rows == len(TEXTS)
 
 
 def test_cache_false_never_attaches(fleet, redis_client):

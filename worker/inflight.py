@@ -103,29 +103,30 @@ class InFlight:
     def attach(self, jobs: list, requests: list[EmbedRequest]) -> tuple[list, list[EmbedRequest]]:
         """Claim markers for this round's cacheable requests; park the followers. Returns the jobs and
         requests to run now (leaders, uncacheable ones, and identical ones in this round)."""
-        markers: dict[str, int] = {}  # marker -> the first position in this round that has it
+        markers: dict[str, list[int]] = {}  # marker -> this round's positions that have it, first first
         for position, request in enumerate(requests):
             if request.cache:
-                markers.setdefault(keys.inflight_key(request_digest(self.identity, request)), position)
+                marker = keys.inflight_key(request_digest(self.identity, request))
+                markers.setdefault(marker, []).append(position)
         if not markers:
             return jobs, requests
         try:
             leaders = self._attach(keys=list(markers), args=[self.ttl, keys.result_key(""),
-                                                            *(requests[p].id for p in markers.values())])
+                                                            *(requests[p[0]].id for p in markers.values())])
         except redis.RedisError as exc:  # no dedup this round; the requests still run
             log.warning("in-flight dedup skipped for a round (%s)", exc)
             return jobs, requests
-        follows = {}
-        for (marker, position), leader in zip(markers.items(), leaders):
-            leader = leader.decode() if isinstance(leader, bytes) else str(leader)
-            if not leader:
-                self.leading[requests[position].id] = marker
-            elif keys.valid_request_id(leader):
-                follows[position] = (leader, marker)
+        parked: set[int] = set()
         now = time.monotonic()
-        for position, (leader, marker) in follows.items():
-            self.parked.append(Parked(jobs[position], requests[position], leader, marker, now))
-        keep = [p for p in range(len(requests)) if p not in follows]
+        for (marker, positions), leader in zip(markers.items(), leaders):
+            leader = leader.decode() if isinstance(leader, bytes) else str(leader)
+            if not leader:  # the first leads; the others of this round ride on the engine's in-round dedup
+                self.leading[requests[positions[0]].id] = marker
+            elif keys.valid_request_id(leader):
+                for position in positions:
+                    self.parked.append(Parked(jobs[position], requests[position], leader, marker, now))
+                    parked.add(position)
+        keep = [p for p in range(len(requests)) if p not in parked]
         return [jobs[p] for p in keep], [requests[p] for p in keep]
 
     def poll(self, everything: bool = False) -> tuple[list[tuple[object, EmbedRequest, Result]],
