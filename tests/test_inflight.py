@@ -23,11 +23,11 @@ TEXTS = sample_texts(6, seed=21)
 
 
 class Slowed:
-    """The real model, with its first forward pass taking `delay` seconds more (a slow device), so that
-    others arrive while it runs, and its first `failures` passes failing (a device fault)."""
+    """The real model, with its first forward pass taking `delay` seconds more (a slow device), or held
+    until `gate` is set, so that others arrive while it runs; its first `failures` passes fail (a fault)."""
 
-    def __init__(self, model, delay: float, failures: int = 0):
-        self._model, self.delay, self.failures = model, delay, failures
+    def __init__(self, model, delay: float, failures: int = 0, gate: threading.Event | None = None):
+        self._model, self.delay, self.failures, self.gate = model, delay, failures, gate
 
     def __getattr__(self, name):
         return getattr(self._model, name)
@@ -35,6 +35,8 @@ class Slowed:
     def embed(self, token_lists, prompt_lengths=None):
         time.sleep(self.delay)
         self.delay = 0.0
+        if self.gate is not None:
+            assert self.gate.wait(60), "the test never opened the gate"
         if self.failures:
             self.failures -= 1
             raise RuntimeError("device fault")
@@ -46,8 +48,8 @@ def fleet(bert_mean, redis_client):
     """Two workers of the same model files (so the same identity), each with its own loaded copy."""
     identity = model_identity("m", folder_digest(bert_mean), "float32", "cpu")
 
-    def worker(delay: float = 0.0, failures: int = 0, max_jobs: int = 1) -> BatchWorker:
-        model = Slowed(load_model(bert_mean, served_name="m"), delay, failures)
+    def worker(delay: float = 0.0, failures: int = 0, max_jobs: int = 1, gate=None) -> BatchWorker:
+        model = Slowed(load_model(bert_mean, served_name="m"), delay, failures, gate)
         engine = Engine(model, cache=VectorCache(redis_client, identity, model.caps.embedding_size))
         return BatchWorker(engine, redis_client, max_jobs=max_jobs, poll_timeout=1)
 
@@ -71,9 +73,17 @@ def test_twenty_identical_requests_are_served_by_the_forward_passes_of_one(fleet
     requests = [EmbedRequest(model="m", inputs=TEXTS) for _ in range(20)]
     for request in requests:
         enqueue(redis_client, request)
-    first, second = fleet(delay=1.0), fleet(delay=1.0)
-
-    serve(first, second)
+    device = threading.Event()  # the leader's forward pass runs once every other request is waiting
+    first, second = fleet(gate=device), fleet(gate=device)
+    serving = threading.Thread(target=serve, args=(first, second))
+    serving.start()
+    deadline = time.monotonic() + 60
+    while len(first.inflight.parked) + len(second.inflight.parked) < 19:
+        assert time.monotonic() < deadline, "the 19 followers never all waited"
+        time.sleep(0.01)
+    device.set()
+    serving.join(timeout=90)
+    assert not serving.is_alive()
 
     engines = (first.engine, second.engine)
     assert sum(e.forward_rows for e in engines) == len(TEXTS)  # one request's inputs, once
