@@ -99,8 +99,10 @@ def test_followers_run_on_their_own_when_the_leader_fails(fleet, redis_client):
     leader = EmbedRequest(model="m", inputs=TEXTS)
     enqueue(redis_client, leader)
     # every pass of the leader's round fails (the engine retries a failed batch in halves down to single
-    # rows: 2n - 1 passes); no Retry on these jobs, so the leader fails for good
-    failing = fleet(delay=1.0, failures=2 * len(TEXTS) - 1)
+    # rows: 2n - 1 passes); no Retry on these jobs, so the leader fails for good. Its first pass is held
+    # until the followers wait.
+    device = threading.Event()
+    failing = fleet(failures=2 * len(TEXTS) - 1, gate=device)
     healthy = fleet()
     taken = threading.Thread(target=failing.work, kwargs={"burst": True})
     taken.start()
@@ -109,15 +111,22 @@ def test_followers_run_on_their_own_when_the_leader_fails(fleet, redis_client):
     followers = [EmbedRequest(model="m", inputs=TEXTS) for _ in range(5)]
     for request in followers:
         enqueue(redis_client, request)
-
-    serve(healthy)
+    serving = threading.Thread(target=serve, args=(healthy,))
+    serving.start()
+    deadline = time.monotonic() + 60
+    while len(failing.inflight.parked) + len(healthy.inflight.parked) < len(followers):
+        assert time.monotonic() < deadline, "the followers never all waited"
+        time.sleep(0.01)
+    device.set()
     taken.join(timeout=60)
+    serving.join(timeout=60)
+    assert not taken.is_alive() and not serving.is_alive()
 
     assert Result.decode(redis_client.get(result_key(leader.id))).error_code == "internal_error"
     answers = results(redis_client, followers)
     assert all(a.ok and a.shape == (len(TEXTS), 32) for a in answers)
-    assert healthy.inflight.let_go >= 1 and healthy.inflight.attached == 0
-    assert healthy.engine.forward_rows >= len(TEXTS)  # they computed on their own
+    assert failing.inflight.let_go + healthy.inflight.let_go == len(followers)
+    assert failing.inflight.attached + healthy.inflight.attached == 0
 
 
 def test_a_follower_of_a_dead_leader_runs_once_the_marker_lapses(fleet, redis_client):
