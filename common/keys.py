@@ -37,6 +37,17 @@
                                             leaves once delivered, given up, or its job and result expired
     embedfleet:webhook:<id>         STRING  a replica's claim on delivering <id>'s webhook, TTL WEBHOOK_LEASE
                                             (a replica that dies mid-delivery frees it: another redelivers)
+    embedfleet:cache:<model>:<in>   STRING  one pooled float32 vector (little-endian, the model's width), the
+                                            forward pass's output before cut/normalise/cast (worker/cache.py);
+                                            <model> = the worker's model identity (name, digest of its files,
+                                            dtype, device kind), <in> = digest of (prompt length, token ids);
+                                            TTL the worker's --cache-ttl (CACHE_TTL). On the queue's Redis by
+                                            default, or on --cache-url's (an LRU Redis of its own)
+    embedfleet:inflight:<digest>    STRING  the id of the request a worker is computing for this digest of
+                                            (model identity, model, inputs, params): identical requests taken
+                                            meanwhile wait for its answer (worker/inflight.py); TTL
+                                            INFLIGHT_TTL, renewed by its worker's heartbeat, deleted once it
+                                            is answered. On the queue's Redis (it is read with the results)
 
     Every key above expires but embedfleet:webhooks. The only keys without a TTL are shared, one per model or
     per fleet: embedfleet:models, embedfleet:webhooks, rq:queues, rq:queue:<queue>,
@@ -92,6 +103,10 @@ LEASE_GRACE = 60  # seconds a lapsed claim stays invisible to rq's own cleanup (
 RECOVER_LIMIT = 1000  # lapsed claims one recover run requeues (the rest on the next run)
 MAX_DELIVERIES = 3  # default --max-deliveries: a job whose worker died this often is failed as poison
 DRAIN_TIMEOUT = 30.0  # default --drain-timeout
+
+CACHE_TTL = 24 * 3600  # default --cache-ttl: seconds a cached vector lives (the bound on the queue's Redis)
+INFLIGHT_TTL = 60  # seconds an in-flight marker outlives its last renewal (a dead leader's followers wait
+#                    at most this long, then run on their own)
 
 JOB_FUNC = "worker.jobs.embed"  # the rq job's function name; the batch worker runs it in bulk
 
@@ -192,3 +207,12 @@ def model_workers_key(model: str) -> str:
 
 def worker_info_key(worker_name: str) -> str:
     return f"{PREFIX}:worker:{worker_name}"
+
+
+def cache_key(model_identity: str, input_digest: str) -> str:
+    return f"{PREFIX}:cache:{model_identity}:{input_digest}"
+
+
+def inflight_key(request_digest: str) -> str:
+    return f"{PREFIX}:inflight:{request_digest}"
+

@@ -53,6 +53,7 @@ class EmbedRequest(BaseModel):
     text_pair: list[str] | None = None  # task "score": the second text of each pair, aligned with `inputs`
     part_of: PartOf | None = None  # set by a worker on the parts of a spread long request only
     deadline: float | None = None  # unix time past which a still-queued request is answered `expired`
+    cache: bool = True  # False: computed afresh, neither read from nor written to the fleet's vector cache
 
     @field_validator("deadline")
     @classmethod
@@ -116,6 +117,10 @@ class EmbedRequest(BaseModel):
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
+        # `cache` travels only when off, so that a worker of an earlier build (extra="forbid") still reads
+        # every request that leaves it at its default.
+        return packb({"v": WIRE_VERSION, **self.model_dump(mode="json", exclude_defaults=False,
+                                                           exclude=None if not self.cache else {"cache"})})
 
     @classmethod
     def decode(cls, raw: bytes) -> EmbedRequest:

@@ -160,7 +160,9 @@ class Producer:
         """Enqueue one request and return its id.
 
         `inputs`: a text, a list of texts, a token-id list or a list of token-id lists. `fields` are
-        PoolingParams fields (dimensions, use_activation, truncate_prompt_tokens, embed_dtype, ...).
+        PoolingParams fields (dimensions, use_activation, truncate_prompt_tokens, embed_dtype, ...), and
+        `cache=False` to compute afresh (neither read from nor written to the fleet's vector cache, nor
+        attached to an identical request in flight).
         Unknown models, parameters the model cannot honour and full queues fail here, before enqueue.
         `task` (a field) picks the request kind; task "score" pairs each input with `text_pair`'s text.
         """

@@ -103,13 +103,16 @@ def build_request(inputs, caps: ModelCapabilities | str, params: PoolingParams |
     `caps` may be only a model's name (a bulk request for a model scaled to zero, whose capabilities no
     live worker advertises): then only the request's own shape is checked here, and the worker verifies
     the rest when it starts.
+    `fields` may hold `cache` (False: bypass the fleet's vector cache) besides the PoolingParams fields.
     """
+    fields = dict(fields)
+    cache = fields.pop("cache", True)
     try:
         if params is not None:  # fields override the given params, and are validated like them
             fields = {**params.model_dump(exclude_unset=True), **fields}
         request = EmbedRequest(model=caps if isinstance(caps, str) else caps.name, inputs=normalize_inputs(inputs),
                                params=PoolingParams(**fields), reply_to=reply_to, text_pair=text_pair,
-                               deadline=deadline)
+                               deadline=deadline, cache=cache)
     except PydanticValidationError as exc:  # the gateway's schema errors meet the same formatter
         raise invalid_request(exc.errors()) from exc
     if not isinstance(caps, str):

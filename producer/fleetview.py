@@ -6,7 +6,8 @@ gateway's /dashboard polls it (GET /v1/fleet), so both show the same facts.
                max_model_len, pooling, live_workers, texts_per_s (its workers' sum), cache_hit_rate
                (where workers count cache hits, else null), failures_last_hour {code: count}, queues[]:
                    priority, queue, depth (queued), in_progress (taken by workers), oldest_age_s (the
-                   queue head's time since enqueue; null when empty), queued_tokens (the producers' estimate, common.scheduling; null if unreadable)
+                   queue head's time since enqueue; null when empty), queued_tokens (the producers'
+                   estimate, common.scheduling; null if unreadable)
     workers[]  name, model, host, pid, device, dtype, max_batch_tokens, max_batch_size, max_jobs, state,
                current_requests/current_texts (the round on its device), texts_per_s (last minute),
                texts_history (texts finished per history_bucket_s seconds, oldest first), last_beat_s

@@ -24,6 +24,10 @@ def serve(argv: list[str]) -> int:
     # A Redis that is down, a wrong password, a missing ACL permission or a certificate that does not
     # verify fails now, in one line, not after the model has loaded.
     check_access(connection, settings.redis_url)
+    if settings.cache and not settings.shards.shards and not (settings.model or "").startswith("null:"):
+        from worker.cache import check_placement  # noqa: PLC0415
+
+        check_placement(connection, _cache_redis(settings))  # a refusal comes now, not after the model loads
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.gpus:
         from worker import gpus  # noqa: PLC0415 - the per-GPU supervisor loads no model itself
@@ -53,8 +57,9 @@ def serve(argv: list[str]) -> int:
     if url != settings.redis_url:
         connection = connect(url)
         check_access(connection, url)
+    cache = _cache(settings, connection, model, path, dtype)
     engine = Engine(model, max_batch_tokens=budget.max_batch_tokens, max_batch_size=budget.max_batch_size,
-                    chunks_per_job=settings.chunks_per_job)
+                    chunks_per_job=settings.chunks_per_job, cache=cache)
     info = {"device": device, "dtype": dtype, "max_batch_tokens": budget.max_batch_tokens,
             "max_batch_size": budget.max_batch_size, "budget_source": budget.source, "max_jobs": settings.max_jobs,
             "host": socket.gethostname(), "pid": os.getpid(),  # `embedfleet health --worker` looks for its host
@@ -68,8 +73,10 @@ def serve(argv: list[str]) -> int:
                          drain_timeout=settings.drain_timeout, watchdog=watchdog, name=settings.name, info=info)
     logging.getLogger("embedfleet.worker").info(
         "serving model %s (%s, dim %d, max length %d, %s on %s, probe cosine vs float32 %.5f, batches of %s) "
-        "from queue %s on %s as %s", model.caps.name, path, model.caps.embedding_size, model.caps.max_model_len,
-        dtype, device, model.fidelity, budget.describe(), worker.queue.name, redact(url), worker.name)
+        "from queue %s on %s as %s; %s", model.caps.name, path, model.caps.embedding_size, model.caps.max_model_len,
+        dtype, device, model.fidelity, budget.describe(), worker.queue.name, redact(url), worker.name,
+        "cache off" if cache is None else f"cache on {redact(settings.cache_url or url)}, model identity "
+                                          f"{cache.identity}, entries live {settings.cache_ttl} s")
     worker.work(burst=settings.burst)
     return 0
 
@@ -89,6 +96,35 @@ def _metrics(settings: WorkerSettings, model: str):
                            "--metrics-port") from exc
     logging.getLogger("embedfleet.worker").info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
     return metrics
+
+
+def _cache(settings: WorkerSettings, queue, model, path: str, dtype: str):
+    """The vector cache (worker/cache.py), or None: off by flag, or the null model (it computes nothing).
+    A cache on the queue's Redis is refused when that Redis may evict queue or result keys."""
+    from worker.cache import VectorCache, check_placement  # noqa: PLC0415
+    from worker.identity import folder_digest, model_identity  # noqa: PLC0415
+    from worker.nullmodel import is_null  # noqa: PLC0415
+
+    log = logging.getLogger("embedfleet.worker")
+    if not settings.cache or is_null(path):
+        return None
+    store = _cache_redis(settings)
+    warning = check_placement(queue, store)
+    if warning:
+        log.warning("%s", warning)
+    files = folder_digest(getattr(model, "folder", "") or path)
+    identity = model_identity(model.caps.name, files, dtype, str(model.device))
+    return VectorCache(store or queue, identity, model.caps.embedding_size, ttl=settings.cache_ttl,
+                       max_memory=settings.cache_max_memory)
+
+
+def _cache_redis(settings: WorkerSettings):
+    """The cache's own Redis (--cache-url), checked like the queue's; None: the queue's Redis."""
+    if not settings.cache_url:  # empty (compose passes unset variables as "") counts as unset
+        return None
+    store = connect(settings.cache_url)
+    check_access(store, settings.cache_url)
+    return store
 
 
 def _per_token(flag: float | None, budget) -> float:

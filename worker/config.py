@@ -62,6 +62,15 @@ class WorkerSettings(Settings):
     gpus: str | None = Field(None, description="`all` or GPU indices (0,1,...): one engine process per GPU, each "
                                                "with CUDA_VISIBLE_DEVICES set to its GPU (a multi-GPU host); "
                                                "default: one engine on --device")
+    cache: bool = Field(True, description="the fleet's vector cache: inputs already embedded by this model "
+                                          "(same files, dtype and device kind) are not computed again; a "
+                                          "request's own `cache: false` bypasses it")
+    cache_url: str | None = Field(None, description="a Redis of its own for the cache (an LRU one: the compose "
+                                                    "`cache` profile); default: the queue's Redis, which must not "
+                                                    "have an allkeys-* eviction policy")
+    cache_ttl: int = Field(keys.CACHE_TTL, ge=1, description="seconds a cached vector lives")
+    cache_max_memory: float = Field(0.8, gt=0, le=1, description="cache writes pause while the cache's Redis "
+                                                                 "uses more than this fraction of its maxmemory")
 
 
 def bundled_model_path() -> str:

@@ -14,6 +14,7 @@ from common.errors import EmbedfleetError, InternalError
 from common.params import PoolingParams
 from common.request import EmbedRequest
 from common.result import Result
+from worker import dedup
 from worker.batcher import cuts
 from worker.latechunking import embed_spans
 from worker.postprocess import cast, finish
@@ -40,6 +41,9 @@ class Round:
     passes: int = 0  # forward passes cut by the budget (a failed pass's halves not counted)
     tokens: int = 0  # real tokens through those passes
     padded_tokens: int = 0  # rows * longest row, summed over the passes: what the device computed
+    # filled by a vector cache (worker/cache.py): request -> its inputs' cache keys, and -> {row: vector}
+    cache_keys: dict[int, list[str]] = field(default_factory=dict)
+    hits: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)
 
     @property
     def texts(self) -> int:
@@ -55,11 +59,20 @@ class _Flat:
     token_lists: list[list[int]]
     prompt_lengths: list[int]
     owners: np.ndarray  # flat position -> request index
-    order: np.ndarray  # sorted position -> flat position (by head, then length)
+    order: np.ndarray  # sorted position -> flat position (of the positions to compute; by head, then length)
     vectors: np.ndarray | None = None
     heads: list[str] = field(default_factory=list)  # flat position -> Prepared.head
     pair_starts: list[int] = field(default_factory=list)  # flat position -> a pair's second text (0: none)
     ragged: dict[int, np.ndarray] = field(default_factory=dict)  # head "tokens": flat position -> its rows
+    sharers: dict[int, list[int]] = field(default_factory=dict)  # computed position -> its duplicates
+
+    def users(self, position: int) -> set[int]:
+        """The requests that need the vector computed at `position` (its own and its duplicates')."""
+        return {int(self.owners[position])} | {int(self.owners[p]) for p in self.sharers.get(position, ())}
+
+    def allocate(self, width: int) -> None:
+        if self.vectors is None:
+            self.vectors = np.empty((len(self.token_lists), width), np.float32)
 
 
 class Engine:
@@ -71,17 +84,25 @@ class Engine:
     max_batch_size: most rows in one forward pass.
     chunks_per_job: a request with more chunks than this (a long input, worker/chunking.py) is not run here
         but left in `Round.spread` for the worker to spread over the fleet; 0: every request runs here.
+    cache: a vector cache (worker/cache.py) consulted in `prepare` and filled in `finish`; None: none.
+    Identical inputs in one round (same token ids, prompt length, head and pair split) are computed once.
     """
 
     def __init__(self, model, *, max_batch_tokens: int = 16384, max_batch_size: int = 256,
-                 chunks_per_job: int = 0):
+                 chunks_per_job: int = 0, cache=None):
         self.model = model
         self.caps = model.caps
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
+        self.cache = cache
         self.forward_passes = 0
         self.chunks_per_job = chunks_per_job
+        self.forward_rows = 0  # inputs the model ran over (after the cache and in-round dedup)
         self._resolved: dict[PoolingParams, PoolingParams | EmbedfleetError] = {}
+
+    def stats(self) -> dict:
+        """Counters for the worker's advert: the cache's hits and misses (none without a cache)."""
+        return self.cache.stats() if self.cache is not None else {}
 
     def run(self, requests: list[EmbedRequest]) -> list[Result]:
         """One Result per request, in input order: the three steps back to back."""
@@ -114,6 +135,8 @@ class Engine:
                 log.exception("preprocessing request %s failed", request.id)
                 work.results[index] = Result.failure(request.id, self.caps.name, InternalError(
                     f"preprocessing failed: {type(exc).__name__}: {exc}"))
+        if self.cache is not None:
+            self.cache.lookup(work)  # never raises: an unreachable cache is all misses
         return work
 
     def forward(self, work: Round) -> None:
@@ -125,6 +148,14 @@ class Engine:
         flat = self._flatten(work)
         if flat is None:
             return
+        if self.cache is not None:
+            self.cache.recall(work)  # in memory: what the rounds just before computed
+        known = self._known(work)
+        runs = dedup.plan(flat.token_lists, flat.prompt_lengths, known, kinds=list(zip(flat.heads, flat.pair_starts)))
+        flat.sharers = runs.sharers()
+        run_lengths = np.fromiter((len(flat.token_lists[p]) for p in runs.runs), np.int64, len(runs.runs))
+        run_heads = np.asarray([flat.heads[p] != "pool" for p in runs.runs], dtype=bool)
+        flat.order = runs.runs[np.lexsort((run_lengths, run_heads))] if len(runs.runs) else runs.runs
         lengths = [len(flat.token_lists[i]) for i in flat.order]
         heads = [flat.heads[i] for i in flat.order]
         begin = 0
@@ -136,6 +167,15 @@ class Engine:
                 work.padded_tokens += len(batch) * max(batch)  # what the device computed
                 self._pass(flat.order[begin + start:begin + end], flat, work)
             begin = head_end  # a pass never mixes heads: each runs its own forward
+        if known:
+            flat.allocate(len(next(iter(known.values()))))
+            for position, vector in known.items():
+                flat.vectors[position] = vector
+        for copy, source in runs.copies.items():
+            if source in flat.ragged:
+                flat.ragged[copy] = flat.ragged[source]
+            elif flat.vectors is not None:  # None only if every pass failed: those requests failed
+                flat.vectors[copy] = flat.vectors[source]
         offset = 0
         for index, prep in work.prepared.items():
             if prep.spans is not None:
@@ -145,6 +185,8 @@ class Engine:
                 work.rows[index] = [flat.ragged[p] for p in range(offset, offset + count)] \
                     if prep.head == "tokens" else flat.vectors[offset:offset + count]
             offset += count
+        if self.cache is not None:
+            self.cache.remember(work)
 
     @staticmethod
     def _flatten(work: Round) -> _Flat | None:
@@ -168,7 +210,10 @@ class Engine:
         return _Flat(token_lists, prompt_lengths, np.asarray(owners), order, heads=heads, pair_starts=pair_starts)
 
     def finish(self, work: Round) -> list[Result]:
-        """Post-process every request that reached the forward pass; returns all results in input order."""
+        """Post-process every request that reached the forward pass; returns all results in input order.
+        The vectors computed for cacheable requests go to the cache first."""
+        if self.cache is not None:
+            self.cache.store(work)  # never raises: a cache that refuses writes only costs later misses
         for index, request in work.resolved.items():
             if work.results[index] is not None or index in work.spread:
                 continue
@@ -183,6 +228,19 @@ class Engine:
         return work.results
 
     # -- internals --------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _known(work: Round) -> dict[int, np.ndarray]:
+        """Flat position -> the vector the cache gave for it (flat order is request by request, row by row)."""
+        known: dict[int, np.ndarray] = {}
+        offset = 0
+        for index, prep in work.prepared.items():
+            if prep.spans is not None:  # late chunking runs apart (_span_pass): not in the flat positions
+                continue
+            for row, vector in work.hits.get(index, {}).items():
+                known[offset + row] = vector
+            offset += len(prep.token_lists)
+        return known
 
     def _resolve(self, request: EmbedRequest) -> EmbedRequest:
         """request.resolve(caps), with the params part cached: most requests share a few param sets."""
@@ -229,12 +287,13 @@ class Engine:
         """One forward pass over these flat positions; if it fails, the batch again in halves, down to single
         rows, so that one poisoned input fails only its own request and a batch too big for the device (OOM)
         still runs."""
-        if work.failed:
-            positions = positions[[int(owner) not in work.failed for owner in flat.owners[positions]]]
+        if work.failed:  # rows no live request needs any more are skipped
+            positions = positions[[not flat.users(int(p)) <= work.failed.keys() for p in positions]]
         if not len(positions):
             return
         try:
             self.forward_passes += 1
+            self.forward_rows += len(positions)
             lists = [flat.token_lists[p] for p in positions]
             if flat.heads[positions[0]] == "tokens":
                 for p, rows in zip(positions, self.model.token_embed(lists)):
@@ -248,12 +307,12 @@ class Engine:
             error = InternalError(f"forward pass failed: {type(exc).__name__}: {exc}")
             if len(positions) == 1:
                 log.exception("forward pass over 1 row failed; its request fails")
-                work.failed[int(flat.owners[positions[0]])] = error
+                for owner in flat.users(int(positions[0])):  # a duplicate of the row would fail alike
+                    work.failed.setdefault(owner, error)
                 return
             log.warning("forward pass over %d rows failed (%s); retrying in halves", len(positions), error.message)
         else:
-            if flat.vectors is None:
-                flat.vectors = np.empty((len(flat.token_lists), vectors.shape[1]), np.float32)
+            flat.allocate(vectors.shape[1])
             flat.vectors[positions] = vectors
             return
         # Split outside the `except`: the traceback holds the failed pass's tensors (device memory on OOM).

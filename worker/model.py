@@ -177,6 +177,7 @@ class LoadedModel:
     _prompt_lengths: dict = field(default_factory=dict)
     fidelity: float = 1.0  # lowest probe cosine of the serving dtype against float32 (worker/fidelity.py)
     token_dense: nn.Module | None = None  # a ColBERT-style folder's projection of every token state
+    folder: str = ""  # the folder it was loaded from (a hub id's snapshot): the cache digests its files
 
     @torch.inference_mode()
     def embed(self, token_lists: list[list[int]], prompt_lengths: list[int] | None = None) -> torch.Tensor:
@@ -302,7 +303,7 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         tokenizer=tokenizer, module=module, pooler=pooler, dense=dense, caps=caps,
         device=device, padding_side=getattr(tokenizer, "padding_side", "right") or "right",
         pad_token_id=pad,
-        _position_ids="position_ids" in inspect.signature(module.forward).parameters,
+        _position_ids="position_ids" in inspect.signature(module.forward).parameters, folder=folder,
         token_dense=dense if colbert else None,
     )
     if dtype != "float32":

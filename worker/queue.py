@@ -65,6 +65,7 @@ from worker.advertise import Advertiser
 from worker.chunkjobs import ChunkJobs
 from worker.engine import Round
 from worker.heartbeat import Heartbeat, Watchdog, timed_out
+from worker.inflight import InFlight
 from worker import answers
 from worker.jobdata import decode_job
 from worker.levels import BULK_SHARE, Levels
@@ -155,7 +156,8 @@ class BatchWorker(SimpleWorker):
                              lease=lease, share=bulk_share)
         self.metrics = metrics  # worker/metrics.py's WorkerMetrics, or None
         self.live = LiveStats()
-        self.advertiser = Advertiser(connection, engine.caps, self.name, info=info, live=self._live_facts)
+        self.advertiser = Advertiser(connection, engine.caps, self.name, info=info, live=self._live_facts,
+                                     stats=getattr(engine, "stats", None))  # cache hits and misses
         self.chunk_jobs = ChunkJobs(connection, self.queues, engine.caps.name, result_ttl=result_ttl,
                                     chunks_per_job=getattr(engine, "chunks_per_job", 0))
         self.heartbeat_interval = heartbeat_interval
@@ -164,6 +166,8 @@ class BatchWorker(SimpleWorker):
         self.drain_timeout = drain_timeout
         self.watchdog = Watchdog(*watchdog) if watchdog else None
         self.recovered = 0  # jobs of dead workers this worker requeued
+        cache = getattr(engine, "cache", None)  # in-flight dedup comes with the cache (worker/inflight.py)
+        self.inflight = InFlight(connection, cache.identity) if cache is not None else None
         self._advertised_at = float("-inf")
         self._draining = False
         self._handoffs: tuple[stdqueue.Queue, stdqueue.Queue] | None = None
@@ -350,6 +354,8 @@ class BatchWorker(SimpleWorker):
         with self._held_lock:
             for job in jobs:
                 self._held.pop((job.id, job.execution), None)
+        if self.inflight is not None:
+            self.inflight.release([job.id for job in jobs])
         log.log(logging.INFO if self._draining else logging.DEBUG, "worker %s: %s: returned %d jobs to the head of "
                 "their queue", self.name, why, returned)
 
@@ -406,8 +412,20 @@ class BatchWorker(SimpleWorker):
             if self._stop_requested:
                 log.info("worker %s: stopping on request; finishing the jobs it holds", self.name)
         finally:
+            self._flush_parked(prepared)
             with contextlib.suppress(stdqueue.Full):  # full only if the forward stage is gone
                 prepared.put(_END, timeout=30)
+
+    def _flush_parked(self, prepared: stdqueue.Queue) -> None:
+        """Stopping: parked followers stop waiting for their leaders (answered now, or run in a last round)."""
+        if self.inflight is None or not self.inflight.parked:
+            return
+        answered, run = self.inflight.poll(everything=True)
+        batch = Batch(time.time())
+        self._prepare_round(batch, [], answered, run)
+        self._slot.acquire(timeout=30)
+        with contextlib.suppress(stdqueue.Full):
+            prepared.put(batch, timeout=30)
 
     def _await_gathering(self) -> None:
         """While the device is busy, take the next round only near the end of the current one (by the
@@ -423,9 +441,10 @@ class BatchWorker(SimpleWorker):
 
     def _drained(self) -> bool:
         """Burst mode: nothing held any more (a retry may requeue a job), and the queue still empty."""
-        while self.held_count() and not self._stop_requested:
+        parked = len(self.inflight.parked) if self.inflight is not None else 0
+        while self.held_count() > parked and not self._stop_requested:
             time.sleep(0.005)
-        return self.schema.queued() == 0
+        return not parked and self.schema.queued() == 0
 
     def take_round(self, block: float | None) -> Batch | None:
         """Take up to max_jobs jobs (started in Redis as they are taken), decode and prepare them."""
@@ -434,11 +453,14 @@ class BatchWorker(SimpleWorker):
                 self.set_state(WorkerStatus.IDLE, pipeline=pipe)
             self.heartbeat(pipeline=pipe)
 
+        if self.inflight is not None:
+            block = self.inflight.block(block)
         suspended, taken = self.schema.take(self.max_jobs, block, before=idle)
         if suspended:
             self.check_for_suspension(self._burst)  # waits (logged) until `rq resume`
             return None
-        if not taken:
+        answered, resumed = self.inflight.poll() if self.inflight is not None else ([], [])
+        if not taken and not answered and not resumed:
             return None
         batch = Batch(time.time(), preemptible=self.schema.preemptible(taken))
         with self._held_lock:
@@ -446,19 +468,23 @@ class BatchWorker(SimpleWorker):
                 if job.kind is Kind.STARTED:
                     self._held[job.id, job.execution] = (job, batch.began)
         try:
-            self._prepare_round(batch, taken)
+            self._prepare_round(batch, taken, answered, resumed)
         except Exception as exc:  # a bug here must not strand what was taken: all of it goes back (Retry)
             log.exception("worker %s: preparing a round of %d failed", self.name, len(taken))
             error = InternalError(f"preparing the request failed: {type(exc).__name__}: {exc}")
             batch.runnable, batch.work = [], None
+            followers = [job for job, *_ in answered + resumed]
             batch.answers = [answers.failed(job, error, Outcome.RETRY, None, self.engine.caps.name)
-                             for job in taken if job.kind is Kind.STARTED]
-        return batch
+                             for job in taken + followers if job.kind is Kind.STARTED]
+        return batch if batch.size else None  # all it took was parked (followers of requests in flight)
 
-    def _prepare_round(self, batch: Batch, taken: list[Taken]) -> None:
-        """Decode each taken job, answer the ones that cannot run (poison too), and tokenise the rest."""
+    def _prepare_round(self, batch: Batch, taken: list[Taken], answered=(), resumed=()) -> None:
+        """Decode each taken job, answer the ones that cannot run (poison too), and tokenise the rest.
+        Parked followers whose wait ended come along: `answered` with their leader's bytes, `resumed` to run."""
         model, now = self.engine.caps.name, time.time()
         requests: list[EmbedRequest] = []
+        for job, request, result in answered:
+            batch.answers.append(answers.served(job, result, request.reply_to, model))
         for job in taken:
             if job.kind is Kind.STARTED and job.lapses >= self.max_deliveries:
                 batch.answers.append(answers.poisoned(job, model, self.max_deliveries))
@@ -481,6 +507,12 @@ class BatchWorker(SimpleWorker):
                 batch.answers.append(answers.cancelled(job, model))
             else:  # nothing to answer: no job hash, an id no job can have, or a job already ended
                 log.warning("worker %s: dropped queue entry %r (%s)", self.name, job.id, job.kind.value)
+        if self.inflight is not None:  # requests identical to one in flight elsewhere park (worker/inflight.py)
+            batch.runnable, requests = self.inflight.attach(batch.runnable, requests)
+            for job, request in resumed:
+                batch.runnable.append(job)
+                batch.reply_to[job.id] = request.reply_to
+                requests.append(request)
         if requests:
             batch.work = self.engine.prepare(requests)
 
@@ -544,6 +576,8 @@ class BatchWorker(SimpleWorker):
                 self._held.pop((answer.taken.id, answer.taken.execution), None)
             for job in batch.runnable:
                 self._held.pop((job.id, job.execution), None)
+        if self.inflight is not None:  # after their answers: followers see a result, or run on their own
+            self.inflight.release([job.id for job in batch.runnable])
 
     # -- rq's maintenance answers for jobs it recovers ----------------------------------------------------
 
@@ -582,6 +616,8 @@ class BatchWorker(SimpleWorker):
             held = [job for job, since in self._held.values() if not timed_out(job.timeout, stamp - since)]
         if held:
             self.schema.refresh(held)
+        if self.inflight is not None:
+            self.inflight.renew()  # the markers of the requests it computes: their followers keep waiting
         if stamp - self._advertised_at >= self.heartbeat_interval:
             self.advertiser.advertise()
             if held:

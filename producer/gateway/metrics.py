@@ -37,6 +37,9 @@ class Metrics:
         self.level_age = Gauge("embedfleet_level_oldest_age_seconds", "age of the oldest request waiting at "
                                "one priority level of a model (0 when none), at scrape", levels,
                                registry=self.registry)
+        # Sums over the live workers' own counters (since each started): gauges, as workers come and go.
+        self.cache = Gauge("embedfleet_cache_inputs", "inputs the live workers of a model found in the vector "
+                           "cache (hit) or computed (miss), at scrape", ["model", "outcome"], registry=self.registry)
 
     def error(self, code: str) -> None:
         self.errors.labels(code=code).inc()
@@ -61,6 +64,12 @@ class Metrics:
             self.level_depth.labels(level.model, level.priority).set(level.depth)
             self.level_tokens.labels(level.model, level.priority).set(level.queued_tokens)
             self.level_age.labels(level.model, level.priority).set(level.oldest_age or 0.0)
+    def set_cache(self, counts: dict[str, tuple[int, int]]) -> None:
+        """Replace the cache gauges: model -> (hits, misses) summed over its live workers."""
+        self.cache.clear()
+        for model, (hits, misses) in counts.items():
+            self.cache.labels(model=model, outcome="hit").set(hits)
+            self.cache.labels(model=model, outcome="miss").set(misses)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

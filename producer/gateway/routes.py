@@ -60,6 +60,11 @@ async def health(gw: Gateway = Depends(gateway)) -> JSONResponse:
     return JSONResponse({"status": "ok", "redis": "ok", "models": workers})
 
 
+def cache_counts(workers: list[dict]) -> tuple[int, int]:
+    """(hits, misses) of the vector cache over these workers' adverts (a worker without a cache adds 0)."""
+    return (sum(w.get("cache_hits", 0) for w in workers), sum(w.get("cache_misses", 0) for w in workers))
+
+
 @protected.get("/metrics")
 async def metrics(gw: Gateway = Depends(gateway)) -> Response:
     """Prometheus text; the per-model gauges are read from Redis now, at scrape time, for every model ever
@@ -72,8 +77,10 @@ async def metrics(gw: Gateway = Depends(gateway)) -> Response:
         workers = {name: await gw.producer.live_workers(name) for name in models}
         gw.metrics.set_fleet(depths, workers)
         gw.metrics.set_levels([level for stats in levels.values() for level in stats])
+        gw.metrics.set_cache({name: cache_counts(await gw.producer.workers(name)) for name in models})
     except EmbedfleetError as err:  # Redis down: still expose the gateway's own counters
         gw.metrics.error(err.code)
         gw.metrics.set_fleet({}, {})
         gw.metrics.set_levels([])
+        gw.metrics.set_cache({})
     return Response(gw.metrics.render(), media_type=CONTENT_TYPE_LATEST)

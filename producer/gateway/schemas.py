@@ -52,6 +52,8 @@ class EmbedBody(BaseModel):
                                    "computed and fails with code `expired`")
     timeout: float | None = Field(None, description="the same as `deadline`, in seconds from submit")
 
+    cache: bool | None = Field(None, description="false: compute afresh, bypassing the fleet's vector cache")
+
     def schedule_fields(self) -> dict:
         """priority / deadline / timeout as sent, as keywords for Producer.submit (which validates them)."""
         return self.model_dump(include={"priority", "deadline", "timeout"}, exclude_none=True)
@@ -59,6 +61,12 @@ class EmbedBody(BaseModel):
     def param_fields(self) -> dict:
         """The PoolingParams fields that were sent, as keywords for Producer.submit (which validates them)."""
         return self.model_dump(include=PARAM_FIELDS, exclude_none=True)
+
+    def request_fields(self) -> dict:
+        """param_fields plus the request's own options (`cache`) and scheduling, as keywords for
+        Producer.submit."""
+        return {**self.param_fields(), **({} if self.cache is None else {"cache": self.cache}),
+                **self.schedule_fields()}
 
     @model_validator(mode="before")
     @classmethod

@@ -38,8 +38,7 @@ class Gateway:
         if len(inputs) > self.settings.max_inputs:
             raise ValidationError(f"{len(inputs)} inputs in one request; this gateway allows at most "
                                   f"{self.settings.max_inputs} (split the request)", param="input")
-        return await self.producer.submit(inputs, body.model, reply_to=reply_to, **body.param_fields(),
-                                          **body.schedule_fields())
+        return await self.producer.submit(inputs, body.model, reply_to=reply_to, **body.request_fields())
 
     async def run(self, body: EmbedBody) -> Result:
         """Submit and wait up to the request timeout; a request that timed out is cancelled if still queued,

@@ -1,0 +1,190 @@
+"""In-flight dedup across the fleet: two real BatchWorkers on one real redis-server, a real tiny model."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from common.keys import inflight_key, result_key
+from common.request import EmbedRequest
+from common.result import Result
+from tests.test_queue import enqueue
+from tests.tinymodels import sample_texts
+from worker.cache import VectorCache
+from worker.engine import Engine
+from worker.identity import folder_digest, model_identity
+from worker.inflight import request_digest
+from worker.model import load_model
+from worker.queue import BatchWorker
+
+TEXTS = sample_texts(6, seed=21)
+
+
+class Slowed:
+    """The real model, with its first forward pass taking `delay` seconds more (a slow device), or held
+    until `gate` is set, so that others arrive while it runs; its first `failures` passes fail (a fault)."""
+
+    def __init__(self, model, delay: float, failures: int = 0, gate: threading.Event | None = None):
+        self._model, self.delay, self.failures, self.gate = model, delay, failures, gate
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def embed(self, token_lists, prompt_lengths=None):
+        time.sleep(self.delay)
+        self.delay = 0.0
+        if self.gate is not None:
+            assert self.gate.wait(60), "the test never opened the gate"
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("device fault")
+        return self._model.embed(token_lists, prompt_lengths)
+
+
+@pytest.fixture
+def fleet(bert_mean, redis_client):
+    """Two workers of the same model files (so the same identity), each with its own loaded copy."""
+    identity = model_identity("m", folder_digest(bert_mean), "float32", "cpu")
+
+    def worker(delay: float = 0.0, failures: int = 0, max_jobs: int = 1, gate=None) -> BatchWorker:
+        model = Slowed(load_model(bert_mean, served_name="m"), delay, failures, gate)
+        engine = Engine(model, cache=VectorCache(redis_client, identity, model.caps.embedding_size))
+        return BatchWorker(engine, redis_client, max_jobs=max_jobs, poll_timeout=1)
+
+    return worker
+
+
+def serve(*workers: BatchWorker) -> None:
+    threads = [threading.Thread(target=w.work, kwargs={"burst": True}) for w in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads), "a worker did not finish: a follower hangs?"
+
+
+def results(redis_client, requests) -> list[Result]:
+    return [Result.decode(redis_client.get(result_key(r.id))) for r in requests]
+
+
+def test_twenty_identical_requests_are_served_by_the_forward_passes_of_one(fleet, redis_client):
+    requests = [EmbedRequest(model="m", inputs=TEXTS) for _ in range(20)]
+    for request in requests:
+        enqueue(redis_client, request)
+    device = threading.Event()  # the leader's forward pass runs once every other request is waiting
+    first, second = fleet(gate=device), fleet(gate=device)
+    serving = threading.Thread(target=serve, args=(first, second))
+    serving.start()
+    deadline = time.monotonic() + 60
+    while len(first.inflight.parked) + len(second.inflight.parked) < 19:
+        assert time.monotonic() < deadline, "the 19 followers never all waited"
+        time.sleep(0.01)
+    device.set()
+    serving.join(timeout=90)
+    assert not serving.is_alive()
+
+    engines = (first.engine, second.engine)
+    assert sum(e.forward_rows for e in engines) == len(TEXTS)  # one request's inputs, once
+    assert sum(e.forward_passes for e in engines) == 1
+    assert first.inflight.attached + second.inflight.attached == 19
+    answers = results(redis_client, requests)
+    assert [a.id for a in answers] == [r.id for r in requests]  # each its own id and blob
+    assert all(a.ok and a.data == answers[0].data and a.usage == answers[0].usage for a in answers)
+    assert not redis_client.keys("embedfleet:inflight:*")  # released once the leader answered
+
+
+def test_followers_run_on_their_own_when_the_leader_fails(fleet, redis_client):
+    leader = EmbedRequest(model="m", inputs=TEXTS)
+    enqueue(redis_client, leader)
+    # every pass of the leader's round fails (the engine retries a failed batch in halves down to single
+    # rows: 2n - 1 passes); no Retry on these jobs, so the leader fails for good. Its first pass is held
+    # until the followers wait.
+    device = threading.Event()
+    failing = fleet(failures=2 * len(TEXTS) - 1, gate=device)
+    healthy = fleet()
+    taken = threading.Thread(target=failing.work, kwargs={"burst": True})
+    taken.start()
+    while not redis_client.exists(inflight_key(request_digest(failing.inflight.identity, leader))):
+        time.sleep(0.01)  # the failing worker leads
+    followers = [EmbedRequest(model="m", inputs=TEXTS) for _ in range(5)]
+    for request in followers:
+        enqueue(redis_client, request)
+    serving = threading.Thread(target=serve, args=(healthy,))
+    serving.start()
+    deadline = time.monotonic() + 60
+    while len(failing.inflight.parked) + len(healthy.inflight.parked) < len(followers):
+        assert time.monotonic() < deadline, "the followers never all waited"
+        time.sleep(0.01)
+    device.set()
+    taken.join(timeout=60)
+    serving.join(timeout=60)
+    assert not taken.is_alive() and not serving.is_alive()
+
+    assert Result.decode(redis_client.get(result_key(leader.id))).error_code == "internal_error"
+    answers = results(redis_client, followers)
+    assert all(a.ok and a.shape == (len(TEXTS), 32) for a in answers)
+    assert failing.inflight.let_go + healthy.inflight.let_go == len(followers)
+    assert failing.inflight.attached + healthy.inflight.attached == 0
+
+
+def test_a_follower_of_a_dead_leader_runs_once_the_marker_lapses(fleet, redis_client):
+    """A leader whose worker died leaves its marker until INFLIGHT_TTL: the follower waits that long at
+    most, then runs on its own (here the dead worker's marker is written with a 1 s TTL)."""
+    worker = fleet(max_jobs=8)
+    followers = [EmbedRequest(model="m", inputs=TEXTS) for _ in range(3)]  # taken in one round: all wait
+    marker = inflight_key(request_digest(worker.inflight.identity, followers[0]))
+    redis_client.set(marker, "a" * 32, ex=1)  # the dead leader's id: no result will ever come
+    for follower in followers:
+        enqueue(redis_client, follower)
+
+    serve(worker)
+
+    assert all(answer.ok for answer in results(redis_client, followers))
+    assert worker.inflight.let_go == 3 and worker.engine.forward_rows == len(TEXTS)
+
+
+def test_cache_false_never_attaches(fleet, redis_client):
+    worker = fleet()
+    request = EmbedRequest(model="m", inputs=TEXTS, cache=False)
+    redis_client.set(inflight_key(request_digest(worker.inflight.identity, request)), "b" * 32, ex=60)
+    enqueue(redis_client, request)
+    serve(worker)
+    assert results(redis_client, [request])[0].ok and worker.inflight.attached == worker.inflight.let_go == 0
+
+
+def test_a_stopping_worker_leaves_no_follower_parked(fleet, redis_client):
+    """stop() finishes every job taken: a parked follower stops waiting and runs in a last round."""
+    worker = fleet()
+    follower = EmbedRequest(model="m", inputs=TEXTS)
+    redis_client.set(inflight_key(request_digest(worker.inflight.identity, follower)), "c" * 32, ex=600)
+    enqueue(redis_client, follower)
+    thread = threading.Thread(target=worker.work)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not worker.inflight.parked:
+        assert time.monotonic() < deadline, "the follower was never parked"
+        time.sleep(0.01)
+    worker.stop()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    answer, = results(redis_client, [follower])
+    assert answer.ok and worker.inflight.let_go == 1 and worker.held_count() == 0
+
+
+def test_the_next_round_takes_what_the_round_on_the_device_computes(fleet, redis_client):
+    """The next round is prepared (and looked up) while this one is on the device, before its vectors reach
+    Redis: the forward stage hands them on from memory."""
+    worker = fleet(delay=1.0)
+    first = EmbedRequest(model="m", inputs=TEXTS)
+    second = EmbedRequest(model="m", inputs=TEXTS, params={"embed_dtype": "float16"})  # not the same request
+    for request in (first, second):
+        enqueue(redis_client, request)
+
+    serve(worker)
+
+    assert worker.engine.forward_rows == len(TEXTS) and worker.inflight.attached == 0
+    assert (worker.engine.cache.hits, worker.engine.cache.misses) == (len(TEXTS), len(TEXTS))
+    one, two = results(redis_client, [first, second])
+    assert two.embed_dtype == "float16" and (one.embeddings.astype("float16") == two.embeddings).all()
