@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import redis
@@ -259,10 +261,14 @@ def test_end_to_end_cache_flag_over_http_python_and_status(bert_mean, redis_url,
             bad = http.post("/v1/embeddings", json={"model": "tiny", "input": "x", "cache": "sometimes"})
             assert bad.status_code == 400 and "cache" in bad.text
             deadline = time.monotonic() + 30  # the advert refreshes every HEARTBEAT_INTERVAL
-            while "cache 4 hits / 2 misses (67% hits)" not in (out := embedfleet(
-                    "status", "--redis-url", redis_url, env=env).stdout):
+            while True:
+                out = json.loads(embedfleet("status", "--json", "--redis-url", redis_url, env=env).stdout)
+                if [(w.get("cache_hits"), w.get("cache_misses")) for w in out["workers"]] == [(4, 2)]:
+                    break
                 assert time.monotonic() < deadline, out
                 time.sleep(1)
+            assert [model["cache_hit_rate"] for model in out["models"]] == [round(4 / 6, 4)]
+            assert "67%" in embedfleet("status", "--redis-url", redis_url, env={**env, "COLUMNS": "250"}).stdout
             metrics = http.get("/metrics").text
             assert 'embedfleet_cache_inputs{model="tiny",outcome="hit"} 4.0' in metrics
             assert 'embedfleet_cache_inputs{model="tiny",outcome="miss"} 2.0' in metrics
