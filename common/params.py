@@ -135,12 +135,12 @@ class PoolingParams(BaseModel):
                     f"allowed is 1 to {caps.embedding_size}", param="dimensions")
             if caps.matryoshka_dimensions and self.dimensions not in caps.matryoshka_dimensions:
                 raise ValidationError(
-                    f"`dimensions`={self.dimensions} is not one of model '{caps.name}''s Matryoshka "
-                    f"dimensions: allowed are {list(caps.matryoshka_dimensions)}", param="dimensions")
+                    f"`dimensions`={self.dimensions} is not a Matryoshka dimension of model '{caps.name}': "
+                    f"allowed are {list(caps.matryoshka_dimensions)}", param="dimensions")
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens > caps.max_model_len:
             raise ValidationError(
-                f"`truncate_prompt_tokens`={self.truncate_prompt_tokens} exceeds model "
-                f"'{caps.name}''s max length {caps.max_model_len}: allowed is -1 or 1 to "
+                f"`truncate_prompt_tokens`={self.truncate_prompt_tokens} exceeds the max length "
+                f"{caps.max_model_len} of model '{caps.name}': allowed is -1 or 1 to "
                 f"{caps.max_model_len}", param="truncate_prompt_tokens")
         if self.prompt_name is not None and self.prompt is not None:
             raise ValidationError("send either `prompt` or `prompt_name`, not both", param="prompt")
@@ -153,9 +153,9 @@ class PoolingParams(BaseModel):
             raise ValidationError("send either `chunk_size` or `chunk_spans`, not both", param="chunk_size")
         if self.chunk_size is not None and self.chunk_size >= caps.max_model_len:
             raise ValidationError(
-                f"`chunk_size`={self.chunk_size} is not shorter than model '{caps.name}''s max length "
-                f"{caps.max_model_len}: late chunking pools spans of one input read whole, so allowed is 1 to "
-                f"{caps.max_model_len - 1}", param="chunk_size")
+                f"`chunk_size`={self.chunk_size} is not shorter than the max length "
+                f"{caps.max_model_len} of model '{caps.name}': late chunking pools spans of one input read "
+                f"whole, so allowed is 1 to {caps.max_model_len - 1}", param="chunk_size")
         if self.embed_dtype in PACKED_DTYPES and self.output_size(caps) % 8:
             raise ValidationError(
                 f"`embed_dtype`='{self.embed_dtype}' packs 8 dimensions per byte, but the output has "

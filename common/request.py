@@ -74,6 +74,9 @@ class EmbedRequest(BaseModel):
             raise ValueError("`input` must hold at least one text or token-id list")
         if isinstance(inputs[0], list) and any(not ids for ids in inputs):
             raise ValueError("a token-id input must hold at least one token id")
+        empty = next((i for i, text in enumerate(inputs) if text == ""), None)
+        if empty is not None:  # as OpenAI and TEI refuse it: it would embed only the special tokens
+            raise ValueError(f"input {empty} is an empty string; every text input needs at least one character")
         return inputs
 
     @property
@@ -90,7 +93,7 @@ class EmbedRequest(BaseModel):
             bad = [t for ids in self.inputs for t in ids if not 0 <= t < caps.vocab_size]
             if bad:
                 raise ValidationError(
-                    f"token id {bad[0]} is outside model '{caps.name}''s vocabulary: allowed is 0 to "
+                    f"token id {bad[0]} is outside the vocabulary of model '{caps.name}': allowed is 0 to "
                     f"{caps.vocab_size - 1}", param="input")
         if self.params.chunk_spans is not None and (self.is_tokens or len(self.inputs) != 1):
             raise ValidationError("`chunk_spans` are character offsets into one text: send exactly one text "
@@ -101,8 +104,8 @@ class EmbedRequest(BaseModel):
             longest = max(range(len(self.inputs)), key=lambda i: len(self.inputs[i]))
             if len(self.inputs[longest]) > caps.max_embed_len:
                 raise InputTooLongError(
-                    f"input {longest} has {len(self.inputs[longest])} tokens, more than model '{caps.name}''s "
-                    f"max_embed_len of {caps.max_embed_len}: shorten it, or send truncate_prompt_tokens=-1 "
+                    f"input {longest} has {len(self.inputs[longest])} tokens, more than the max_embed_len "
+                    f"{caps.max_embed_len} of model '{caps.name}': shorten it, or send truncate_prompt_tokens=-1 "
                     "to truncate to the max length", param="input")
         params = self.params.resolve(caps)
         check_task_inputs(self, params.task)

@@ -79,6 +79,7 @@ class AsyncProducer:
         self._served: dict[str, ModelCapabilities] = {}
         self._known: set[str] = set()
         self._served_at = float("-inf")
+        self._models_read: asyncio.Future | None = None  # the adverts read in flight, shared (models())
 
     async def close(self) -> None:
         """Fail pending waits and drop every connection. Bounded: each step that talks to Redis gets
@@ -119,18 +120,26 @@ class AsyncProducer:
         return self._sync.max_queue_depth
 
     async def models(self, refresh: bool = True) -> dict[str, ModelCapabilities]:
-        """Models served by at least one live worker, with their capabilities (see Producer.models)."""
+        """Models served by at least one live worker, with their capabilities (see Producer.models).
+
+        One read at a time: concurrent callers (thousands of submits when the cached read goes stale) share
+        the read in flight instead of each sending their own."""
         if refresh or time.monotonic() - self._served_at > CAPS_CACHE_SECONDS:
-            served, known = {}, set()
-            for url, link in self._links.items():  # a model counts on its own shard only
-                with redis_errors():
-                    names = sorted(n.decode() for n in await link.redis.smembers(keys.MODELS_KEY)
-                                   if self._sync.shards.owns(url, n.decode()))
-                    raw = await link.redis.mget([keys.model_key(n) for n in names]) if names else []
-                served.update(parse_models(names, raw))
-                known.update(names)
-            self._served, self._known, self._served_at = served, known, time.monotonic()
+            if self._models_read is None or self._models_read.done():
+                self._models_read = asyncio.ensure_future(self._read_models())
+            await asyncio.shield(self._models_read)  # a caller that gives up does not cancel the others' read
         return self._served
+
+    async def _read_models(self) -> None:
+        served, known = {}, set()
+        for url, link in self._links.items():  # a model counts on its own shard only
+            with redis_errors():
+                names = sorted(n.decode() for n in await link.redis.smembers(keys.MODELS_KEY)
+                               if self._sync.shards.owns(url, n.decode()))
+                raw = await link.redis.mget([keys.model_key(n) for n in names]) if names else []
+            served.update(parse_models(names, raw))
+            known.update(names)
+        self._served, self._known, self._served_at = served, known, time.monotonic()
 
     async def live_workers(self, model: str) -> int:
         return await asyncio.to_thread(self._sync.live_workers, model)

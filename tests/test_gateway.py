@@ -379,6 +379,7 @@ def test_client_errors(fleet):
     ({"input": "x", "dimension": 8}, "did you mean `dimensions`"),  # a misspelt field
     ({"input": ["a text", [1, 2]]}, "a list mixing list and str"),  # texts and token ids in one list
     ({"input": []}, "at least one"),
+    ({"input": ["a text", ""]}, "input 1 is an empty string"),  # refused, as OpenAI and TEI refuse it
     ({"input": "x", "dimensions": 0}, "positive integer"),
     ({"input": "x", "dimensions": 64}, "not a Matryoshka model"),
     ({"input": "x", "embed_dtype": "float64"}, "embed_dtype"),

@@ -34,20 +34,39 @@ ERROR_LINE = re.compile(r"\b(ERROR|WARNING|CRITICAL)\b|Traceback|exited with|cou
 class Up:
     """One `embedfleet up` process; its output (stdout and stderr together) is collected by a thread."""
 
-    def __init__(self, *args: str, env: dict):
-        self.proc = subprocess.Popen([sys.executable, "-m", "producer.cli", "up", *args], env=env,
+    def __init__(self, *args: str, env: dict, cwd: Path | None = None):
+        self.proc = subprocess.Popen([sys.executable, "-m", "producer.cli", "up", *args], env=env, cwd=cwd,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self.ready = threading.Event()
+        self.changed = threading.Condition()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
-            self.lines.append(line)
+            with self.changed:
+                self.lines.append(line)
+                self.changed.notify_all()
             if "Ctrl-C stops everything" in line:
                 self.ready.set()
         self.ready.set()  # ended: wait_up() tells which
+        with self.changed:
+            self.changed.notify_all()
+
+    def wait_for(self, text: str, after: int = 0, timeout: float = 120) -> str:
+        """The first line from line `after` on that holds `text`, waiting for it (fails if `up` ends first)."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while True:
+                found = [line for line in self.lines[after:] if text in line]
+                if found:
+                    return found[0]
+                if self.proc.poll() is not None and not self.reader.is_alive():
+                    pytest.fail(f"embedfleet up ended before saying {text!r}:\n{self.output}")
+                if time.monotonic() > deadline:
+                    pytest.fail(f"embedfleet up did not say {text!r} within {timeout} s:\n{self.output}")
+                self.changed.wait(1)
 
     @property
     def output(self) -> str:
@@ -201,3 +220,120 @@ def test_up_reports_a_taken_gateway_port_before_starting_anything(tmp_path):
                           env=clean_env(tmp_path / "cache"))
     assert_one_line_error(done, 1, f"gateway port {port}", "--port")
     assert "Redis on" not in done.stdout and not (tmp_path / "data" / "redis").exists()
+
+
+QUEUED = 3000  # requests left queued in the AOF between two runs
+
+
+def test_up_with_every_default_from_an_empty_folder_restarts_over_its_own_data(tmp_path, minilm_path):
+    """The README's first command as a new user runs it: a relative data dir (.embedfleet in the working
+    directory), the bundled model, a free Redis port. Stopped with requests still queued in its AOF, it
+    starts again over that data (waiting, and saying so, while its Redis loads) and serves every one."""
+    folder = tmp_path / "checkout"
+    folder.mkdir()
+    env = clean_env(tmp_path / "cache")
+    port = free_port()
+    up = Up("--redis-port", "0", "--port", str(port), env=env, cwd=folder)
+    try:
+        up.wait_up()
+        assert (folder / ".embedfleet" / "redis" / "appendonlydir").is_dir()  # relative to the working dir
+        url = up.redis_url
+        texts = ["a fresh clone", "make up, then embed"]
+        reference = SentenceTransformer(minilm_path, device="cpu").encode(texts)
+        with Producer(url) as producer:
+            np.testing.assert_allclose(producer.embed(texts), reference, atol=1e-5)
+            # The operator suspends the workers (rq's own switch), work piles up, and the fleet is stopped.
+            subprocess.run([Path(sys.executable).parent / "rq", "suspend", "--url", url], check=True,
+                           capture_output=True, env=env)
+            queued = producer.submit_many([[f"queued text {i}"] for i in range(QUEUED)])
+        assert up.stop(signal.SIGINT) == 0, up.output
+    finally:
+        up.kill()
+
+    # A slow load, as a large AOF gives (Redis' own debug knob: a pause per loaded command).
+    slow = tmp_path / "slow-load.conf"
+    slow.write_text("key-load-delay 200\nloading-process-events-interval-bytes 4096\n")
+    again = Up("--redis-port", "0", "--port", str(port), "--redis-config", str(slow), env=env, cwd=folder)
+    try:
+        again.wait_up()
+        assert "Redis is loading its data" in again.output, again.output
+        url = again.redis_url
+        resumed = subprocess.run([Path(sys.executable).parent / "rq", "resume", "--url", url],
+                                 capture_output=True, env=env)
+        assert resumed.returncode == 0, resumed.stderr
+        with Producer(url) as producer:
+            results = [producer.wait(request_id, 240) for request_id in queued]
+        assert all(result.ok and result.embeddings.shape == (1, 384) for result in results)
+        assert again.stop(signal.SIGINT) == 0, again.output
+    finally:
+        again.kill()
+    assert not [line for line in again.lines if ERROR_LINE.search(line)], again.output
+
+
+def pids_of(tmp_path: Path) -> dict:
+    [state_file] = (tmp_path / "cache" / "embedfleet" / "up").glob("*.json")
+    return json.loads(state_file.read_text())["pids"]
+
+
+def test_up_starts_again_a_redis_and_a_worker_that_die(tmp_path, bert_mean):
+    env = clean_env(tmp_path / "cache")
+    port = free_port()
+    up = Up("--redis-port", "0", "--port", str(port), "--data-dir", "data", "--model", bert_mean,
+            "--served-model-name", "tiny", env=env, cwd=tmp_path)
+    try:
+        up.wait_up()
+        url = up.redis_url
+        with Producer(url) as producer:
+            before = producer.embed(["still served"], "tiny")
+        pids = pids_of(tmp_path)
+        mark = len(up.lines)
+        os.kill(pids["redis"], signal.SIGKILL)
+        assert "Redis was killed by SIGKILL; starting it again" in up.wait_for("Redis was killed", mark)
+        up.wait_for("Redis is back", mark)
+        mark = len(up.lines)
+        os.kill(pids["workers"][0], signal.SIGKILL)
+        assert "starting it again" in up.wait_for("worker 1 was killed by SIGKILL", mark)
+        up.wait_for("worker 1 started again", mark)
+        new = pids_of(tmp_path)
+        assert new["redis"] != pids["redis"] and new["workers"][0] != pids["workers"][0]
+        assert not alive(pids["redis"])  # reaped, not a zombie
+        with Producer(url) as producer:
+            np.testing.assert_allclose(producer.embed(["still served"], "tiny"), before, atol=1e-6)
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/embeddings",
+                                         data=json.dumps({"input": "still served"}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            np.testing.assert_allclose(json.load(response)["data"][0]["embedding"], before[0], atol=1e-6)
+        client = redis.Redis.from_url(url)
+        names = [w.name for w in SimpleWorker.all(connection=client, serializer=MsgpackSerializer)]
+        client.close()
+        assert len(names) == 1 and names[0].startswith("up-"), names  # the dead one is not `rq info`'s
+
+        # `up` itself killed outright: what it started ends too (no orphan keeps the ports and the data dir).
+        up.kill()
+        children = [new["redis"], new["gateway"], *new["workers"]]
+        deadline = time.monotonic() + 60
+        while [pid for pid in children if alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in children if alive(pid)]
+    finally:
+        up.kill()
+
+
+def test_up_stops_everything_with_one_line_when_a_child_keeps_dying(tmp_path, bert_mean):
+    env = clean_env(tmp_path / "cache")
+    up = Up("--redis-port", "0", "--no-gateway", "--data-dir", str(tmp_path / "data"), "--model", bert_mean,
+            "--max-restarts", "0", env=env)
+    try:
+        up.wait_up()
+        pids = pids_of(tmp_path)
+        os.kill(pids["workers"][0], signal.SIGKILL)
+        assert up.proc.wait(90) == 1, up.output
+    finally:
+        up.kill()
+    up.reader.join(10)
+    errors = [line for line in up.lines if line.startswith("embedfleet: worker 1")]
+    assert errors == ["embedfleet: worker 1 was killed by SIGKILL (1 deaths in a row, each within a minute of its "
+                      "start; --max-restarts 0); the fleet was stopped: see its messages above\n"], up.output
+    assert not [pid for pid in [pids["redis"], *pids["workers"]] if alive(pid)]
+    assert not list((tmp_path / "cache").glob("**/*.json"))

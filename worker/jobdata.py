@@ -38,5 +38,5 @@ def decode_job(job_id: str, data: bytes, served_model: str) -> EmbedRequest:
         raise DecodeError(f"request id {request.id!r} does not match its job id {job_id!r}", bytes(data))
     if request.model != served_model:
         raise ValidationError(f"the request names model '{request.model}' but was queued for model "
-                              f"'{served_model}': submit it to '{request.model}''s queue", param="model")
+                              f"'{served_model}': submit it to the queue of '{request.model}'", param="model")
     return request

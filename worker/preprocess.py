@@ -105,15 +105,15 @@ def prepare(model: LoadedModel, request: EmbedRequest) -> Prepared:
         if keep is None and len(ids) > caps.max_model_len and caps.max_embed_len and not late:
             if len(ids) > caps.max_embed_len:
                 raise InputTooLongError(
-                    f"input {index} has {len(ids)} tokens, more than model '{caps.name}''s max_embed_len of "
-                    f"{caps.max_embed_len} (inputs above its max length {caps.max_model_len} are embedded in "
+                    f"input {index} has {len(ids)} tokens, more than the max_embed_len {caps.max_embed_len} of "
+                    f"model '{caps.name}' (inputs above its max length {caps.max_model_len} are embedded in "
                     "chunks up to that many tokens): shorten it, or send truncate_prompt_tokens=-1 to "
                     "truncate to the max length", param="input")
             long[index] = ids
         elif keep is None and len(ids) > caps.max_model_len:
             raise InputTooLongError(
-                f"input {index} has {len(ids)} tokens, more than model '{caps.name}''s maximum of "
-                f"{caps.max_model_len}: shorten it, or send truncate_prompt_tokens=-1 to truncate to "
+                f"input {index} has {len(ids)} tokens, more than the maximum {caps.max_model_len} of "
+                f"model '{caps.name}': shorten it, or send truncate_prompt_tokens=-1 to truncate to "
                 "the maximum", param="input")
         if keep is not None and len(ids) > keep:  # token-id inputs, or a tokenizer that would not cut
             token_lists[index] = _truncate_ids(ids, keep, side)

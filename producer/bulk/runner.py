@@ -132,6 +132,7 @@ class Window:
             while self.todo or self.inflight:
                 for unit in self._fill():
                     progress.advance(len(self.units[unit].inputs))
+                progress.in_flight(sum(len(self.units[unit].inputs) for unit in self.inflight))
                 if not self.inflight:
                     continue
                 for unit in self._collect():

@@ -46,8 +46,8 @@ def _pairs(model, request: EmbedRequest) -> Prepared:
     for index, ids in enumerate(token_lists):
         if keep is None and len(ids) > caps.max_model_len:
             raise InputTooLongError(
-                f"pair {index} has {len(ids)} tokens, more than model '{caps.name}''s maximum of "
-                f"{caps.max_model_len}: shorten it, or send truncate_prompt_tokens=-1 to truncate to "
+                f"pair {index} has {len(ids)} tokens, more than the maximum {caps.max_model_len} of "
+                f"model '{caps.name}': shorten it, or send truncate_prompt_tokens=-1 to truncate to "
                 "the maximum", param="input")
     types = encoded.get("token_type_ids")
     starts = [row.index(1) if 1 in row else 0 for row in types] if types is not None else None
