@@ -49,8 +49,11 @@ tools:
 up: $(STAMP)
 	$(VENV)/bin/embedfleet up $(ARGS)
 
+# The suite in TEST_WORKERS processes, a test module to each at a time (its module fixtures are built once);
+# TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
 test: $(STAMP) tools
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -18,7 +18,7 @@ from common.request import EmbedRequest, normalize_inputs
 from common.result import Result
 from common.serializer import MsgpackSerializer
 
-texts = st.lists(st.text(max_size=50), min_size=1, max_size=5)
+texts = st.lists(st.text(min_size=1, max_size=50), min_size=1, max_size=5)
 token_lists = st.lists(st.lists(st.integers(0, 30000), min_size=1, max_size=8), min_size=1, max_size=4)
 params = st.builds(
     PoolingParams,

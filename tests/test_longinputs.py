@@ -83,12 +83,12 @@ def test_truncation_wins_over_chunking_and_limits_are_clear(long_model):
     assert truncated.usage.prompt_tokens == MAX_LEN
     np.testing.assert_allclose(truncated.embeddings, first.embeddings, atol=1e-6)
     too_long = engine.run([EmbedRequest(model="long", inputs=[words(8 * MAX_LEN + 1)])])[0]
-    assert too_long.error_code == "input_too_long" and "max_embed_len of 256" in too_long.error_message
+    assert too_long.error_code == "input_too_long" and "max_embed_len 256 of model" in too_long.error_message
     # Token-id inputs are cut as given (no special tokens added) and checked at submit by the producer too.
     ids = model.tokenizer(text)["input_ids"]
     by_ids = engine.run([EmbedRequest(model="long", inputs=[ids])])[0]
     assert by_ids.ok and by_ids.usage.prompt_tokens == len(ids)
-    with pytest.raises(InputTooLongError, match="max_embed_len of 256"):
+    with pytest.raises(InputTooLongError, match="max_embed_len 256 of model"):
         EmbedRequest(model="long", inputs=[[5] * (8 * MAX_LEN + 1)]).resolve(model.caps)
 
 
@@ -240,7 +240,7 @@ def test_late_chunking_bad_requests_say_what_is_allowed(long_model):
     assert "exactly one text" in engine.run([spans_for_two])[0].error_message  # the worker checks too
     assert "0 <= start < end" in error([text], chunk_spans=[[5, 5]])
     assert "reaches past the input's" in error([text], chunk_spans=[[0, len(text) + 1]])
-    assert "maximum of 32" in error([words(MAX_LEN + 5)], chunk_size=8)  # read whole: never chunked
+    assert "the maximum 32 of model" in error([words(MAX_LEN + 5)], chunk_size=8)  # read whole: never chunked
 
 
 def test_a_poisoned_part_fails_the_request_and_a_corrupt_plan_fails_only_its_request(long_model, redis_url,

@@ -74,7 +74,7 @@ def corpus_texts() -> list[str]:
     else:
         picked = sample_texts(54, max_words=80)
     long = " ".join(picked[-5:] * 20)
-    return picked + [long, long[: len(long) // 2], "a", "", "short text", " ".join(["many words"] * 400)]
+    return picked + [long, long[: len(long) // 2], "a", "short text", "another short one", " ".join(["many words"] * 400)]
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
