@@ -211,7 +211,7 @@ def start_worker(redis_url: str, model: str, served_name: str, *extra: str, time
 def wait_advertised(worker: Process, redis_url: str, served_name: str, timeout: float = 300.0) -> None:
     import redis
 
-    from common import keys
+    from common.protocol import keys
 
     conn = redis.Redis.from_url(redis_url)
     deadline = time.monotonic() + timeout
@@ -276,11 +276,11 @@ def prefill(redis_url: str, model: str, batches: list[list[str]], chunk: int = 2
     import redis
     from rq import Queue
 
-    from common.keys import queue_name
+    from common.protocol.keys import queue_name
     from common.params import PoolingParams
     from common.request import EmbedRequest
     from common.serializer import MsgpackSerializer
-    from producer.core import enqueue_data
+    from producer.client.core import enqueue_data
 
     conn = redis.Redis.from_url(redis_url)
     queue = Queue(queue_name(model), connection=conn, serializer=MsgpackSerializer)
@@ -303,7 +303,7 @@ def wait_all_results(conn, ids: list[str], deadline: float, poll: float = 0.005,
     Returns (results found, commands this function sent), the latter so callers can subtract them from
     server-side counts. Polls the last id first (FIFO: it lands last), then checks the rest in pipelines.
     """
-    from common import keys
+    from common.protocol import keys
 
     sent, missing = 0, list(ids)
     while missing:

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (REPO, RedisServer, describe_machine, load_corpus, model_path, ratio, start_worker,
                      table)
 
-from common.keys import PRIORITIES, queue_name
+from common.protocol.keys import PRIORITIES, queue_name
 
 MODEL = "null"
 

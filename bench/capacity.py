@@ -30,11 +30,11 @@ from rq import Queue
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import keys  # noqa: E402
+from common.protocol import keys  # noqa: E402
 from common.redisserver import RedisServer  # noqa: E402
 from common.request import EmbedRequest  # noqa: E402
 from common.serializer import MsgpackSerializer  # noqa: E402
-from producer.core import enqueue_data  # noqa: E402
+from producer.client.core import enqueue_data  # noqa: E402
 
 NAME, SIZE = "null", 384
 PLANNING_SHARE = 0.7

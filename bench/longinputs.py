@@ -28,9 +28,9 @@ import redis
 
 from common.redisserver import RedisServer
 from producer import Producer
-from worker.engine import Engine
-from worker.model import load_model
-from worker.queue import BatchWorker
+from worker.engine.engine import Engine
+from worker.engine.model import load_model
+from worker.serving.pipeline import BatchWorker
 
 
 def documents(tokenizer, count: int, tokens: int) -> list[str]:

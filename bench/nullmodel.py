@@ -32,8 +32,8 @@ import _roundtrips
 from _common import (Process, RedisServer, Timer, describe_machine, load_corpus, prefill, ratio,
                      redis_commands, short_texts, table, wait_all_results)
 
-from common import keys
-from common.keys import queue_name
+from common.protocol import keys
+from common.protocol.keys import queue_name
 from common.request import EmbedRequest
 from common.result import Result
 

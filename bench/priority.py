@@ -22,12 +22,12 @@ from datetime import datetime, timezone
 import redis
 
 from bench._common import Timer, add_corpus_flags, describe_machine, load_corpus, median, model_path, ratio, table
-from common.keys import queue_name
+from common.protocol.keys import queue_name
 from common.redisserver import RedisServer
 from producer import Producer
-from worker.engine import Engine
-from worker.model import load_model
-from worker.queue import BatchWorker
+from worker.engine.engine import Engine
+from worker.engine.model import load_model
+from worker.serving.pipeline import BatchWorker
 
 
 def _answered_at(conn, request_id: str) -> float:

@@ -19,13 +19,13 @@ import redis
 from rq import Queue, SimpleWorker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common.keys import FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, RESULT_TTL, queue_name
+from common.protocol.keys import FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, RESULT_TTL, queue_name
 from common.redisserver import RedisServer
 from common.request import EmbedRequest
 from common.serializer import MsgpackSerializer
-from worker.engine import Engine
-from worker.nullmodel import NullModel
-from worker.queue import BatchWorker
+from worker.engine.engine import Engine
+from worker.engine.nullmodel import NullModel
+from worker.serving.pipeline import BatchWorker
 
 
 def noop(payload: bytes) -> None:

@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
 
-    from common.keys import queue_name
+    from common.protocol.keys import queue_name
     from producer import Producer
 
     texts = short_texts(load_corpus(args.corpus))

@@ -30,7 +30,7 @@ import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from common import keys  # noqa: E402
+from common.protocol import keys  # noqa: E402
 from common.errors import EmbedfleetError, UnavailableError  # noqa: E402
 from common.redisserver import RedisServer  # noqa: E402
 from producer import Producer  # noqa: E402

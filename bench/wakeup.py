@@ -32,17 +32,17 @@ from _common import RedisServer, describe_machine, percentile, table
 
 import redis
 
-from common import keys
+from common.protocol import keys
 from common.capabilities import ModelCapabilities
 from common.result import Result
 from producer import AsyncProducer, Producer
-from worker.advertise import Advertiser
+from worker.serving.advertise import Advertiser
 
 MODEL = "wakeup"
 SETTLE = 0.005  # seconds a waiter is given to block before its result is written
 
 
-# What worker/rqscripts.py's finish does to make a result visible (its `publish`).
+# What common/protocol/rqscripts.py's finish does to make a result visible (its `publish`).
 # ARGV: ttl, reply stream ('' for none), stream maxlen, then id, blob pairs.
 _LAND = """
 local ttl, stream, maxlen = ARGV[1], ARGV[2], ARGV[3]

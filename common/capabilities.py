@@ -31,7 +31,7 @@ class ModelCapabilities(BaseModel):
     tasks: tuple[str, ...] = ("embed",)
     labels: tuple[str, ...] = ()  # a classifier's label names by index (its config's id2label)
     token_size: int | None = None  # width of a token_embed vector (the hidden size, or a ColBERT projection's)
-    # Inputs longer than max_model_len and at most this many tokens are embedded in chunks (worker/chunking.py);
+    # Inputs longer than max_model_len and at most this many tokens are embedded in chunks (worker/engine/chunking.py);
     # None: they are refused (or truncated per request).
     max_embed_len: int | None = None
 

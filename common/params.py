@@ -38,7 +38,7 @@ class PoolingParams(BaseModel):
     add_special_tokens: bool = True
     embed_dtype: EmbedDtype = "float32"
     endianness: Endianness = "native"
-    # Late chunking (worker/latechunking.py): one vector per span of an input, pooled from the token states
+    # Late chunking (worker/engine/latechunking.py): one vector per span of an input, pooled from the token states
     # of one forward pass over the whole input. `chunk_size`: spans of that many tokens; `chunk_spans`:
     # [start, end) character offsets into the request's one text input.
     chunk_size: int | None = None

@@ -8,7 +8,7 @@ import uuid
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from common import keys
+from common.protocol import keys
 from common.capabilities import ModelCapabilities
 from common.codec import check_text, packb, unpackb
 from common.errors import DecodeError, InputTooLongError, ValidationError
@@ -22,7 +22,7 @@ def new_request_id() -> str:
 
 
 class PartOf(BaseModel):
-    """Marks a sub-job of a long request spread over the fleet (worker/chunkjobs.py): chunk group `index` of
+    """Marks a sub-job of a long request spread over the fleet (worker/serving/spread.py): chunk group `index` of
     `parts`; its answer goes to the request's join, never to a waiter of its own."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

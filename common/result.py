@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from common import keys
+from common.protocol import keys
 from common.codec import packb, unpackb
 from common.dtypes import (FP8_DTYPES, bfloat16_bits_to_float32, fp8_bits_to_float32, from_bytes,
                            resolve_endianness, to_bytes)

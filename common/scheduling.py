@@ -2,12 +2,12 @@
 not computed (issue #10).
 
 Priority follows vLLM's `priority` field (an integer, lower = served sooner, default 0) and also takes the
-level names. Levels are queues of the same model (common.keys.PRIORITIES, highest first):
+level names. Levels are queues of the same model (common.protocol.keys.PRIORITIES, highest first):
 
     "interactive", None, or an integer <= 0   -> interactive (the model's queue as it always was)
     "bulk", or an integer >= 1                -> bulk        (<queue>@bulk)
 
-A worker takes from the higher level first and gives the lower one a bounded share (worker/levels.py).
+A worker takes from the higher level first and gives the lower one a bounded share (worker/serving/levels.py).
 
 A deadline is an absolute unix time (`deadline`) or seconds from submit (`timeout`); with both, the
 earlier wins. A request still queued when its deadline passes is answered `expired` and never computed;
@@ -23,14 +23,14 @@ from __future__ import annotations
 import math
 
 from common.errors import ValidationError
-from common.keys import PRIORITIES
+from common.protocol.keys import PRIORITIES
 from common.request import EmbedRequest
 
 DEFAULT_PRIORITY = PRIORITIES[0]
 
 
 def priority_level(priority: str | int | None) -> str:
-    """The level (one of common.keys.PRIORITIES) of a request's `priority`; raises ValidationError."""
+    """The level (one of common.protocol.keys.PRIORITIES) of a request's `priority`; raises ValidationError."""
     if priority is None:
         return DEFAULT_PRIORITY
     if isinstance(priority, str):

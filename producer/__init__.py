@@ -1,6 +1,6 @@
 """What a web app imports: Producer and AsyncProducer (plus the gateway and the CLI)."""
 
-from producer.aio import AsyncProducer
-from producer.client import Producer
+from producer.client.aio import AsyncProducer
+from producer.client.blocking import Producer
 
 __all__ = ["AsyncProducer", "Producer"]

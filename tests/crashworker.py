@@ -18,10 +18,10 @@ import numpy as np
 
 from common.redisclient import connect
 from common.request import EmbedRequest
-from worker.engine import Engine
-from worker.nullmodel import NullModel
-from worker.preprocess import Prepared
-from worker.queue import BatchWorker
+from worker.engine.engine import Engine
+from worker.engine.nullmodel import NullModel
+from worker.engine.preprocess import Prepared
+from worker.serving.pipeline import BatchWorker
 
 DIM = 8
 DIE, HANG = -1, -2

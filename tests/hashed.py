@@ -31,8 +31,8 @@ def hashed_model(seconds_per_text: float):
 @pytest.fixture
 def fleet(redis_client):
     """start(seconds_per_text=0, **worker kwargs): a running worker of MODEL; all stopped at the end."""
-    from worker.engine import Engine
-    from worker.queue import BatchWorker
+    from worker.engine.engine import Engine
+    from worker.serving.pipeline import BatchWorker
 
     started = []
 

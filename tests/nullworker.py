@@ -8,9 +8,9 @@ import threading
 
 import redis
 
-from worker.engine import Engine
-from worker.nullmodel import NullModel
-from worker.queue import BatchWorker
+from worker.engine.engine import Engine
+from worker.engine.nullmodel import NullModel
+from worker.serving.pipeline import BatchWorker
 
 NULL = "null"
 

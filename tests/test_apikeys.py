@@ -11,14 +11,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from common import keys
+from common.protocol import keys
 from producer.gateway.apikeys import ApiKey, KeyLimiter, parse_api_keys
 from producer.gateway.errors import RateLimitedError
 from tests.commands import assert_one_line_error, clean_env, embedfleet
 from tests.gatewayserver import Server, settings
-from worker.engine import Engine
-from worker.nullmodel import NullModel
-from worker.queue import BatchWorker
+from worker.engine.engine import Engine
+from worker.engine.nullmodel import NullModel
+from worker.serving.pipeline import BatchWorker
 
 MODEL = "keyed"
 KEYS = {"sk-web": {"name": "web", "weight": 3}, "sk-batch": {"name": "batch", "weight": 1, "rate": 1, "burst": 2}}

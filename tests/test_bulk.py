@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 from rq.suspension import resume, suspend
 
-from common.keys import PRIORITIES, queue_name
-from producer.bulk.checkpoint import Checkpoint, checkpoint_path, records
+from common.protocol.keys import PRIORITIES, queue_name
+from producer.cli.bulk.checkpoint import Checkpoint, checkpoint_path, records
 from tests.commands import ROOT, assert_one_line_error, clean_env, embedfleet
 from tests.crashworker import token, vector
 from tests.hashed import MODEL

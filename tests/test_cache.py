@@ -8,19 +8,19 @@ import numpy as np
 import pytest
 import redis
 
-from common.keys import cache_key, result_key, worker_info_key
+from common.protocol.keys import cache_key, result_key, worker_info_key
 from common.params import EMBED_DTYPES, PACKED_DTYPES
 from common.redisserver import RedisServer
 from common.errors import StartupError
 from common.request import EmbedRequest
 from common.result import Result
-from producer.core import parse_worker_info
+from producer.client.core import parse_worker_info
 from tests.test_queue import enqueue
 from tests.tinymodels import engine_for, sample_texts
-from worker.cache import VectorCache, check_placement
-from worker.engine import Engine
-from worker.identity import folder_digest, model_identity
-from worker.queue import BatchWorker
+from worker.serving.cache import VectorCache, check_placement
+from worker.engine.engine import Engine
+from worker.engine.identity import folder_digest, model_identity
+from worker.serving.pipeline import BatchWorker
 
 
 def cached_engine(folder: str, connection, name: str = "m") -> Engine:

@@ -11,12 +11,12 @@ import time
 import numpy as np
 import pytest
 
-from common.keys import model_workers_key, worker_info_key
+from common.protocol.keys import model_workers_key, worker_info_key
 from common.redisserver import free_port
 from producer import Producer
 from tests.commands import assert_one_line_error, clean_env, embedfleet, socket_listening
-from worker.config import WorkerSettings
-from worker.queue import BatchWorker
+from worker.serving.config import WorkerSettings
+from worker.serving.pipeline import BatchWorker
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 import redis
 import yaml
 
-from common import keys
+from common.protocol import keys
 from common.codec import unpackb
 from common.redisserver import free_port
 from tests.commands import ROOT, assert_one_line_error, clean_env, embedfleet

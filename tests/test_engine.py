@@ -16,10 +16,10 @@ from common.params import EMBED_DTYPES
 from common.request import EmbedRequest
 from common.result import Result
 from tests.tinymodels import cosines, embed, engine_for, sample_texts, st_reference
-from worker.engine import Engine
-from worker.fidelity import cast_with_fidelity_check
-from worker.model import load_model
-from worker.postprocess import cast, quantization_ranges
+from worker.engine.engine import Engine
+from worker.engine.fidelity import cast_with_fidelity_check
+from worker.engine.model import load_model
+from worker.engine.postprocess import cast, quantization_ranges
 
 logging.getLogger("sentence_transformers").setLevel(logging.ERROR)
 

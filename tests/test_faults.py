@@ -13,13 +13,13 @@ import redis
 from rq import Queue
 from rq.job import JobStatus
 
-from common import keys
+from common.protocol import keys
 from common.errors import UnavailableError
 from common.serializer import MsgpackSerializer
 from producer import Producer
 from tests.test_leases import MODEL, workers
 from tests.tinymodels import sample_texts
-from worker.queue import BatchWorker
+from worker.serving.pipeline import BatchWorker
 
 
 def wait_until(check, timeout: float, what: str):

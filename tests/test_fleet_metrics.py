@@ -12,17 +12,17 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from common import keys
+from common.protocol import keys
 from common.redisserver import free_port
 from producer import Producer
 from tests.commands import ROOT, clean_env
 from tests.gatewayserver import Server, settings
 from tests.test_queue import wait_for
 from tests.tinymodels import bert_mean, engine_for  # noqa: F401 - `bert_mean` is a fixture
-from worker.engine import Engine
-from worker.metrics import WorkerMetrics
-from worker.nullmodel import NullModel
-from worker.queue import BatchWorker
+from worker.engine.engine import Engine
+from worker.serving.metrics import WorkerMetrics
+from worker.engine.nullmodel import NullModel
+from worker.serving.pipeline import BatchWorker
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:

@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 
 from common.codec import packb
 from common.errors import EmbedfleetError
-from common.keys import JOB_FUNC, result_key
+from common.protocol.keys import JOB_FUNC, result_key
 from common.request import EmbedRequest
 from common.result import Result
 from producer import Producer
 from tests.test_queue import enqueue, rq_queue
-from worker.engine import Engine
-from worker.nullmodel import NullModel
-from worker.queue import BatchWorker
+from worker.engine.engine import Engine
+from worker.engine.nullmodel import NullModel
+from worker.serving.pipeline import BatchWorker
 
 MODEL = "fuzz"
 FUZZ = settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture,

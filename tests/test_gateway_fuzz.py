@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 import redis
 
-from common import keys
+from common.protocol import keys
 from producer import Producer
 from tests.answers import MODEL, advertise, answer
 from tests.gatewayserver import Server, settings

@@ -8,12 +8,12 @@ import zlib
 from rq.job import Job
 
 from common.codec import packb
-from common.keys import FAILURE_TTL, JOB_FUNC, RESULT_TTL, notify_key, result_key
+from common.protocol.keys import FAILURE_TTL, JOB_FUNC, RESULT_TTL, notify_key, result_key
 from common.request import EmbedRequest, job_reply_to
 from common.result import Result
 from common.serializer import MsgpackSerializer
 from tests.test_queue import engine, enqueue, rq_queue, texts  # noqa: F401 - `engine` is a fixture
-from worker.queue import BatchWorker
+from worker.serving.pipeline import BatchWorker
 
 
 def good_requests(conn, model: str, count: int = 20) -> list[EmbedRequest]:

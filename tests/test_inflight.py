@@ -7,17 +7,17 @@ import time
 
 import pytest
 
-from common.keys import inflight_key, result_key
+from common.protocol.keys import inflight_key, result_key
 from common.request import EmbedRequest
 from common.result import Result
 from tests.test_queue import enqueue
 from tests.tinymodels import sample_texts
-from worker.cache import VectorCache
-from worker.engine import Engine
-from worker.identity import folder_digest, model_identity
-from worker.inflight import request_digest
-from worker.model import load_model
-from worker.queue import BatchWorker
+from worker.serving.cache import VectorCache
+from worker.engine.engine import Engine
+from worker.engine.identity import folder_digest, model_identity
+from worker.serving.inflight import request_digest
+from worker.engine.model import load_model
+from worker.serving.pipeline import BatchWorker
 
 TEXTS = sample_texts(6, seed=21)
 

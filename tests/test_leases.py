@@ -16,16 +16,16 @@ import pytest
 import redis
 from rq.job import JobStatus
 
-from common import keys
+from common.protocol import keys
 from common.request import EmbedRequest
 from producer import Producer
 from tests.commands import ROOT, clean_env, embedfleet
 from tests.crashworker import token, vector
 from tests.test_queue import enqueue, rq_queue, wait_for
-from worker.engine import Engine
-from worker.nullmodel import NullModel
-from worker.queue import BatchWorker
-from worker.rqschema import RqSchema
+from worker.engine.engine import Engine
+from worker.engine.nullmodel import NullModel
+from worker.serving.pipeline import BatchWorker
+from common.protocol.rqschema import RqSchema
 
 MODEL = "crashy"
 LEASE = 2.0

@@ -1,8 +1,8 @@
-"""worker/livestats.py: texts/s over the last minute and the 10-second history, on a clock the test moves."""
+"""worker/serving/livestats.py: texts/s over the last minute and the 10-second history, on a clock the test moves."""
 
 from __future__ import annotations
 
-from worker.livestats import BUCKETS, LiveStats
+from worker.serving.livestats import BUCKETS, LiveStats
 
 
 class Clock:

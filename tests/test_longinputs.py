@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from common import keys
+from common.protocol import keys
 from common.errors import DecodeError, InputTooLongError, InternalError
 from common.request import EmbedRequest
 from common.result import Result
 from producer import Producer
 from tests.tinymodels import WORDS, save_tiny_bert, st_reference, wrap_sentence_transformers
-from worker.engine import Engine
-from worker.model import load_model
-from worker.queue import BatchWorker
+from worker.engine.engine import Engine
+from worker.engine.model import load_model
+from worker.serving.pipeline import BatchWorker
 
 MAX_LEN = 32  # the tiny model's max length: 7x of it is still a fast test
 
@@ -344,6 +344,6 @@ def test_two_serving_workers_join_concurrent_parts_once(long_model, redis_url, r
 
 def alone_parts(text: str, model) -> list:
     """The chunks one worker makes of `text` (one part each at chunks_per_job=1)."""
-    from worker.preprocess import prepare
+    from worker.engine.preprocess import prepare
 
     return prepare(model, EmbedRequest(model="long", inputs=[text]).resolve(model.caps)).token_lists

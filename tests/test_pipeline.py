@@ -16,16 +16,16 @@ from rq import Worker
 from rq.job import JobStatus
 from rq.suspension import resume, suspend
 
-from common.keys import notify_key, result_key
+from common.protocol.keys import notify_key, result_key
 from common.request import EmbedRequest
 from common.result import Result
 from tests.test_queue import GatedEngine, enqueue, rq_queue, wait_for
 from tests.tinymodels import sample_texts
-from worker.engine import Engine
-from worker.model import load_model
-from worker.nullmodel import NullModel
-from worker.probe import choose, probe_budget
-from worker.queue import BatchWorker
+from worker.engine.engine import Engine
+from worker.engine.model import load_model
+from worker.engine.nullmodel import NullModel
+from worker.engine.probe import choose, probe_budget
+from worker.serving.pipeline import BatchWorker
 
 
 @pytest.fixture(scope="module")

@@ -13,17 +13,17 @@ import pytest
 from rq import Queue
 from rq.job import Job, JobStatus
 
-from common import keys
+from common.protocol import keys
 from common.errors import ExpiredError, ValidationError
 from common.request import EmbedRequest
 from common.scheduling import estimate_tokens, priority_level
 from common.serializer import MsgpackSerializer
 from producer import Producer
 from tests.test_queue import wait_for
-from worker.engine import Engine
-from worker.nullmodel import NullModel
-from worker.queue import BatchWorker
-from worker.rqschema import rq_time
+from worker.engine.engine import Engine
+from worker.engine.nullmodel import NullModel
+from worker.serving.pipeline import BatchWorker
+from common.protocol.rqschema import rq_time
 
 MODEL = "prio"
 INTERACTIVE, BULK = keys.queue_name(MODEL), keys.queue_name(MODEL, "bulk")

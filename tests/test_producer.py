@@ -15,7 +15,7 @@ from rq import Queue
 from rq.job import JobStatus
 from sentence_transformers import SentenceTransformer
 
-from common import keys
+from common.protocol import keys
 from common.errors import (CancelledError, InputTooLongError, NotFoundError, NoWorkerError, TimeoutError,
                            UnavailableError, UnknownModelError, ValidationError)
 from common.params import PoolingParams
@@ -23,7 +23,7 @@ from common.result import Result
 from common.serializer import MsgpackSerializer
 from producer import AsyncProducer, Producer
 from tests.tinymodels import sample_texts
-from worker.queue import BatchWorker
+from worker.serving.pipeline import BatchWorker
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "docstrings.json"
 
@@ -74,7 +74,8 @@ def corpus_texts() -> list[str]:
     else:
         picked = sample_texts(54, max_words=80)
     long = " ".join(picked[-5:] * 20)
-    return picked + [long, long[: len(long) // 2], "a", "short text", "another short one", " ".join(["many words"] * 400)]
+    return picked + [long, long[: len(long) // 2], "a", "short text", "another short one",
+                     " ".join(["many words"] * 400)]
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -335,7 +336,7 @@ def test_a_recheck_wakes_waiters_whose_reply_was_lost_in_an_outage(redis_url, re
     """After a listener reconnects the hub looks at its waiters' result keys: a stream entry lost with a
     restarted Redis (or trimmed meanwhile) must not leave a waiter hanging."""
     from common.redisclient import close_async, connect_async
-    from producer.waiters import WaitHub
+    from producer.client.waiters import WaitHub
 
     async def status(request_id):
         return "queued"

@@ -13,17 +13,17 @@ from rq import Queue, Retry, SimpleWorker, Worker
 from rq.job import JobStatus
 
 from common.codec import packb
-from common.keys import (FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, LEASE_GRACE, MODELS_KEY, RESULT_TTL,
+from common.protocol.keys import (FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, LEASE_GRACE, MODELS_KEY, RESULT_TTL,
                          model_key, model_workers_key, notify_key, queue_name, result_key)
 from common.request import EmbedRequest
 from common.result import Result
 from common.serializer import MsgpackSerializer
 from tests.tinymodels import engine_for
-from worker.advertise import Advertiser
-from worker.config import WorkerSettings
-from worker.engine import Engine
-from worker.model import LoadedModel, load_model
-from worker.queue import BatchWorker
+from worker.serving.advertise import Advertiser
+from worker.serving.config import WorkerSettings
+from worker.engine.engine import Engine
+from worker.engine.model import LoadedModel, load_model
+from worker.serving.pipeline import BatchWorker
 
 
 @pytest.fixture

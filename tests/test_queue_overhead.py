@@ -9,7 +9,7 @@ from rq.utils import now
 from common.request import EmbedRequest
 from common.serializer import MsgpackSerializer
 from tests.test_queue import enqueue, engine, texts  # noqa: F401 - `engine` is a fixture
-from worker.queue import BatchWorker
+from worker.serving.pipeline import BatchWorker
 
 
 def noop(payload: bytes) -> None:

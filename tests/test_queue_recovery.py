@@ -12,13 +12,13 @@ from rq import Retry
 from rq.job import JobStatus
 
 from common.errors import InternalError
-from common.keys import result_key
+from common.protocol.keys import result_key
 from common.request import EmbedRequest
 from common.result import Result
 from producer import AsyncProducer
 from tests.test_queue import engine, enqueue, rq_queue, wait_for  # noqa: F401 - `engine` is a fixture
-from worker.heartbeat import Heartbeat
-from worker.queue import BatchWorker
+from worker.serving.heartbeat import Heartbeat
+from worker.serving.pipeline import BatchWorker
 
 
 def test_abandoned_batch_is_failed_or_retried_by_rq_maintenance(engine, redis_client):  # noqa: F811

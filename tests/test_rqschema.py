@@ -1,4 +1,4 @@
-"""The contract with rq 3.0: what worker/rqschema.py's Lua scripts leave in Redis for a served and for a
+"""The contract with rq 3.0: what common/protocol/rqschema.py's Lua scripts leave in Redis for a served and for a
 failed job matches what rq's own SimpleWorker leaves for the same kinds of job. A change in rq's layout
 (a renamed registry, a new required field) fails here, loudly, before it misleads `rq info`."""
 
@@ -14,7 +14,7 @@ from rq.results import Result as RqResult
 from common.request import EmbedRequest
 from common.serializer import MsgpackSerializer
 from tests.test_queue import engine, enqueue, rq_queue  # noqa: F401 - `engine` is a fixture
-from worker.queue import BatchWorker
+from worker.serving.pipeline import BatchWorker
 
 
 def succeed(payload: bytes) -> dict:

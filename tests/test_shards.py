@@ -8,7 +8,7 @@ import json
 import pytest
 import redis
 
-from common import keys
+from common.protocol import keys
 from common.redisserver import RedisServer, free_port
 from common.shards import parse_shards
 from producer import Producer

@@ -13,10 +13,10 @@ import pytest
 from rq import Queue
 from rq.suspension import resume, suspend
 
-from common.keys import FAILURE_TTL, JOB_FUNC, model_workers_key, queue_name, worker_info_key
+from common.protocol.keys import FAILURE_TTL, JOB_FUNC, model_workers_key, queue_name, worker_info_key
 from common.serializer import MsgpackSerializer
 from producer import Producer
-from producer.core import build_request, enqueue
+from producer.client.core import build_request, enqueue
 from tests.commands import ROOT, clean_env, embedfleet
 from tests.hashed import MODEL
 

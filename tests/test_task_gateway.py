@@ -18,7 +18,7 @@ from transformers import AutoModel, AutoTokenizer
 from producer import Producer
 from tests import gatewayserver
 from tests.test_tasks import DOCS, QUERY, TEXTS, engine
-from worker.queue import BatchWorker
+from worker.serving.pipeline import BatchWorker
 
 
 @pytest.fixture

@@ -15,14 +15,14 @@ from sentence_transformers import CrossEncoder, SentenceTransformer
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
 from common.errors import CancelledError, DecodeError, InputTooLongError, ValidationError
-from common.keys import queue_name
+from common.protocol.keys import queue_name
 from common.request import EmbedRequest
 from common.result import Result
 from producer import AsyncProducer, Producer
 from tests.tinymodels import cosines, sample_texts
-from worker.engine import Engine
-from worker.model import load_model
-from worker.queue import BatchWorker
+from worker.engine.engine import Engine
+from worker.engine.model import load_model
+from worker.serving.pipeline import BatchWorker
 
 QUERY = "weather in paris today"
 DOCS = sample_texts(7, seed=3)
@@ -187,7 +187,7 @@ def test_every_unsupported_task_fails_at_submit_naming_the_supported_ones(fleet,
 def test_the_worker_verifies_the_task_again(fleet):
     """A request that skipped the producer's check (an older producer, a hand-made job) is refused by the
     worker with the same message, alone."""
-    from producer.core import enqueue
+    from producer.client.core import enqueue
 
     request = EmbedRequest(model="emb", inputs=["a"], params={"task": "classify"})
     enqueue(fleet._queue("emb"), [request])

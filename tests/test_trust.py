@@ -13,7 +13,7 @@ import redis
 from rq import Queue
 from rq.job import Job
 
-from common import keys
+from common.protocol import keys
 from common.errors import DecodeError, DuplicateRequestError, TimeoutError
 from common.redisclient import connect_async
 from common.redisserver import RedisServer
@@ -21,7 +21,7 @@ from common.request import EmbedRequest, job_reply_to
 from common.result import Result
 from common.serializer import MsgpackSerializer
 from producer import AsyncProducer, Producer
-from producer.core import enqueue
+from producer.client.core import enqueue
 from producer.gateway.service import save_job_options
 from tests.answers import MODEL, advertise, answer
 from tests.gatewayserver import Server, settings
@@ -173,7 +173,7 @@ def test_the_readme_acl_recipe_runs_a_fleet(bert_mean):
     """Producer, AsyncProducer and gateway as `embedfleet-producer`, a worker batch as `embedfleet-worker`:
     everything works, Redis denied nothing, and each user is refused what it has no business doing."""
     from tests.tinymodels import engine_for
-    from worker.queue import BatchWorker
+    from worker.serving.pipeline import BatchWorker
 
     passwords = {"producer": "p-secret", "worker": "w-secret"}
     with RedisServer() as server:

@@ -21,7 +21,7 @@ import redis
 from rq import SimpleWorker
 from sentence_transformers import SentenceTransformer
 
-from common import keys
+from common.protocol import keys
 from common.capabilities import ModelCapabilities
 from common.redisserver import RedisServer, free_port
 from common.serializer import MsgpackSerializer

@@ -14,9 +14,9 @@ import time
 import pytest
 import redis
 
-from common import keys
+from common.protocol import keys
 from producer import AsyncProducer, Producer
-from producer.core import CAPS_CACHE_SECONDS
+from producer.client.core import CAPS_CACHE_SECONDS
 from tests.answers import MODEL, advertise, answer
 from tests.test_trust import readme_acl
 from tests.nullworker import NULL
@@ -215,7 +215,7 @@ def test_coalesced_submits_fail_alone(redis_url, redis_client):
     order, and a taken id fails only its own caller."""
     from common.errors import DuplicateRequestError, QueueFullError
     from common.request import EmbedRequest
-    from producer.asubmit import Submitter
+    from producer.client.asubmit import Submitter
     from redis.asyncio import Redis
 
     advertise(redis_client)

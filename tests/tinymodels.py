@@ -193,8 +193,8 @@ def st_reference(folder: str, *, drop_normalize: bool = False):
 
 @functools.cache
 def engine_for(folder: str):
-    from worker.engine import Engine
-    from worker.model import load_model
+    from worker.engine.engine import Engine
+    from worker.engine.model import load_model
 
     return Engine(load_model(folder))
 

@@ -11,7 +11,7 @@ from common import console
 from common.errors import StartupError
 from common.ports import looks_like_path
 from common.redisclient import check_access, connect, redact
-from worker.config import BUNDLED_MODEL_NAME, WorkerSettings, bundled_model_path
+from worker.serving.config import BUNDLED_MODEL_NAME, WorkerSettings, bundled_model_path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,19 +25,19 @@ def serve(argv: list[str]) -> int:
     # verify fails now, in one line, not after the model has loaded.
     check_access(connection, settings.redis_url)
     if settings.cache and not settings.shards.shards and not (settings.model or "").startswith("null:"):
-        from worker.cache import check_placement  # noqa: PLC0415
+        from worker.serving.cache import check_placement  # noqa: PLC0415
 
         check_placement(connection, _cache_redis(settings))  # a refusal comes now, not after the model loads
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.gpus:
-        from worker import gpus  # noqa: PLC0415 - the per-GPU supervisor loads no model itself
+        from worker.serving import gpus  # noqa: PLC0415 - the per-GPU supervisor loads no model itself
 
         ids = gpus.visible_gpus(settings.gpus, dict(os.environ))
         return gpus.run(ids, argv, settings.name, dict(os.environ), settings.metrics_port)
-    from worker.engine import Engine  # noqa: PLC0415 - torch loads after the flags
-    from worker.nullmodel import NullModel, is_null  # noqa: PLC0415 - the null model needs no transformers
-    from worker.probe import Budget, probe_budget  # noqa: PLC0415
-    from worker.queue import BatchWorker  # noqa: PLC0415
+    from worker.engine.engine import Engine  # noqa: PLC0415 - torch loads after the flags
+    from worker.engine.nullmodel import NullModel, is_null  # noqa: PLC0415 - the null model needs no transformers
+    from worker.engine.probe import Budget, probe_budget  # noqa: PLC0415
+    from worker.serving.pipeline import BatchWorker  # noqa: PLC0415
 
     # Empty values (docker compose passes unset variables as "") count as unset.
     path, name = settings.model, settings.served_model_name or None
@@ -85,7 +85,7 @@ def _metrics(settings: WorkerSettings, model: str):
     """The worker's Prometheus metrics, served on --metrics-port, or None."""
     if settings.metrics_port is None:
         return None
-    from worker.metrics import WorkerMetrics  # noqa: PLC0415 - only with a metrics port
+    from worker.serving.metrics import WorkerMetrics  # noqa: PLC0415 - only with a metrics port
 
     port = settings.metrics_port
     metrics = WorkerMetrics(model)
@@ -99,11 +99,11 @@ def _metrics(settings: WorkerSettings, model: str):
 
 
 def _cache(settings: WorkerSettings, queue, model, path: str, dtype: str):
-    """The vector cache (worker/cache.py), or None: off by flag, or the null model (it computes nothing).
+    """The vector cache (worker/serving/cache.py), or None: off by flag, or the null model (it computes nothing).
     A cache on the queue's Redis is refused when that Redis may evict queue or result keys."""
-    from worker.cache import VectorCache, check_placement  # noqa: PLC0415
-    from worker.identity import folder_digest, model_identity  # noqa: PLC0415
-    from worker.nullmodel import is_null  # noqa: PLC0415
+    from worker.serving.cache import VectorCache, check_placement  # noqa: PLC0415
+    from worker.engine.identity import folder_digest, model_identity  # noqa: PLC0415
+    from worker.engine.nullmodel import is_null  # noqa: PLC0415
 
     log = logging.getLogger("embedfleet.worker")
     if not settings.cache or is_null(path):
@@ -140,7 +140,7 @@ def _load(path: str, name: str | None, settings: WorkerSettings):
     """The model, or one line that says why not."""
     from transformers.utils import logging as hf_logging  # noqa: PLC0415 - torch loads after the flags
 
-    from worker.model import load_model  # noqa: PLC0415
+    from worker.engine.model import load_model  # noqa: PLC0415
 
     hf_logging.disable_progress_bar()  # a progress bar per start only clutters worker logs
     if looks_like_path(path) and not os.path.isdir(path):

@@ -1,8 +1,8 @@
-"""The rq job function named by common.keys.JOB_FUNC; only BatchWorker may serve it, in bulk."""
+"""The rq job function named by common.protocol.keys.JOB_FUNC; only BatchWorker may serve it, in bulk."""
 
 from __future__ import annotations
 
-from common.keys import JOB_FUNC
+from common.protocol.keys import JOB_FUNC
 
 
 class WrongWorkerError(RuntimeError):

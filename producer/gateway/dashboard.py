@@ -1,5 +1,5 @@
 """GET /dashboard: a live page of the fleet (static HTML + JS + CSS from this package, no CDN, no build
-step), and GET /v1/fleet, the snapshot it polls (producer/fleetview.py, as `embedfleet status --json`).
+step), and GET /v1/fleet, the snapshot it polls (producer/client/fleetview.py, as `embedfleet status --json`).
 
 The page and its assets hold no data and are served without the key, as /health is: a browser cannot send
 a bearer key when it navigates. The data is behind the key like every other route: with an API key set,
@@ -39,7 +39,7 @@ async def config(gw: Gateway = Depends(gateway)) -> dict:
 
 @protected.get("/v1/fleet")
 async def fleet(gw: Gateway = Depends(gateway)) -> dict:
-    """Models, their queues per priority, live workers and the last hour's failures (producer/fleetview.py)."""
+    """Models, their queues per priority, live workers and the last hour's failures (producer/client/fleetview.py)."""
     return await gw.producer.fleet()
 
 

@@ -20,7 +20,7 @@ import time
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 
-from common import keys
+from common.protocol import keys
 from common.errors import EmbedfleetError, NotFoundError, ResultTimeoutError, ValidationError
 from producer.gateway.auth import require_key
 from producer.gateway.jobresults import job_body, unsettled_body

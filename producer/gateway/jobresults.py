@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from common.errors import EmbedfleetError
 from common.result import Result
-from producer.core import result_state
+from producer.client.core import result_state
 from producer.gateway.encoding import embeddings_body
 from producer.gateway.errors import error_body
 

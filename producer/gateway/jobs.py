@@ -13,12 +13,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse, Response
 
-from common import keys
+from common.protocol import keys
 from common.errors import EmbedfleetError, InternalError, NotFoundError, UnavailableError, ValidationError
 from producer.gateway import encoding
 from producer.gateway.auth import admit, require_key
 from producer.gateway.errors import JobNotCancellableError
-from producer.core import redis_errors
+from producer.client.core import redis_errors
 from producer.gateway.schemas import JobBody
 from producer.gateway.service import Gateway, gateway
 

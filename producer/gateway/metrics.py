@@ -28,7 +28,7 @@ class Metrics:
         self.key_requests = Counter("embedfleet_gateway_key_requests", "submits per API key name (never the "
                                     "key): admitted, or refused over its rate or share", ["key", "outcome"],
                                     registry=self.registry)
-        # per model and priority level (producer/fleet.py): what an autoscaler reads (deploy/autoscaling.md)
+        # per model and priority level (producer/client/fleet.py): what an autoscaler reads (deploy/autoscaling.md)
         levels = ["model", "priority"]
         self.level_depth = Gauge("embedfleet_level_queue_depth", "requests waiting at one priority level of a "
                                  "model, at scrape", levels, registry=self.registry)
@@ -57,7 +57,7 @@ class Metrics:
         self.key_requests.labels(key=name or "none", outcome=outcome).inc()
 
     def set_levels(self, levels) -> None:
-        """Replace the per-level gauges with producer.fleet.LevelStats read at this scrape."""
+        """Replace the per-level gauges with producer.client.fleet.LevelStats read at this scrape."""
         for gauge in (self.level_depth, self.level_tokens, self.level_age):
             gauge.clear()
         for level in levels:

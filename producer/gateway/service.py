@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from common import keys
+from common.protocol import keys
 from common.errors import EmbedfleetError, ResultTimeoutError, ValidationError
 from common.request import normalize_inputs
 from common.result import Result
 from producer import AsyncProducer
-from producer.core import redis_errors
+from producer.client.core import redis_errors
 from producer.gateway.apikeys import KeyLimiter
 from producer.gateway.metrics import Metrics
 from producer.gateway.schemas import EmbedBody
@@ -89,7 +89,7 @@ if left > 0 then redis.call('PEXPIRE', KEYS[1], left) end
 
 async def save_job_options(connection, request_id: str, options: str) -> None:
     """Keep a job's answer options until its result expires (common.result.publish shortens the TTL
-    when the result lands; see common.keys)."""
+    when the result lands; see common.protocol.keys)."""
     await connection.eval(_SAVE_OPTIONS, 2, keys.job_options_key(request_id), keys.result_key(request_id),
                           options, keys.JOB_TTL + keys.RESULT_TTL)
 

@@ -19,7 +19,7 @@ from producer.gateway.auth import admit, require_key
 from producer.gateway.service import Gateway, gateway
 from producer.gateway.taskschemas import (ClassifyBody, DetokenizeBody, RerankBody, ScoreBody, TeiDecodeBody,
                                           TeiRerankBody, TeiTokenizeBody, TokenizeBody, pick)
-from producer.tasks import check_rerank, rank, score_pairs
+from producer.client.tasks import check_rerank, rank, score_pairs
 
 router = APIRouter(dependencies=[Depends(require_key), Depends(admit)])  # every route here submits
 

@@ -1,7 +1,7 @@
 """Webhooks of async jobs: any gateway replica delivers them, none has to stay up for it.
 
 POST /v1/jobs with a `webhook` enqueues the job with the shared webhook stream as its `reply_to` and
-adds it to embedfleet:webhooks (a ZSET: the durable delivery list, common.keys). Every replica reads the
+adds it to embedfleet:webhooks (a ZSET: the durable delivery list, common.protocol.keys). Every replica reads the
 stream (an entry is a fast wake-up) and sweeps the list for jobs that are due (the backstop: no replica
 was up when the result landed, the stream was trimmed or lost, or a replica died mid-delivery). To deliver,
 a replica claims the job (SET NX with a lease, WEBHOOK_LEASE); a replica that dies lets the claim lapse and
@@ -32,10 +32,10 @@ import redis
 import redis.asyncio as aioredis
 from rq.job import Job
 
-from common import keys
+from common.protocol import keys
 from common.errors import DecodeError
 from common.redisclient import MAX_BLOCK, close_async
-from producer.core import read_result
+from producer.client.core import read_result
 from producer.gateway.jobresults import job_body
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,218 @@
+"""Every Redis key and TTL embedfleet uses (rq's own keys are listed for the full picture).
+
+    embedfleet:result:<id>          STRING  result blob (common.result), TTL RESULT_TTL
+    embedfleet:notify:<id>          LIST    one element pushed when the result lands (BLPOP wakes the
+                                            waiter), TTL RESULT_TTL
+    embedfleet:replies:<producer>   STREAM  one entry {id} per finished request of an AsyncProducer (its
+                                            `reply_to`), MAXLEN ~REPLY_STREAM_MAXLEN, TTL RESULT_TTL
+    embedfleet:kick:<producer>      LIST    an AsyncProducer's own: one element interrupts its BLPOP over many
+                                            notify lists so that it starts again with the ids waited for
+                                            now (producer/client/notify.py), TTL KICK_TTL
+    embedfleet:models               SET     names of every model ever advertised; never pruned: a name
+                                            without a live worker is answered 503 no_worker (known model,
+                                            none serving now), a name never seen 404 unknown model
+    embedfleet:model:<name>         STRING  ModelCapabilities (msgpack), TTL ADVERTISE_TTL, refreshed
+                                            every HEARTBEAT_INTERVAL by each worker serving <name>
+    embedfleet:model:<name>:workers ZSET    worker name -> time of its last heartbeat, TTL 2 * ADVERTISE_TTL
+    embedfleet:worker:<worker>      STRING  one worker's own facts (msgpack: model, device, dtype, batch
+                                            budget and where it came from; and what changes, rewritten at
+                                            each heartbeat: state, the round on its device, texts/s over
+                                            the last minute, 10 minutes of 10-s buckets; worker/serving/livestats.py),
+                                            TTL ADVERTISE_TTL, refreshed with the advert and each heartbeat
+    embedfleet:job:<id>             STRING  the HTTP gateway's answer options for an async job (JSON:
+                                            encoding_format, explicit layout, webhook URL), TTL JOB_TTL +
+                                            RESULT_TTL while the job waits; `publish` gives it the result's TTL in
+                                            the result's own pipeline, so it outlives its result by at
+                                            most that round trip (and a job dropped unserved by RESULT_TTL)
+
+    embedfleet:chunks:<id>          HASH    a long request spread over the fleet as sub-jobs <id>-p<k>
+                                            (worker/serving/spread.py): `plan` (msgpack: the request, each chunk's
+                                            input and token count), `parts`, `done`, `part:<k>` (a part's
+                                            result blob), `failed` (the first failed part's error blob);
+                                            TTL CHUNKS_TTL, deleted once the request is answered
+    embedfleet:replies:webhooks     STREAM  the reply stream of every gateway job with a webhook, shared by the
+                                            gateway replicas (each reads all of it: a fast wake-up only)
+    embedfleet:webhooks             ZSET    job id -> when a gateway should next look at its webhook (unix s):
+                                            the durable delivery list that any replica drains; a member
+                                            leaves once delivered, given up, or its job and result expired
+    embedfleet:webhook:<id>         STRING  a replica's claim on delivering <id>'s webhook, TTL WEBHOOK_LEASE
+                                            (a replica that dies mid-delivery frees it: another redelivers)
+    embedfleet:cache:<model>:<in>   STRING  one pooled float32 vector (little-endian, the model's width), the
+                                            forward pass's output before cut/normalise/cast (worker/serving/cache.py);
+                                            <model> = the worker's model identity (name, digest of its files,
+                                            dtype, device kind), <in> = digest of (prompt length, token ids);
+                                            TTL the worker's --cache-ttl (CACHE_TTL). On the queue's Redis by
+                                            default, or on --cache-url's (an LRU Redis of its own)
+    embedfleet:inflight:<digest>    STRING  the id of the request a worker is computing for this digest of
+                                            (model identity, model, inputs, params): identical requests taken
+                                            meanwhile wait for its answer (worker/serving/inflight.py); TTL
+                                            INFLIGHT_TTL, renewed by its worker's heartbeat, deleted once it
+                                            is answered. On the queue's Redis (it is read with the results)
+
+    Every key above expires but embedfleet:webhooks. The only keys without a TTL are shared, one per model or
+    per fleet: embedfleet:models, embedfleet:webhooks, rq:queues, rq:queue:<queue>,
+    embedfleet:queued_tokens:<queue> and rq's registries.
+
+    rq:queue:<queue>                LIST    pending job ids; <queue> = queue_name(model, priority): one queue
+                                            per level of PRIORITIES (interactive: embedfleet.<model>, bulk:
+                                            embedfleet.<model>@bulk), each with rq's own registries below
+    rq:queue:<queue>:intermediate   LIST    rq's own dequeue parks ids here; embedfleet workers never do: their
+                                            take moves ids straight into rq:wip:<queue> (common/protocol/rqschema.py)
+    rq:job:<id>                     HASH    the rq job; `data` = zlib(msgpack([func, None, [request
+                                            bytes], {}])); job id = request id. Ours besides rq's fields:
+                                            `deliveries` (times a worker took it), `lapses` (times its
+                                            worker died holding it: past MAX_DELIVERIES it is poison),
+                                            `tokens` (the producer's estimate, common.scheduling)
+    embedfleet:queued_tokens:<queue> STRING estimated tokens of the jobs in rq:queue:<queue>: INCRBY by the
+                                            producer in the enqueue transaction, DECRBY by take (and by
+                                            cancel), INCRBY by recover / return; deleted whenever take
+                                            finds the queue empty (which heals drift). No TTL: one per
+                                            queue, like the queue itself
+    rq:wip:<queue>                  ZSET    rq's started registry: member <id>:<execution>, score = the
+                                            claim's lease end + LEASE_GRACE (Redis server clock)
+    rq:finished:<queue>, rq:failed:<queue> ...   ZSET  rq registries
+    rq:worker:<name>, rq:workers, rq:workers:<queue>             rq worker registration
+
+Leases. A worker's claim on a job it took lasts LEASE_SECONDS and its heartbeat renews it every third of
+that (also during a long forward pass: the heartbeat is a thread of its own). When a claim lapses (the
+worker was killed, OOM-killed, lost its host or froze) a live worker of the model requeues the job at the
+queue's head at its next beat (common/protocol/rqschema.py `recover`, atomic, exactly once): a dead worker's jobs
+are back within 4/3 of LEASE_SECONDS of its death (8 s by default). rq's own StartedJobRegistry.cleanup
+compares the same scores with its clock, so it sees a lapsed claim LEASE_GRACE seconds later: a backstop
+that never requeues a job twice.
+"""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = "embedfleet"
+
+RESULT_TTL = 3600  # seconds a result blob (and its notify list) is kept
+RESULT_TTL_BOUND = 7 * 24 * 3600  # a job's own result_ttl above this (or unreadable) gives way to the worker's
+JOB_TTL = 24 * 3600  # seconds a job may wait in the queue before rq drops it
+FAILURE_TTL = 24 * 3600  # seconds a failed rq job stays in the failed registry (rq's default: forever)
+JOB_TIMEOUT = 600  # seconds a job may run: past it its lease is no longer renewed, so it lapses and the job
+#                    is requeued (a lapse counted toward poison); the watchdog catches a hung pass sooner
+JOB_RETRIES = 2  # a job whose worker died is requeued this often (at-least-once), then failed
+MAINTENANCE_INTERVAL = 60  # seconds between a worker's rq maintenance runs (the backstop behind leases)
+ADVERTISE_TTL = 30  # a worker that stops refreshing stops counting as alive after this long
+HEARTBEAT_INTERVAL = 10
+LEASE_SECONDS = 6.0  # default --lease-seconds: a claim's life without a renewal (renewed every third)
+LEASE_GRACE = 60  # seconds a lapsed claim stays invisible to rq's own cleanup (layout, not policy)
+RECOVER_LIMIT = 1000  # lapsed claims one recover run requeues (the rest on the next run)
+MAX_DELIVERIES = 3  # default --max-deliveries: a job whose worker died this often is failed as poison
+DRAIN_TIMEOUT = 30.0  # default --drain-timeout
+
+CACHE_TTL = 24 * 3600  # default --cache-ttl: seconds a cached vector lives (the bound on the queue's Redis)
+INFLIGHT_TTL = 60  # seconds an in-flight marker outlives its last renewal (a dead leader's followers wait
+#                    at most this long, then run on their own)
+
+JOB_FUNC = "worker.jobs.embed"  # the rq job's function name; the batch worker runs it in bulk
+
+
+# A request id is also an rq job id and part of several key names: rq allows [A-Za-z0-9_-]+, and ours
+# (uuid4 hex) are 32 characters long. Anything else read from Redis or a URL is not one of our ids.
+MAX_REQUEST_ID_LENGTH = 64
+_ID_CHARS = rf"[A-Za-z0-9_-]{{1,{MAX_REQUEST_ID_LENGTH}}}"
+_REQUEST_ID = re.compile(_ID_CHARS)
+_REPLY_STREAM = re.compile(re.escape(f"{PREFIX}:replies:") + _ID_CHARS)
+
+
+def valid_request_id(request_id: str | bytes) -> bool:
+    """True if `request_id` (text, or bytes as read from Redis) can be an embedfleet request id."""
+    if isinstance(request_id, bytes):
+        return _REQUEST_ID.fullmatch(request_id.decode("ascii", "replace")) is not None
+    return isinstance(request_id, str) and _REQUEST_ID.fullmatch(request_id) is not None
+
+
+def is_reply_stream_key(key: str | bytes) -> bool:
+    """True if `key` lies in the reply-stream key space (reply_stream_key): the only keys a request's
+    `reply_to` may name, so that a worker never writes to a key it was merely told about."""
+    if isinstance(key, bytes):
+        key = key.decode("ascii", "replace")
+    return isinstance(key, str) and _REPLY_STREAM.fullmatch(key) is not None
+
+
+PRIORITIES = ("interactive", "bulk")  # a model's priority levels, highest first (issue #10)
+
+
+def queue_name(model: str, priority: str = "interactive") -> str:
+    """The rq queue of `model` at `priority`; the interactive level keeps the name queues always had."""
+    if priority not in PRIORITIES:
+        raise ValueError(f"unknown priority {priority!r}: one of {', '.join(PRIORITIES)}")
+    return f"{PREFIX}.{model}" if priority == "interactive" else f"{PREFIX}.{model}@{priority}"
+
+
+def queued_tokens_key(queue: str) -> str:
+    """The estimated tokens waiting in rq queue `queue` (a queue_name), for autoscaling gauges."""
+    return f"{PREFIX}:queued_tokens:{queue}"
+
+
+def result_key(request_id: str) -> str:
+    return f"{PREFIX}:result:{request_id}"
+
+
+def notify_key(request_id: str) -> str:
+    return f"{PREFIX}:notify:{request_id}"
+
+
+def job_options_key(request_id: str) -> str:
+    return f"{PREFIX}:job:{request_id}"
+
+
+def reply_stream_key(producer_id: str) -> str:
+    return f"{PREFIX}:replies:{producer_id}"
+
+
+def chunks_key(request_id: str) -> str:
+    return f"{PREFIX}:chunks:{request_id}"
+
+
+def part_id(request_id: str, index: int) -> str | None:
+    """The rq job id of part `index` of a spread request; None where it would not be a valid request id."""
+    part = f"{request_id}-p{index}"
+    return part if valid_request_id(part) else None
+
+
+CHUNKS_TTL = JOB_TTL + RESULT_TTL  # a spread request's parts may wait in the queue as long as any job
+
+REPLY_STREAM_MAXLEN = 10_000
+
+
+def kick_key(producer_id: str) -> str:
+    return f"{PREFIX}:kick:{producer_id}"
+
+
+KICK_TTL = 60  # a kick list outlives its producer by at most this long
+
+WEBHOOK_STREAM = reply_stream_key("webhooks")
+WEBHOOKS_KEY = f"{PREFIX}:webhooks"
+WEBHOOK_LEASE = 300  # seconds a claim on a delivery lasts: longer than all its attempts together
+
+
+def webhook_claim_key(request_id: str) -> str:
+    return f"{PREFIX}:webhook:{request_id}"
+
+MODELS_KEY = f"{PREFIX}:models"
+
+
+def model_key(model: str) -> str:
+    return f"{PREFIX}:model:{model}"
+
+
+def model_workers_key(model: str) -> str:
+    return f"{PREFIX}:model:{model}:workers"
+
+
+def worker_info_key(worker_name: str) -> str:
+    return f"{PREFIX}:worker:{worker_name}"
+
+
+def cache_key(model_identity: str, input_digest: str) -> str:
+    return f"{PREFIX}:cache:{model_identity}:{input_digest}"
+
+
+def inflight_key(request_digest: str) -> str:
+    return f"{PREFIX}:inflight:{request_digest}"
+

@@ -1,0 +1,2 @@
+"""The client library a web app imports: Producer (blocking) and AsyncProducer (asyncio) over one
+I/O-free core (producer/client/core.py), with the coalesced waits of the async client."""

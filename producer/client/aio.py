@@ -1,0 +1,336 @@
+"""AsyncProducer: the asyncio face of Producer, for web apps and the gateway.
+
+Per Redis (shard) it holds at most four connections, however many requests wait: two for short
+commands (coalesced submits and result reads), one blocked on its reply stream (producer/client/replies.py: wakes
+the requests it submitted) and, once it waits on ids it did not submit, one blocked on their notify lists
+(producer/client/notify.py). Every wait is a future in a WaitHub (producer/client/waiters.py) that reads the results of
+ids that woke together in one round trip. Submits are native asyncio and coalesced (producer/client/asubmit.py);
+cancel and the fleet's bookkeeping reads (live workers) run the sync Producer in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import redis.asyncio as aioredis
+from rq.job import Job, JobStatus
+
+from common.protocol import keys
+from common.capabilities import ModelCapabilities
+from common.errors import ResultTimeoutError, UnavailableError
+from common.params import PoolingParams
+from common.redisclient import close_async, connect_async
+from common.result import Result
+from producer.client import asubmit
+from producer.client.blocking import Producer
+from producer.client.core import (CAPS_CACHE_SECONDS, build_request, job_state, parse_models, read_result, redis_errors,
+                           resolve_target, result_state)
+from producer.client.notify import NotifyListener
+from producer.client.replies import ReplyListener
+from producer.client.tasks import check_rerank, rank, score_pairs
+from producer.client.waiters import WaitHub
+
+COMMAND_CONNECTIONS = 2  # per Redis: submits and reads share them (a WATCH transaction holds one briefly)
+
+
+@dataclass
+class _Link:
+    """One Redis (shard) of the fleet: short commands, the wait hub, and the two listeners that wake it."""
+
+    url: str
+    status: object  # the producer's status coroutine function
+    max_queue_depth: int | None
+    redis: aioredis.Redis = field(init=False)
+    hub: WaitHub = field(init=False)
+    replies: ReplyListener = field(init=False)
+    notify: NotifyListener = field(init=False)
+    submitter: asubmit.Submitter = field(init=False)
+
+    def __post_init__(self):
+        self.redis = connect_async(self.url, max_connections=COMMAND_CONNECTIONS)
+        self.hub = WaitHub(self.redis, self.status)
+        self.replies = ReplyListener(connect_async(self.url, max_connections=1), self.hub)
+        self.notify = NotifyListener(lambda: connect_async(self.url, max_connections=1), self.redis, self.hub)
+        self.hub.notify = self.notify
+        self.submitter = asubmit.Submitter(self.redis, self.max_queue_depth)
+
+    async def close(self) -> None:
+        self.hub.close(UnavailableError("the producer was closed while waiting for a result"))
+        await self.submitter.close()
+        await self.notify.close()
+        await self.replies.close()
+        await close_async(self.redis)
+
+
+class AsyncProducer:
+    """Same methods as Producer, as coroutines (see Producer for the arguments), plus `as_completed` and
+    `results` to consume results as they land."""
+
+    def __init__(self, redis_url: str | None = None, *, shards: Mapping[str, str] | None = None,
+                 max_queue_depth: int | None = None):
+        self._sync = Producer(redis_url, shards=shards, max_queue_depth=max_queue_depth)
+        # URLs resolved once (flag, env, running `up`, default), one link per shard
+        self._links = {url: _Link(url, self.status, max_queue_depth) for url in self._sync.shards.urls()}
+        self.redis = self._links[self._sync.redis_url].redis  # the default Redis
+        self._served: dict[str, ModelCapabilities] = {}
+        self._known: set[str] = set()
+        self._served_at = float("-inf")
+        self._models_read: asyncio.Future | None = None  # the adverts read in flight, shared (models())
+
+    async def close(self) -> None:
+        """Fail pending waits and drop every connection. Bounded: each step that talks to Redis gets
+        CLOSE_TIMEOUT, so a Redis that stopped answering cannot hang a shutdown."""
+        for link in self._links.values():
+            await link.close()
+        self._sync.close()  # closes sockets only; not in a thread, whose pool may be busy with stuck calls
+
+    async def connection_of(self, request_id: str) -> aioredis.Redis:
+        """The asyncio client of the shard that holds `request_id` (the only one, unless sharded)."""
+        return (await self._link_of(request_id)).redis
+
+    def urls(self) -> list[str]:
+        """The URL of each Redis (shard) this producer talks to, the default one first."""
+        return list(self._links)
+
+    def connection_at(self, url: str) -> aioredis.Redis:
+        """The asyncio client (command connections) of the Redis at `url`, one of `urls()`."""
+        return self._links[url].redis
+
+    async def url_of(self, request_id: str) -> str:
+        """The URL of the shard that holds `request_id` (the default Redis, unless sharded)."""
+        if len(self._links) == 1:
+            return self._sync.redis_url
+        return await asyncio.to_thread(self._sync.url_of, request_id)
+
+    async def _link_of(self, request_id: str) -> _Link:
+        return self._links[await self.url_of(request_id)]
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    @property
+    def max_queue_depth(self) -> int | None:
+        return self._sync.max_queue_depth
+
+    async def models(self, refresh: bool = True) -> dict[str, ModelCapabilities]:
+        """Models served by at least one live worker, with their capabilities (see Producer.models).
+
+        One read at a time: concurrent callers (thousands of submits when the cached read goes stale) share
+        the read in flight instead of each sending their own."""
+        if refresh or time.monotonic() - self._served_at > CAPS_CACHE_SECONDS:
+            if self._models_read is None or self._models_read.done():
+                self._models_read = asyncio.ensure_future(self._read_models())
+            await asyncio.shield(self._models_read)  # a caller that gives up does not cancel the others' read
+        return self._served
+
+    async def _read_models(self) -> None:
+        served, known = {}, set()
+        for url, link in self._links.items():  # a model counts on its own shard only
+            with redis_errors():
+                names = sorted(n.decode() for n in await link.redis.smembers(keys.MODELS_KEY)
+                               if self._sync.shards.owns(url, n.decode()))
+                raw = await link.redis.mget([keys.model_key(n) for n in names]) if names else []
+            served.update(parse_models(names, raw))
+            known.update(names)
+        self._served, self._known, self._served_at = served, known, time.monotonic()
+
+    async def live_workers(self, model: str) -> int:
+        return await asyncio.to_thread(self._sync.live_workers, model)
+
+    async def workers(self, model: str) -> list[dict]:
+        return await asyncio.to_thread(self._sync.workers, model)
+
+    async def fleet(self) -> dict:
+        return await asyncio.to_thread(self._sync.fleet)
+
+    async def queue_depth(self, model: str) -> int:
+        with redis_errors():
+            return await self._links[self._sync.shards.url_for(model)].redis.llen(
+                "rq:queue:" + keys.queue_name(model))
+
+    def known_models(self) -> set[str]:
+        """Every model ever advertised, as of the last models() read."""
+        return set(self._known)
+
+    async def level_stats(self, model: str) -> list:
+        return await asyncio.to_thread(self._sync.level_stats, model)
+
+    async def submit(self, inputs, model: str | None = None, *, params: PoolingParams | None = None,
+                     reply_to: str | None = None, text_pair: list[str] | None = None, **fields) -> str:
+        return (await self.submit_many([inputs], model, params=params, reply_to=reply_to, text_pair=text_pair,
+                                       **fields))[0]
+
+    async def submit_many(self, batches: list, model: str | None = None, *,
+                          params: PoolingParams | None = None, reply_to: str | None = None,
+                          text_pair: list[str] | None = None, priority: str | int | None = None,
+                          deadline: float | None = None, timeout: float | None = None, **fields) -> list[str]:
+        """Enqueue one request per element of `batches` in one transaction; returns their ids (the
+        keywords as in Producer.submit_many)."""
+        served = await self.models(refresh=False)
+        if model not in served:  # a worker may have come up since the cached read
+            served = await self.models()
+        caps, level, when = resolve_target(model, served, self._known, priority, deadline, timeout)
+        name = caps if isinstance(caps, str) else caps.name
+        url = self._sync.shards.url_for(name)
+        link = self._links[url]
+        requests = [build_request(inputs, caps, params, fields, reply_to or link.replies.stream, text_pair, when)
+                    for inputs in batches]
+        ids = [r.id for r in requests]
+        if reply_to is None:  # before the enqueue: a fast worker's reply may come before it returns
+            link.hub.expect(ids)
+            link.replies.start()
+        try:
+            with redis_errors():  # coalesced with concurrent submits; refused alone if the queue is full
+                await link.submitter.submit(name, requests, level)
+        except BaseException:
+            link.hub.unexpect(ids)
+            raise
+        if self._sync.shards:
+            self._sync._remember(ids, url)
+        return ids
+
+    async def get(self, request_id: str) -> Result | None:
+        connection = await self.connection_of(request_id)
+        with redis_errors():
+            raw = await connection.get(keys.result_key(request_id))
+        return read_result(request_id, raw)
+
+    async def wait(self, request_id: str, timeout: float = 60.0) -> Result:
+        """Block until the result lands; raises TimeoutError or the request's own error.
+
+        No round trip of its own: the wait joins the producer's coalesced reads. It rides out a Redis
+        outage shorter than its timeout, and a wake-up counts only once the result it announces is there.
+        """
+        result = await self._wait_result(await self._link_of(request_id), request_id, timeout)
+        result.raise_for_error()
+        return result
+
+    async def _wait_result(self, link: _Link, request_id: str, timeout: float) -> Result:
+        """The result, ok or error (not raised); NotFoundError for an unknown id, ResultTimeoutError."""
+        future = link.hub.watch(request_id)
+        try:
+            return await asyncio.wait_for(future, max(timeout, 0))
+        except asyncio.TimeoutError:
+            raise await self._timeout(request_id, timeout) from None
+        finally:
+            link.hub.unwatch(request_id, future)
+
+    async def as_completed(self, request_ids: Iterable[str], timeout: float | None = None
+                           ) -> AsyncIterator[Result]:
+        """Yield each request's result as it lands, in landing order; a failed request's result is yielded
+        too (check `.ok` or call `.raise_for_error()`), so that one failure does not end the iteration.
+
+        Raises NotFoundError for an id never submitted, and ResultTimeoutError once `timeout` seconds (for
+        the whole set) have passed with results still missing.
+        """
+        ids = list(dict.fromkeys(request_ids))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        watched = {}
+        try:
+            for request_id in ids:
+                link = await self._link_of(request_id)
+                watched[link.hub.watch(request_id)] = (link, request_id)
+            pending = set(watched)
+            while pending:
+                left = None if deadline is None else max(deadline - time.monotonic(), 0)
+                done, pending = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    raise ResultTimeoutError(f"{len(pending)} of {len(ids)} results did not land within "
+                                             f"{timeout:g} s")
+                for future in done:
+                    yield future.result()
+        finally:
+            for future, (link, request_id) in watched.items():
+                link.hub.unwatch(request_id, future)
+
+    async def results(self) -> AsyncIterator[Result]:
+        """Yield every result of a request this producer submitted (with its own reply stream), once, as it
+        lands, from now until the producer is closed (then UnavailableError) or the loop is left. Results
+        that landed before the iteration began are not yielded, except those a reconnect found unseen."""
+        link = self._links[self._sync.redis_url] if len(self._links) == 1 else None
+        links = [link] if link is not None else list(self._links.values())
+        queues = [(lk, lk.hub.subscribe()) for lk in links]
+        merged: asyncio.Queue = asyncio.Queue()
+        pumps = [asyncio.ensure_future(_pump(queue, merged)) for _, queue in queues]
+        try:
+            while True:
+                item = await merged.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            for pump in pumps:
+                pump.cancel()
+            for lk, queue in queues:
+                lk.hub.unsubscribe(queue)
+
+    async def _timeout(self, request_id: str, timeout: float) -> ResultTimeoutError:
+        return ResultTimeoutError(f"no result for request {request_id} after {timeout:g} s "
+                                  f"(status: {await self.status(request_id)})")
+
+    async def embed(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> np.ndarray:
+        """Submit and wait: the embeddings as a numpy array of shape (n, d)."""
+        return (await self.wait(await self.submit(inputs, model, **fields), timeout)).embeddings
+
+    # -- the other tasks: see Producer ----------------------------------------------------------------
+    async def score(self, text_1, text_2, model: str | None = None, *, timeout: float = 60.0,
+                    **fields) -> np.ndarray:
+        firsts, seconds = score_pairs(text_1, text_2)
+        request_id = await self.submit(firsts, model, text_pair=seconds, task="score", **fields)
+        return (await self.wait(request_id, timeout)).scores
+
+    async def rerank(self, query: str, documents: list[str], model: str | None = None, *,
+                     top_n: int | None = None, return_documents: bool = False, timeout: float = 60.0,
+                     **fields) -> list[dict]:
+        documents = check_rerank(query, documents, top_n)
+        scores = await self.score(query, documents, model, timeout=timeout, **fields)
+        return rank(scores, documents, top_n, return_documents)
+
+    async def classify(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> Result:
+        return await self.wait(await self.submit(inputs, model, task="classify", **fields), timeout)
+
+    async def token_embed(self, inputs, model: str | None = None, *, timeout: float = 60.0,
+                          **fields) -> list[np.ndarray]:
+        return (await self.wait(await self.submit(inputs, model, task="token_embed", **fields),
+                                timeout)).multi_vectors
+
+    async def tokenize(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> list[dict]:
+        return (await self.wait(await self.submit(inputs, model, task="tokenize", **fields), timeout)).items
+
+    async def detokenize(self, token_ids, model: str | None = None, *, timeout: float = 60.0,
+                         **fields) -> list[str]:
+        return (await self.wait(await self.submit(token_ids, model, task="detokenize", **fields), timeout)).items
+
+    async def status(self, request_id: str) -> str:
+        """queued | started | finished | failed | cancelled | not_found (see Producer.status): two reads on
+        the command connections, no thread (10,000 waits timing out together stay within them)."""
+        result = await self.get(request_id)
+        if result is not None:
+            return result_state(result)
+        if not keys.valid_request_id(request_id):
+            return "not_found"  # no request of ours has such an id
+        with redis_errors():
+            raw = await (await self.connection_of(request_id)).hget(Job.key_for(request_id), "status")
+        try:
+            return job_state(JobStatus(raw.decode()) if raw else None)
+        except (ValueError, UnicodeDecodeError):  # no status rq knows: not an rq job of ours
+            return "not_found"
+
+    async def cancel(self, request_id: str) -> bool:
+        link = await self._link_of(request_id)
+        cancelled = await asyncio.to_thread(self._sync.cancel, request_id)
+        if cancelled:
+            link.hub.woke([request_id])  # its result is there now; its reply may come later
+        return cancelled
+
+
+async def _pump(source: asyncio.Queue, sink: asyncio.Queue) -> None:
+    while True:
+        sink.put_nowait(await source.get())

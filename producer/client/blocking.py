@@ -1,0 +1,331 @@
+"""Producer: submit embedding requests to the fleet and collect their results (blocking API)."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+
+import numpy as np
+import redis
+from rq import Queue
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
+
+from common.protocol import keys
+from common.capabilities import ModelCapabilities
+from common.errors import CancelledError, NotFoundError, QueueFullError, ResultTimeoutError
+from common.fleetstate import resolve_redis_url
+from common.params import PoolingParams
+from common.redisclient import block_for, check_access, connect
+from common.shards import ShardMap
+from common.request import job_reply_to
+from common.scheduling import DEFAULT_PRIORITY
+from common.result import Result
+from producer.client import fleetview
+from common.protocol.cancel import cancel_pending
+from producer.client.fleet import LevelStats, level_stats
+from producer.client.tasks import check_rerank, rank, score_pairs
+from producer.client.core import (CAPS_CACHE_SECONDS, PENDING, SERIALIZER, build_request, enqueue, job_state,
+                           resolve_target,
+                           model_of_queue, parse_models, parse_worker_info, pick_model, read_result,
+                           redis_errors as _redis_errors, result_state)
+
+
+REMEMBERED_IDS = 100_000  # request ids whose shard a sharded producer remembers (others are looked up)
+
+
+class Producer:
+    """A client of the fleet: `submit` enqueues, `get`/`wait` read results, `embed` does both.
+
+    Args:
+        redis_url: the Redis the workers listen on; default: EMBEDFLEET_REDIS_URL, else the running
+            `embedfleet up`'s, else redis://127.0.0.1:6379/0 (see common.fleetstate). Any URL form of
+            common.redisclient: a password and ACL user, rediss:// with TLS files, redis+sentinel://.
+        shards: {model: Redis URL} for models on Redis shards of their own (common.shards); the others
+            live on `redis_url`.
+        max_queue_depth: refuse submits (QueueFullError) while a model's queue holds this many jobs.
+    """
+
+    def __init__(self, redis_url: str | None = None, *, shards: Mapping[str, str] | None = None,
+                 max_queue_depth: int | None = None, connection: redis.Redis | None = None):
+        self.redis_url = resolve_redis_url(redis_url)
+        self.redis = connection or connect(self.redis_url)
+        self.shards = ShardMap(self.redis_url, shards)
+        self.links = {url: self.redis if url == self.redis_url else connect(url) for url in self.shards.urls()}
+        self.max_queue_depth = max_queue_depth
+        self._served: dict[str, ModelCapabilities] = {}
+        self._known: set[str] = set()
+        self._served_at = float("-inf")
+        self._placed: OrderedDict[str, str] = OrderedDict()  # request id -> shard URL, when sharded
+
+    def close(self) -> None:
+        for connection in self.links.values():
+            connection.close()
+
+    def check(self) -> None:
+        """Fail now, in one line, on a wrong password, a missing ACL permission or a certificate that does
+        not verify, on any shard (common.redisclient.AccessError); an unreachable Redis raises as usual."""
+        for url, connection in self.links.items():
+            check_access(connection, url)
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- models --------------------------------------------------------------------------------
+    def models(self, refresh: bool = True) -> dict[str, ModelCapabilities]:
+        """Models served by at least one live worker, with their capabilities."""
+        if refresh or time.monotonic() - self._served_at > CAPS_CACHE_SECONDS:
+            served, known = {}, set()
+            for url, connection in self.links.items():  # a model counts on its own shard only
+                with _redis_errors():
+                    names = sorted(n.decode() for n in connection.smembers(keys.MODELS_KEY)
+                                   if self.shards.owns(url, n.decode()))
+                    raw = connection.mget([keys.model_key(n) for n in names]) if names else []
+                served.update(parse_models(names, raw))
+                known.update(names)
+            self._served, self._known, self._served_at = served, known, time.monotonic()
+        return self._served
+
+    def known_models(self) -> set[str]:
+        """Every model ever advertised, served now or not (as of the last `models()` read): a model scaled
+        to zero keeps its queues."""
+        return set(self._known)
+
+    def live_workers(self, model: str) -> int:
+        with _redis_errors():
+            return self.connection_for_model(model).zcount(keys.model_workers_key(model),
+                                                           time.time() - keys.ADVERTISE_TTL, "+inf")
+
+    def workers(self, model: str) -> list[dict]:
+        """The live workers of `model` with what each advertised (device, dtype, batch budget)."""
+        with _redis_errors():
+            names = [n.decode() for n in self.redis.zrangebyscore(
+                keys.model_workers_key(model), time.time() - keys.ADVERTISE_TTL, "+inf")]
+            raw = self.redis.mget([keys.worker_info_key(n) for n in names]) if names else []
+        return [info for name, blob in zip(names, raw) if (info := parse_worker_info(name, blob)) is not None]
+
+    def fleet(self) -> dict:
+        """Models, their queues per priority, live workers and recent failures (producer.client.fleetview)."""
+        return fleetview.snapshot(self)
+
+    def queue_depth(self, model: str) -> int:
+        with _redis_errors():
+            return self.connection_for_model(model).llen(self._queue(model).key)
+
+    def level_stats(self, model: str) -> list[LevelStats]:
+        """Per priority level of `model`: depth, estimated queued tokens, oldest job's age (producer.client.fleet)."""
+        with _redis_errors():
+            return level_stats(self.connection_for_model(model), model)
+
+    # -- shards ----------------------------------------------------------------------------------
+    def connection_for_model(self, model: str | None) -> redis.Redis:
+        return self.links[self.shards.url_for(model)]
+
+    def url_for_submit(self, model: str | None) -> str:
+        """The shard a submit for `model` goes to (None: the only served model's)."""
+        if not self.shards or model is not None:
+            return self.shards.url_for(model)
+        return self.shards.url_for(pick_model(None, self.models(refresh=False), self._known).name)
+
+    def url_of(self, request_id: str) -> str:
+        """The shard that holds `request_id`: where it was sent, else whichever has its result or job."""
+        if not self.shards:
+            return self.redis_url
+        if request_id in self._placed:
+            return self._placed[request_id]
+        if keys.valid_request_id(request_id):
+            for url, connection in self.links.items():
+                with _redis_errors():
+                    if connection.exists(keys.result_key(request_id), Job.key_for(request_id)):
+                        self._remember([request_id], url)
+                        return url
+        return self.redis_url
+
+    def connection_of(self, request_id: str) -> redis.Redis:
+        return self.links[self.url_of(request_id)]
+
+    def _remember(self, request_ids: list[str], url: str) -> None:
+        for request_id in request_ids:
+            self._placed[request_id] = url
+        while len(self._placed) > REMEMBERED_IDS:
+            self._placed.popitem(last=False)
+
+    # -- submit ----------------------------------------------------------------------------------
+    def submit(self, inputs, model: str | None = None, *, params: PoolingParams | None = None,
+               reply_to: str | None = None, text_pair: list[str] | None = None, **fields) -> str:
+        """Enqueue one request and return its id.
+
+        `inputs`: a text, a list of texts, a token-id list or a list of token-id lists. `fields` are
+        PoolingParams fields (dimensions, use_activation, truncate_prompt_tokens, embed_dtype, ...), and
+        `cache=False` to compute afresh (neither read from nor written to the fleet's vector cache, nor
+        attached to an identical request in flight).
+        Unknown models, parameters the model cannot honour and full queues fail here, before enqueue.
+        `task` (a field) picks the request kind; task "score" pairs each input with `text_pair`'s text.
+        """
+        return self.submit_many([inputs], model, params=params, reply_to=reply_to, text_pair=text_pair,
+                                **fields)[0]
+
+    def submit_many(self, batches: list, model: str | None = None, *, params: PoolingParams | None = None,
+                    reply_to: str | None = None, text_pair: list[str] | None = None,
+                    priority: str | int | None = None, deadline: float | None = None, timeout: float | None = None,
+                    **fields) -> list[str]:
+        """Enqueue one request per element of `batches` in one round trip; returns their ids.
+
+        `priority`: "interactive" (default), "bulk", or vLLM's integer (<= 0 interactive, >= 1 bulk).
+        `deadline` (unix time) / `timeout` (seconds from now): a request still queued then is answered
+        `expired` (ExpiredError) and never computed. See common/scheduling.py.
+        """
+        served = self.models(refresh=False)
+        if model not in served:  # a worker may have come up since the cached read
+            served = self.models()
+        caps, level, when = resolve_target(model, served, self._known, priority, deadline, timeout)
+        requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when) for inputs in batches]
+        name = caps if isinstance(caps, str) else caps.name
+        queue = self._queue(name, level)
+        with _redis_errors():
+            if self.max_queue_depth is not None:
+                depth = queue.count
+                if depth + len(requests) > self.max_queue_depth:
+                    raise QueueFullError(f"the queue of model '{name}' holds {depth} requests, "
+                                         f"the limit is {self.max_queue_depth}: retry later")
+            enqueue(queue, requests)
+        ids = [r.id for r in requests]
+        if self.shards:
+            self._remember(ids, self.shards.url_for(name))
+        return ids
+
+    # -- results ---------------------------------------------------------------------------------
+    def get(self, request_id: str) -> Result | None:
+        """The result if it has landed (ok or error), else None."""
+        with _redis_errors():
+            raw = self.connection_of(request_id).get(keys.result_key(request_id))
+        return read_result(request_id, raw)
+
+    def get_many(self, request_ids: list[str]) -> list[Result | None]:
+        """`get` for many ids in one round trip per shard: each result that has landed, else None."""
+        by_url: dict[str, list[int]] = {}
+        for i, request_id in enumerate(request_ids):
+            by_url.setdefault(self.url_of(request_id), []).append(i)
+        found: list[Result | None] = [None] * len(request_ids)
+        for url, positions in by_url.items():
+            with _redis_errors():
+                raw = self.links[url].mget([keys.result_key(request_ids[i]) for i in positions])
+            for i, blob in zip(positions, raw):
+                found[i] = read_result(request_ids[i], blob)
+        return found
+
+    def wait(self, request_id: str, timeout: float = 60.0) -> Result:
+        """Block until the result lands (no polling: BLPOP on the request's notify list).
+
+        Raises NotFoundError at once for an id with neither a job nor a result, ResultTimeoutError (a
+        built-in TimeoutError) after `timeout` seconds, or the request's own error. A wake-up counts only
+        once its result is there (anyone who can write to Redis can forge one).
+        """
+        deadline = time.monotonic() + timeout
+        woke = None
+        self.raise_if_unknown(request_id)
+        connection = self.connection_of(request_id)
+        while True:
+            result = self.get(request_id)
+            if result is not None:
+                result.raise_for_error()
+                return result
+            if woke is not None:  # a wake-up without its result: expired, or forged
+                if self.status(request_id) not in PENDING:
+                    raise NotFoundError(f"the result of request {request_id} has expired")
+                with _redis_errors():  # else every BLPOP would take it again (a result lands with a new one)
+                    connection.delete(keys.notify_key(request_id))
+                woke = None
+                continue  # look for the result once more: it may have landed just before the DEL
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ResultTimeoutError(f"no result for request {request_id} after {timeout:g} s "
+                                   f"(status: {self.status(request_id)})")
+            with _redis_errors():
+                woke = connection.blpop([keys.notify_key(request_id)], timeout=block_for(left))
+                if woke is not None:  # hand the wake-up on to any other waiter on the same id
+                    connection.pipeline().rpush(woke[0], woke[1]).expire(woke[0], keys.RESULT_TTL).execute()
+
+    def raise_if_unknown(self, request_id: str) -> None:
+        """NotFoundError for an id that was never submitted (or whose job and result both expired)."""
+        with _redis_errors():
+            pipe = self.connection_of(request_id).pipeline(transaction=False)
+            has_result, has_job = pipe.exists(keys.result_key(request_id)).exists(Job.key_for(request_id)).execute()
+        if not has_result and not has_job:
+            raise NotFoundError(f"no request with id {request_id} (never submitted, or it expired)", param="id")
+
+    def embed(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> np.ndarray:
+        """Submit and wait: the embeddings as a numpy array of shape (n, d)."""
+        return self.wait(self.submit(inputs, model, **fields), timeout).embeddings
+
+    # -- the other tasks (common.params.Task): submit with a task, wait, read its part of the result --------
+    def score(self, text_1, text_2, model: str | None = None, *, timeout: float = 60.0, **fields) -> np.ndarray:
+        """Scores of (text_1, text_2) pairs, one text against many or two lists pairwise: a cross-encoder's
+        (through its activation), the cosine of two embeddings, or MaxSim of token vectors (ColBERT)."""
+        firsts, seconds = score_pairs(text_1, text_2)
+        return self.wait(self.submit(firsts, model, text_pair=seconds, task="score", **fields), timeout).scores
+
+    def rerank(self, query: str, documents: list[str], model: str | None = None, *, top_n: int | None = None,
+               return_documents: bool = False, timeout: float = 60.0, **fields) -> list[dict]:
+        """`documents` best first for `query`: [{index, relevance_score[, document]}], the first `top_n`."""
+        documents = check_rerank(query, documents, top_n)
+        return rank(self.score(query, documents, model, timeout=timeout, **fields), documents, top_n,
+                    return_documents)
+
+    def classify(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> Result:
+        """`.scores` (n, labels): probabilities (raw logits with use_activation=False); `.labels` names them."""
+        return self.wait(self.submit(inputs, model, task="classify", **fields), timeout)
+
+    def token_embed(self, inputs, model: str | None = None, *, timeout: float = 60.0,
+                    **fields) -> list[np.ndarray]:
+        """One (tokens, d) array per input: every token's vector (multi-vector, ColBERT-style)."""
+        return self.wait(self.submit(inputs, model, task="token_embed", **fields), timeout).multi_vectors
+
+    def tokenize(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> list[dict]:
+        """Per text, by the model's own tokenizer: {ids, tokens, offsets, special}."""
+        return self.wait(self.submit(inputs, model, task="tokenize", **fields), timeout).items
+
+    def detokenize(self, token_ids, model: str | None = None, *, timeout: float = 60.0, **fields) -> list[str]:
+        """Per token-id list, its text."""
+        return self.wait(self.submit(token_ids, model, task="detokenize", **fields), timeout).items
+
+    def status(self, request_id: str) -> str:
+        """queued | started | finished | failed | cancelled | not_found."""
+        result = self.get(request_id)
+        if result is not None:
+            return result_state(result)
+        if not keys.valid_request_id(request_id):
+            return "not_found"  # no request of ours has such an id (and rq refuses to look it up)
+        try:
+            with _redis_errors():
+                connection = self.connection_of(request_id)
+                state = job_state(Job.fetch(request_id, connection=connection, serializer=SERIALIZER).get_status())
+                if state == "finished" and connection.exists(keys.chunks_key(request_id)):
+                    return "started"  # a long request spread over the fleet: its parts are running
+                return state
+        except NoSuchJobError:
+            return "not_found"
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a request that no worker has taken yet; True if it was pending and is now cancelled."""
+        if not keys.valid_request_id(request_id):
+            raise NotFoundError(f"no request with id {request_id!r}")
+        connection = self.connection_of(request_id)
+        with _redis_errors():
+            try:
+                job = Job.fetch(request_id, connection=connection, serializer=SERIALIZER)
+            except NoSuchJobError:
+                raise NotFoundError(f"no request with id {request_id}") from None
+            answer = Result.failure(request_id, model_of_queue(job.origin), CancelledError(
+                f"request {request_id} was cancelled before a worker took it"))
+            queue = Queue(job.origin, connection=connection, serializer=SERIALIZER)
+            return cancel_pending(connection, job, queue, answer, job_reply_to(job))
+
+    def _queue(self, model: str, level: str = DEFAULT_PRIORITY) -> Queue:
+        return Queue(keys.queue_name(model, level), connection=self.connection_for_model(model),
+                     serializer=SERIALIZER)
+

@@ -1,0 +1,231 @@
+"""What the sync and async producers share: building requests, picking models, reading job state."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import redis
+from pydantic import ValidationError as PydanticValidationError
+from rq import Queue, Retry
+from rq.job import Job, JobStatus
+
+from common.protocol import keys
+from common.capabilities import ModelCapabilities
+from common.codec import unpackb
+from common.errors import (DecodeError, DuplicateRequestError, NoWorkerError, UnavailableError,
+                           UnknownModelError, ValidationError, invalid_request)
+from common.params import PoolingParams
+from common.request import EmbedRequest, normalize_inputs
+from common.scheduling import DEFAULT_PRIORITY, estimate_tokens, priority_level, resolve_deadline
+from common.result import Result
+from common.serializer import MsgpackSerializer
+
+SERIALIZER = MsgpackSerializer
+CAPS_CACHE_SECONDS = 2.0  # how long a producer trusts the advertised capabilities before re-reading them
+
+
+def parse_models(names: list[str], raw_caps: list[bytes | None]) -> dict[str, ModelCapabilities]:
+    """Models whose advertisement has not expired, i.e. served by at least one live worker."""
+    return {name: ModelCapabilities.decode(raw) for name, raw in zip(names, raw_caps) if raw is not None}
+
+
+WORKER_FIELDS = {"model": str, "device": str, "dtype": str, "max_batch_tokens": int, "max_batch_size": int,
+                 "budget_source": str, "max_jobs": int, "host": str, "pid": int, "cuda_visible_devices": str,
+                 # what changes, refreshed with each advert (worker/serving/livestats.py): status, /dashboard
+                 "state": str, "current_requests": int, "current_texts": int, "texts_per_s": (int, float),
+                 "texts_history": list, "history_bucket_s": int, "rounds": int, "texts_done": int,
+                 "started_at": (int, float), "cache_hits": int, "cache_misses": int}
+
+
+def parse_worker_info(name: str, raw: bytes | None) -> dict | None:
+    """A worker's advertised facts (worker/serving/advertise.py), the known fields of the right type only: what
+    Redis holds is input. None when the worker's advert has expired or is unreadable."""
+    if raw is None:
+        return None
+    try:
+        data = unpackb(raw)
+    except Exception:  # noqa: BLE001 - any undecodable advert reads as absent
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {"name": name, **{field: data[field] for field, kind in WORKER_FIELDS.items()
+                             if isinstance(data.get(field), kind) and not isinstance(data.get(field), bool)}}
+
+
+def pick_model(model: str | None, served: dict[str, ModelCapabilities],
+               known: set[str] = frozenset()) -> ModelCapabilities:
+    """The capabilities of `model` (or of the only served model), or the error that explains why not.
+
+    `known` holds every model ever advertised: one of those without a live worker is a NoWorkerError
+    (retry later), a name never seen an UnknownModelError (the caller's mistake).
+    """
+    if model is None:
+        if len(served) == 1:
+            return next(iter(served.values()))
+        if not served:
+            raise NoWorkerError("no model is served: no worker is alive (start one with "
+                                "`embedfleet worker --model ...`)", param="model")
+        raise ValidationError(f"several models are served, name one with `model`: {sorted(served)}",
+                              param="model")
+    if model in served:
+        return served[model]
+    if model in known:
+        raise NoWorkerError(f"model '{model}' has no live worker: start one with "
+                            f"`embedfleet worker --served-model-name {model}`", param="model")
+    listed = sorted(served) or "none (no worker is running)"
+    raise UnknownModelError(f"model '{model}' is not served by any live worker; served models: {listed}",
+                            param="model")
+
+
+def resolve_target(model: str | None, served: dict[str, ModelCapabilities], known: set[str],
+                   priority: str | int | None, deadline: float | None, timeout: float | None,
+                   ) -> tuple[ModelCapabilities | str, str, float | None]:
+    """(the model's capabilities, or only its name for bulk work waiting for a worker scaled from zero;
+    the priority level; the absolute deadline) of a submit. Raises what pick_model raises otherwise."""
+    level = priority_level(priority)
+    when = resolve_deadline(deadline, timeout, time.time())
+    try:
+        caps = pick_model(model, served, known)
+    except NoWorkerError:
+        if level == DEFAULT_PRIORITY or model is None:
+            raise
+        caps = model  # bulk work waits for a worker scaled from zero (deploy/autoscaling.md)
+    return caps, level, when
+
+
+def build_request(inputs, caps: ModelCapabilities | str, params: PoolingParams | None, fields: dict,
+                  reply_to: str | None = None, text_pair: list[str] | None = None,
+                  deadline: float | None = None) -> EmbedRequest:
+    """A request checked against the advertised capabilities (the worker checks again).
+
+    The request carries the params as the caller gave them, so the worker merges its own defaults.
+    `caps` may be only a model's name (a bulk request for a model scaled to zero, whose capabilities no
+    live worker advertises): then only the request's own shape is checked here, and the worker verifies
+    the rest when it starts.
+    `fields` may hold `cache` (False: bypass the fleet's vector cache) besides the PoolingParams fields.
+    """
+    fields = dict(fields)
+    cache = fields.pop("cache", True)
+    try:
+        if params is not None:  # fields override the given params, and are validated like them
+            fields = {**params.model_dump(exclude_unset=True), **fields}
+        request = EmbedRequest(model=caps if isinstance(caps, str) else caps.name, inputs=normalize_inputs(inputs),
+                               params=PoolingParams(**fields), reply_to=reply_to, text_pair=text_pair,
+                               deadline=deadline, cache=cache)
+    except PydanticValidationError as exc:  # the gateway's schema errors meet the same formatter
+        raise invalid_request(exc.errors()) from exc
+    if not isinstance(caps, str):
+        request.resolve(caps)
+    return request
+
+
+def enqueue(queue: Queue, requests: list[EmbedRequest]) -> None:
+    """Enqueue `requests` as rq jobs in one transaction, all or none.
+
+    Refused (DuplicateRequestError) if an id already names an rq job or a result: an id is never reused,
+    so a request cannot take over another's job or overwrite its result. WATCH makes the check and the
+    enqueue one atomic step (a concurrent writer of those keys makes EXEC fail, and the check runs again).
+    """
+    taken = [key for r in requests for key in (Job.key_for(r.id), keys.result_key(r.id))]
+    with queue.connection.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(*taken)
+                if pipe.exists(*taken):
+                    used = next(r.id for r in requests if pipe.exists(Job.key_for(r.id), keys.result_key(r.id)))
+                    raise DuplicateRequestError(f"request id {used} is already in use: ids are never reused")
+                pipe.multi()
+                queue.enqueue_many([enqueue_data(r) for r in requests], pipeline=pipe)
+                count_tokens(pipe, queue.name, requests)
+                pipe.execute()
+                return
+            except redis.WatchError:
+                continue
+
+
+def count_tokens(pipe, queue: str, requests: list[EmbedRequest]) -> None:
+    """Each job's estimated tokens on its hash, their sum on the queue's counter (common.protocol.keys: the fleet's
+    queued-tokens gauge; the worker's take subtracts them), in the enqueue's transaction."""
+    estimates = [estimate_tokens(r) for r in requests]
+    for request, estimate in zip(requests, estimates):
+        pipe.hset(Job.key_for(request.id), "tokens", estimate)
+    pipe.incrby(keys.queued_tokens_key(queue), sum(estimates))
+
+
+def enqueue_data(request: EmbedRequest):
+    # Embedding is idempotent, so a job whose worker died is retried (rq's Retry) rather than lost.
+    return Queue.prepare_data(
+        keys.JOB_FUNC, args=[request.encode()], job_id=request.id, timeout=keys.JOB_TIMEOUT,
+        result_ttl=keys.RESULT_TTL, ttl=keys.JOB_TTL, failure_ttl=keys.FAILURE_TTL,
+        retry=Retry(max=keys.JOB_RETRIES),
+        description=f"embed {len(request.inputs)} input(s) with {request.model}")
+
+
+PENDING = ("queued", "started")  # job states in which a result is still to come
+
+
+def read_result(request_id: str, raw: bytes | None) -> Result | None:
+    """The result blob stored for `request_id`, decoded; one that names another request is refused (it
+    was not written for this request, whoever wrote it)."""
+    if raw is None:
+        return None
+    result = Result.decode(raw)
+    if result.id != request_id:
+        raise DecodeError(f"the result stored for request {request_id} names request {result.id!r}: it "
+                          "was not written for this request", raw)
+    return result
+
+
+def job_state(status: JobStatus | None) -> str:
+    """Collapse rq's job statuses into the few a producer reports before a result exists."""
+    if status is None:
+        return "not_found"
+    if status in (JobStatus.QUEUED, JobStatus.DEFERRED, JobStatus.SCHEDULED):
+        return "queued"
+    if status == JobStatus.CANCELED:
+        return "cancelled"
+    if status == JobStatus.STARTED:
+        return "started"
+    return status.value
+
+
+def result_state(result: Result) -> str:
+    if result.ok:
+        return "finished"
+    return "cancelled" if result.error_code == "cancelled" else "failed"
+
+
+def model_of_queue(queue: str) -> str:
+    prefix = keys.queue_name("")
+    model = queue[len(prefix):] if queue.startswith(prefix) else queue
+    for level in keys.PRIORITIES[1:]:  # a lower level's queue: <queue>@<level>
+        if queue == keys.queue_name(model.removesuffix(f"@{level}"), level):
+            return model.removesuffix(f"@{level}")
+    return model
+
+
+# A Redis that answers but refuses writes: full (maxmemory with noeviction), a replica after a failover, or a
+# failing disk with stop-writes-on-bgsave-error. Retrying later may help; the request is not at fault.
+_REFUSED_WRITES = {"OOM": "Redis is full (maxmemory reached) and refuses new requests",
+                   "READONLY": "Redis is a read-only replica (after a failover?) and refuses new requests",
+                   "MISCONF": "Redis cannot persist to disk and refuses writes"}
+
+
+@contextlib.contextmanager
+def redis_errors():
+    """Turn Redis connection failures, and a Redis that refuses writes, into UnavailableError (the gateway
+    answers 503 with Retry-After): a clear error at once, never a hang nor a bare ResponseError."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise UnavailableError(f"Redis is unreachable: {exc}") from exc
+    except redis.ResponseError as exc:
+        word = str(exc).split(" ", 1)[0]
+        if isinstance(exc, (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)) or \
+                word in _REFUSED_WRITES:
+            what = _REFUSED_WRITES.get(word) or _REFUSED_WRITES[
+                "OOM" if isinstance(exc, redis.exceptions.OutOfMemoryError) else "READONLY"]
+            raise UnavailableError(f"{what}: {exc}; retry later, or ask the operator to free memory or point "
+                                   "the fleet at the primary") from exc
+        raise

@@ -1,0 +1,69 @@
+"""What is queued for a model, per priority level, read from Redis in two pipelined round trips: depth,
+estimated queued tokens (common.protocol.keys.queued_tokens_key) and the oldest job's age. For the gateway's fleet
+gauges and for scripts; everything read is input (a corrupt counter or stamp reads as absent)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from redis import Redis
+from rq.job import Job
+
+from common.protocol import keys
+
+_RQ_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"  # rq's utcformat, as `enqueued_at` is stored
+
+
+@dataclass(frozen=True)
+class LevelStats:
+    model: str
+    priority: str  # one of common.protocol.keys.PRIORITIES
+    depth: int  # job ids waiting
+    queued_tokens: int  # the producers' estimate (common.scheduling.estimate_tokens), 0 when unknown
+    oldest_age: float | None  # seconds since the job at the head was (re)queued; None when empty or unknown
+
+
+def level_stats(connection: Redis, model: str, now: float | None = None) -> list[LevelStats]:
+    """One LevelStats per priority level of `model`, highest first."""
+    now = time.time() if now is None else now
+    queues = [keys.queue_name(model, level) for level in keys.PRIORITIES]
+    with connection.pipeline(transaction=False) as pipe:
+        for queue in queues:
+            pipe.llen(f"rq:queue:{queue}").get(keys.queued_tokens_key(queue)).lindex(f"rq:queue:{queue}", 0)
+        raw = pipe.execute(raise_on_error=False)
+    heads = [_text(raw[i + 2]) for i in range(0, len(raw), 3)]
+    readable = [head for head in heads if head and keys.valid_request_id(head)]
+    stamps = {}
+    if readable:
+        with connection.pipeline(transaction=False) as pipe:
+            for head in readable:
+                pipe.hget(Job.key_for(head), "enqueued_at")
+            stamps = dict(zip(readable, pipe.execute(raise_on_error=False)))
+    out = []
+    for index, level in enumerate(keys.PRIORITIES):
+        depth, tokens = _count(raw[index * 3]), _count(raw[index * 3 + 1])
+        head = heads[index]
+        enqueued = _unix(stamps.get(head)) if depth and head else None
+        out.append(LevelStats(model, level, depth, tokens if depth else 0,
+                              None if enqueued is None else max(0.0, now - enqueued)))
+    return out
+
+
+def _text(raw) -> str | None:
+    return raw.decode("ascii", "replace") if isinstance(raw, bytes) else None
+
+
+def _count(raw) -> int:
+    try:
+        return max(0, int(raw))
+    except (TypeError, ValueError):  # absent, an error reply (a key of another type), or not a number
+        return 0
+
+
+def _unix(raw) -> float | None:
+    try:
+        return datetime.strptime(raw.decode(), _RQ_TIME).replace(tzinfo=timezone.utc).timestamp()
+    except (AttributeError, UnicodeDecodeError, ValueError):
+        return None

@@ -1,0 +1,285 @@
+"""Every pending wait of an AsyncProducer on one Redis, answered by coalesced reads.
+
+A wait registers a future here and asks for one look at its result key. Looks and wake-ups (reply-stream
+entries, notify-list pops, a listener's reconnect) only mark ids as due; one reader task then fetches
+every due id in one round trip (MGETs in one pipeline) and resolves their futures with the decoded result.
+Ten thousand waits cost one read per batch of ids that woke together, never a connection each.
+
+A wake-up counts only once its result is there (anyone who can write to Redis can forge one); a result
+that is missing after a wake-up means a forged wake-up (the job is still pending) or an expired result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import redis
+import redis.asyncio as aioredis
+from rq.job import Job
+
+from common.protocol import keys
+from common.errors import DecodeError, EmbedfleetError, NotFoundError
+from common.result import Result
+from producer.client.core import PENDING, read_result
+
+log = logging.getLogger(__name__)
+
+OUTAGE_RECHECK = 0.5  # seconds between looks while Redis is unreachable
+READ_CHUNK = 1000  # result keys per MGET (several MGETs go in one pipeline: one round trip)
+
+
+class Look(enum.IntEnum):
+    """Why an id is due for a read; a stronger reason wins when two arrive before the read."""
+
+    RECHECK = 0  # a listener reconnected: its wake-up may have been lost
+    FIRST = 1  # a wait began: the result may be in already; if not, an unknown id fails at once
+    WOKE = 2  # a wake-up announced the result
+
+
+class WaitHub:
+    """Futures per request id, resolved by one reader task.
+
+    `streaming` says whether this producer's reply stream is being listened to; ids this producer
+    submitted (`expect`) then wake through it. Other ids are handed to `notify` (a NotifyListener) once a
+    first look found no result.
+    """
+
+    def __init__(self, connection: aioredis.Redis, status: Callable[[str], Awaitable[str]]):
+        self.connection = connection
+        self.status = status  # the producer's status(id), for a wake-up without its result
+        self.notify = None  # set by the producer: the NotifyListener of this Redis
+        self.streaming = True
+        self._own: dict[str, float] = {}  # ids submitted with our reply stream, no result seen yet
+        self._waiters: dict[str, list[asyncio.Future]] = {}
+        self._due: dict[str, Look] = {}
+        self._subscribers: set[asyncio.Queue] = set()
+        self._wakeup = asyncio.Event()
+        self._read_waiters: list[asyncio.Future] = []  # read_through() callers, answered after the next read
+        self._task: asyncio.Task | None = None
+        self._checks: set[asyncio.Task] = set()  # running _check_pending tasks (held: the loop keeps weak refs)
+        self._closed: BaseException | None = None
+
+    # -- what the producer and the listeners call ----------------------------------------------------
+    def expect(self, request_ids: list[str]) -> None:
+        """Ids about to be enqueued with our reply stream (before the enqueue: a reply may beat its return)."""
+        stamp = time.monotonic()
+        for request_id in request_ids:
+            self._own[request_id] = stamp
+        self._prune()
+
+    def unexpect(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self._own.pop(request_id, None)
+
+    def watch(self, request_id: str) -> asyncio.Future:
+        """A future that resolves to the result of `request_id` (or raises its read's error)."""
+        if self._closed is not None:
+            raise self._closed
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(request_id, []).append(future)
+        self._mark([request_id], Look.FIRST)
+        return future
+
+    def unwatch(self, request_id: str, future: asyncio.Future) -> None:
+        futures = self._waiters.get(request_id)
+        if futures is None:
+            return
+        if future in futures:
+            futures.remove(future)
+        if not futures:
+            del self._waiters[request_id]
+            if self.notify is not None:
+                self.notify.discard(request_id)
+
+    def subscribe(self) -> asyncio.Queue:
+        """A queue that gets every result of an id this producer submitted, once, as it lands."""
+        if self._closed is not None:
+            raise self._closed
+        queue: asyncio.Queue = asyncio.Queue()
+        self._subscribers.add(queue)
+        self._mark(list(self._own), Look.RECHECK)  # results that landed unseen (e.g. before a reconnect)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue) -> None:
+        self._subscribers.discard(queue)
+
+    def woke(self, request_ids: list[str]) -> None:
+        """Wake-ups for these ids (each is checked against its result key). An id of ours that nobody
+        waits for is forgotten: its result is in, and a later wait's first look finds it."""
+        due = []
+        for request_id in request_ids:
+            if request_id in self._waiters or (self._subscribers and request_id in self._own):
+                due.append(request_id)
+            else:
+                self._own.pop(request_id, None)
+        self._mark(due, Look.WOKE)
+
+    def look_at(self, request_ids: list[str]) -> None:
+        """Read these ids with the next batch (results that may have landed without a wake-up yet)."""
+        self._mark([i for i in request_ids if i in self._waiters], Look.RECHECK)
+
+    async def read_through(self) -> None:
+        """Return once the reader has read everything marked so far."""
+        if self._closed is not None:
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._read_waiters.append(future)
+        self._mark([], Look.RECHECK)  # start the reader if it is idle
+        self._wakeup.set()
+        await future
+
+    def recheck(self) -> None:
+        """A listener reconnected: any wake-up may have been lost, so look at every id still waited for
+        (and, while someone iterates `results()`, at every id of ours without a result yet)."""
+        self._mark([*self._waiters, *(self._own if self._subscribers else ())], Look.RECHECK)
+
+    def stream_lost(self) -> None:
+        """The reply-stream listener died (it logged why): every wait goes through notify lists now."""
+        self.streaming = False
+        self.recheck()
+
+    def waits_for(self, request_id: str) -> bool:
+        return request_id in self._waiters
+
+    def is_own(self, request_id: str) -> bool:
+        return self.streaming and request_id in self._own
+
+    def close(self, exc: BaseException) -> None:
+        """Fail every pending wait and subscription with `exc`; stop reading."""
+        self._closed = exc
+        for futures in self._waiters.values():
+            for future in futures:
+                if not future.done():
+                    future.set_exception(exc)
+        self._waiters.clear()
+        for queue in self._subscribers:
+            queue.put_nowait(exc)
+        for task in [self._task, *self._checks]:
+            if task is not None:
+                task.cancel()
+        for future in self._read_waiters:
+            future.cancel()
+
+    # -- the reader --------------------------------------------------------------------------------
+    def _mark(self, request_ids, why: Look) -> None:
+        if (not request_ids and not self._read_waiters) or self._closed is not None:
+            return
+        for request_id in request_ids:
+            if self._due.get(request_id, -1) < why:
+                self._due[request_id] = why
+        self._wakeup.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._read_loop(), name="embedfleet wait reader")
+            self._task.add_done_callback(self._reader_ended)
+
+    def _reader_ended(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:  # never silent: fail the waits it served
+            log.error("wait reader died", exc_info=task.exception())
+            self.close(task.exception())
+
+    async def _read_loop(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            due, self._due = self._due, {}
+            read, self._read_waiters = self._read_waiters, []
+            due = {i: why for i, why in due.items() if i in self._waiters or (self._subscribers and i in self._own)}
+            try:
+                if due:
+                    await self._read(due)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.warning("reading %d results: Redis unreachable (%s); looking again in %.1f s", len(due), exc,
+                            OUTAGE_RECHECK)
+                for request_id, why in due.items():
+                    if self._due.get(request_id, -1) < why:
+                        self._due[request_id] = why
+                self._read_waiters += read  # they wait for a read that happened
+                await asyncio.sleep(OUTAGE_RECHECK)
+                self._wakeup.set()
+                continue
+            for future in read:
+                if not future.done():
+                    future.set_result(None)
+
+    async def _read(self, due: dict[str, Look]) -> None:
+        ids = list(due)
+        pipe = self.connection.pipeline(transaction=False)
+        for start in range(0, len(ids), READ_CHUNK):
+            pipe.mget([keys.result_key(i) for i in ids[start:start + READ_CHUNK]])
+        blobs = [blob for chunk in await pipe.execute() for blob in chunk]
+        missing = []
+        for request_id, blob in zip(ids, blobs):
+            if blob is None:
+                missing.append(request_id)
+            else:
+                self._land(request_id, blob)
+        first = [i for i in missing if due[i] is Look.FIRST and not self.is_own(i)]
+        if first:
+            await self._fail_unknown(first)
+        for request_id in missing:
+            if request_id not in self._waiters:
+                continue
+            if due[request_id] is Look.WOKE:  # a wake-up without its result: forged, or expired
+                task = asyncio.get_running_loop().create_task(self._check_pending(request_id))
+                self._checks.add(task)
+                task.add_done_callback(self._checks.discard)
+            elif not self.is_own(request_id) and self.notify is not None:
+                self.notify.add(request_id)
+
+    def _land(self, request_id: str, blob: bytes) -> None:
+        try:
+            result: Result | EmbedfleetError = read_result(request_id, blob)
+        except DecodeError as err:
+            result = err
+        for future in self._waiters.pop(request_id, []):
+            if not future.done():
+                if isinstance(result, Result):
+                    future.set_result(result)
+                else:
+                    future.set_exception(result)
+        if self.notify is not None:
+            self.notify.discard(request_id)
+        if self._own.pop(request_id, None) is not None and isinstance(result, Result):
+            for queue in self._subscribers:
+                queue.put_nowait(result)
+
+    async def _fail_unknown(self, request_ids: list[str]) -> None:
+        """An id with neither a result nor a job was never submitted (or expired): say so at once."""
+        pipe = self.connection.pipeline(transaction=False)
+        for request_id in request_ids:
+            pipe.exists(keys.result_key(request_id), Job.key_for(request_id))
+        for request_id, found in zip(request_ids, await pipe.execute()):
+            if not found:
+                self._fail(request_id, NotFoundError(
+                    f"no request with id {request_id} (never submitted, or it expired)", param="id"))
+
+    async def _check_pending(self, request_id: str) -> None:
+        try:
+            status = await self.status(request_id)
+        except EmbedfleetError as err:  # Redis went away meanwhile: look again later
+            log.warning("request %s: cannot read its status (%s); looking again", request_id, err.message)
+            await asyncio.sleep(OUTAGE_RECHECK)
+            self._mark([request_id], Look.RECHECK)
+            return
+        if status not in PENDING:
+            self._fail(request_id, NotFoundError(f"the result of request {request_id} has expired"))
+        elif self.notify is not None and not self.is_own(request_id):
+            await self.notify.forged(request_id)  # drop the forged element, then look once more
+            self._mark([request_id], Look.RECHECK)
+
+    def _fail(self, request_id: str, error: EmbedfleetError) -> None:
+        for future in self._waiters.pop(request_id, []):
+            if not future.done():
+                future.set_exception(error)
+        if self.notify is not None:
+            self.notify.discard(request_id)
+
+    def _prune(self) -> None:
+        """Ids whose job expired unserved never get a result: forget them after the job's TTL."""
+        horizon = time.monotonic() - keys.JOB_TTL
+        if self._own and next(iter(self._own.values())) < horizon:
+            self._own = {i: t for i, t in self._own.items() if t >= horizon}

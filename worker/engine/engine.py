@@ -1,0 +1,335 @@
+"""Engine: many requests in, one Result per request out, in three steps a pipelined worker can overlap:
+prepare (verify, tokenise), forward (length-sorted, token-budgeted passes) and finish (cut, normalise, cast)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from common.protocol import keys
+from common.errors import EmbedfleetError, InternalError
+from common.params import PoolingParams
+from common.request import EmbedRequest
+from common.result import Result
+from worker.engine import dedup
+from worker.engine.batcher import cuts
+from worker.engine.latechunking import embed_spans
+from worker.engine.postprocess import cast, finish
+from worker.engine.preprocess import Prepared, prepare
+from worker.engine.tasks.heads import finish_task
+from worker.engine.tasks.inputs import prepare_task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Round:
+    """Requests on their way through the engine. Each request ends with a result (its own error, or its
+    embeddings once `finish` runs); `rows` and `failed` are filled by the forward passes."""
+
+    requests: list[EmbedRequest]
+    results: list[Result | None]
+    resolved: dict[int, EmbedRequest] = field(default_factory=dict)
+    prepared: dict[int, Prepared] = field(default_factory=dict)
+    rows: dict[int, np.ndarray | list[np.ndarray]] = field(default_factory=dict)  # a list: per-token rows
+    failed: dict[int, EmbedfleetError] = field(default_factory=dict)
+    # long requests whose chunks go to the fleet as sub-jobs (worker/serving/spread.py): no result from here
+    spread: dict[int, Prepared] = field(default_factory=dict)
+    passes: int = 0  # forward passes cut by the budget (a failed pass's halves not counted)
+    tokens: int = 0  # real tokens through those passes
+    padded_tokens: int = 0  # rows * longest row, summed over the passes: what the device computed
+    # filled by a vector cache (worker/serving/cache.py): request -> its inputs' cache keys, and -> {row: vector}
+    cache_keys: dict[int, list[str]] = field(default_factory=dict)
+    hits: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)
+
+    @property
+    def texts(self) -> int:
+        """Inputs that reach the forward passes."""
+        return sum(len(p.token_lists) for p in self.prepared.values())
+
+
+@dataclass
+class _Flat:
+    """Every input of a round in one flat list, request by request, with the length-sorted order the
+    batches are cut from; vectors land in one array at their flat position."""
+
+    token_lists: list[list[int]]
+    prompt_lengths: list[int]
+    owners: np.ndarray  # flat position -> request index
+    order: np.ndarray  # sorted position -> flat position (of the positions to compute; by head, then length)
+    vectors: np.ndarray | None = None
+    heads: list[str] = field(default_factory=list)  # flat position -> Prepared.head
+    pair_starts: list[int] = field(default_factory=list)  # flat position -> a pair's second text (0: none)
+    ragged: dict[int, np.ndarray] = field(default_factory=dict)  # head "tokens": flat position -> its rows
+    sharers: dict[int, list[int]] = field(default_factory=dict)  # computed position -> its duplicates
+
+    def users(self, position: int) -> set[int]:
+        """The requests that need the vector computed at `position` (its own and its duplicates')."""
+        return {int(self.owners[position])} | {int(self.owners[p]) for p in self.sharers.get(position, ())}
+
+    def allocate(self, width: int) -> None:
+        if self.vectors is None:
+            self.vectors = np.empty((len(self.token_lists), width), np.float32)
+
+
+class Engine:
+    """Runs a loaded model over whole lists of requests; never raises for a bad request.
+
+    model: a LoadedModel (worker.engine.model) or anything with its `caps`, `embed(token_lists, prompt_lengths)`
+        and, for `prepare`, a tokenizer (see worker.engine.nullmodel for one without).
+    max_batch_tokens: padded-token budget of one forward pass (rows * longest row).
+    max_batch_size: most rows in one forward pass.
+    chunks_per_job: a request with more chunks than this (a long input, worker/engine/chunking.py) is not run here
+        but left in `Round.spread` for the worker to spread over the fleet; 0: every request runs here.
+    cache: a vector cache (worker/serving/cache.py) consulted in `prepare` and filled in `finish`; None: none.
+    Identical inputs in one round (same token ids, prompt length, head and pair split) are computed once.
+    """
+
+    def __init__(self, model, *, max_batch_tokens: int = 16384, max_batch_size: int = 256,
+                 chunks_per_job: int = 0, cache=None):
+        self.model = model
+        self.caps = model.caps
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_size = max_batch_size
+        self.cache = cache
+        self.forward_passes = 0
+        self.chunks_per_job = chunks_per_job
+        self.forward_rows = 0  # inputs the model ran over (after the cache and in-round dedup)
+        self._resolved: dict[PoolingParams, PoolingParams | EmbedfleetError] = {}
+
+    def stats(self) -> dict:
+        """Counters for the worker's advert: the cache's hits and misses (none without a cache)."""
+        return self.cache.stats() if self.cache is not None else {}
+
+    def run(self, requests: list[EmbedRequest]) -> list[Result]:
+        """One Result per request, in input order: the three steps back to back."""
+        work = self.prepare(requests)
+        self.forward(work)
+        return self.finish(work)
+
+    # -- the three steps --------------------------------------------------------------------------------
+
+    def prepare(self, requests: list[EmbedRequest]) -> Round:
+        """Verify each request against the model and tokenise it; a bad one gets its error result here."""
+        work = Round(list(requests), [None] * len(requests))
+        tokenize = getattr(self.model, "prepare", None)
+        for index, request in enumerate(requests):
+            try:
+                resolved = self._resolve(request)
+                work.resolved[index] = resolved
+                if resolved.params.task != "embed":
+                    prepared = prepare_task(self.model, resolved)
+                    if isinstance(prepared, Result):  # tokenize / detokenize: answered without a forward pass
+                        work.results[index] = prepared
+                        continue
+                    work.prepared[index] = prepared
+                else:
+                    prepared = tokenize(resolved) if tokenize else prepare(self.model, resolved)
+                    (work.spread if self._spreads(resolved, prepared) else work.prepared)[index] = prepared
+            except EmbedfleetError as exc:
+                work.results[index] = Result.failure(request.id, self.caps.name, exc)
+            except Exception as exc:  # a tokenizer crash on one request must not sink the others
+                log.exception("preprocessing request %s failed", request.id)
+                work.results[index] = Result.failure(request.id, self.caps.name, InternalError(
+                    f"preprocessing failed: {type(exc).__name__}: {exc}"))
+        if self.cache is not None:
+            self.cache.lookup(work)  # never raises: an unreachable cache is all misses
+        return work
+
+    def forward(self, work: Round) -> None:
+        """All inputs of all requests, sorted by length and cut by the token budget; one pass per batch.
+        A late-chunking request (spans) gets a pass of its own: its rows are spans, not inputs."""
+        for index, prep in work.prepared.items():
+            if prep.spans is not None:
+                self._span_pass(index, prep, work)
+        flat = self._flatten(work)
+        if flat is None:
+            return
+        if self.cache is not None:
+            self.cache.recall(work)  # in memory: what the rounds just before computed
+        known = self._known(work)
+        runs = dedup.plan(flat.token_lists, flat.prompt_lengths, known, kinds=list(zip(flat.heads, flat.pair_starts)))
+        flat.sharers = runs.sharers()
+        run_lengths = np.fromiter((len(flat.token_lists[p]) for p in runs.runs), np.int64, len(runs.runs))
+        run_heads = np.asarray([flat.heads[p] != "pool" for p in runs.runs], dtype=bool)
+        flat.order = runs.runs[np.lexsort((run_lengths, run_heads))] if len(runs.runs) else runs.runs
+        lengths = [len(flat.token_lists[i]) for i in flat.order]
+        heads = [flat.heads[i] for i in flat.order]
+        begin = 0
+        for head_end in [i for i in range(1, len(heads)) if heads[i] != heads[i - 1]] + [len(heads)]:
+            for start, end in cuts(lengths[begin:head_end], self.max_batch_tokens, self.max_batch_size):
+                batch = lengths[begin + start:begin + end]
+                work.passes += 1
+                work.tokens += sum(batch)
+                work.padded_tokens += len(batch) * max(batch)  # what the device computed
+                self._pass(flat.order[begin + start:begin + end], flat, work)
+            begin = head_end  # a pass never mixes heads: each runs its own forward
+        if known:
+            flat.allocate(len(next(iter(known.values()))))
+            for position, vector in known.items():
+                flat.vectors[position] = vector
+        for copy, source in runs.copies.items():
+            if source in flat.ragged:
+                flat.ragged[copy] = flat.ragged[source]
+            elif flat.vectors is not None:  # None only if every pass failed: those requests failed
+                flat.vectors[copy] = flat.vectors[source]
+        offset = 0
+        for index, prep in work.prepared.items():
+            if prep.spans is not None:
+                continue
+            count = len(prep.token_lists)
+            if index not in work.failed:
+                work.rows[index] = [flat.ragged[p] for p in range(offset, offset + count)] \
+                    if prep.head == "tokens" else flat.vectors[offset:offset + count]
+            offset += count
+        if self.cache is not None:
+            self.cache.remember(work)
+
+    @staticmethod
+    def _flatten(work: Round) -> _Flat | None:
+        token_lists: list[list[int]] = []
+        prompt_lengths: list[int] = []
+        owners: list[int] = []
+        heads: list[str] = []
+        pair_starts: list[int] = []
+        for index, prep in work.prepared.items():
+            if prep.spans is not None:
+                continue
+            token_lists.extend(prep.token_lists)
+            prompt_lengths.extend(prep.prompt_lengths)
+            owners.extend([index] * len(prep.token_lists))
+            heads.extend([prep.head] * len(prep.token_lists))
+            pair_starts.extend(prep.pair_starts or [0] * len(prep.token_lists))
+        if not token_lists:
+            return None
+        lengths = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
+        order = np.lexsort((lengths, np.asarray([head != "pool" for head in heads])))  # stable, by head
+        return _Flat(token_lists, prompt_lengths, np.asarray(owners), order, heads=heads, pair_starts=pair_starts)
+
+    def finish(self, work: Round) -> list[Result]:
+        """Post-process every request that reached the forward pass; returns all results in input order.
+        The vectors computed for cacheable requests go to the cache first."""
+        if self.cache is not None:
+            self.cache.store(work)  # never raises: a cache that refuses writes only costs later misses
+        for index, request in work.resolved.items():
+            if work.results[index] is not None or index in work.spread:
+                continue
+            if index in work.failed:
+                work.results[index] = Result.failure(request.id, self.caps.name, work.failed[index])
+            else:
+                prep = work.prepared[index]
+                result = self._postprocess(request, prep.pooled(work.rows[index]), prep)
+                if prep.spans is not None and result.ok:
+                    result = dataclasses.replace(result, spans=tuple(prep.spans))
+                work.results[index] = result
+        return work.results
+
+    # -- internals --------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _known(work: Round) -> dict[int, np.ndarray]:
+        """Flat position -> the vector the cache gave for it (flat order is request by request, row by row)."""
+        known: dict[int, np.ndarray] = {}
+        offset = 0
+        for index, prep in work.prepared.items():
+            if prep.spans is not None:  # late chunking runs apart (_span_pass): not in the flat positions
+                continue
+            for row, vector in work.hits.get(index, {}).items():
+                known[offset + row] = vector
+            offset += len(prep.token_lists)
+        return known
+
+    def _resolve(self, request: EmbedRequest) -> EmbedRequest:
+        """request.resolve(caps), with the params part cached: most requests share a few param sets."""
+        if len(request.inputs) > self.caps.max_inputs or request.is_tokens or request.params.task != "embed" \
+                or request.params.chunk_spans:
+            return request.resolve(self.caps)  # raises the right message (or checks token ids)
+        params = self._resolved.get(request.params)
+        if params is None:
+            try:
+                params = request.params.resolve(self.caps)
+            except EmbedfleetError as exc:
+                params = exc
+            if len(self._resolved) < 1024:
+                self._resolved[request.params] = params
+        if isinstance(params, EmbedfleetError):
+            raise params
+        return request.model_copy(update={"params": params})
+
+    def _span_pass(self, index: int, prep: Prepared, work: Round) -> None:
+        """A late-chunking request's inputs, in order, in passes cut by the token budget."""
+        try:
+            rows = []
+            for start, end in cuts([len(ids) for ids in prep.token_lists], self.max_batch_tokens,
+                                   self.max_batch_size):
+                spans = [(owner - start, *rest) for owner, *rest in prep.spans if start <= owner < end]
+                batch = [len(ids) for ids in prep.token_lists[start:end]]
+                work.passes, work.tokens = work.passes + 1, work.tokens + sum(batch)
+                work.padded_tokens += len(batch) * max(batch)
+                self.forward_passes += 1
+                rows.append(embed_spans(self.model, prep.token_lists[start:end], spans))
+            work.rows[index] = np.vstack(rows)
+        except Exception as exc:  # this request fails alone
+            log.exception("late-chunking pass failed")
+            work.failed[index] = InternalError(f"forward pass failed: {type(exc).__name__}: {exc}")
+
+    def _spreads(self, request: EmbedRequest, prepared: Prepared) -> bool:
+        """More chunks than one job should hold (a part never spreads again; a prompt left out of pooling
+        stays in one worker, whose first chunk knows it)."""
+        return bool(self.chunks_per_job) and prepared.owners is not None and request.part_of is None \
+            and len(prepared.token_lists) > self.chunks_per_job and not prepared.prompt_length \
+            and keys.part_id(request.id, len(prepared.token_lists)) is not None
+
+    def _pass(self, positions: np.ndarray, flat: _Flat, work: Round) -> None:
+        """One forward pass over these flat positions; if it fails, the batch again in halves, down to single
+        rows, so that one poisoned input fails only its own request and a batch too big for the device (OOM)
+        still runs."""
+        if work.failed:  # rows no live request needs any more are skipped
+            positions = positions[[not flat.users(int(p)) <= work.failed.keys() for p in positions]]
+        if not len(positions):
+            return
+        try:
+            self.forward_passes += 1
+            self.forward_rows += len(positions)
+            lists = [flat.token_lists[p] for p in positions]
+            if flat.heads[positions[0]] == "tokens":
+                for p, rows in zip(positions, self.model.token_embed(lists)):
+                    flat.ragged[int(p)] = rows
+                return
+            pairs = {"pair_starts": [flat.pair_starts[p] for p in positions]} \
+                if any(flat.pair_starts[p] for p in positions) else {}  # a cross-encoder's pairs
+            vectors = self.model.embed(lists, [flat.prompt_lengths[p] for p in positions], **pairs)
+            vectors = vectors.numpy() if hasattr(vectors, "numpy") else vectors  # torch, or numpy (null model)
+        except Exception as exc:
+            error = InternalError(f"forward pass failed: {type(exc).__name__}: {exc}")
+            if len(positions) == 1:
+                log.exception("forward pass over 1 row failed; its request fails")
+                for owner in flat.users(int(positions[0])):  # a duplicate of the row would fail alike
+                    work.failed.setdefault(owner, error)
+                return
+            log.warning("forward pass over %d rows failed (%s); retrying in halves", len(positions), error.message)
+        else:
+            flat.allocate(vectors.shape[1])
+            flat.vectors[positions] = vectors
+            return
+        # Split outside the `except`: the traceback holds the failed pass's tensors (device memory on OOM).
+        half = len(positions) // 2
+        self._pass(positions[:half], flat, work)
+        self._pass(positions[half:], flat, work)
+
+    def _postprocess(self, request: EmbedRequest, vectors, prepared: Prepared) -> Result:
+        params, prompt_tokens = request.params, prepared.prompt_tokens
+        try:
+            if params.task != "embed":
+                return finish_task(self.model, request, vectors, prepared)
+            final = finish(vectors, params.dimensions, bool(params.use_activation))
+            stored = cast(final, params.embed_dtype)
+            return Result.success(request.id, self.caps.name, stored, params.embed_dtype,
+                                  params.endianness, prompt_tokens)
+        except Exception as exc:
+            log.exception("postprocessing request %s failed", request.id)
+            return Result.failure(request.id, self.caps.name, InternalError(
+                f"postprocessing failed: {type(exc).__name__}: {exc}"))

@@ -1,0 +1,102 @@
+"""Sequence-classification models (cross-encoders, classifiers): loading and the forward pass to logits.
+
+A ClassifierModel has LoadedModel's duck type (`caps`, `tokenizer`, `module`, `device`, `embed`), so the
+engine batches it by the same token budget; its `embed` answers one row of logits per input (a text, or a
+pair tokenised as one row: the budget counts both sides).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from common.capabilities import ModelCapabilities
+from worker.engine.model import _DTYPES, _lowercase, _max_len, pad_batch
+from worker.engine.stconfig import STConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ClassifierModel:
+    tokenizer: object
+    module: nn.Module
+    caps: ModelCapabilities
+    device: torch.device
+    score_activation: nn.Module  # what sentence-transformers' CrossEncoder.predict applies to the logits
+    padding_side: str = "right"
+    pad_token_id: int = 0
+    token_types: bool = True  # BERT-style segment ids for the second text of a pair
+    fidelity: float = 1.0
+
+    @torch.inference_mode()
+    def embed(self, token_lists: list[list[int]], prompt_lengths: list[int] | None = None,
+              pair_starts: list[int] | None = None) -> torch.Tensor:
+        """One forward pass: float32 logits (n, num_labels) on the CPU. `pair_starts[i]`, when not 0, is where
+        row i's second text starts (its segment ids are 1 from there, as the tokenizer gives a pair)."""
+        inputs = pad_batch(token_lists, self.pad_token_id, self.padding_side, self.device)
+        if self.token_types:
+            types = torch.zeros_like(inputs["input_ids"])
+            for row, start in enumerate(pair_starts or ()):
+                if start:
+                    offset = types.shape[1] - len(token_lists[row]) if self.padding_side == "left" else 0
+                    types[row, offset + start:offset + len(token_lists[row])] = 1
+            inputs["token_type_ids"] = types
+        return self.module(**inputs).logits.float().cpu()
+
+
+def _score_activation(folder: str, config, num_labels: int) -> nn.Module:
+    """CrossEncoder's activation: the folder's `activation_fn` (sentence-transformers 6, 4-5 or older
+    layouts), only torch.nn classes as ST allows without trust_remote_code; else Sigmoid for one label."""
+    from worker.engine.model import _activation  # noqa: PLC0415 - the same torch.nn-only builder as Dense
+
+    path = None
+    st_file = os.path.join(folder, "config_sentence_transformers.json")
+    if os.path.isfile(st_file):
+        with open(st_file, encoding="utf-8") as handle:
+            path = json.load(handle).get("activation_fn")
+    saved = getattr(config, "sentence_transformers", None)
+    if path is None and isinstance(saved, dict):
+        path = saved.get("activation_fn")
+    path = path or getattr(config, "sbert_ce_default_activation_function", None)
+    if path:
+        return _activation(path) if path.startswith("torch.") else nn.Sigmoid() if num_labels == 1 \
+            else nn.Identity()
+    return nn.Sigmoid() if num_labels == 1 else nn.Identity()
+
+
+def load_classifier(folder: str, st: STConfig, config, *, name: str, device: torch.device, dtype: str,
+                    max_inputs: int) -> ClassifierModel:
+    """A cross-encoder (num_labels 1: tasks score and classify) or a classifier (classify)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415
+
+    model_dir = os.path.join(folder, st.transformer_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if st.do_lower_case:
+        _lowercase(tokenizer)
+    module = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    num_labels = int(config.num_labels)
+    id2label = getattr(config, "id2label", None) or {}
+    labels = tuple(str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(num_labels))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    caps = ModelCapabilities(
+        name=name, max_model_len=_max_len(st, tokenizer, config),
+        embedding_size=num_labels, vocab_size=module.get_input_embeddings().num_embeddings,
+        pooling="classifier", normalize=True, max_inputs=max_inputs,
+        truncation_side=getattr(tokenizer, "truncation_side", "right") or "right",
+        tasks=(("score", "classify") if num_labels == 1 else ("classify",)) + ("tokenize", "detokenize"),
+        labels=labels)
+    model = ClassifierModel(
+        tokenizer=tokenizer, module=module, caps=caps, device=device,
+        score_activation=_score_activation(folder, config, num_labels),
+        padding_side=getattr(tokenizer, "padding_side", "right") or "right", pad_token_id=pad,
+        token_types="token_type_ids" in tokenizer.model_input_names and getattr(config, "type_vocab_size", 2) > 1)
+    if dtype != "float32":
+        module.to(_DTYPES[dtype])  # logits have no cosine to check; the cast is what vLLM serves too
+        log.info("classifier %s serves in %s", name, dtype)
+    return model

@@ -1,0 +1,61 @@
+"""What the finish step writes for each taken job: the Answer (outcome, result blob, reason) decided from
+the engine's result or from why the job could not run. Pure: no Redis, no model."""
+
+from __future__ import annotations
+
+from common.errors import (CancelledError, DecodeError, EmbedfleetError, ExpiredError, InternalError,
+                           PoisonError)
+from common.protocol.keys import JOB_FUNC
+from common.request import EmbedRequest
+from common.result import Result
+from worker.serving.jobdata import decode_job
+from common.protocol.rqschema import Answer, Outcome, Taken
+
+
+def served(job: Taken, result: Result | None, reply_to: str | None, model: str) -> Answer:
+    """FINISHED with the request's answer (embeddings or its own error); an engine fault is retried."""
+    if result is None or result.id != job.id:
+        return failed(job, InternalError(f"engine returned no result for request {job.id}"), Outcome.RETRY,
+                      reply_to, model)
+    if result.error_code == InternalError.code:  # not the request's fault: rq's Retry may help
+        return Answer(job, Outcome.RETRY, result.encode(), reply_to,
+                      reason=f"{result.error_code}: {result.error_message}", code=result.error_code)
+    summary = {"status": result.status} if result.ok else {"status": result.status, "code": result.error_code}
+    return Answer(job, Outcome.FINISHED, result.encode(), reply_to, summary=summary,
+                  code="" if result.ok else result.error_code or "internal_error")
+
+
+def failed(job: Taken, error: EmbedfleetError, outcome: Outcome, reply_to: str | None, model: str) -> Answer:
+    """FAILED (or RETRY while retries last) with `error` as the answer and rq's reason."""
+    prefix = f"{JOB_FUNC}: job {job.id}: " if isinstance(error, DecodeError) else ""
+    return Answer(job, outcome, Result.failure(job.id, model, error).encode(), reply_to,
+                  reason=f"{prefix}{error.message}", code=error.code)
+
+
+def reply_stream_of(job: Taken, model: str) -> str | None:
+    """The reply stream a job's request names, when its data reads as a request for `model`."""
+    try:
+        return decode_job(job.id, job.data, model).reply_to
+    except EmbedfleetError:
+        return None
+
+
+def cancelled(job: Taken, model: str) -> Answer:
+    error = CancelledError("the request was cancelled before a worker took it")
+    return Answer(job, Outcome.CANCELED, Result.failure(job.id, model, error).encode(), reply_stream_of(job, model),
+                  code=error.code)
+
+
+def poisoned(job: Taken, model: str, max_deliveries: int) -> Answer:
+    error = PoisonError(f"request {job.id} was taken {job.lapses} times and each worker that took it died or hung "
+                        f"before answering; it is not run again (the limit is --max-deliveries {max_deliveries}). "
+                        f"Inspect it with `embedfleet failed show {job.id}`")
+    return failed(job, error, Outcome.FAILED, reply_stream_of(job, model), model)
+
+
+def expired(job: Taken, request: EmbedRequest, now: float) -> Answer:
+    """FAILED `expired`: the request's deadline passed while it was queued, so it is not computed."""
+    error = ExpiredError(f"request {job.id} was still queued {now - request.deadline:.3f} s after its deadline "
+                         f"({request.deadline:.3f}); it was not computed. Send a later `deadline` or a longer "
+                         "`timeout`, or a higher `priority`")
+    return failed(job, error, Outcome.FAILED, request.reply_to, request.model)

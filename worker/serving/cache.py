@@ -1,0 +1,221 @@
+"""The fleet's vector cache: what the forward pass computed for an input, keyed by content, in Redis.
+
+What is cached is the forward pass's output for one input: the pooled (and Dense-projected) float32
+vector, before the Matryoshka cut, normalisation and the output cast. The key is the model's identity
+(worker/engine/identity.py) plus a digest of the input as the model sees it: its token ids (prompt, special tokens
+and truncation already applied) and the prompt length left out of pooling. So a hit runs the very same
+post-processing as a fresh vector and gives the same bytes in every `dimensions` and `embed_dtype` (int8 /
+uint8 ranges are computed over the request's rows, which a cache of final bytes per input could not keep).
+
+A round looks up all its cacheable inputs in one MGET before the forward pass and writes its misses back in
+one pipeline. A worker prepares its next round while the current one is on the device, before the current
+one's vectors reach Redis: so the forward stage also keeps the vectors it computed lately in memory (bounded
+by RECENT_BYTES) and takes the next round's misses from there when it can. The cache is an optimisation: an
+unreachable or full cache Redis costs misses, never a request. What it returns is input: a value of the
+wrong size or with a non-finite number is a miss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import OrderedDict
+
+import numpy as np
+import redis
+
+from common.protocol import keys
+from common.errors import StartupError
+
+log = logging.getLogger(__name__)
+
+MEMORY_CHECK_SECONDS = 5.0  # how often writes look at the cache Redis's memory use
+WARN_EVERY = 60.0  # seconds between two warnings about the same cache trouble
+RECENT_BYTES = 64 << 20  # vectors the forward stage keeps in memory for the rounds right behind it
+
+
+def cacheable(request, prep) -> bool:
+    """Only rows that are one pooled vector each, from one text's tokens: the embed task (a long input's
+    chunks included), not late chunking (spans pooled from a whole input's states), per-token rows or a
+    cross-encoder's pairs."""
+    return request.params.task == "embed" and prep.spans is None and prep.head == "pool" and not prep.pair_starts
+
+
+class VectorCache:
+    """Pooled float32 vectors of one model in a Redis (keys.cache_key), for the Engine (`lookup`, `store`).
+
+    connection: the cache's Redis (the queue's by default).
+    identity: the model identity (worker/engine/identity.py model_identity).
+    width: the vector width the model's forward pass returns.
+    ttl: seconds an entry lives.
+    max_memory: writes pause while the Redis uses more than this fraction of its maxmemory (when it has
+        one), so that the cache never fills the queue's Redis up to its limit.
+    """
+
+    def __init__(self, connection: redis.Redis, identity: str, width: int, *, ttl: int = keys.CACHE_TTL,
+                 max_memory: float = 0.8):
+        self.connection = connection
+        self.identity = identity
+        self.width = width
+        self.ttl = ttl
+        self.max_memory = max_memory
+        self.hits = 0
+        self.misses = 0
+        self.invalid = 0  # entries that were no vector of this model (counted as misses too)
+        self.written = 0
+        self._paused = False
+        self._checked_at = float("-inf")
+        self._warned: dict[str, float] = {}
+        self._recent: OrderedDict[str, np.ndarray] = OrderedDict()  # the forward stage's own, newest last
+        self._recent_max = max(1, RECENT_BYTES // (4 * width))
+
+    def key(self, token_ids, prompt_length: int) -> str:
+        digest = hashlib.blake2b(np.asarray(token_ids, dtype="<i8").tobytes(), digest_size=16,
+                                 person=b"embedfleet-in", key=str(prompt_length).encode())
+        return keys.cache_key(self.identity, digest.hexdigest())
+
+    def stats(self) -> dict:
+        """The counters a worker advertises (`embedfleet status`)."""
+        return {"cache_hits": self.hits, "cache_misses": self.misses}
+
+    # -- the engine's two calls ---------------------------------------------------------------------
+
+    def lookup(self, work) -> None:
+        """Fill `work.cache_keys` for every cacheable request and `work.hits` with the vectors found."""
+        for index, request in work.resolved.items():
+            prep = work.prepared.get(index)
+            if request.cache and prep is not None and cacheable(request, prep):
+                work.cache_keys[index] = [self.key(ids, prompt_length)
+                                          for ids, prompt_length in zip(prep.token_lists, prep.prompt_lengths)]
+        wanted = list(dict.fromkeys(k for ks in work.cache_keys.values() for k in ks))
+        if not wanted:
+            return
+        try:
+            found = dict(zip(wanted, self.connection.mget(wanted)))
+        except redis.RedisError as exc:
+            self._warn("lookup", f"cache lookup failed ({exc}); computing {len(wanted)} inputs")
+            found = {}
+        for index, cache_keys in work.cache_keys.items():
+            for row, key in enumerate(cache_keys):
+                vector = self._decode(found.get(key), key)
+                if vector is None:
+                    self.misses += 1
+                else:
+                    self.hits += 1
+                    work.hits.setdefault(index, {})[row] = vector
+
+    def recall(self, work) -> None:
+        """The forward stage, before its passes: misses that a recent round computed become hits."""
+        for index, cache_keys in work.cache_keys.items():
+            hits = work.hits.setdefault(index, {})
+            for row, key in enumerate(cache_keys):
+                if row not in hits and (vector := self._recent.get(key)) is not None:
+                    hits[row] = vector
+                    self.hits += 1
+                    self.misses -= 1
+
+    def remember(self, work) -> None:
+        """The forward stage, after its passes: keep what this round computed for the next rounds."""
+        for index, cache_keys in work.cache_keys.items():
+            rows, hits = work.rows.get(index), work.hits.get(index, {})
+            if rows is None:
+                continue
+            for row, key in enumerate(cache_keys):
+                if row not in hits:
+                    self._recent[key] = rows[row].copy()  # not a view that pins the round's array
+                    self._recent.move_to_end(key)
+        while len(self._recent) > self._recent_max:
+            self._recent.popitem(last=False)
+
+    def store(self, work) -> None:
+        """Write the vectors computed for cacheable requests (not the hits) in one pipeline."""
+        entries: dict[str, bytes] = {}
+        for index, cache_keys in work.cache_keys.items():
+            rows = work.rows.get(index)
+            if rows is None or index in work.failed:
+                continue
+            hits = work.hits.get(index, {})
+            for row, key in enumerate(cache_keys):
+                if row not in hits:
+                    entries[key] = np.asarray(rows[row], dtype="<f4").tobytes()
+        if not entries or not self._room():
+            return
+        try:
+            with self.connection.pipeline(transaction=False) as pipe:
+                for key, value in entries.items():
+                    pipe.set(key, value, ex=self.ttl)
+                pipe.execute()
+            self.written += len(entries)
+        except redis.RedisError as exc:  # e.g. OOM on a full noeviction Redis: later lookups miss
+            self._warn("store", f"cache write of {len(entries)} vectors failed ({exc})")
+
+    # -- internals ----------------------------------------------------------------------------------
+
+    def _decode(self, raw, key: str) -> np.ndarray | None:
+        if raw is None:
+            return None
+        if not isinstance(raw, bytes) or len(raw) != 4 * self.width:
+            self.invalid += 1
+            self._warn("invalid", f"cache entry {key} holds {len(raw)} bytes, not a {self.width}-float32 vector; "
+                                  "ignored (recomputed and overwritten)")
+            return None
+        vector = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+        if not np.isfinite(vector).all():
+            self.invalid += 1
+            self._warn("invalid", f"cache entry {key} holds a non-finite number; ignored (recomputed)")
+            return None
+        return vector
+
+    def _room(self) -> bool:
+        """False while the cache Redis is past `max_memory` of its maxmemory (checked every few seconds)."""
+        now = time.monotonic()
+        if now - self._checked_at >= MEMORY_CHECK_SECONDS:
+            self._checked_at = now
+            try:
+                memory = self.connection.info("memory")
+                limit = int(memory.get("maxmemory", 0) or 0)
+                used = int(memory.get("used_memory", 0) or 0)
+            except (redis.RedisError, ValueError, TypeError):
+                return not self._paused  # the write that follows will tell
+            paused = bool(limit) and used > self.max_memory * limit
+            if paused and not self._paused:
+                log.warning("cache Redis uses %d of its %d bytes (over %.0f%%): cache writes pause until it "
+                            "has room", used, limit, 100 * self.max_memory)
+            self._paused = paused
+        return not self._paused
+
+    def _warn(self, topic: str, message: str) -> None:
+        now = time.monotonic()
+        if now - self._warned.get(topic, float("-inf")) >= WARN_EVERY:
+            self._warned[topic] = now
+            log.warning("%s", message)
+
+
+def eviction_policy(connection: redis.Redis) -> tuple[str, str]:
+    """(maxmemory-policy, run_id) of a Redis, from INFO (readable where CONFIG is renamed or not allowed)."""
+    info = connection.info()
+    return str(info.get("maxmemory_policy", "noeviction")), str(info.get("run_id", ""))
+
+
+def check_placement(queue: redis.Redis, cache: redis.Redis | None) -> str:
+    """Refuse (StartupError) a cache on the queue's Redis when that Redis evicts any key; returns a warning
+    to log, or "". `cache` None means the queue's own Redis; a separate URL that reaches the same server
+    (same run_id) counts as the queue's."""
+    policy, run_id = eviction_policy(queue)
+    shared = cache is None or eviction_policy(cache)[1] == run_id
+    if shared and policy.startswith("allkeys-"):
+        raise StartupError(
+            f"the vector cache would live on the queue's Redis, whose maxmemory-policy is {policy}: when full it "
+            "evicts any key, queued jobs and results included, to make room for cached vectors. Give the cache "
+            "a Redis of its own (--cache-url; the compose `cache` profile runs one with allkeys-lru), set this "
+            "Redis to noeviction or a volatile-* policy, or run with --no-cache")
+    if shared and policy.startswith("volatile-"):
+        return (f"the queue's Redis evicts keys with a TTL ({policy}) when full: results have one too. Cache "
+                "writes pause at --cache-max-memory of maxmemory; a separate --cache-url is safer")
+    if not shared:
+        cache_policy = eviction_policy(cache)[0]
+        if cache_policy == "noeviction":
+            return ("the cache Redis does not evict (noeviction): once full, new vectors are not cached "
+                    "(set maxmemory-policy allkeys-lru there)")
+    return ""

@@ -1,0 +1,196 @@
+"""In-flight dedup across the fleet: a request identical to one that a worker is computing right now waits
+for that one's answer and gets a copy of its bytes (under its own id), instead of computing again.
+
+A worker that takes a cacheable request claims a marker for its digest (model identity, model, inputs,
+params): `SET inflight:<digest> <id>` unless another request holds it. A request taken later whose marker
+is held by another request that has no result yet becomes a follower: its worker keeps holding it (its
+lease is renewed like any held job's) but parks it instead of running it. Each round, the worker looks at
+its parked followers' leaders in one round trip:
+
+    the leader's result is there and ok   -> the follower is answered with a copy (its own id, same bytes)
+    the leader answered an error, was requeued (its worker releases the marker), its marker lapsed (its
+    worker died: INFLIGHT_TTL), or the follower waited INFLIGHT_TTL -> the follower runs on its own
+
+so no follower waits on a leader that will not answer. Identical requests in one round are not followers:
+the engine's in-round dedup computes their inputs once. Requests with `cache: false` never attach.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+
+import redis
+
+from common.protocol import keys
+from common.codec import packb
+from common.errors import DecodeError
+from common.request import EmbedRequest
+from common.result import Result
+
+log = logging.getLogger(__name__)
+
+PARKED_POLL = 0.02  # seconds a take blocks while followers are parked: how soon they see their leader's answer
+
+# KEYS: the round's marker keys. ARGV: ttl, result key prefix, then one request id per key.
+# Returns per key: "" (this request leads: the marker is its own now) or the leader's id (it follows).
+# A marker whose leader already has a result is taken over: that answer is final, and the cache holds its
+# vectors. Atomic with the leader's publish-then-release (finish), so no follower attaches to a leader
+# whose followers were already let go.
+_ATTACH = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local me = ARGV[i + 2]
+  local leader = redis.call('GET', key)
+  if leader and leader ~= me and redis.call('EXISTS', ARGV[2] .. leader) == 0 then
+    out[i] = leader
+  else
+    redis.call('SET', key, me, 'EX', ARGV[1])
+    out[i] = ''
+  end
+end
+return out
+"""
+
+# KEYS: markers. ARGV: the ids that led them. Deletes each marker that still names its leader.
+_RELEASE = """
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[i] then redis.call('DEL', key) end
+end
+return 0
+"""
+
+
+def request_digest(identity: str, request: EmbedRequest) -> str:
+    """What makes two requests give the same bytes: the model identity, model, inputs and params."""
+    text = packb([identity, request.model, request.inputs, request.params.model_dump(mode="json")])
+    return hashlib.sha256(text).hexdigest()
+
+
+@dataclass
+class Parked:
+    job: object  # rqschema.Taken
+    request: EmbedRequest
+    leader: str
+    marker: str
+    since: float
+
+
+class InFlight:
+    """One worker's side of in-flight dedup: markers it leads, followers it parks. Used from the take
+    stage (attach, poll), the finish stage (release) and the heartbeat (renew)."""
+
+    def __init__(self, connection: redis.Redis, identity: str, ttl: int = keys.INFLIGHT_TTL):
+        self.connection = connection
+        self.identity = identity
+        self.ttl = ttl
+        self.parked: list[Parked] = []
+        self.leading: dict[str, str] = {}  # request id -> its marker key
+        self.attached = 0  # followers answered with their leader's bytes
+        self.let_go = 0  # followers that ran on their own (their leader did not answer ok)
+        self._attach = connection.register_script(_ATTACH)
+        self._release = connection.register_script(_RELEASE)
+
+    def block(self, block: float | None) -> float | None:
+        """The take's blocking time: short while followers are parked, so that they are looked at soon."""
+        if not self.parked:
+            return block
+        return PARKED_POLL if block is None else min(block, PARKED_POLL)
+
+    def attach(self, jobs: list, requests: list[EmbedRequest]) -> tuple[list, list[EmbedRequest]]:
+        """Claim markers for this round's cacheable requests; park the followers. Returns the jobs and
+        requests to run now (leaders, uncacheable ones, and identical ones in this round)."""
+        markers: dict[str, list[int]] = {}  # marker -> this round's positions that have it, first first
+        for position, request in enumerate(requests):
+            if request.cache and request.part_of is None:  # a part answers into its request's join, not alone
+                marker = keys.inflight_key(request_digest(self.identity, request))
+                markers.setdefault(marker, []).append(position)
+        if not markers:
+            return jobs, requests
+        try:
+            leaders = self._attach(keys=list(markers), args=[self.ttl, keys.result_key(""),
+                                                            *(requests[p[0]].id for p in markers.values())])
+        except redis.RedisError as exc:  # no dedup this round; the requests still run
+            log.warning("in-flight dedup skipped for a round (%s)", exc)
+            return jobs, requests
+        parked: set[int] = set()
+        now = time.monotonic()
+        for (marker, positions), leader in zip(markers.items(), leaders):
+            leader = leader.decode() if isinstance(leader, bytes) else str(leader)
+            if not leader:  # the first leads; the others of this round ride on the engine's in-round dedup
+                self.leading[requests[positions[0]].id] = marker
+            elif keys.valid_request_id(leader):
+                for position in positions:
+                    self.parked.append(Parked(jobs[position], requests[position], leader, marker, now))
+                    parked.add(position)
+        keep = [p for p in range(len(requests)) if p not in parked]
+        return [jobs[p] for p in keep], [requests[p] for p in keep]
+
+    def poll(self, everything: bool = False) -> tuple[list[tuple[object, EmbedRequest, Result]],
+                                                       list[tuple[object, EmbedRequest]]]:
+        """Parked followers whose wait is over: (answered with a copy of the leader's result, to run on
+        their own). `everything`: the worker is stopping, every parked one is done waiting."""
+        if not self.parked:
+            return [], []
+        try:
+            with self.connection.pipeline(transaction=False) as pipe:
+                for parked in self.parked:
+                    pipe.get(keys.result_key(parked.leader))
+                    pipe.get(parked.marker)
+                replies = pipe.execute()
+        except redis.RedisError as exc:
+            if not everything:
+                log.warning("could not look at parked followers' leaders (%s); looking again", exc)
+                return [], []
+            replies = [None, None] * len(self.parked)
+        answered, run, waiting = [], [], []
+        now = time.monotonic()
+        for index, parked in enumerate(self.parked):
+            raw, marker = replies[2 * index], replies[2 * index + 1]
+            result = _leader_result(parked.leader, raw)
+            if result is not None and result.ok:
+                copy = dataclasses.replace(result, id=parked.request.id, finished_at=time.time())
+                answered.append((parked.job, parked.request, copy))
+            elif raw is not None or everything or marker != parked.leader.encode() \
+                    or now - parked.since > self.ttl:
+                run.append((parked.job, parked.request))
+            else:
+                waiting.append(parked)
+        self.parked = waiting
+        self.attached += len(answered)
+        self.let_go += len(run)
+        return answered, run
+
+    def release(self, request_ids) -> None:
+        """The leaders among these requests have answered (or were given back): drop their markers, so
+        that their followers see the outcome and later identical requests lead anew."""
+        done = [(self.leading.pop(i), i) for i in request_ids if i in self.leading]
+        if not done:
+            return
+        try:
+            self._release(keys=[m for m, _ in done], args=[i for _, i in done])
+        except redis.RedisError as exc:  # the markers lapse within INFLIGHT_TTL
+            log.warning("could not release %d in-flight markers (%s)", len(done), exc)
+
+    def renew(self) -> None:
+        """Keep the markers of the requests this worker leads alive (the heartbeat, while it computes)."""
+        markers = list(self.leading.values())
+        if markers:
+            with self.connection.pipeline(transaction=False) as pipe:
+                for marker in markers:
+                    pipe.expire(marker, self.ttl)
+                pipe.execute()
+
+
+def _leader_result(leader: str, raw: bytes | None) -> Result | None:
+    """The leader's stored result, if it is one and names the leader (what Redis holds is input)."""
+    if raw is None:
+        return None
+    try:
+        result = Result.decode(raw)
+    except DecodeError:
+        return None
+    return result if result.id == leader else None

@@ -1,0 +1,114 @@
+"""A model's priority levels as one take source: the order each round reads the level queues in, with a
+bounded share for the lower ones, and the rq schema calls routed to the queue each job came from.
+
+The share: rounds are counted; in N - 1 rounds of N the take reads the levels highest first (a lower
+level fills only what the higher left of the round), in the Nth the lowest level is read first. So while
+bulk is non-empty it gets at least one round in N (`--bulk-share`, default 4: a quarter of the rounds)
+however much interactive traffic there is, and interactive requests wait behind a deep bulk backlog for
+at most the rounds already taken plus that one round in N.
+
+A round taken from the lower levels only (not the share's round) yields to interactive work that arrives
+while it waits for the device: the worker returns it to the head of its queue (as a drain does: the
+delivery is not counted) and takes again, so an interactive request waits for the round on the device,
+not also for a prepared bulk round behind it.
+
+A take reads every level without waiting; only when all are empty does an idle worker block, on the
+highest level's queue only (Redis can wait on one list without popping it) and for at most
+LOWER_LEVEL_POLL seconds at a time, so work that lands on a lower level of an idle worker is taken within
+that time.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from redis import Redis
+
+from common.protocol import keys
+from common.protocol.rqschema import Answer, Recovered, RqSchema, Taken, take_from
+
+BULK_SHARE = 4  # default --bulk-share: one round in this many reads the lowest level first
+LOWER_LEVEL_POLL = 0.25  # seconds an idle worker blocks on the highest level before reading the others
+
+
+class Levels:
+    """RqSchemas of one worker over `queues` (highest level first), with the take order of the share."""
+
+    def __init__(self, connection: Redis, queues: list[str], worker_name: str, *, result_ttl: int,
+                 lease: float = keys.LEASE_SECONDS, share: int = BULK_SHARE):
+        if share < 2:
+            raise ValueError(f"the bulk share must be at least 2 (one round in N reads bulk first), got {share}")
+        self.connection = connection
+        self.schemas = {queue: RqSchema(connection, queue, worker_name, result_ttl=result_ttl, lease=lease)
+                        for queue in queues}
+        self.order = list(self.schemas.values())
+        self.share = share
+        self.rounds = 0  # rounds that took something
+        self.lower_first = False  # whether the last take read the lowest level first (the share's round)
+
+    @property
+    def queue_keys(self) -> list[str]:
+        return [schema.queue_key for schema in self.order]
+
+    def take(self, max_jobs: int, block: float | None, before=None) -> tuple[bool, list[Taken]]:
+        """(suspended, taken ids) in this round's order of levels (see the module docstring)."""
+        order = self.order
+        self.lower_first = len(order) > 1 and self.rounds % self.share == self.share - 1
+        if self.lower_first:
+            order = order[-1:] + order[:-1]
+        if len(order) == 1 or block is None:
+            suspended, taken = take_from(order, max_jobs, block, before)
+        else:  # Redis waits on one list only: take what is there at any level, and only if none, wait
+            suspended, taken = take_from(order, max_jobs, None, before)
+            if not taken and not suspended:
+                suspended, taken = take_from(order, max_jobs, min(block, LOWER_LEVEL_POLL))
+        if taken:
+            self.rounds += 1
+        return suspended, taken
+
+    def preemptible(self, taken: list[Taken]) -> bool:
+        """Whether a round just taken may yield to higher-level work that arrives before it reaches the
+        device: it holds no job of the highest level and is not the lower levels' share."""
+        top = self.order[0].queue
+        return len(self.order) > 1 and not self.lower_first and bool(taken) and all(t.queue != top for t in taken)
+
+    def higher_waiting(self) -> bool:
+        """Whether the highest level has jobs waiting (one LLEN)."""
+        return self.connection.llen(self.order[0].queue_key) > 0
+
+    def queued(self) -> int:
+        """Job ids waiting on all levels."""
+        with self.connection.pipeline(transaction=False) as pipe:
+            for key in self.queue_keys:
+                pipe.llen(key)
+            return sum(pipe.execute())
+
+    def finish(self, answers: list[Answer], working_seconds: float) -> list[int]:
+        """One script run per level the answers' jobs came from; [finished, failed, requeued, late] summed."""
+        counts = [0, 0, 0, 0]
+        for queue, group in _by_queue(answers, lambda a: a.taken.queue).items():
+            counts = [a + b for a, b in zip(counts, self._schema(queue).finish(group, working_seconds))]
+        return counts
+
+    def refresh(self, held: list[Taken]) -> int:
+        return sum(self._schema(queue).refresh(group) for queue, group in _by_queue(held, _queue_of).items())
+
+    def recover(self, limit: int = keys.RECOVER_LIMIT) -> list[Recovered]:
+        return [r for schema in self.order for r in schema.recover(limit)]
+
+    def give_back(self, jobs: list[Taken]) -> int:
+        return sum(self._schema(queue).give_back(group) for queue, group in _by_queue(jobs, _queue_of).items())
+
+    def _schema(self, queue: str) -> RqSchema:
+        return self.schemas.get(queue) or self.order[0]  # "" (a Taken built by hand): the first level
+
+
+def _queue_of(taken: Taken) -> str:
+    return taken.queue
+
+
+def _by_queue(items: list, queue_of) -> dict[str, list]:
+    groups: dict[str, list] = defaultdict(list)
+    for item in items:
+        groups[queue_of(item)].append(item)
+    return groups

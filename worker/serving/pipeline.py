@@ -1,0 +1,672 @@
+"""BatchWorker: an rq SimpleWorker that serves one model's queues many requests at a time, as a pipeline.
+
+A model has one queue per priority level; each take reads them in the order worker/serving/levels.py decides.
+
+Three stages joined by bounded hand-offs, so the device never waits for Redis or the tokenizer:
+
+    take thread   take (Lua: queue -> started) -> decode -> verify + tokenise   -> [one round waits]
+    main thread   forward passes over the round (length-sorted, token-budgeted)  -> [one round waits]
+    finish thread cut/normalise/cast -> answer + acknowledge (Lua: one EVALSHA per round)
+
+The take stage takes a new round only once the forward stage has picked up the previous one, so a worker
+holds at most four rounds of `max_jobs` requests (one being taken, one waiting, one on the device, one being
+finished) however deep the queue is.
+
+Every job it holds is in rq's started registry under a lease (common/protocol/keys.py) that the heartbeat thread
+renews every third of the lease, also during a long forward pass; the same thread requeues any worker's
+lapsed claims (common/protocol/rqschema.py `recover`) and runs the watchdog: a forward pass past its deadline (from
+its token count) ends the process with WATCHDOG_EXIT so that its supervisor restarts it, and its jobs are
+recovered by their lapsed leases. A job whose workers died with it MAX_DELIVERIES times is failed as poison
+when it is taken again, never run.
+
+Stopping: `stop()` finishes every job already taken, then `work()` returns. SIGTERM / SIGINT (`drain()`)
+finish the round on the device, return the rounds not yet started to the head of the queue, and exit within
+the drain timeout; a second signal, or the timeout, ends the process at once (the leases recover its jobs).
+
+Status decisions, per job:
+- answered by the engine (embeddings, or the request's own error such as a validation error): FINISHED;
+- the engine's internal_error (a forward pass failed even alone, a crash in pre/postprocessing): requeued
+  while rq's Retry lasts (the fault may be the machine's, e.g. CUDA out of memory), then FAILED;
+- undecodable job data, or a request for another model: FAILED at once with the reason, never retried;
+- cancelled while queued: CANCELED, answered `cancelled` unless it has an answer;
+- taken again after its workers died with it MAX_DELIVERIES times: FAILED `poison`, never run;
+- a long request spread over the fleet: FINISHED without an answer once its parts are queued; a part: answered
+  into its request's join, never under its own id, FAILED rather than retried (worker/serving/spread.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue as stdqueue
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from uuid import uuid4
+
+import redis
+from redis import Redis
+from rq.exceptions import StopRequested
+from rq.job import JobStatus
+from rq.worker import SimpleWorker, WorkerStatus
+
+from common.errors import EmbedfleetError, InternalError
+from common.protocol.keys import (DRAIN_TIMEOUT, HEARTBEAT_INTERVAL, LEASE_SECONDS, MAINTENANCE_INTERVAL,
+                         MAX_DELIVERIES, PRIORITIES, RECOVER_LIMIT, RESULT_TTL, queue_name)
+from common.redisclient import MAX_BLOCK
+from common.request import EmbedRequest, job_reply_to
+from common.result import Result, publish
+from common.serializer import MsgpackSerializer
+from worker.serving.advertise import Advertiser
+from worker.serving.spread import ChunkJobs
+from worker.engine.engine import Round
+from worker.serving.heartbeat import Heartbeat, Watchdog, timed_out
+from worker.serving.inflight import InFlight
+from worker.serving import answers
+from worker.serving.jobdata import decode_job
+from worker.serving.levels import BULK_SHARE, Levels
+from worker.serving.livestats import LiveStats
+from common.protocol.rqschema import Answer, Kind, Outcome, Taken
+
+log = logging.getLogger("embedfleet.worker")
+
+_END = object()  # closes a hand-off: no more rounds
+GATHER_LEAD = 0.05  # least seconds before the device is free that the next round is taken (and tokenised)
+WATCHDOG_EXIT = 70  # a forward pass hung past its deadline (EX_SOFTWARE): the supervisor restarts the worker
+FORCED_EXIT = 1  # a second stop signal, or a drain past its timeout
+
+
+def unique_worker_name() -> str:
+    """rq refuses a name that is still registered, and a crashed worker's stays so for minutes."""
+    return f"embedfleet-{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:8]}"
+
+
+@dataclass
+class Batch:
+    """One round of taken jobs: the engine's Round for the runnable ones, answers for the rest."""
+
+    began: float
+    runnable: list[Taken] = field(default_factory=list)
+    answers: list[Answer] = field(default_factory=list)  # decided before the engine (bad data, cancels)
+    work: Round | None = None
+    reply_to: dict[str, str | None] = field(default_factory=dict)
+    engine_error: BaseException | None = None
+    preemptible: bool = False  # lower-level work only: yields to higher-level work (worker/serving/levels.py)
+
+    @property
+    def size(self) -> int:
+        return len(self.runnable) + len(self.answers)
+
+
+class BatchWorker(SimpleWorker):
+    """Serves `engine.caps.name`'s queue in pipelined rounds; the model stays loaded in this process.
+
+    Args:
+        engine: has `caps` (ModelCapabilities), `prepare(requests) -> Round`, `forward(Round)` and
+            `finish(Round) -> results` (same order, never raising for a bad request); worker.engine.engine.Engine.
+        connection: Redis client.
+        max_jobs: most requests taken from the queue in one round (one Round through the engine).
+        result_ttl: seconds result blobs, notify lists and finished rq jobs are kept; at least 1 (Redis
+            refuses SET EX 0, which would lose every result).
+        poll_timeout: seconds one blocking take waits; a stop request is honoured within this time.
+        heartbeat_interval: seconds between capability adverts.
+        lease: seconds a claim on a taken job lives without renewal; renewed (and other workers' lapsed
+            claims recovered) every third of it, so a dead worker's jobs are back within 4/3 of it.
+        max_deliveries: a job whose worker died with it this often is failed as poison.
+        drain_timeout: seconds a drain (SIGTERM) may take before the process ends at once.
+        watchdog: (floor seconds, seconds per padded token) of a forward round's deadline; None: no watchdog.
+        name: rq worker name; default unique per start.
+        info: this worker's facts for its advert (device, dtype, batch budget; `embedfleet status`).
+        queue: serve this one rq queue only; default: the model's queue of each priority level.
+        bulk_share: one round in this many reads the lowest priority level first (worker/serving/levels.py).
+        metrics: a worker.serving.metrics.WorkerMetrics to record into, or None.
+        Other keyword arguments go to rq's SimpleWorker.
+    """
+
+    def __init__(self, engine, connection: Redis, *, max_jobs: int = 64, result_ttl: int = RESULT_TTL,
+                 poll_timeout: int = 5, heartbeat_interval: float = HEARTBEAT_INTERVAL,
+                 lease: float = LEASE_SECONDS, max_deliveries: int = MAX_DELIVERIES,
+                 drain_timeout: float = DRAIN_TIMEOUT, watchdog: tuple[float, float] | None = None,
+                 name: str | None = None, queue: str | None = None, info: dict | None = None,
+                 bulk_share: int = BULK_SHARE, metrics=None, **kwargs):
+        if max_jobs < 1:
+            raise ValueError(f"max_jobs must be at least 1, got {max_jobs}")
+        if result_ttl < 1:
+            raise ValueError(f"result_ttl must be at least 1 second, got {result_ttl}: results are stored "
+                             "with an expiry, and 0 or -1 would lose every one of them")
+        kwargs.setdefault("maintenance_interval", MAINTENANCE_INTERVAL)  # rq's 600 s leaves dead jobs too long
+        # One rq queue per priority level (worker/serving/levels.py), highest first; `queue` names a lone queue.
+        queues = [queue] if queue else [queue_name(engine.caps.name, level) for level in PRIORITIES]
+        super().__init__(queues, name=name or unique_worker_name(),
+                         connection=connection, serializer=MsgpackSerializer,
+                         default_result_ttl=result_ttl, **kwargs)
+        self.engine = engine
+        self.max_jobs = max_jobs
+        self.result_ttl = result_ttl
+        # A blocking read must end well inside the client's socket timeout (common.redisclient).
+        self.poll_timeout = max(1, min(poll_timeout, self.dequeue_timeout, int(MAX_BLOCK)))
+        self.queue = self.queues[0]
+        if lease <= 0 or max_deliveries < 1:
+            raise ValueError(f"lease must be positive and max_deliveries at least 1, got {lease}, {max_deliveries}")
+        self.schema = Levels(connection, [q.name for q in self.queues], self.name, result_ttl=result_ttl,
+                             lease=lease, share=bulk_share)
+        self.metrics = metrics  # worker/serving/metrics.py's WorkerMetrics, or None
+        self.live = LiveStats()
+        self.advertiser = Advertiser(connection, engine.caps, self.name, info=info, live=self._live_facts,
+                                     stats=getattr(engine, "stats", None))  # cache hits and misses
+        self.chunk_jobs = ChunkJobs(connection, self.queues, engine.caps.name, result_ttl=result_ttl,
+                                    chunks_per_job=getattr(engine, "chunks_per_job", 0))
+        self.heartbeat_interval = heartbeat_interval
+        self.lease = lease
+        self.max_deliveries = max_deliveries
+        self.drain_timeout = drain_timeout
+        self.watchdog = Watchdog(*watchdog) if watchdog else None
+        self.recovered = 0  # jobs of dead workers this worker requeued
+        cache = getattr(engine, "cache", None)  # in-flight dedup comes with the cache (worker/serving/inflight.py)
+        self.inflight = InFlight(connection, cache.identity) if cache is not None else None
+        self._advertised_at = float("-inf")
+        self._draining = False
+        self._handoffs: tuple[stdqueue.Queue, stdqueue.Queue] | None = None
+        self.heartbeat_thread = Heartbeat(self._beat, min(heartbeat_interval, lease / 3), f"heartbeat-{self.name}")
+        # taken and not yet acknowledged, by claim (id, execution): (job, taken at)
+        self._held: dict[tuple[str, str], tuple[Taken, float]] = {}
+        self._held_lock = threading.Lock()
+        self._slot = threading.Semaphore(1)  # one taken round may wait for the device
+        self._device_busy = (0.0, 0.0)  # (began, expected end) of the round on the device (_await_gathering)
+        self._device_free = threading.Event()  # set whenever no round is on the device
+        self._device_free.set()
+        self._seconds_per_text = 0.0
+        self._burst = False
+        self.batches = 0
+        self.served = 0
+        self.push_exc_handler(self._answer_abandoned)
+
+    # -- the loop ---------------------------------------------------------------------------------------
+
+    def work(self, burst: bool = False, logging_level: str | None = None, max_idle_time: int | None = None,
+             with_scheduler: bool = False, **log_kwargs) -> bool:
+        """Serve until stopped (or, with `burst`, until the queue is empty). True if any job was served."""
+        self.bootstrap(logging_level, **log_kwargs)
+        self._burst, self.served = burst, 0
+        prepared: stdqueue.Queue = stdqueue.Queue(maxsize=1)
+        forwarded: stdqueue.Queue = stdqueue.Queue(maxsize=1)
+        self._handoffs = (prepared, forwarded)
+        stages = [threading.Thread(target=self._stage, args=(name, loop, *args), name=f"{name}-{self.name}",
+                                   daemon=True)
+                  for name, loop, args in (("take", self._take_loop, (prepared, max_idle_time)),
+                                           ("finish", self._finish_loop, (forwarded,)))]
+        try:
+            self.advertiser.advertise()  # producers may submit as soon as this returns
+            self._advertised_at = time.time()
+            self.heartbeat_thread.start()
+            if with_scheduler:
+                self._start_scheduler(burst, logging_level, **log_kwargs)
+            if threading.current_thread() is threading.main_thread():
+                self._install_signal_handlers()
+            for stage in stages:
+                stage.start()
+            self._forward_loop(prepared, forwarded, stages)
+            for stage in stages:
+                stage.join(timeout=60)  # a drain ends with the rounds held; a dead stage's partner soon
+                if stage.is_alive():
+                    log.error("worker %s: the %s stage did not end; leaving it", self.name, stage.name)
+        finally:
+            self._stop_requested = True  # a stage that outlived a crash of this loop must end too
+            self._shut_down_heartbeat()
+            try:
+                self.teardown()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:  # rq's registration expires by itself
+                log.warning("worker %s: could not unregister from Redis (%s)", self.name, exc)
+        return self.served > 0
+
+    def stop(self) -> None:
+        """Warm stop from another thread: every job already taken is finished, then work() returns."""
+        self._stop_requested = True
+
+    def drain(self) -> None:
+        """Graceful stop: finish the round on the device, give the rounds not yet on it back to the head of
+        the queue, then `work()` returns. Past `drain_timeout` the process ends at once."""
+        if not self._draining:
+            self._draining = self._stop_requested = True
+            timer = threading.Timer(self.drain_timeout, self._drain_overdue)
+            timer.daemon = True
+            timer.start()
+            if self._handoffs is not None:  # the round waiting for the device goes back now, not after it
+                threading.Thread(target=self._return_waiting, args=self._handoffs, name=f"drain-{self.name}",
+                                 daemon=True).start()
+
+    def _return_waiting(self, prepared: stdqueue.Queue, forwarded: stdqueue.Queue) -> None:
+        """A drain: give back the rounds the take stage hands over from now on, while the device may still
+        be busy with its own (the forward stage gives back any it picks up first)."""
+        while True:
+            try:
+                batch = prepared.get(timeout=0.2)
+            except stdqueue.Empty:
+                continue
+            if batch is _END:
+                prepared.put(_END)  # for the forward stage, which ends the pipeline
+                return
+            self._slot.release()
+            self._give_back(batch)
+            forwarded.put(batch)  # its other answers (cancels, bad messages) are still written
+
+    def _drain_overdue(self) -> None:
+        log.error("worker %s: the drain took more than %g s; exiting now (the leases recover its jobs)",
+                  self.name, self.drain_timeout)
+        _exit_now(FORCED_EXIT)
+
+    def _install_signal_handlers(self):
+        """SIGTERM / SIGINT drain; a second one ends the process at once. Handlers only set flags: raising
+        inside a Redis read could strand taken ids."""
+        def on_signal(signum, frame):
+            if self._draining:
+                log.warning("worker %s: second %s; exiting now (the leases recover its jobs)", self.name,
+                            signal.Signals(signum).name)
+                _exit_now(FORCED_EXIT)
+            log.info("worker %s: %s: draining (a second signal exits at once)", self.name,
+                     signal.Signals(signum).name)
+            self.drain()
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+
+    def _shutdown(self):
+        """Signals only set the flag: raising inside a Redis read could strand taken ids (rq's way)."""
+        self._stop_requested = True
+
+    def _stage(self, name: str, loop, *args) -> None:
+        try:
+            loop(*args)
+        except BaseException:
+            log.exception("worker %s: the %s stage died; stopping the worker (its jobs are recovered from "
+                          "the started registry)", self.name, name)
+            self._stop_requested = True
+            raise
+
+    def _forward_loop(self, prepared: stdqueue.Queue, forwarded: stdqueue.Queue, stages) -> None:
+        """The device stage, on the calling thread. Ends when the take stage closes its hand-off."""
+        while True:
+            try:
+                batch = prepared.get(timeout=1.0)
+            except stdqueue.Empty:
+                self.heartbeat_thread.ensure_alive()
+                if not all(stage.is_alive() for stage in stages):
+                    log.error("worker %s: a stage thread is gone; stopping", self.name)
+                    self._stop_requested = True
+                    with contextlib.suppress(stdqueue.Full):
+                        forwarded.put_nowait(_END)
+                    return
+                continue
+            if batch is _END:
+                self._hand_off(forwarded, _END, stages)
+                return
+            self.heartbeat_thread.ensure_alive()  # also under constant load, when no get times out
+            self._slot.release()  # the take stage may prepare the next round while this one runs
+            if self._draining:
+                self._give_back(batch)
+            elif batch.preemptible and batch.work is not None and self._higher_waiting():
+                self._give_back(batch, "interactive work arrived")
+            elif batch.work is not None:
+                if self.watchdog is not None:
+                    self.watchdog.arm(batch.work)
+                began, texts = time.monotonic(), batch.work.texts
+                self._device_free.clear()
+                self._device_busy = (began, began + texts * self._seconds_per_text)
+                self.live.on_device(len(batch.runnable), texts)
+                try:
+                    self.engine.forward(batch.work)
+                    if self.metrics is not None:
+                        self.metrics.forwarded(batch.work, time.monotonic() - began)
+                    if texts:  # how long a text takes on the device, smoothed: when to take the next round
+                        spent = (time.monotonic() - began) / texts
+                        self._seconds_per_text = 0.7 * self._seconds_per_text + 0.3 * spent
+                except Exception as exc:  # an engine bug: every job of the round fails, retryably
+                    log.exception("worker %s: forward stage failed on a round of %d", self.name, batch.size)
+                    batch.engine_error = exc
+                finally:
+                    self._device_free.set()
+                    self.live.on_device(0, 0)
+                    if self.watchdog is not None:
+                        self.watchdog.disarm()
+            self._hand_off(forwarded, batch, stages)
+
+    def _higher_waiting(self) -> bool:
+        try:
+            return self.schema.higher_waiting()
+        except (redis.ConnectionError, redis.TimeoutError):
+            return False  # run the round: the outage is the take stage's to ride out
+
+    def _give_back(self, batch: Batch, why: str = "draining") -> None:
+        """This round has not reached the device (a drain, or it yields to higher-level work): its runnable
+        jobs go back to the head of their queues."""
+        jobs, batch.runnable, batch.work = batch.runnable, [], None
+        if not jobs:
+            return
+        try:
+            returned = self._with_retries(lambda: self.schema.give_back(jobs))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            log.error("worker %s: could not return %d jobs (%s); their leases will lapse", self.name, len(jobs), exc)
+            returned = 0
+        with self._held_lock:
+            for job in jobs:
+                self._held.pop((job.id, job.execution), None)
+        if self.inflight is not None:
+            self.inflight.release([job.id for job in jobs])
+        log.log(logging.INFO if self._draining else logging.DEBUG, "worker %s: %s: returned %d jobs to the head of "
+                "their queue", self.name, why, returned)
+
+    def _hand_off(self, forwarded: stdqueue.Queue, item, stages) -> None:
+        """Put, unless the finish stage is gone (its jobs stay started and are recovered)."""
+        while True:
+            try:
+                return forwarded.put(item, timeout=1.0)
+            except stdqueue.Full:
+                if not all(stage.is_alive() for stage in stages):
+                    self._stop_requested = True
+                    return
+
+    # -- take stage -------------------------------------------------------------------------------------
+
+    def _take_loop(self, prepared: stdqueue.Queue, max_idle_time: int | None) -> None:
+        backoff, idle_since = 1.0, time.monotonic()
+        try:
+            while not self._stop_requested:
+                if not self._slot.acquire(timeout=0.5):
+                    continue
+                self._await_gathering()
+                try:
+                    if self.should_run_maintenance_tasks:
+                        self.run_maintenance_tasks()
+                    batch = self.take_round(None if self._burst else self.poll_timeout)
+                    backoff = 1.0
+                except StopRequested:
+                    self._slot.release()
+                    break
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    self._slot.release()
+                    log.error("worker %s: Redis unreachable (%s); retrying in %.0f s", self.name, exc, backoff)
+                    time.sleep(backoff)
+                    backoff = min(backoff * self.exponential_backoff_factor, self.max_connection_wait_time)
+                    continue
+                except Exception:
+                    self._slot.release()
+                    log.exception("worker %s: unexpected error in the take stage", self.name)
+                    time.sleep(backoff)
+                    backoff = min(backoff * self.exponential_backoff_factor, self.max_connection_wait_time)
+                    continue
+                if batch is not None:
+                    idle_since = time.monotonic()
+                    prepared.put(batch)
+                    continue
+                self._slot.release()
+                if self._burst and self._drained():
+                    log.info("worker %s: queue empty, burst done", self.name)
+                    break
+                if max_idle_time is not None and time.monotonic() - idle_since > max_idle_time:
+                    log.info("worker %s: idle for %d s, quitting", self.name, max_idle_time)
+                    break
+            if self._stop_requested:
+                log.info("worker %s: stopping on request; finishing the jobs it holds", self.name)
+        finally:
+            self._flush_parked(prepared)
+            with contextlib.suppress(stdqueue.Full):  # full only if the forward stage is gone
+                prepared.put(_END, timeout=30)
+
+    def _flush_parked(self, prepared: stdqueue.Queue) -> None:
+        """Stopping: parked followers stop waiting for their leaders (answered now, or run in a last round)."""
+        if self.inflight is None or not self.inflight.parked:
+            return
+        answered, run = self.inflight.poll(everything=True)
+        batch = Batch(time.time())
+        self._prepare_round(batch, [], answered, run)
+        self._slot.acquire(timeout=30)
+        with contextlib.suppress(stdqueue.Full):
+            prepared.put(batch, timeout=30)
+
+    def _await_gathering(self) -> None:
+        """While the device is busy, take the next round only near the end of the current one (by the
+        device's measured time per text): requests that arrive meanwhile join it, so a closed loop of small
+        requests still fills whole batches, and what is taken is prepared before the device is free.
+        The wait ends as soon as the device is free, however wrong the estimate (a stall or a paused
+        process inflates it)."""
+        began, free_at = self._device_busy
+        take_at = free_at - max(GATHER_LEAD, 0.25 * (free_at - began))  # a quarter of the round to prepare
+        while (wait := take_at - time.monotonic()) > 0 and not self._stop_requested:
+            if self._device_free.wait(min(wait, 0.1)):
+                return
+
+    def _drained(self) -> bool:
+        """Burst mode: nothing held any more (a retry may requeue a job), and the queue still empty."""
+        parked = len(self.inflight.parked) if self.inflight is not None else 0
+        while self.held_count() > parked and not self._stop_requested:
+            time.sleep(0.005)
+        return not parked and self.schema.queued() == 0
+
+    def take_round(self, block: float | None) -> Batch | None:
+        """Take up to max_jobs jobs (started in Redis as they are taken), decode and prepare them."""
+        def idle(pipe):
+            if not self.held_count():
+                self.set_state(WorkerStatus.IDLE, pipeline=pipe)
+            self.heartbeat(pipeline=pipe)
+
+        if self.inflight is not None:
+            block = self.inflight.block(block)
+        suspended, taken = self.schema.take(self.max_jobs, block, before=idle)
+        if suspended:
+            self.check_for_suspension(self._burst)  # waits (logged) until `rq resume`
+            return None
+        answered, resumed = self.inflight.poll() if self.inflight is not None else ([], [])
+        if not taken and not answered and not resumed:
+            return None
+        batch = Batch(time.time(), preemptible=self.schema.preemptible(taken))
+        with self._held_lock:
+            for job in taken:
+                if job.kind is Kind.STARTED:
+                    self._held[job.id, job.execution] = (job, batch.began)
+        try:
+            self._prepare_round(batch, taken, answered, resumed)
+        except Exception as exc:  # a bug here must not strand what was taken: all of it goes back (Retry)
+            log.exception("worker %s: preparing a round of %d failed", self.name, len(taken))
+            error = InternalError(f"preparing the request failed: {type(exc).__name__}: {exc}")
+            batch.runnable, batch.work = [], None
+            followers = [job for job, *_ in answered + resumed]
+            batch.answers = [answers.failed(job, error, Outcome.RETRY, None, self.engine.caps.name)
+                             for job in taken + followers if job.kind is Kind.STARTED]
+        return batch if batch.size else None  # all it took was parked (followers of requests in flight)
+
+    def _prepare_round(self, batch: Batch, taken: list[Taken], answered=(), resumed=()) -> None:
+        """Decode each taken job, answer the ones that cannot run (poison too), and tokenise the rest.
+        Parked followers whose wait ended come along: `answered` with their leader's bytes, `resumed` to run."""
+        model, now = self.engine.caps.name, time.time()
+        requests: list[EmbedRequest] = []
+        for job, request, result in answered:
+            batch.answers.append(answers.served(job, result, request.reply_to, model))
+        for job in taken:
+            if job.kind is Kind.STARTED and job.lapses >= self.max_deliveries:
+                batch.answers.append(answers.poisoned(job, model, self.max_deliveries))
+                log.error("worker %s: %s", self.name, batch.answers[-1].reason)
+            elif job.kind is Kind.STARTED:
+                try:
+                    request = decode_job(job.id, job.data, model)
+                except EmbedfleetError as exc:
+                    batch.answers.append(answers.failed(job, exc, Outcome.FAILED, None, model))
+                    continue
+                if self.metrics is not None:
+                    self.metrics.waited(job.queue, now - request.created_at)
+                if request.expired(now):  # its deadline passed while queued: never computed
+                    batch.answers.append(answers.expired(job, request, now))
+                    continue
+                batch.runnable.append(job)
+                batch.reply_to[job.id] = request.reply_to
+                requests.append(request)
+            elif job.kind is Kind.CANCELED:
+                batch.answers.append(answers.cancelled(job, model))
+            else:  # nothing to answer: no job hash, an id no job can have, or a job already ended
+                log.warning("worker %s: dropped queue entry %r (%s)", self.name, job.id, job.kind.value)
+        if self.inflight is not None:  # requests identical to one in flight elsewhere park (worker/serving/inflight.py)
+            batch.runnable, requests = self.inflight.attach(batch.runnable, requests)
+            for job, request in resumed:
+                batch.runnable.append(job)
+                batch.reply_to[job.id] = request.reply_to
+                requests.append(request)
+        if requests:
+            batch.work = self.engine.prepare(requests)
+
+    # -- finish stage -----------------------------------------------------------------------------------
+
+    def _finish_loop(self, forwarded: stdqueue.Queue) -> None:
+        while (batch := forwarded.get()) is not _END:
+            try:
+                self.finish_round(batch)
+            except Exception:  # its jobs stay started and are recovered by maintenance
+                log.exception("worker %s: could not store a round of %d; its jobs will be recovered",
+                              self.name, batch.size)
+                self._release(batch)
+
+    def finish_round(self, batch: Batch) -> None:
+        """Answers for every job of the round, then one EVALSHA that stores and acknowledges them all."""
+        written = list(batch.answers)
+        results = self._results(batch)
+        for job, result in zip(batch.runnable, results):
+            written.append(answers.served(job, result, batch.reply_to.get(job.id), self.engine.caps.name))
+        written = self.chunk_jobs.settle(batch, written)  # long requests spread, parts of them joined
+        counts = self._with_retries(lambda: self.schema.finish(written, time.time() - batch.began))
+        self._release(batch)
+        if self.metrics is not None:
+            self.metrics.answered([answer.code for answer in written])
+        self.batches += 1
+        self.served += counts[0]
+        self.live.finished(sum(result.shape[0] for result in results if result is not None and result.ok))
+        log.info("worker %s: round of %d: %d served, %d failed, %d requeued%s in %.3f s", self.name,
+                 batch.size, counts[0], counts[1], counts[2],
+                 f", {counts[3]} answered late (their claim had lapsed)" if counts[3] else "",
+                 time.time() - batch.began)
+
+    def _results(self, batch: Batch) -> list[Result | None]:
+        if batch.work is None:
+            return []
+        if batch.engine_error is None:
+            try:
+                results = self.engine.finish(batch.work)
+                if len(results) == len(batch.runnable):
+                    return results
+                batch.engine_error = InternalError(f"engine returned {len(results)} results for "
+                                                   f"{len(batch.runnable)} requests")
+            except Exception as exc:
+                log.exception("worker %s: finishing a round of %d failed", self.name, batch.size)
+                batch.engine_error = exc
+        error = batch.engine_error
+        return [Result.failure(job.id, self.engine.caps.name, error if isinstance(error, EmbedfleetError)
+                               else InternalError(f"engine failed: {type(error).__name__}: {error}"))
+                for job in batch.runnable]
+
+    # -- held jobs --------------------------------------------------------------------------------------
+
+    def held_count(self) -> int:
+        with self._held_lock:
+            return len(self._held)
+
+    def _release(self, batch: Batch) -> None:
+        with self._held_lock:
+            for answer in batch.answers:
+                self._held.pop((answer.taken.id, answer.taken.execution), None)
+            for job in batch.runnable:
+                self._held.pop((job.id, job.execution), None)
+        if self.inflight is not None:  # after their answers: followers see a result, or run on their own
+            self.inflight.release([job.id for job in batch.runnable])
+
+    # -- rq's maintenance answers for jobs it recovers ----------------------------------------------------
+
+    def _answer_abandoned(self, job, exc_type, exc_value, tb):
+        """rq's maintenance fails abandoned jobs without telling the producer; leave it an error blob."""
+        if exc_type is not None and not job.should_retry:
+            self._answer_failed(job, f"the worker serving this request died or hung past the job timeout "
+                                     f"({exc_type.__name__}); resubmit it")
+
+    def handle_job_failure(self, job, queue, started_job_registry=None, exc_string="", execution=None):
+        """rq's maintenance calls this for ids stuck in the intermediate list; answer the producer too."""
+        super().handle_job_failure(job, queue, started_job_registry, exc_string, execution)
+        if job.get_status(refresh=False) == JobStatus.FAILED:
+            self._answer_failed(job, "the request was stuck in the intermediate list: its worker died before "
+                                     "starting it; resubmit it")
+
+    def _answer_failed(self, job, message: str) -> None:
+        """An internal_error blob unless the request has an answer, on every path a waiter may listen to."""
+        with self.connection.pipeline() as pipe:
+            publish(pipe, Result.failure(job.id, self.engine.caps.name, InternalError(message)), self.result_ttl,
+                    job_reply_to(job), only_if_absent=True)
+            pipe.execute()
+
+    # -- background heartbeat ---------------------------------------------------------------------------
+
+    def _beat(self) -> None:
+        """Every third of the lease: the watchdog, renew the leases of the jobs held (each only until its
+        timeout), requeue other workers' lapsed claims; every heartbeat interval, the advert."""
+        if self.watchdog is not None and (overdue := self.watchdog.overdue()):
+            log.critical("worker %s: a forward pass over %d padded tokens has run %.0f s, past its %.0f s "
+                         "deadline; exiting with %d so that the supervisor restarts the worker (the leases "
+                         "recover its jobs)", self.name, *overdue, WATCHDOG_EXIT)
+            _exit_now(WATCHDOG_EXIT)
+        stamp = time.time()
+        with self._held_lock:
+            held = [job for job, since in self._held.values() if not timed_out(job.timeout, stamp - since)]
+        if held:
+            self.schema.refresh(held)
+        if self.inflight is not None:
+            self.inflight.renew()  # the markers of the requests it computes: their followers keep waiting
+        if stamp - self._advertised_at >= self.heartbeat_interval:
+            self.advertiser.advertise()
+            if held:
+                self.heartbeat()
+            self._advertised_at = stamp
+        else:
+            self.advertiser.publish_live()
+        self.recover()
+
+    def _live_facts(self) -> dict:
+        """The advert's changing part: idle, busy (holding taken jobs) or draining, and worker.serving.livestats'."""
+        state = "draining" if self._draining else "busy" if self.held_count() else "idle"
+        return {"state": state, **self.live.facts()}
+
+    def recover(self) -> int:
+        """Requeue every lapsed claim of this model's queue (a dead worker's jobs); returns how many."""
+        recovered = self.schema.recover(RECOVER_LIMIT)
+        if recovered:
+            self.recovered += len(recovered)
+            owners = sorted({r.worker or "?" for r in recovered})
+            log.warning("worker %s: requeued %d jobs of %s, whose lease lapsed (up to %.1f s ago)", self.name,
+                        len(recovered), ", ".join(owners), max(r.overdue for r in recovered))
+        return len(recovered)
+
+    def _shut_down_heartbeat(self) -> None:
+        self.heartbeat_thread.stop()
+        try:
+            self.advertiser.withdraw()
+        except redis.RedisError as exc:
+            log.warning("worker %s: could not withdraw its advert (%s); it expires by itself", self.name, exc)
+
+    def _with_retries(self, write, attempts: int = 5):
+        """The engine's work is in memory: ride out a short Redis outage rather than lose the round."""
+        delay = 1.0
+        for attempt in range(attempts):
+            try:
+                return write()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if attempt == attempts - 1:
+                    raise
+                log.error("worker %s: storing a round failed (%s); retrying in %.0f s", self.name, exc, delay)
+                time.sleep(delay)
+                delay *= 2
+
+
+def _exit_now(code: int) -> None:
+    """End the process without unwinding: a hung device call would never let a normal exit finish."""
+    for handler in logging.getLogger().handlers + log.handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    sys.stderr.flush()
+    os._exit(code)

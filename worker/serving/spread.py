@@ -1,0 +1,243 @@
+"""Spreading a long request's chunks over the fleet: sub-jobs ("parts") on the same queue, joined when the
+last one lands, answered once under the request's own id.
+
+    spread  (the worker that took the request, Engine marked it in Round.spread): the plan goes under
+            keys.chunks_key(id), the parts (<id>-p<k>, token-id requests of at most chunks_per_job chunks,
+            unnormalised float32) are enqueued at the head of the queue, and the request is acknowledged
+            without an answer: its answer comes from the join
+    join    (any worker that served a part, before it acknowledges the part): one Lua script stores the
+            part's rows; the worker of the part that completes the set combines them all and publishes the
+            request's result; a failed part publishes the request's error instead (SET NX: either lands once,
+            however often a part runs). A part is never retried on its own: its failure fails the request.
+
+Every part is answered before its acknowledgement, so a worker dying between the two only makes its part
+run again (its lease lapses) and the join, idempotent, answers then. Nothing waits on a part that cannot
+come: each ends in the join as served, failed, poisoned or cancelled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+
+import numpy as np
+import redis
+from redis import Redis
+from rq import Queue
+from rq.job import Job
+
+from common.protocol import keys
+from common.codec import packb, unpackb
+from common.errors import EmbedfleetError, InternalError
+from common.params import PoolingParams
+from common.request import EmbedRequest, PartOf
+from common.result import Result, publish
+from worker.engine.chunking import combine
+from worker.serving import answers
+from worker.serving.jobdata import decode_job
+from worker.engine.postprocess import cast, finish
+from worker.engine.preprocess import Prepared
+from common.protocol.rqschema import Answer, Outcome, Taken
+
+log = logging.getLogger(__name__)
+
+_PART_ID = re.compile(r"(.+)-p(\d{1,9})")
+
+# KEYS[1] embedfleet:chunks:<request>  HASH    plan, parts, done, part:<k>, failed (HSETNX, HINCRBY, HGETALL)
+# KEYS[2] embedfleet:result:<request>  STRING  EXISTS only: an answered request takes no more parts
+# ARGV: 1 part index, 2 the part's result blob (or, failed, the request's error blob), 3 '1' ok / '0' failed
+# Returns {0} (nothing to do), {-1} (no plan: expired, or not a spread request), {1, HGETALL} (complete:
+# combine and answer), {2, error blob, plan} (a part failed: answer the request with that error).
+_JOIN = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return {0} end
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'plan') == 0 then return {-1} end
+if ARGV[3] == '0' then redis.call('HSETNX', KEYS[1], 'failed', ARGV[2]) end
+local failed = redis.call('HGET', KEYS[1], 'failed')
+if failed then return {2, failed, redis.call('HGET', KEYS[1], 'plan')} end
+if redis.call('HSETNX', KEYS[1], 'part:' .. ARGV[1], ARGV[2]) == 1 then redis.call('HINCRBY', KEYS[1], 'done', 1) end
+local done = tonumber(redis.call('HGET', KEYS[1], 'done')) or 0
+local parts = tonumber(redis.call('HGET', KEYS[1], 'parts'))
+if parts and done >= parts then return {1, redis.call('HGETALL', KEYS[1])} end
+return {0}
+"""
+
+
+class ChunkJobs:
+    """Spreads and joins for one worker: `settle` rewrites a round's answers before they are written."""
+
+    def __init__(self, connection: Redis, queues: list[Queue], model: str, *, result_ttl: int,
+                 chunks_per_job: int):
+        self.connection = connection
+        self.queues = {queue.name: queue for queue in queues}  # a request's parts go on its own level's queue
+        self.queue = queues[0]
+        self.model = model
+        self.result_ttl = result_ttl
+        self.chunks_per_job = chunks_per_job
+        self._join = connection.register_script(_JOIN)
+        self.spread_requests = 0
+        self.joined_parts = 0
+
+    def settle(self, batch, written: list[Answer]) -> list[Answer]:
+        """The round's answers with spread requests acknowledged (their parts enqueued) and parts joined."""
+        work = batch.work
+        requests: dict[str, EmbedRequest] = {}
+        if work is not None:
+            requests = {job.id: request for job, request in zip(batch.runnable, work.requests)}
+            where = {answer.taken.id: k for k, answer in enumerate(written)}
+            for index, prepared in work.spread.items():
+                job = batch.runnable[index]
+                try:
+                    written[where[job.id]] = self._spread(job, work.resolved[index], prepared)
+                except (redis.ConnectionError, redis.TimeoutError):
+                    raise  # the round is stored later or recovered, as any
+                except Exception as exc:  # this request fails (retried by rq), the round goes on
+                    log.exception("request %s: spreading its chunks failed", job.id)
+                    written[where[job.id]] = answers.failed(job, InternalError(
+                        f"spreading the chunks failed: {type(exc).__name__}: {exc}"), Outcome.RETRY,
+                        batch.reply_to.get(job.id), self.model)
+        for k, answer in enumerate(written):
+            request = requests.get(answer.taken.id)
+            part = request.part_of if request is not None else self._part_of(answer.taken)
+            if part is not None:
+                written[k] = self._join_part(answer, part)
+        return written
+
+    # -- spread -----------------------------------------------------------------------------------------
+
+    def _spread(self, job: Taken, request: EmbedRequest, prepared: Prepared) -> Answer:
+        size = self.chunks_per_job
+        groups = [prepared.token_lists[i:i + size] for i in range(0, len(prepared.token_lists), size)]
+        parts = [EmbedRequest(id=keys.part_id(request.id, k), model=request.model, inputs=group,
+                              params=PoolingParams(use_activation=False),  # raw rows: the join normalises
+                              part_of=PartOf(parent=request.id, index=k, parts=len(groups)))
+                 for k, group in enumerate(groups)]
+        plan = packb({"request": request.encode(), "owners": prepared.owners,
+                      "weights": [len(ids) for ids in prepared.token_lists],
+                      "result_ttl": job.result_ttl or self.result_ttl})
+        key = keys.chunks_key(request.id)
+        with self.connection.pipeline(transaction=False) as pipe:  # a request run again re-enqueues nothing
+            for part in parts:
+                pipe.exists(Job.key_for(part.id))
+            exists = pipe.execute()
+        with self.connection.pipeline() as pipe:
+            pipe.hsetnx(key, "plan", plan)
+            pipe.hsetnx(key, "parts", len(parts))
+            pipe.expire(key, keys.CHUNKS_TTL)
+            queue = self.queues.get(job.queue, self.queue)
+            queue.enqueue_many([_job_data(part) for part, there in zip(parts, exists) if not there], pipeline=pipe)
+            pipe.execute()
+        self.spread_requests += 1
+        log.info("request %s: %d chunks spread over the fleet as %d parts", request.id,
+                 len(prepared.token_lists), len(parts))
+        return Answer(job, Outcome.FINISHED, b"", None, summary={"status": "spread", "parts": len(parts)})
+
+    # -- join -------------------------------------------------------------------------------------------
+
+    def _part_of(self, taken: Taken) -> PartOf | None:
+        """A job answered without running (poisoned, cancelled, undecodable): which part of which request
+        it is, from its request or, where its data is unreadable, from its id (`parts` then unknown: 0)."""
+        found = _PART_ID.fullmatch(taken.id)
+        if found is None or not keys.valid_request_id(found[1]):
+            return None
+        try:
+            return decode_job(taken.id, taken.data, self.model).part_of
+        except EmbedfleetError:
+            return PartOf.model_construct(parent=found[1], index=int(found[2]), parts=0)
+
+    def _join_part(self, answer: Answer, part: PartOf) -> Answer:
+        result = _decoded(answer.blob)
+        ok = answer.outcome is Outcome.FINISHED and result is not None and result.ok
+        if ok:
+            blob = answer.blob
+        else:
+            error = result.error if result is not None and not result.ok else \
+                InternalError(answer.reason or f"part ended {answer.outcome.value}")
+            blob = Result.failure(part.parent, self.model, type(error)(
+                f"chunk part {part.index + 1}{f' of {part.parts}' if part.parts else ''} failed: {error.message}",
+                param=error.param)).encode()
+        reply = self._join(keys=[keys.chunks_key(part.parent), keys.result_key(part.parent)],
+                           args=[part.index, blob, "1" if ok else "0"])
+        code = int(reply[0])
+        if code == 1:
+            self._answer(part.parent, _fields(reply[1]))
+        elif code == 2:
+            self._publish(_decoded(reply[1]) or Result.failure(part.parent, self.model, InternalError(
+                "a chunk part failed (its stored error is unreadable)")), _plan(reply[2]))
+        elif code == -1:  # no spread request of that id (expired, or an id that only looks like a part's)
+            log.warning("job %s: no spread request %s to join; answered as a request of its own", answer.taken.id,
+                        part.parent)
+            return answer
+        self.joined_parts += 1
+        # Never published under the part's own id (no one waits there), never retried alone.
+        outcome = Outcome.FAILED if answer.outcome is Outcome.RETRY else answer.outcome
+        return dataclasses.replace(answer, outcome=outcome, blob=b"", reply_to=None)
+
+    def _answer(self, parent: str, fields: dict[str, bytes]) -> None:
+        """Every part is in: combine the chunk rows into the request's embeddings and publish them once."""
+        plan = _plan(fields.get("plan"))
+        try:
+            result = self._combined(parent, plan, fields)
+        except Exception as exc:  # the request gets this error rather than no answer
+            log.exception("request %s: combining its parts failed", parent)
+            result = Result.failure(parent, self.model, InternalError(
+                f"combining the chunk parts failed: {type(exc).__name__}: {exc}"))
+        self._publish(result, plan)
+
+    def _combined(self, parent: str, plan: dict, fields: dict[str, bytes]) -> Result:
+        request = EmbedRequest.decode(plan["request"])
+        parts = [Result.decode(fields[f"part:{k}"]) for k in range(int(fields["parts"]))]
+        for part in parts:
+            if not part.ok or part.embed_dtype != "float32" or len(part.shape) != 2:
+                raise ValueError(f"part {part.id} holds no float32 rows")
+        rows = [part.embeddings for part in parts]
+        owners, weights = plan["owners"], plan["weights"]
+        if sum(len(r) for r in rows) != len(owners) or len(weights) != len(owners):
+            raise ValueError(f"the parts hold {sum(len(r) for r in rows)} rows for {len(owners)} chunks")
+        pooled = combine(np.vstack(rows), owners, weights, len(request.inputs))
+        params = request.params
+        stored = cast(finish(pooled, params.dimensions, bool(params.use_activation)), params.embed_dtype)
+        return Result.success(parent, self.model, stored, params.embed_dtype, params.endianness,
+                              sum(part.usage.prompt_tokens for part in parts))
+
+    def _publish(self, result: Result, plan: dict) -> None:
+        reply_to = None
+        try:
+            reply_to = EmbedRequest.decode(plan["request"]).reply_to
+        except (KeyError, EmbedfleetError):
+            pass  # the answer still lands under its id; only the reply-stream wake-up is lost
+        ttl = plan.get("result_ttl")
+        ttl = ttl if isinstance(ttl, int) and 0 < ttl <= keys.RESULT_TTL_BOUND else self.result_ttl
+        with self.connection.pipeline() as pipe:
+            publish(pipe, result, ttl, reply_to if keys.is_reply_stream_key(reply_to) else None, only_if_absent=True)
+            pipe.delete(keys.chunks_key(result.id))
+            pipe.execute()
+        log.info("request %s: answered from its parts (%s)", result.id, result.status)
+
+
+def _job_data(request: EmbedRequest):
+    """As the producer enqueues (producer/client/core.py), without rq's Retry: a part's failure fails its request."""
+    return Queue.prepare_data(
+        keys.JOB_FUNC, args=[request.encode()], job_id=request.id, timeout=keys.JOB_TIMEOUT,
+        result_ttl=keys.RESULT_TTL, ttl=keys.JOB_TTL, failure_ttl=keys.FAILURE_TTL, at_front=True,
+        description=f"embed part {request.part_of.index + 1} of {request.part_of.parts} of {request.part_of.parent}")
+
+
+def _decoded(blob: bytes) -> Result | None:
+    try:
+        return Result.decode(blob) if blob else None
+    except EmbedfleetError:
+        return None
+
+
+def _plan(raw) -> dict:
+    """The stored plan, or {} where Redis holds something else (every use of it then fails cleanly)."""
+    try:
+        plan = unpackb(raw)
+    except Exception:  # noqa: BLE001 - bytes from Redis: anything may be there
+        return {}
+    return plan if isinstance(plan, dict) else {}
+
+
+def _fields(flat: list) -> dict[str, bytes]:
+    return {(k.decode() if isinstance(k, bytes) else k): v for k, v in zip(flat[::2], flat[1::2])}
