@@ -274,22 +274,19 @@ def prefill(redis_url: str, model: str, batches: list[list[str]], chunk: int = 2
     """Enqueue one request per element of `batches` as the Producer would, without asking for a live worker
     (so the queue can be filled before the worker starts); returns the ids in queue order."""
     import redis
-    from rq import Queue
 
     from common.protocol.keys import queue_name
     from common.params import PoolingParams
     from common.request import EmbedRequest
-    from common.serializer import MsgpackSerializer
-    from producer.client.core import enqueue_data
+    from common.protocol import operations
 
     conn = redis.Redis.from_url(redis_url)
-    queue = Queue(queue_name(model), connection=conn, serializer=MsgpackSerializer)
     ids = []
     try:
         for start in range(0, len(batches), chunk):
             requests = [EmbedRequest(model=model, inputs=inputs, params=PoolingParams(**params))
                         for inputs in batches[start:start + chunk]]
-            queue.enqueue_many([enqueue_data(r) for r in requests])  # fresh ids: no duplicate check needed
+            operations.enqueue(conn, operations.enqueue_args(queue_name(model), requests))  # as the Producer does
             ids += [r.id for r in requests]
     finally:
         conn.close()

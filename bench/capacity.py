@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import redis
-from rq import Queue
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -33,8 +32,7 @@ sys.path.insert(0, str(ROOT))
 from common.protocol import keys  # noqa: E402
 from common.redisserver import RedisServer  # noqa: E402
 from common.request import EmbedRequest  # noqa: E402
-from common.serializer import MsgpackSerializer  # noqa: E402
-from producer.client.core import enqueue_data  # noqa: E402
+from common.protocol import operations  # noqa: E402
 
 NAME, SIZE = "null", 384
 PLANNING_SHARE = 0.7
@@ -50,12 +48,11 @@ def redis_commands(conn) -> int:
 
 
 def fill(conn, requests: int, texts: int) -> list[str]:
-    queue = Queue(keys.queue_name(NAME), connection=conn, serializer=MsgpackSerializer)
     ids = []
     for start in range(0, requests, 2000):
         batch = [EmbedRequest(model=NAME, inputs=[f"text {start + i} {j}" for j in range(texts)])
                  for i in range(min(2000, requests - start))]
-        queue.enqueue_many([enqueue_data(r) for r in batch])
+        operations.enqueue(conn, operations.enqueue_args(keys.queue_name(NAME), batch))  # as the Producer does
         ids += [r.id for r in batch]
     return ids
 

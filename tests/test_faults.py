@@ -110,7 +110,7 @@ def test_a_redis_out_of_memory_gives_the_producer_a_clear_unavailable_error(rest
         producer = Producer(url)
         assert producer.wait(producer.submit(["fits"], MODEL), timeout=30).ok
         client.config_set("maxmemory-policy", "noeviction")
-        client.config_set("maxmemory", max(1, client.info("memory")["used_memory"] - 1024))  # full now
+        client.config_set("maxmemory", max(1, client.info("memory")["used_memory"] - 200_000))  # full now
         started = time.monotonic()
         with pytest.raises(UnavailableError, match="Redis is full") as caught:
             producer.submit(["does not fit"], MODEL)

@@ -25,7 +25,7 @@ from tests.test_queue import enqueue, rq_queue, wait_for
 from worker.engine.engine import Engine
 from worker.engine.nullmodel import NullModel
 from worker.serving.pipeline import BatchWorker
-from common.protocol.rqschema import RqSchema
+from common.protocol.operations import RqSchema
 
 MODEL = "crashy"
 LEASE = 2.0

@@ -23,7 +23,7 @@ from tests.test_queue import wait_for
 from worker.engine.engine import Engine
 from worker.engine.nullmodel import NullModel
 from worker.serving.pipeline import BatchWorker
-from common.protocol.rqschema import rq_time
+from common.protocol.records import rq_time
 
 MODEL = "prio"
 INTERACTIVE, BULK = keys.queue_name(MODEL), keys.queue_name(MODEL, "bulk")

@@ -16,7 +16,6 @@ from rq.suspension import resume, suspend
 from common.protocol.keys import FAILURE_TTL, JOB_FUNC, model_workers_key, queue_name, worker_info_key
 from common.serializer import MsgpackSerializer
 from producer import Producer
-from producer.client.core import build_request, enqueue
 from tests.commands import ROOT, clean_env, embedfleet
 from tests.hashed import MODEL
 
@@ -36,11 +35,8 @@ def test_status_json_reports_queues_ages_workers_and_failures(fleet, redis_url, 
     worker = fleet(heartbeat_interval=0.3)
     suspend(redis_client)  # the worker takes nothing: the queues hold what the test put there
     with Producer(redis_url) as producer:
-        caps = producer.models()[MODEL]
         interactive = producer.submit_many([["a", "b"], ["c"], ["d"]], MODEL)
-        # what a Producer with priorities (issue #10) enqueues at `bulk`: the same job on the model's bulk queue
-        enqueue(Queue(queue_name(MODEL, "bulk"), connection=redis_client, serializer=MsgpackSerializer),
-                [build_request(["e"], caps, None, {}) for _ in range(2)])
+        producer.submit_many([["e"], ["e"]], MODEL, priority="bulk")  # the model's bulk queue
         bad = Queue(queue_name(MODEL), connection=redis_client, serializer=MsgpackSerializer)
         bad.enqueue_many([Queue.prepare_data(JOB_FUNC, args=[b"\xc1 not a request"], job_id="garbled",
                                              failure_ttl=FAILURE_TTL)])

@@ -187,10 +187,10 @@ def test_every_unsupported_task_fails_at_submit_naming_the_supported_ones(fleet,
 def test_the_worker_verifies_the_task_again(fleet):
     """A request that skipped the producer's check (an older producer, a hand-made job) is refused by the
     worker with the same message, alone."""
-    from producer.client.core import enqueue
+    from common.protocol import keys, operations
 
     request = EmbedRequest(model="emb", inputs=["a"], params={"task": "classify"})
-    enqueue(fleet._queue("emb"), [request])
+    operations.enqueue(fleet.redis, operations.enqueue_args(keys.queue_name("emb"), [request]))
     with pytest.raises(ValidationError, match=r"task 'classify' is not supported by model 'emb': it supports"):
         fleet.wait(request.id)
     assert fleet.embed(["a"], "emb").shape == (1, 32)

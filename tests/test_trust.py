@@ -21,7 +21,7 @@ from common.request import EmbedRequest, job_reply_to
 from common.result import Result
 from common.serializer import MsgpackSerializer
 from producer import AsyncProducer, Producer
-from producer.client.core import enqueue
+from common.protocol import operations
 from producer.gateway.service import save_job_options
 from tests.answers import MODEL, advertise, answer
 from tests.gatewayserver import Server, settings
@@ -47,7 +47,8 @@ def test_an_enqueue_under_an_id_in_use_is_refused(producer, redis_client):
     for used in (finished, pending):
         thief = EmbedRequest(id=used, model=MODEL, inputs=["someone else's text"])
         with pytest.raises(DuplicateRequestError, match=used):
-            enqueue(queue(producer), [EmbedRequest(model=MODEL, inputs=["fresh"]), thief])  # all or none
+            operations.enqueue(producer.redis, operations.enqueue_args(  # all or none
+                keys.queue_name(MODEL), [EmbedRequest(model=MODEL, inputs=["fresh"]), thief]))
     assert redis_client.get(keys.result_key(finished)) == stored
     assert queue(producer).job_ids == [finished, pending]  # the fresh request went in with nobody
     job = Job.fetch(pending, connection=redis_client, serializer=MsgpackSerializer)

@@ -253,7 +253,10 @@ def test_up_with_every_default_from_an_empty_folder_restarts_over_its_own_data(t
     # A slow load, as a large AOF gives (Redis' own debug knob: a pause per loaded command).
     slow = tmp_path / "slow-load.conf"
     slow.write_text("key-load-delay 200\nloading-process-events-interval-bytes 4096\n")
-    again = Up("--redis-port", "0", "--port", str(port), "--redis-config", str(slow), env=env, cwd=folder)
+    # The batch shape pinned (env, as an operator would): a start-up probe disturbed by a loaded machine could
+    # otherwise pick 2 rows a pass and make 3,000 requests a matter of minutes (issue #20).
+    pinned = {**env, "EMBEDFLEET_MAX_BATCH_TOKENS": "4096", "EMBEDFLEET_MAX_BATCH_SIZE": "64"}
+    again = Up("--redis-port", "0", "--port", str(port), "--redis-config", str(slow), env=pinned, cwd=folder)
     try:
         again.wait_up()
         assert "Redis is loading its data" in again.output, again.output

@@ -57,7 +57,7 @@
                                             per level of PRIORITIES (interactive: embedfleet.<model>, bulk:
                                             embedfleet.<model>@bulk), each with rq's own registries below
     rq:queue:<queue>:intermediate   LIST    rq's own dequeue parks ids here; embedfleet workers never do: their
-                                            take moves ids straight into rq:wip:<queue> (common/protocol/rqschema.py)
+                                            take moves ids straight into rq:wip:<queue> (common/protocol/operations.py)
     rq:job:<id>                     HASH    the rq job; `data` = zlib(msgpack([func, None, [request
                                             bytes], {}])); job id = request id. Ours besides rq's fields:
                                             `deliveries` (times a worker took it), `lapses` (times its
@@ -76,7 +76,7 @@
 Leases. A worker's claim on a job it took lasts LEASE_SECONDS and its heartbeat renews it every third of
 that (also during a long forward pass: the heartbeat is a thread of its own). When a claim lapses (the
 worker was killed, OOM-killed, lost its host or froze) a live worker of the model requeues the job at the
-queue's head at its next beat (common/protocol/rqschema.py `recover`, atomic, exactly once): a dead worker's jobs
+queue's head at its next beat (common/protocol/operations.py `recover`, atomic, exactly once): a dead worker's jobs
 are back within 4/3 of LEASE_SECONDS of its death (8 s by default). rq's own StartedJobRegistry.cleanup
 compares the same scores with its clock, so it sees a lapsed claim LEASE_GRACE seconds later: a backstop
 that never requeues a job twice.
@@ -149,16 +149,23 @@ def queued_tokens_key(queue: str) -> str:
     return f"{PREFIX}:queued_tokens:{queue}"
 
 
+# Per-request key prefixes (the Lua scripts get them by these names: common/protocol/scripts.py).
+RESULT_PREFIX = f"{PREFIX}:result:"
+NOTIFY_PREFIX = f"{PREFIX}:notify:"
+JOB_OPTIONS_PREFIX = f"{PREFIX}:job:"
+CHUNKS_PREFIX = f"{PREFIX}:chunks:"
+
+
 def result_key(request_id: str) -> str:
-    return f"{PREFIX}:result:{request_id}"
+    return RESULT_PREFIX + request_id
 
 
 def notify_key(request_id: str) -> str:
-    return f"{PREFIX}:notify:{request_id}"
+    return NOTIFY_PREFIX + request_id
 
 
 def job_options_key(request_id: str) -> str:
-    return f"{PREFIX}:job:{request_id}"
+    return JOB_OPTIONS_PREFIX + request_id
 
 
 def reply_stream_key(producer_id: str) -> str:
@@ -166,7 +173,7 @@ def reply_stream_key(producer_id: str) -> str:
 
 
 def chunks_key(request_id: str) -> str:
-    return f"{PREFIX}:chunks:{request_id}"
+    return CHUNKS_PREFIX + request_id
 
 
 def part_id(request_id: str, index: int) -> str | None:
@@ -216,3 +223,46 @@ def cache_key(model_identity: str, input_digest: str) -> str:
 def inflight_key(request_digest: str) -> str:
     return f"{PREFIX}:inflight:{request_digest}"
 
+
+# rq's keys (rq 3.0's layout; RQ_KEY_PREFIX is not supported: rq's own default, "rq")
+RQ_JOB_PREFIX = "rq:job:"
+RQ_EXECUTION_PREFIX = "rq:execution:"  # + <id>:<execution>
+RQ_EXECUTIONS_PREFIX = "rq:executions:"  # + <id>
+RQ_RESULTS_PREFIX = "rq:results:"  # + <id>
+RQ_WORKER_PREFIX = "rq:worker:"  # + <worker name>
+RQ_QUEUES = "rq:queues"
+RQ_SUSPENDED = "rq:suspended"
+CANCELED_TTL = FAILURE_TTL  # seconds a cancelled id stays in rq:canceled:<queue> (rq itself never cleans it)
+
+
+def rq_job_key(request_id: str) -> str:
+    return RQ_JOB_PREFIX + request_id
+
+
+def rq_queue_key(queue: str) -> str:
+    return f"rq:queue:{queue}"
+
+
+def rq_wip_key(queue: str) -> str:
+    """rq's started registry of `queue`."""
+    return f"rq:wip:{queue}"
+
+
+def rq_finished_key(queue: str) -> str:
+    return f"rq:finished:{queue}"
+
+
+def rq_failed_key(queue: str) -> str:
+    return f"rq:failed:{queue}"
+
+
+def rq_canceled_key(queue: str) -> str:
+    return f"rq:canceled:{queue}"
+
+
+def rq_worker_key(worker_name: str) -> str:
+    return RQ_WORKER_PREFIX + worker_name
+
+
+def rq_worker_executions_key(worker_name: str) -> str:
+    return f"{RQ_WORKER_PREFIX}{worker_name}:executions"

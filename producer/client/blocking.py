@@ -12,9 +12,9 @@ from rq import Queue
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
-from common.protocol import keys
+from common.protocol import keys, operations
 from common.capabilities import ModelCapabilities
-from common.errors import CancelledError, NotFoundError, QueueFullError, ResultTimeoutError
+from common.errors import CancelledError, NotFoundError, ResultTimeoutError
 from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
 from common.redisclient import block_for, check_access, connect
@@ -23,13 +23,11 @@ from common.request import job_reply_to
 from common.scheduling import DEFAULT_PRIORITY
 from common.result import Result
 from producer.client import fleetview
-from common.protocol.cancel import cancel_pending
 from producer.client.fleet import LevelStats, level_stats
 from producer.client.tasks import check_rerank, rank, score_pairs
-from producer.client.core import (CAPS_CACHE_SECONDS, PENDING, SERIALIZER, build_request, enqueue, job_state,
-                           resolve_target,
-                           model_of_queue, parse_models, parse_worker_info, pick_model, read_result,
-                           redis_errors as _redis_errors, result_state)
+from producer.client.core import (CAPS_CACHE_SECONDS, PENDING, SERIALIZER, build_request, enqueue_args, job_state,
+                                  model_of_queue, parse_models, parse_worker_info, pick_model, queue_full,
+                                  read_result, redis_errors as _redis_errors, resolve_target, result_state)
 
 
 REMEMBERED_IDS = 100_000  # request ids whose shard a sharded producer remembers (others are looked up)
@@ -185,14 +183,12 @@ class Producer:
         caps, level, when = resolve_target(model, served, self._known, priority, deadline, timeout)
         requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when) for inputs in batches]
         name = caps if isinstance(caps, str) else caps.name
-        queue = self._queue(name, level)
+        work = enqueue_args(keys.queue_name(name, level), requests, max_depth=self.max_queue_depth)
         with _redis_errors():
-            if self.max_queue_depth is not None:
-                depth = queue.count
-                if depth + len(requests) > self.max_queue_depth:
-                    raise QueueFullError(f"the queue of model '{name}' holds {depth} requests, "
-                                         f"the limit is {self.max_queue_depth}: retry later")
-            enqueue(queue, requests)
+            try:
+                operations.enqueue(self.connection_for_model(name), work)
+            except operations.QueueFull as full:
+                raise queue_full(name, full.depth, self.max_queue_depth) from None
         ids = [r.id for r in requests]
         if self.shards:
             self._remember(ids, self.shards.url_for(name))
@@ -322,8 +318,7 @@ class Producer:
                 raise NotFoundError(f"no request with id {request_id}") from None
             answer = Result.failure(request_id, model_of_queue(job.origin), CancelledError(
                 f"request {request_id} was cancelled before a worker took it"))
-            queue = Queue(job.origin, connection=connection, serializer=SERIALIZER)
-            return cancel_pending(connection, job, queue, answer, job_reply_to(job))
+            return operations.cancel(connection, job.origin, answer, job_reply_to(job))
 
     def _queue(self, model: str, level: str = DEFAULT_PRIORITY) -> Queue:
         return Queue(keys.queue_name(model, level), connection=self.connection_for_model(model),

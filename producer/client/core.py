@@ -7,17 +7,16 @@ import time
 
 import redis
 from pydantic import ValidationError as PydanticValidationError
-from rq import Queue, Retry
-from rq.job import Job, JobStatus
+from rq.job import JobStatus
 
-from common.protocol import keys
+from common.protocol import keys, operations
 from common.capabilities import ModelCapabilities
 from common.codec import unpackb
-from common.errors import (DecodeError, DuplicateRequestError, NoWorkerError, UnavailableError,
-                           UnknownModelError, ValidationError, invalid_request)
+from common.errors import (DecodeError, NoWorkerError, QueueFullError, UnavailableError, UnknownModelError,
+                           ValidationError, invalid_request)
 from common.params import PoolingParams
 from common.request import EmbedRequest, normalize_inputs
-from common.scheduling import DEFAULT_PRIORITY, estimate_tokens, priority_level, resolve_deadline
+from common.scheduling import DEFAULT_PRIORITY, priority_level, resolve_deadline
 from common.result import Result
 from common.serializer import MsgpackSerializer
 
@@ -120,46 +119,17 @@ def build_request(inputs, caps: ModelCapabilities | str, params: PoolingParams |
     return request
 
 
-def enqueue(queue: Queue, requests: list[EmbedRequest]) -> None:
-    """Enqueue `requests` as rq jobs in one transaction, all or none.
-
-    Refused (DuplicateRequestError) if an id already names an rq job or a result: an id is never reused,
-    so a request cannot take over another's job or overwrite its result. WATCH makes the check and the
-    enqueue one atomic step (a concurrent writer of those keys makes EXEC fail, and the check runs again).
-    """
-    taken = [key for r in requests for key in (Job.key_for(r.id), keys.result_key(r.id))]
-    with queue.connection.pipeline() as pipe:
-        while True:
-            try:
-                pipe.watch(*taken)
-                if pipe.exists(*taken):
-                    used = next(r.id for r in requests if pipe.exists(Job.key_for(r.id), keys.result_key(r.id)))
-                    raise DuplicateRequestError(f"request id {used} is already in use: ids are never reused")
-                pipe.multi()
-                queue.enqueue_many([enqueue_data(r) for r in requests], pipeline=pipe)
-                count_tokens(pipe, queue.name, requests)
-                pipe.execute()
-                return
-            except redis.WatchError:
-                continue
+def enqueue_args(queue: str, requests: list[EmbedRequest], max_depth: int | None = None) -> operations.Enqueue:
+    """The enqueue of `requests` on `queue` (common/protocol/operations.py); a request that cannot be encoded
+    fails here, as the caller's own ValidationError, before any I/O."""
+    try:
+        return operations.enqueue_args(queue, requests, max_depth=max_depth)
+    except (OverflowError, TypeError, ValueError) as exc:  # msgpack refused a value the models let through
+        raise ValidationError(f"the request cannot be encoded: {exc}", param="input") from exc
 
 
-def count_tokens(pipe, queue: str, requests: list[EmbedRequest]) -> None:
-    """Each job's estimated tokens on its hash, their sum on the queue's counter (common.protocol.keys: the fleet's
-    queued-tokens gauge; the worker's take subtracts them), in the enqueue's transaction."""
-    estimates = [estimate_tokens(r) for r in requests]
-    for request, estimate in zip(requests, estimates):
-        pipe.hset(Job.key_for(request.id), "tokens", estimate)
-    pipe.incrby(keys.queued_tokens_key(queue), sum(estimates))
-
-
-def enqueue_data(request: EmbedRequest):
-    # Embedding is idempotent, so a job whose worker died is retried (rq's Retry) rather than lost.
-    return Queue.prepare_data(
-        keys.JOB_FUNC, args=[request.encode()], job_id=request.id, timeout=keys.JOB_TIMEOUT,
-        result_ttl=keys.RESULT_TTL, ttl=keys.JOB_TTL, failure_ttl=keys.FAILURE_TTL,
-        retry=Retry(max=keys.JOB_RETRIES),
-        description=f"embed {len(request.inputs)} input(s) with {request.model}")
+def queue_full(model: str, depth: int, limit: int | None) -> QueueFullError:
+    return QueueFullError(f"the queue of model '{model}' holds {depth} requests, the limit is {limit}: retry later")
 
 
 PENDING = ("queued", "started")  # job states in which a result is still to come

@@ -9,7 +9,7 @@ from common.protocol.keys import JOB_FUNC
 from common.request import EmbedRequest
 from common.result import Result
 from worker.serving.jobdata import decode_job
-from common.protocol.rqschema import Answer, Outcome, Taken
+from common.protocol.records import Answer, Outcome, Taken
 
 
 def served(job: Taken, result: Result | None, reply_to: str | None, model: str) -> Answer:
@@ -38,6 +38,12 @@ def reply_stream_of(job: Taken, model: str) -> str | None:
         return decode_job(job.id, job.data, model).reply_to
     except EmbedfleetError:
         return None
+
+
+def corrupt(job: Taken, model: str) -> Answer:
+    """FAILED, never run: take found a field or key of its job that no producer writes (Taken.reason)."""
+    error = DecodeError(f"{job.reason}; the request was not run", b"")
+    return failed(job, error, Outcome.FAILED, reply_stream_of(job, model), model)
 
 
 def cancelled(job: Taken, model: str) -> Answer:

@@ -72,7 +72,7 @@ def request_digest(identity: str, request: EmbedRequest) -> str:
 
 @dataclass
 class Parked:
-    job: object  # rqschema.Taken
+    job: object  # common.protocol.records.Taken
     request: EmbedRequest
     leader: str
     marker: str

@@ -25,7 +25,8 @@ from collections import defaultdict
 from redis import Redis
 
 from common.protocol import keys
-from common.protocol.rqschema import Answer, Recovered, RqSchema, Taken, take_from
+from common.protocol.operations import RqSchema, take_from
+from common.protocol.records import Answer, Finished, Recovered, Taken
 
 BULK_SHARE = 4  # default --bulk-share: one round in this many reads the lowest level first
 LOWER_LEVEL_POLL = 0.25  # seconds an idle worker blocks on the highest level before reading the others
@@ -83,12 +84,12 @@ class Levels:
                 pipe.llen(key)
             return sum(pipe.execute())
 
-    def finish(self, answers: list[Answer], working_seconds: float) -> list[int]:
-        """One script run per level the answers' jobs came from; [finished, failed, requeued, late] summed."""
-        counts = [0, 0, 0, 0]
+    def finish(self, answers: list[Answer], working_seconds: float) -> Finished:
+        """One script run per level the answers' jobs came from, their counts summed."""
+        done = Finished()
         for queue, group in _by_queue(answers, lambda a: a.taken.queue).items():
-            counts = [a + b for a, b in zip(counts, self._schema(queue).finish(group, working_seconds))]
-        return counts
+            done += self._schema(queue).finish(group, working_seconds)
+        return done
 
     def refresh(self, held: list[Taken]) -> int:
         return sum(self._schema(queue).refresh(group) for queue, group in _by_queue(held, _queue_of).items())

@@ -14,7 +14,7 @@ finished) however deep the queue is.
 
 Every job it holds is in rq's started registry under a lease (common/protocol/keys.py) that the heartbeat thread
 renews every third of the lease, also during a long forward pass; the same thread requeues any worker's
-lapsed claims (common/protocol/rqschema.py `recover`) and runs the watchdog: a forward pass past its deadline (from
+lapsed claims (common/protocol/operations.py `recover`) and runs the watchdog: a forward pass past its deadline (from
 its token count) ends the process with WATCHDOG_EXIT so that its supervisor restarts it, and its jobs are
 recovered by their lapsed leases. A job whose workers died with it MAX_DELIVERIES times is failed as poison
 when it is taken again, never run.
@@ -55,11 +55,12 @@ from rq.job import JobStatus
 from rq.worker import SimpleWorker, WorkerStatus
 
 from common.errors import EmbedfleetError, InternalError
+from common.protocol import operations
 from common.protocol.keys import (DRAIN_TIMEOUT, HEARTBEAT_INTERVAL, LEASE_SECONDS, MAINTENANCE_INTERVAL,
                          MAX_DELIVERIES, PRIORITIES, RECOVER_LIMIT, RESULT_TTL, queue_name)
 from common.redisclient import MAX_BLOCK
 from common.request import EmbedRequest, job_reply_to
-from common.result import Result, publish
+from common.result import Result
 from common.serializer import MsgpackSerializer
 from worker.serving.advertise import Advertiser
 from worker.serving.spread import ChunkJobs
@@ -70,7 +71,7 @@ from worker.serving import answers
 from worker.serving.jobdata import decode_job
 from worker.serving.levels import BULK_SHARE, Levels
 from worker.serving.livestats import LiveStats
-from common.protocol.rqschema import Answer, Kind, Outcome, Taken
+from common.protocol.records import Answer, Kind, Outcome, Taken
 
 log = logging.getLogger("embedfleet.worker")
 
@@ -158,7 +159,7 @@ class BatchWorker(SimpleWorker):
         self.live = LiveStats()
         self.advertiser = Advertiser(connection, engine.caps, self.name, info=info, live=self._live_facts,
                                      stats=getattr(engine, "stats", None))  # cache hits and misses
-        self.chunk_jobs = ChunkJobs(connection, self.queues, engine.caps.name, result_ttl=result_ttl,
+        self.chunk_jobs = ChunkJobs(connection, [q.name for q in self.queues], engine.caps.name, result_ttl=result_ttl,
                                     chunks_per_job=getattr(engine, "chunks_per_job", 0))
         self.heartbeat_interval = heartbeat_interval
         self.lease = lease
@@ -465,7 +466,7 @@ class BatchWorker(SimpleWorker):
         batch = Batch(time.time(), preemptible=self.schema.preemptible(taken))
         with self._held_lock:
             for job in taken:
-                if job.kind is Kind.STARTED:
+                if job.claimed:
                     self._held[job.id, job.execution] = (job, batch.began)
         try:
             self._prepare_round(batch, taken, answered, resumed)
@@ -475,7 +476,7 @@ class BatchWorker(SimpleWorker):
             batch.runnable, batch.work = [], None
             followers = [job for job, *_ in answered + resumed]
             batch.answers = [answers.failed(job, error, Outcome.RETRY, None, self.engine.caps.name)
-                             for job in taken + followers if job.kind is Kind.STARTED]
+                             for job in taken + followers if job.claimed]
         return batch if batch.size else None  # all it took was parked (followers of requests in flight)
 
     def _prepare_round(self, batch: Batch, taken: list[Taken], answered=(), resumed=()) -> None:
@@ -503,6 +504,9 @@ class BatchWorker(SimpleWorker):
                 batch.runnable.append(job)
                 batch.reply_to[job.id] = request.reply_to
                 requests.append(request)
+            elif job.kind is Kind.BAD:  # its job hash was changed by hand: failed with the reason, never run
+                batch.answers.append(answers.corrupt(job, model))
+                log.error("worker %s: request %s: %s", self.name, job.id, job.reason)
             elif job.kind is Kind.CANCELED:
                 batch.answers.append(answers.cancelled(job, model))
             else:  # nothing to answer: no job hash, an id no job can have, or a job already ended
@@ -534,16 +538,18 @@ class BatchWorker(SimpleWorker):
         for job, result in zip(batch.runnable, results):
             written.append(answers.served(job, result, batch.reply_to.get(job.id), self.engine.caps.name))
         written = self.chunk_jobs.settle(batch, written)  # long requests spread, parts of them joined
-        counts = self._with_retries(lambda: self.schema.finish(written, time.time() - batch.began))
+        done = self._with_retries(lambda: self.schema.finish(written, time.time() - batch.began))
         self._release(batch)
         if self.metrics is not None:
             self.metrics.answered([answer.code for answer in written])
         self.batches += 1
-        self.served += counts[0]
+        self.served += done.finished
         self.live.finished(sum(result.shape[0] for result in results if result is not None and result.ok))
+        for request_id, problem in done.problems:
+            log.warning("worker %s: request %s: %s", self.name, request_id, problem)
         log.info("worker %s: round of %d: %d served, %d failed, %d requeued%s in %.3f s", self.name,
-                 batch.size, counts[0], counts[1], counts[2],
-                 f", {counts[3]} answered late (their claim had lapsed)" if counts[3] else "",
+                 batch.size, done.finished, done.failed, done.requeued,
+                 f", {done.late} answered late (their claim had lapsed)" if done.late else "",
                  time.time() - batch.began)
 
     def _results(self, batch: Batch) -> list[Result | None]:
@@ -596,10 +602,8 @@ class BatchWorker(SimpleWorker):
 
     def _answer_failed(self, job, message: str) -> None:
         """An internal_error blob unless the request has an answer, on every path a waiter may listen to."""
-        with self.connection.pipeline() as pipe:
-            publish(pipe, Result.failure(job.id, self.engine.caps.name, InternalError(message)), self.result_ttl,
-                    job_reply_to(job), only_if_absent=True)
-            pipe.execute()
+        operations.publish(self.connection, Result.failure(job.id, self.engine.caps.name, InternalError(message)),
+                           self.result_ttl, job_reply_to(job), only_if_absent=True)
 
     # -- background heartbeat ---------------------------------------------------------------------------
 

@@ -24,57 +24,34 @@ import re
 import numpy as np
 import redis
 from redis import Redis
-from rq import Queue
-from rq.job import Job
 
-from common.protocol import keys
+from common.protocol import keys, operations
 from common.codec import packb, unpackb
 from common.errors import EmbedfleetError, InternalError
 from common.params import PoolingParams
 from common.request import EmbedRequest, PartOf
-from common.result import Result, publish
+from common.result import Result
 from worker.engine.chunking import combine
 from worker.serving import answers
 from worker.serving.jobdata import decode_job
 from worker.engine.postprocess import cast, finish
 from worker.engine.preprocess import Prepared
-from common.protocol.rqschema import Answer, Outcome, Taken
+from common.protocol.records import Answer, Outcome, Taken
 
 log = logging.getLogger(__name__)
 
 _PART_ID = re.compile(r"(.+)-p(\d{1,9})")
 
-# KEYS[1] embedfleet:chunks:<request>  HASH    plan, parts, done, part:<k>, failed (HSETNX, HINCRBY, HGETALL)
-# KEYS[2] embedfleet:result:<request>  STRING  EXISTS only: an answered request takes no more parts
-# ARGV: 1 part index, 2 the part's result blob (or, failed, the request's error blob), 3 '1' ok / '0' failed
-# Returns {0} (nothing to do), {-1} (no plan: expired, or not a spread request), {1, HGETALL} (complete:
-# combine and answer), {2, error blob, plan} (a part failed: answer the request with that error).
-_JOIN = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return {0} end
-if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'plan') == 0 then return {-1} end
-if ARGV[3] == '0' then redis.call('HSETNX', KEYS[1], 'failed', ARGV[2]) end
-local failed = redis.call('HGET', KEYS[1], 'failed')
-if failed then return {2, failed, redis.call('HGET', KEYS[1], 'plan')} end
-if redis.call('HSETNX', KEYS[1], 'part:' .. ARGV[1], ARGV[2]) == 1 then redis.call('HINCRBY', KEYS[1], 'done', 1) end
-local done = tonumber(redis.call('HGET', KEYS[1], 'done')) or 0
-local parts = tonumber(redis.call('HGET', KEYS[1], 'parts'))
-if parts and done >= parts then return {1, redis.call('HGETALL', KEYS[1])} end
-return {0}
-"""
-
-
 class ChunkJobs:
     """Spreads and joins for one worker: `settle` rewrites a round's answers before they are written."""
 
-    def __init__(self, connection: Redis, queues: list[Queue], model: str, *, result_ttl: int,
+    def __init__(self, connection: Redis, queues: list[str], model: str, *, result_ttl: int,
                  chunks_per_job: int):
         self.connection = connection
-        self.queues = {queue.name: queue for queue in queues}  # a request's parts go on its own level's queue
-        self.queue = queues[0]
+        self.queues = queues  # a request's parts go on its own level's queue
         self.model = model
         self.result_ttl = result_ttl
         self.chunks_per_job = chunks_per_job
-        self._join = connection.register_script(_JOIN)
         self.spread_requests = 0
         self.joined_parts = 0
 
@@ -116,17 +93,20 @@ class ChunkJobs:
                       "weights": [len(ids) for ids in prepared.token_lists],
                       "result_ttl": job.result_ttl or self.result_ttl})
         key = keys.chunks_key(request.id)
-        with self.connection.pipeline(transaction=False) as pipe:  # a request run again re-enqueues nothing
-            for part in parts:
-                pipe.exists(Job.key_for(part.id))
-            exists = pipe.execute()
+        # The plan first, then the parts: a request run again (its worker died in between) finds its plan
+        # and enqueues only the parts that are not there yet.
         with self.connection.pipeline() as pipe:
             pipe.hsetnx(key, "plan", plan)
             pipe.hsetnx(key, "parts", len(parts))
             pipe.expire(key, keys.CHUNKS_TTL)
-            queue = self.queues.get(job.queue, self.queue)
-            queue.enqueue_many([_job_data(part) for part, there in zip(parts, exists) if not there], pipeline=pipe)
-            pipe.execute()
+            for part in parts:
+                pipe.exists(keys.rq_job_key(part.id))
+            exists = pipe.execute()[3:]
+        queue = job.queue if job.queue in self.queues else self.queues[0]
+        missing = [part for part, there in zip(parts, exists) if not there]
+        if missing:
+            parts_on_queue = operations.enqueue_args(queue, missing, at_front=True, retry=False)
+            operations.enqueue(self.connection, parts_on_queue)
         self.spread_requests += 1
         log.info("request %s: %d chunks spread over the fleet as %d parts", request.id,
                  len(prepared.token_lists), len(parts))
@@ -156,15 +136,16 @@ class ChunkJobs:
             blob = Result.failure(part.parent, self.model, type(error)(
                 f"chunk part {part.index + 1}{f' of {part.parts}' if part.parts else ''} failed: {error.message}",
                 param=error.param)).encode()
-        reply = self._join(keys=[keys.chunks_key(part.parent), keys.result_key(part.parent)],
-                           args=[part.index, blob, "1" if ok else "0"])
-        code = int(reply[0])
-        if code == 1:
-            self._answer(part.parent, _fields(reply[1]))
-        elif code == 2:
-            self._publish(_decoded(reply[1]) or Result.failure(part.parent, self.model, InternalError(
-                "a chunk part failed (its stored error is unreadable)")), _plan(reply[2]))
-        elif code == -1:  # no spread request of that id (expired, or an id that only looks like a part's)
+        joined = operations.join(self.connection, part.parent, part.index, blob, ok)
+        if joined.code == 1:
+            self._answer(part.parent, joined.fields)
+        elif joined.code == 2:
+            self._publish(_decoded(joined.error) or Result.failure(part.parent, self.model, InternalError(
+                "a chunk part failed (its stored error is unreadable)")), _plan(joined.plan))
+        elif joined.code == 3:  # its join state was changed by hand: the request fails with the reason
+            self._publish(Result.failure(part.parent, self.model, InternalError(
+                f"the spread request's join state is unreadable: {joined.what}")), _plan(joined.plan))
+        elif joined.code == -1:  # no spread request of that id (expired, or an id that only looks like a part's)
             log.warning("job %s: no spread request %s to join; answered as a request of its own", answer.taken.id,
                         part.parent)
             return answer
@@ -186,7 +167,7 @@ class ChunkJobs:
 
     def _combined(self, parent: str, plan: dict, fields: dict[str, bytes]) -> Result:
         request = EmbedRequest.decode(plan["request"])
-        parts = [Result.decode(fields[f"part:{k}"]) for k in range(int(fields["parts"]))]
+        parts = [Result.decode(fields[f"part:{k}"]) for k in range(int(fields["parts"]))]  # the join checked it
         for part in parts:
             if not part.ok or part.embed_dtype != "float32" or len(part.shape) != 2:
                 raise ValueError(f"part {part.id} holds no float32 rows")
@@ -208,19 +189,9 @@ class ChunkJobs:
             pass  # the answer still lands under its id; only the reply-stream wake-up is lost
         ttl = plan.get("result_ttl")
         ttl = ttl if isinstance(ttl, int) and 0 < ttl <= keys.RESULT_TTL_BOUND else self.result_ttl
-        with self.connection.pipeline() as pipe:
-            publish(pipe, result, ttl, reply_to if keys.is_reply_stream_key(reply_to) else None, only_if_absent=True)
-            pipe.delete(keys.chunks_key(result.id))
-            pipe.execute()
+        operations.publish(self.connection, result, ttl, reply_to, only_if_absent=True,
+                           done_with=keys.chunks_key(result.id))
         log.info("request %s: answered from its parts (%s)", result.id, result.status)
-
-
-def _job_data(request: EmbedRequest):
-    """As the producer enqueues (producer/client/core.py), without rq's Retry: a part's failure fails its request."""
-    return Queue.prepare_data(
-        keys.JOB_FUNC, args=[request.encode()], job_id=request.id, timeout=keys.JOB_TIMEOUT,
-        result_ttl=keys.RESULT_TTL, ttl=keys.JOB_TTL, failure_ttl=keys.FAILURE_TTL, at_front=True,
-        description=f"embed part {request.part_of.index + 1} of {request.part_of.parts} of {request.part_of.parent}")
 
 
 def _decoded(blob: bytes) -> Result | None:
@@ -237,7 +208,3 @@ def _plan(raw) -> dict:
     except Exception:  # noqa: BLE001 - bytes from Redis: anything may be there
         return {}
     return plan if isinstance(plan, dict) else {}
-
-
-def _fields(flat: list) -> dict[str, bytes]:
-    return {(k.decode() if isinstance(k, bytes) else k): v for k, v in zip(flat[::2], flat[1::2])}

@@ -1,0 +1,64 @@
+"""The Lua scripts of the protocol, loaded one way: each file of scripts/ with lib.lua before it and the key
+prefixes of keys.py filled in, run by SHA (EVALSHA) and loaded again when the server lost it (a restart).
+
+Each script's header lists every key it touches (KEYS, and the keys it builds from ids) and its ARGV.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import redis
+import redis.asyncio as aioredis
+
+from common.protocol import keys
+
+FOLDER = Path(__file__).with_name("scripts")
+_PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")
+
+
+def _filled(text: str) -> str:
+    def value(match: re.Match) -> str:
+        name = match.group(1)
+        if not hasattr(keys, name):
+            raise KeyError(f"{name} in a Lua script is not defined in common/protocol/keys.py")
+        return str(getattr(keys, name))
+
+    return _PLACEHOLDER.sub(value, text)
+
+
+class Script:
+    """One script of scripts/, with lib.lua before it."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.source = _filled((FOLDER / "lib.lua").read_text() + "\n" + (FOLDER / f"{name}.lua").read_text())
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+
+    def __call__(self, connection: redis.Redis, keys_: list[str], args: list):
+        try:
+            return connection.evalsha(self.sha, len(keys_), *keys_, *args)
+        except redis.exceptions.NoScriptError:  # EVAL runs and caches it: only EVAL/EVALSHA rights needed
+            return connection.eval(self.source, len(keys_), *keys_, *args)
+
+    async def run_async(self, connection: aioredis.Redis, keys_: list[str], args: list):
+        try:
+            return await connection.evalsha(self.sha, len(keys_), *keys_, *args)
+        except redis.exceptions.NoScriptError:
+            return await connection.eval(self.source, len(keys_), *keys_, *args)
+
+    def queue(self, pipe, keys_: list[str], args: list, by_source: bool = False) -> None:
+        """Queue on a pipeline by SHA; where the server lost the script (NoScriptError) the caller sends the
+        pipeline again `by_source` (EVAL, which caches it again)."""
+        if by_source:
+            pipe.eval(self.source, len(keys_), *keys_, *args)
+        else:
+            pipe.evalsha(self.sha, len(keys_), *keys_, *args)
+
+
+ENQUEUE, TAKE, FINISH, REFRESH = Script("enqueue"), Script("take"), Script("finish"), Script("refresh")
+RECOVER, GIVE_BACK, CANCEL = Script("recover"), Script("giveback"), Script("cancel")
+JOIN, PUBLISH = Script("join"), Script("publish")
+ALL = (ENQUEUE, TAKE, FINISH, REFRESH, RECOVER, GIVE_BACK, CANCEL, JOIN, PUBLISH)
