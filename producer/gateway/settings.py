@@ -16,8 +16,12 @@ class GatewaySettings(Settings):
     api_keys: str | None = Field(None, repr=False, description="several keys, each with a weight and an "
                                  "optional rate: a JSON object {KEY: {name, weight, rate, burst}} inline or as "
                                  "@FILE (producer/gateway/apikeys.py); every route but /health then needs one")
-    max_in_flight: int | None = Field(None, ge=1, description="requests this gateway holds waiting for results "
-                                      "before each API key is held to its weighted share (429 past it)")
+    # Bounded by default: unbounded, a flood of requests (each a coroutine, its parsed body and, later, its
+    # result) grows memory until the process dies, where 429 lets clients back off. 1024 per process is
+    # Little's law with room to spare (1,000 requests/s answered in 1 s each), far above what one replica
+    # holds in normal use; it bounds the held bodies at 1024 x --max-body-bytes (MBs at typical sizes).
+    max_in_flight: int = Field(1024, ge=1, description="requests this gateway holds waiting for results; past it "
+                               "new ones get 429 rate_limited (with API keys: each key past its weighted share)")
     max_inputs: int = Field(2048, ge=1, description="inputs allowed in one request (the model's own limit "
                                                     "also applies)")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1, description="largest request body accepted, in bytes")
