@@ -46,6 +46,8 @@ async def create_job(body: JobBody, request: Request, gw: Gateway = Depends(gate
         raise ValidationError("this gateway signs webhooks and has no --webhook-secret (EMBEDFLEET_WEBHOOK_"
                               "SECRET): `webhook` is refused; poll GET /v1/jobs/{id} or follow GET "
                               "/v1/jobs/events instead", param="webhook")
+    if body.webhook:  # before the enqueue: a refused URL leaves no job behind
+        await gw.settings.webhook_policy.check_at_submit(body.webhook, gw.settings.webhook_timeout)
     job_id = await gw.submit(body, reply_to=keys.WEBHOOK_STREAM if body.webhook else None)
     await gw.save_job_options(job_id, body, owner_of(request))
     if body.webhook:  # the durable delivery list: any replica delivers (producer/gateway/webhooks.py)

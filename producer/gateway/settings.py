@@ -6,6 +6,7 @@ from pydantic import Field, PrivateAttr, model_validator
 
 from common.config import Settings
 from producer.gateway.apikeys import ApiKey, parse_api_keys
+from producer.gateway.webhookurls import WebhookPolicy
 
 
 class GatewaySettings(Settings):
@@ -39,15 +40,28 @@ class GatewaySettings(Settings):
     webhook_attempts: int = Field(6, ge=1, description="tries per webhook delivery (a 5xx, 429, timeout or "
                                                        "refused connection is retried, doubling the pause)")
     webhook_timeout: float = Field(10.0, gt=0, description="seconds one webhook POST may take")
+    webhook_allow_http: bool = Field(False, description="let webhooks go to plain http:// URLs too (default: "
+                                     "https only)")
+    webhook_allow_hosts: str | None = Field(None, description="host names, addresses and CIDR networks, comma-"
+                                            "separated, that webhooks may go to although they are not public "
+                                            "(e.g. hooks.internal,10.8.0.0/16); everything else must be public "
+                                            "(producer/gateway/webhookurls.py)")
     webhook_sweep_seconds: float = Field(5.0, gt=0, description="seconds between this replica's sweeps of the "
                                          "fleet's webhook delivery list (results no replica was woken for)")
     max_event_ids: int = Field(1000, ge=1, description="job ids one GET /v1/jobs/events stream may follow")
     _keys: dict[str, ApiKey] = PrivateAttr(default_factory=dict)
+    _webhook_policy: WebhookPolicy = PrivateAttr(default_factory=WebhookPolicy)
 
     @model_validator(mode="after")
     def _parse_keys(self):
         self._keys = parse_api_keys(self.api_keys, self.api_key)  # a bad file stops the start, in one line
+        self._webhook_policy = WebhookPolicy.from_flags(self.webhook_allow_http, self.webhook_allow_hosts)
         return self
+
+    @property
+    def webhook_policy(self) -> WebhookPolicy:
+        """Where webhooks may go: --webhook-allow-http and --webhook-allow-hosts, parsed once."""
+        return self._webhook_policy
 
     @property
     def keys(self) -> dict[str, ApiKey]:
