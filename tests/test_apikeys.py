@@ -156,3 +156,34 @@ def test_priority_and_deadline_over_http(redis_url, redis_client):
             assert http.get(f"/v1/jobs/{bulk}").status_code == 200
     finally:
         server.stop()
+
+
+def test_without_keys_a_full_gateway_answers_429_until_a_request_is_answered(redis_url, redis_client):
+    """--max-in-flight holds without API keys too (a flood gets 429, not memory growth); on by default."""
+    assert settings(redis_url).max_in_flight == 1024
+    worker = BatchWorker(Engine(NullModel("null:4", MODEL)), redis_client, poll_timeout=1)
+    worker.advertiser.advertise()  # advertises only: the held requests wait until it serves a burst
+    server = Server(settings(redis_url, max_in_flight=2))
+    body = {"model": MODEL, "input": "held"}
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            held: list[httpx.Response] = []
+            threads = [threading.Thread(target=lambda: held.append(http.post("/v1/embeddings", json=body)))
+                       for _ in range(2)]
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + 30
+            while redis_client.llen("rq:queue:" + keys.queue_name(MODEL)) < 2:  # both admitted and queued
+                assert time.monotonic() < deadline, "the held requests were not queued"
+                time.sleep(0.02)
+            refused = http.post("/v1/jobs", json=body)
+            assert worker.work(burst=True)
+            for thread in threads:
+                thread.join(30)
+            after = http.post("/v1/jobs", json=body)  # nothing held now
+    finally:
+        server.stop()
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limited", refused.text
+    assert "--max-in-flight 2" in refused.json()["error"]["message"] and refused.headers["retry-after"] == "1"
+    assert [r.status_code for r in held] == [200, 200]
+    assert after.status_code == 202, after.text

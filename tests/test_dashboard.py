@@ -3,6 +3,7 @@ gateway and worker; /v1/fleet, the data it polls, behind the API key."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 
@@ -48,6 +49,16 @@ def test_without_a_key_the_page_does_not_ask_and_the_data_is_open(redis_url, fle
     try:
         assert httpx.get(f"{server.url}/dashboard/config.json").json() == {"api_key_required": False}
         assert httpx.get(f"{server.url}/v1/fleet").json()["models"][0]["live_workers"] == 1
+    finally:
+        server.stop()
+
+
+def test_keys_from_api_keys_make_the_page_ask_too(redis_url):
+    """--api-keys without --api-key: /v1/fleet needs a key, so the page must ask for one."""
+    server = gatewayserver.Server(gatewayserver.settings(redis_url, api_keys=json.dumps({KEY: {"name": "ops"}})))
+    try:
+        assert httpx.get(f"{server.url}/dashboard/config.json").json() == {"api_key_required": True}
+        assert httpx.get(f"{server.url}/v1/fleet").status_code == 401
     finally:
         server.stop()
 

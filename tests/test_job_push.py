@@ -1,7 +1,8 @@
 """Results pushed to the client (issue #9): webhooks on POST /v1/jobs and GET /v1/jobs/events (SSE).
 
 Real uvicorn gateways, the real BatchWorker on its null model, a real redis-server, and a real HTTP
-receiver on loopback that the test starts.
+receiver on loopback that the test starts. Loopback is no place a webhook may go by default: the gateways
+here are let through to it as an operator would, with --webhook-allow-hosts and --webhook-allow-http.
 """
 
 from __future__ import annotations
@@ -24,18 +25,21 @@ SECRET = "webhook-s3cret"
 
 
 class Receiver:
-    """A loopback HTTP server that records each POST and answers with the next of `statuses` (then 200)."""
+    """A loopback HTTP server that records each POST and answers with the next of `statuses` (then 200);
+    `connections` counts every TCP connection it accepted, requests or not."""
 
     def __init__(self, statuses=()):
         self.requests: list[dict] = []
         self.statuses = list(statuses)
+        self.connections = 0
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 status = receiver.statuses.pop(0) if receiver.statuses else 200
-                receiver.requests.append({"headers": dict(self.headers), "body": body, "status": status})
+                receiver.requests.append({"headers": dict(self.headers), "body": body, "status": status,
+                                          "path": self.path})
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -43,8 +47,14 @@ class Receiver:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        class Counting(ThreadingHTTPServer):
+            def verify_request(self, request, client_address):
+                receiver.connections += 1
+                return True
+
+        self.server = Counting(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def wait_for(self, count: int, timeout: float = 30) -> list[dict]:
@@ -66,6 +76,8 @@ def receiver():
 
 
 def gateway(redis_url: str, **fields) -> Server:
+    """A gateway that signs webhooks and may deliver them to the loopback receiver."""
+    fields = {"webhook_allow_http": True, "webhook_allow_hosts": "127.0.0.1", **fields}
     return Server(settings(redis_url, webhook_secret=SECRET, webhook_sweep_seconds=0.2, **fields))
 
 

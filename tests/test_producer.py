@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from rq import Queue
-from rq.job import JobStatus
+from rq.job import Job, JobStatus
 from sentence_transformers import SentenceTransformer
 
 from common.protocol import keys
@@ -345,6 +345,8 @@ def test_a_recheck_wakes_waiters_whose_reply_was_lost_in_an_outage(redis_url, re
         connection = connect_async(redis_url)
         hub = WaitHub(connection, status)
         hub.expect(["landed", "pending"])  # ours: a first look that finds nothing waits for the stream
+        for request_id in ("landed", "pending"):  # ...once it finds their jobs (an id without one fails)
+            redis_client.hset(Job.key_for(request_id), "status", "queued")
         landed, pending = hub.watch("landed"), hub.watch("pending")
         await asyncio.sleep(0.2)
         assert not landed.done() and not pending.done()

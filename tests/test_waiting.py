@@ -13,7 +13,9 @@ import time
 
 import pytest
 import redis
+from rq.job import Job
 
+from common.errors import NotFoundError
 from common.protocol import keys
 from producer import AsyncProducer, Producer
 from producer.client.core import CAPS_CACHE_SECONDS
@@ -261,3 +263,29 @@ def test_a_notify_key_that_is_no_list_fails_no_other_wait(redis_url, redis_clien
             return await asyncio.wait_for(asyncio.gather(*waits), 20)
 
     assert [r.id for r in asyncio.run(main())] == [spoiled, fine]
+
+
+def test_a_wait_on_a_job_that_vanished_is_not_found_at_once_in_both_clients(redis_url, redis_client):
+    """The job hash is gone (deleted, or expired unserved) and no result landed: nothing will ever answer,
+    so neither client waits out its timeout. Own ids (submitted by this AsyncProducer, which wake through
+    its reply stream) and foreign ids alike. A 120 s timeout: a wait that waited would end in TimeoutError."""
+    advertise(redis_client)
+    with Producer(redis_url) as sync:
+        foreign, by_sync = sync.submit_many([["submitted elsewhere"], ["waited by the sync client"]], MODEL)
+        redis_client.delete(Job.key_for(foreign), Job.key_for(by_sync))
+        with pytest.raises(NotFoundError, match="never submitted, or it expired") as sync_error:
+            sync.wait(by_sync, timeout=120)
+
+    async def main():
+        async with AsyncProducer(redis_url) as producer:
+            own = await producer.submit(["mine"], MODEL)
+            redis_client.delete(Job.key_for(own))
+            outcomes = await asyncio.gather(*(producer.wait(i, timeout=120) for i in (own, foreign)),
+                                            return_exceptions=True)
+            return dict(zip((own, foreign), outcomes))
+
+    outcomes = asyncio.run(main())
+    assert all(isinstance(o, NotFoundError) for o in outcomes.values()), outcomes
+    for request_id, error in outcomes.items():
+        assert error.message == f"no request with id {request_id} (never submitted, or it expired)"
+        assert error.param == sync_error.value.param == "id"

@@ -36,7 +36,7 @@ class Look(enum.IntEnum):
     """Why an id is due for a read; a stronger reason wins when two arrive before the read."""
 
     RECHECK = 0  # a listener reconnected: its wake-up may have been lost
-    FIRST = 1  # a wait began: the result may be in already; if not, an unknown id fails at once
+    FIRST = 1  # a wait began: the result may be in already; if not, an id without a job fails at once
     WOKE = 2  # a wake-up announced the result
 
 
@@ -217,7 +217,9 @@ class WaitHub:
                 missing.append(request_id)
             else:
                 self._land(request_id, blob)
-        first = [i for i in missing if due[i] is Look.FIRST and not self.is_own(i)]
+        # Own ids too: their wake-up comes through the reply stream, but a job that vanished (its hash
+        # deleted or expired, no result) never sends one, and the wait would last its whole timeout.
+        first = [i for i in missing if due[i] is Look.FIRST]
         if first:
             await self._fail_unknown(first)
         for request_id in missing:
@@ -248,7 +250,8 @@ class WaitHub:
                 queue.put_nowait(result)
 
     async def _fail_unknown(self, request_ids: list[str]) -> None:
-        """An id with neither a result nor a job was never submitted (or expired): say so at once."""
+        """An id with neither a result nor a job was never submitted (or expired, or its job was deleted):
+        say so at once, as Producer.wait does (raise_if_unknown)."""
         pipe = self.connection.pipeline(transaction=False)
         for request_id in request_ids:
             pipe.exists(keys.result_key(request_id), Job.key_for(request_id))

@@ -12,6 +12,7 @@ rate   requests per second the key may send (POST /v1/embeddings, /pooling, /v1/
 weight the key's share of --max-in-flight (the requests this gateway holds waiting for their results):
        while the gateway holds fewer, any key gets in; once it is full, a key is admitted only while it
        holds less than weight / (sum of weights) of it, so a busy key cannot take a quiet key's turn.
+       Without keys, a full gateway refuses every new request (429 rate_limited) until one is answered.
 name   what metrics and logs call the key (never the key itself); default key1, key2, ... in file order.
 """
 
@@ -117,9 +118,12 @@ class KeyLimiter:
     @contextlib.contextmanager
     def admit(self, name: str | None):
         """Hold one request of key `name` (None: no keys configured) until the block ends; raises
-        RateLimitedError over the key's rate, or when the gateway is full and the key holds its share."""
+        RateLimitedError over the key's rate, or when the gateway is full and the key holds its share
+        (without keys: when the gateway is full)."""
         with self._lock:
-            if name is not None:
+            if name is None:
+                self._check_total()
+            else:
                 self._check_share(name)
                 self._take_token(name)
                 self._in_flight[name] += 1
@@ -145,6 +149,13 @@ class KeyLimiter:
             raise RateLimitedError(f"API key '{name}' is over its rate of {key.rate:g} requests/s (burst "
                                    f"{key.bucket:g}); retry in {wait:.2f} s", retry_after=max(1, math.ceil(wait)))
         self._tokens[name] = tokens - 1
+
+    def _check_total(self) -> None:
+        """Without keys, nobody has a share to keep: a full gateway refuses every new request."""
+        if self.max_in_flight is not None and self._total >= self.max_in_flight:
+            raise RateLimitedError(
+                f"the gateway holds {self._total} requests waiting for results (--max-in-flight "
+                f"{self.max_in_flight}); retry when earlier requests have been answered", retry_after=1)
 
     def _check_share(self, name: str) -> None:
         if self.max_in_flight is None or self._total < self.max_in_flight:

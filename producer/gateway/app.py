@@ -82,7 +82,8 @@ def webhook_deliveries(settings: GatewaySettings, producer: AsyncProducer, optio
     blocking read of the shared webhook stream, and shares the producer's command connections."""
     return {url: Deliveries(producer.connection_at(url), connect_async(url, max_connections=1), options_of,
                             secret=settings.webhook_secret, attempts=settings.webhook_attempts,
-                            timeout=settings.webhook_timeout, sweep=settings.webhook_sweep_seconds)
+                            timeout=settings.webhook_timeout, sweep=settings.webhook_sweep_seconds,
+                            policy=settings.webhook_policy)
             for url in producer.urls()}
 
 

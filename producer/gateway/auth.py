@@ -1,5 +1,6 @@
 """Bearer-key check: with API keys configured, every route but /health needs `Authorization: Bearer KEY`;
-the key found is kept on the request (`request.state.api_key`) for its fair share (apikeys.py)."""
+the key found is kept on the request, by name for its fair share (`request.state.api_key`, apikeys.py)
+and as the owner of the jobs it creates (`request.state.job_owner`, owners.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from fastapi import Depends, Request
 
 from common.errors import AuthError
 from producer.gateway.errors import RateLimitedError
+from producer.gateway.owners import fingerprint
 from producer.gateway.service import Gateway, gateway
 
 
 async def require_key(request: Request, gw: Gateway = Depends(gateway)) -> None:
-    request.state.api_key = None
+    request.state.api_key = request.state.job_owner = None
     accepted = gw.settings.keys
     if not accepted:
         return
@@ -22,12 +24,13 @@ async def require_key(request: Request, gw: Gateway = Depends(gateway)) -> None:
     given_bytes = given.strip().encode()
     found = None
     # compare_digest against every key: the time taken must not reveal how much of a guess was right
-    for key, options in accepted.items():
+    for key in accepted:
         if hmac.compare_digest(given_bytes, key.encode()):
-            found = options
+            found = key
     if scheme.lower() != "bearer" or found is None:
         raise AuthError("missing or wrong API key: send `Authorization: Bearer <key>`")
-    request.state.api_key = found.name
+    request.state.api_key = accepted[found].name
+    request.state.job_owner = fingerprint(found)
 
 
 async def admit(request: Request, gw: Gateway = Depends(gateway)):

@@ -34,7 +34,7 @@ async def page() -> FileResponse:
 
 @public.get("/dashboard/config.json", include_in_schema=False)
 async def config(gw: Gateway = Depends(gateway)) -> dict:
-    return {"api_key_required": bool(gw.settings.api_key)}
+    return {"api_key_required": bool(gw.settings.keys)}  # --api-key or --api-keys: require_key's own test
 
 
 @protected.get("/v1/fleet")

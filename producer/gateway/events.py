@@ -8,7 +8,8 @@ pending get one event each with their status (`queued`, `started`) and the strea
 those. A comment line every KEEPALIVE seconds keeps proxies from closing an idle stream.
 
 Jobs live in Redis and waits go through the gateway's AsyncProducer, so any replica serves any job's
-events, whichever replica accepted it.
+events, whichever replica accepted it. With API keys, another key's job gets the event of an id with no
+job, at once, and is never waited for (producer/gateway/owners.py).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import asyncio
 import json
 import time
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
 from common.protocol import keys
 from common.errors import EmbedfleetError, NotFoundError, ResultTimeoutError, ValidationError
 from producer.gateway.auth import require_key
 from producer.gateway.jobresults import job_body, unsettled_body
+from producer.gateway.owners import no_such_job, owner_of
 from producer.gateway.service import Gateway, gateway
 
 router = APIRouter(dependencies=[Depends(require_key)])
@@ -51,19 +53,24 @@ def event(name: str, data: dict, event_id: str | None = None) -> bytes:
 
 
 @router.get("/v1/jobs/events")
-async def job_events(ids: str = Query(..., description="comma-separated job ids"),
+async def job_events(request: Request, ids: str = Query(..., description="comma-separated job ids"),
                      timeout: float | None = Query(None, gt=0, description="seconds to follow the jobs "
                                                                            "(capped by the gateway's max_wait)"),
                      gw: Gateway = Depends(gateway)) -> StreamingResponse:
     wanted = parse_ids(ids, gw.settings.max_event_ids)
     seconds = min(timeout or gw.settings.max_wait, gw.settings.max_wait)
-    return StreamingResponse(_stream(gw, wanted, seconds), media_type="text/event-stream",
+    # Read once, before the headers: whose each job is, and how to answer it when it lands.
+    visible = await gw.visible_jobs(wanted, owner_of(request))
+    return StreamingResponse(_stream(gw, wanted, visible, seconds), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _stream(gw: Gateway, wanted: list[str], seconds: float):
+async def _stream(gw: Gateway, wanted: list[str], visible: dict[str, dict], seconds: float):
     deadline = time.monotonic() + seconds
-    waits = {asyncio.ensure_future(gw.producer.wait(job_id, seconds)): job_id for job_id in wanted}
+    for job_id in wanted:
+        if job_id not in visible:  # another key's job, or no job at all: the same event either way
+            yield event("job", _not_found(job_id), job_id)
+    waits = {asyncio.ensure_future(gw.producer.wait(job_id, seconds)): job_id for job_id in visible}
     try:
         pending = set(waits)
         while pending:
@@ -75,7 +82,8 @@ async def _stream(gw: Gateway, wanted: list[str], seconds: float):
                     break
                 yield b": keep-alive\n\n"
             for task in done:
-                yield event("job", await _reported(_settled(gw, waits[task], task), waits[task]), waits[task])
+                job_id = waits[task]
+                yield event("job", await _reported(_settled(gw, job_id, task, visible[job_id]), job_id), job_id)
         for task in pending:  # the deadline passed: say where each still stands
             task.cancel()
             job_id = waits[task]
@@ -99,16 +107,20 @@ async def _status(gw: Gateway, job_id: str) -> dict:
     return unsettled_body(job_id, await gw.producer.status(job_id))
 
 
-async def _settled(gw: Gateway, job_id: str, task: asyncio.Task) -> dict:
+def _not_found(job_id: str) -> dict:
+    return unsettled_body(job_id, "not_found", no_such_job(job_id))
+
+
+async def _settled(gw: Gateway, job_id: str, task: asyncio.Task, options: dict) -> dict:
     """The event of a wait that ended: the result, the job's own error, or why there is none."""
     try:
         result = task.result()
-    except NotFoundError as err:
-        return unsettled_body(job_id, "not_found", err)
+    except NotFoundError:
+        return _not_found(job_id)
     except ResultTimeoutError:
         return unsettled_body(job_id, await gw.producer.status(job_id))
     except EmbedfleetError:  # the job's own error: its stored result says which, with its status
         result = await gw.producer.get(job_id)
         if result is None:
             raise
-    return job_body(result, await gw.job_options(job_id))
+    return job_body(result, options)

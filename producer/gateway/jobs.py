@@ -5,12 +5,13 @@ producer/gateway/webhooks.py; GET /v1/jobs/events streams results as they land, 
 producer/gateway/events.py); GET /v1/jobs/{id}[?wait=S] -> 202 while queued/started, 200 with the
 /v1/embeddings body (plus `status`) once finished, or the job's own error in OpenAI's shape and status;
 DELETE /v1/jobs/{id} cancels a job no worker has taken yet. Jobs live in Redis, so any gateway replica
-answers for any job, and a gateway restart loses none.
+answers for any job, and a gateway restart loses none. With API keys, a job is its creating key's alone:
+to any other key it does not exist (producer/gateway/owners.py).
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from common.protocol import keys
@@ -18,6 +19,7 @@ from common.errors import EmbedfleetError, InternalError, NotFoundError, Unavail
 from producer.gateway import encoding
 from producer.gateway.auth import admit, require_key
 from producer.gateway.errors import JobNotCancellableError
+from producer.gateway.owners import no_such_job, owner_of
 from producer.client.core import redis_errors
 from producer.gateway.schemas import JobBody
 from producer.gateway.service import Gateway, gateway
@@ -39,13 +41,15 @@ def _job(job_id: str, status: str, code: int = 202) -> JSONResponse:
 
 
 @router.post("/v1/jobs", status_code=202, dependencies=[Depends(admit)])
-async def create_job(body: JobBody, gw: Gateway = Depends(gateway)) -> JSONResponse:
+async def create_job(body: JobBody, request: Request, gw: Gateway = Depends(gateway)) -> JSONResponse:
     if body.webhook and not gw.settings.webhook_secret:
         raise ValidationError("this gateway signs webhooks and has no --webhook-secret (EMBEDFLEET_WEBHOOK_"
                               "SECRET): `webhook` is refused; poll GET /v1/jobs/{id} or follow GET "
                               "/v1/jobs/events instead", param="webhook")
+    if body.webhook:  # before the enqueue: a refused URL leaves no job behind
+        await gw.settings.webhook_policy.check_at_submit(body.webhook, gw.settings.webhook_timeout)
     job_id = await gw.submit(body, reply_to=keys.WEBHOOK_STREAM if body.webhook else None)
-    await gw.save_job_options(job_id, body)
+    await gw.save_job_options(job_id, body, owner_of(request))
     if body.webhook:  # the durable delivery list: any replica delivers (producer/gateway/webhooks.py)
         with redis_errors():
             await gw.deliveries[await gw.producer.url_of(job_id)].register(job_id)
@@ -55,17 +59,19 @@ async def create_job(body: JobBody, gw: Gateway = Depends(gateway)) -> JSONRespo
 
 
 @router.get("/v1/jobs/{job_id}")
-async def get_job(job_id: str, gw: Gateway = Depends(gateway),
+async def get_job(job_id: str, request: Request, gw: Gateway = Depends(gateway),
                   wait: float = Query(0.0, ge=0, description="seconds to long-poll for the result "
                                                               "(capped by the gateway's max_wait)")
                   ) -> Response:
     job_id = _known_shape(job_id)
+    # Whose job it is, first: another key's job is not waited for, and its options (read once, here)
+    # cannot change hands while a long-poll waits.
+    options = await gw.visible_job(job_id, owner_of(request))
     result = await gw.producer.get(job_id)
     if result is None:
         status = await gw.producer.status(job_id)
         if status == "not_found":
-            raise NotFoundError(f"no job with id {job_id} (never submitted, or its result expired)",
-                                param="id")
+            raise no_such_job(job_id)
         if status in PENDING and wait > 0:
             try:  # BLPOP on the job's notify list: returns the moment the result lands
                 await gw.producer.wait(job_id, min(wait, gw.settings.max_wait))
@@ -79,20 +85,22 @@ async def get_job(job_id: str, gw: Gateway = Depends(gateway),
             if status in PENDING:
                 return _job(job_id, status)
             result = await gw.producer.get(job_id)  # it landed between the two reads
+            if result is None and status == "not_found":  # its job vanished while we waited
+                raise no_such_job(job_id)
             if result is None:
                 raise InternalError(f"job {job_id} is {status} but left no result")
     result.raise_for_error()
-    options = await gw.job_options(job_id)
     return encoding.embeddings_response(result, options["encoding_format"], options["explicit_layout"],
                                         extra={"status": "finished"})
 
 
 @router.delete("/v1/jobs/{job_id}")
-async def cancel_job(job_id: str, gw: Gateway = Depends(gateway)) -> JSONResponse:
+async def cancel_job(job_id: str, request: Request, gw: Gateway = Depends(gateway)) -> JSONResponse:
     job_id = _known_shape(job_id)
+    await gw.visible_job(job_id, owner_of(request))
     status = await gw.producer.status(job_id)
     if status == "not_found":
-        raise NotFoundError(f"no job with id {job_id}", param="id")
+        raise no_such_job(job_id)
     if status == "queued" and await gw.producer.cancel(job_id):
         return _job(job_id, "cancelled", code=200)
     if status == "queued":  # a worker took it between the two reads (rq says "started" a moment later)

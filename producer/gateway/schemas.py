@@ -100,6 +100,8 @@ class PoolingBody(EmbedBody):
 class JobBody(EmbedBody):
     """POST /v1/jobs: the embeddings body, plus where to POST the result when it lands."""
 
-    webhook: str | None = Field(None, max_length=2048, pattern=r"^https?://[^\s]+$",
-                                description="http(s) URL the gateway POSTs the job's result to, signed "
-                                            "(X-Embedfleet-Signature-256), retried on failure")
+    # The URL's rules (https, a public host, no credentials) are the gateway's policy, checked with its
+    # flags in producer/gateway/webhookurls.py: one message that says what is allowed, not a regex's.
+    webhook: str | None = Field(None, max_length=2048,
+                                description="https URL of a public host the gateway POSTs the job's result to, "
+                                            "signed (X-Embedfleet-Signature-256), retried on failure")

@@ -16,6 +16,7 @@ from producer import AsyncProducer
 from producer.client.core import redis_errors
 from producer.gateway.apikeys import KeyLimiter
 from producer.gateway.metrics import Metrics
+from producer.gateway.owners import may_see, no_such_job
 from producer.gateway.schemas import EmbedBody
 from producer.gateway.settings import GatewaySettings
 
@@ -63,19 +64,50 @@ class Gateway:
                 await self.producer.cancel(request_id)
             raise
 
-    # -- async jobs: how to answer a job is kept next to it, for GET /v1/jobs/{id} ------------------
-    async def save_job_options(self, request_id: str, body: EmbedBody) -> None:
+    # -- async jobs: how to answer a job, and whose it is, is kept next to it ------------------------
+    async def save_job_options(self, request_id: str, body: EmbedBody, owner: str | None = None) -> None:
+        """Keep how to answer the job, where its webhook goes and (with API keys) whose it is (owners.py)."""
         options = {"encoding_format": body.encoding_format, "explicit_layout": body.explicit_layout}
         if getattr(body, "webhook", None):  # a JobBody's: where the result goes (producer/gateway/webhooks.py)
             options["webhook"] = body.webhook
+        if owner is not None:
+            options["owner"] = owner
         options = json.dumps(options)
         with redis_errors():
             await save_job_options(await self.producer.connection_of(request_id), request_id, options)
 
     async def job_options(self, request_id: str) -> dict:
-        with redis_errors():
-            raw = await (await self.producer.connection_of(request_id)).get(keys.job_options_key(request_id))
-        return json.loads(raw) if raw else {"encoding_format": "float", "explicit_layout": False}
+        """The job's stored options, or the defaults when none are stored (webhooks: no URL, no owner)."""
+        return (await self.stored_options([request_id]))[request_id] or dict(DEFAULT_OPTIONS)
+
+    async def stored_options(self, request_ids: list[str]) -> dict[str, dict | None]:
+        """Each job's stored options (None: none stored), in one MGET per Redis."""
+        by_url: dict[str, list[str]] = {}
+        for request_id in request_ids:
+            by_url.setdefault(await self.producer.url_of(request_id), []).append(request_id)
+        found: dict[str, dict | None] = {}
+        for url, ids in by_url.items():
+            with redis_errors():
+                raw = await self.producer.connection_at(url).mget([keys.job_options_key(i) for i in ids])
+            found.update((i, json.loads(r) if r else None) for i, r in zip(ids, raw))
+        return found
+
+    async def visible_jobs(self, request_ids: list[str], owner: str | None) -> dict[str, dict]:
+        """The options of each job the caller (key fingerprint `owner`) may see; the others are left out."""
+        keyed = bool(self.settings.keys)
+        return {i: options or dict(DEFAULT_OPTIONS)
+                for i, options in (await self.stored_options(request_ids)).items()
+                if may_see(options, owner, keyed)}
+
+    async def visible_job(self, request_id: str, owner: str | None) -> dict:
+        """The job's options if the caller may see it; else the NotFoundError of an id with no job."""
+        options = (await self.visible_jobs([request_id], owner)).get(request_id)
+        if options is None:
+            raise no_such_job(request_id)
+        return options
+
+
+DEFAULT_OPTIONS = {"encoding_format": "float", "explicit_layout": False}
 
 
 # KEYS: job options, result. ARGV: options, ttl. The job is enqueued before its options are saved, so its

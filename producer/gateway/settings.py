@@ -6,6 +6,7 @@ from pydantic import Field, PrivateAttr, model_validator
 
 from common.config import Settings
 from producer.gateway.apikeys import ApiKey, parse_api_keys
+from producer.gateway.webhookurls import WebhookPolicy
 
 
 class GatewaySettings(Settings):
@@ -16,8 +17,12 @@ class GatewaySettings(Settings):
     api_keys: str | None = Field(None, repr=False, description="several keys, each with a weight and an "
                                  "optional rate: a JSON object {KEY: {name, weight, rate, burst}} inline or as "
                                  "@FILE (producer/gateway/apikeys.py); every route but /health then needs one")
-    max_in_flight: int | None = Field(None, ge=1, description="requests this gateway holds waiting for results "
-                                      "before each API key is held to its weighted share (429 past it)")
+    # Bounded by default: unbounded, a flood of requests (each a coroutine, its parsed body and, later, its
+    # result) grows memory until the process dies, where 429 lets clients back off. 1024 per process is
+    # Little's law with room to spare (1,000 requests/s answered in 1 s each), far above what one replica
+    # holds in normal use; it bounds the held bodies at 1024 x --max-body-bytes (MBs at typical sizes).
+    max_in_flight: int = Field(1024, ge=1, description="requests this gateway holds waiting for results; past it "
+                               "new ones get 429 rate_limited (with API keys: each key past its weighted share)")
     max_inputs: int = Field(2048, ge=1, description="inputs allowed in one request (the model's own limit "
                                                     "also applies)")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1, description="largest request body accepted, in bytes")
@@ -35,15 +40,28 @@ class GatewaySettings(Settings):
     webhook_attempts: int = Field(6, ge=1, description="tries per webhook delivery (a 5xx, 429, timeout or "
                                                        "refused connection is retried, doubling the pause)")
     webhook_timeout: float = Field(10.0, gt=0, description="seconds one webhook POST may take")
+    webhook_allow_http: bool = Field(False, description="let webhooks go to plain http:// URLs too (default: "
+                                     "https only)")
+    webhook_allow_hosts: str | None = Field(None, description="host names, addresses and CIDR networks, comma-"
+                                            "separated, that webhooks may go to although they are not public "
+                                            "(e.g. hooks.internal,10.8.0.0/16); everything else must be public "
+                                            "(producer/gateway/webhookurls.py)")
     webhook_sweep_seconds: float = Field(5.0, gt=0, description="seconds between this replica's sweeps of the "
                                          "fleet's webhook delivery list (results no replica was woken for)")
     max_event_ids: int = Field(1000, ge=1, description="job ids one GET /v1/jobs/events stream may follow")
     _keys: dict[str, ApiKey] = PrivateAttr(default_factory=dict)
+    _webhook_policy: WebhookPolicy = PrivateAttr(default_factory=WebhookPolicy)
 
     @model_validator(mode="after")
     def _parse_keys(self):
         self._keys = parse_api_keys(self.api_keys, self.api_key)  # a bad file stops the start, in one line
+        self._webhook_policy = WebhookPolicy.from_flags(self.webhook_allow_http, self.webhook_allow_hosts)
         return self
+
+    @property
+    def webhook_policy(self) -> WebhookPolicy:
+        """Where webhooks may go: --webhook-allow-http and --webhook-allow-hosts, parsed once."""
+        return self._webhook_policy
 
     @property
     def keys(self) -> dict[str, ApiKey]:

@@ -13,6 +13,11 @@ X-Embedfleet-Job (the job id), X-Embedfleet-Attempt (1, 2, ...), and X-Embedflee
 `sha256=` + hex HMAC-SHA256 of the raw body keyed by --webhook-secret (GitHub's scheme). A 2xx ends the
 delivery; a 5xx, 429, timeout or connection failure is retried (pauses 0.5 s, 1 s, 2 s, ...) up to
 --webhook-attempts; any other status is the receiver's refusal and ends it.
+
+Each attempt checks the URL again with this replica's policy (producer/gateway/webhookurls.py): the host
+is resolved once, every address checked, and the connection made to a checked address; a refused URL or
+address ends the delivery unsent. Redirects are not followed (a 3xx is a refusal), and logs name a
+webhook by scheme://host[:port] only (its path and query may hold the receiver's tokens).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from common.errors import DecodeError
 from common.redisclient import MAX_BLOCK, close_async
 from producer.client.core import read_result
 from producer.gateway.jobresults import job_body
+from producer.gateway.webhookurls import WebhookPolicy, WebhookRefusedError, loggable
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +66,22 @@ class Deliveries:
         secret, attempts, timeout: --webhook-secret, --webhook-attempts, --webhook-timeout.
         sweep: seconds between sweeps of the delivery list; a job that is not done yet is looked at
             again after 6 sweeps (its stream entry normally comes first).
+        policy: where webhooks may go (--webhook-allow-http, --webhook-allow-hosts).
     """
 
     def __init__(self, connection: aioredis.Redis, listen: aioredis.Redis,
                  options_of: Callable[[str], Awaitable[dict]], *, secret: str | None, attempts: int,
-                 timeout: float, sweep: float):
+                 timeout: float, sweep: float, policy: WebhookPolicy):
         self.connection, self.listen = connection, listen
         self.options_of = options_of
         self.secret, self.attempts, self.timeout = secret, attempts, timeout
         self.sweep, self.recheck_after = sweep, 6 * sweep
-        self.http = httpx.AsyncClient(timeout=timeout, follow_redirects=False)
+        self.policy = policy
+        # No redirects: a 3xx could point anywhere the policy refuses. No kept-alive connections: a pooled
+        # connection is found by the address it went to, and one opened (and its certificate checked) for
+        # one host name must not carry a request for another name at the same address.
+        self.http = httpx.AsyncClient(timeout=timeout, follow_redirects=False,
+                                      limits=httpx.Limits(max_keepalive_connections=0))
         self._slots = asyncio.Semaphore(CONCURRENT)
         self._tasks: set[asyncio.Task] = set()
         self._loops: list[asyncio.Task] = []
@@ -178,22 +190,43 @@ class Deliveries:
             return
         headers = {"Content-Type": "application/json", "User-Agent": "embedfleet-gateway",
                    "X-Embedfleet-Job": job_id, SIGNATURE_HEADER: sign(self.secret or "", body)}
-        pause = 0.5
+        pause, where = 0.5, loggable(url)
         for attempt in range(1, self.attempts + 1):
             try:
-                response = await self.http.post(url, content=body, headers={**headers,
-                                                                            "X-Embedfleet-Attempt": str(attempt)})
+                response = await self._post(url, body, {**headers, "X-Embedfleet-Attempt": str(attempt)})
                 if response.is_success:
                     return
                 why = f"HTTP {response.status_code}"
                 if response.status_code != 429 and response.status_code < 500:
-                    log.warning("webhook of job %s to %s refused (%s): not retried", job_id, url, why)
+                    log.warning("webhook of job %s to %s refused (%s): not retried", job_id, where, why)
                     return
-            except httpx.HTTPError as exc:
+            except WebhookRefusedError as err:  # this replica's policy: no retry makes it pass
+                log.warning("webhook of job %s to %s not sent: %s", job_id, where, err.message)
+                return
+            except (httpx.HTTPError, OSError, asyncio.TimeoutError) as exc:  # OSError: the name did not resolve
                 why = f"{type(exc).__name__}: {exc}"
             if attempt < self.attempts:
-                log.info("webhook of job %s to %s: attempt %d failed (%s); retrying in %.1f s", job_id, url,
+                log.info("webhook of job %s to %s: attempt %d failed (%s); retrying in %.1f s", job_id, where,
                          attempt, why, pause)
                 await asyncio.sleep(pause)
                 pause *= 2
-        log.warning("webhook of job %s to %s: gave up after %d attempts (%s)", job_id, url, self.attempts, why)
+        log.warning("webhook of job %s to %s: gave up after %d attempts (%s)", job_id, where, self.attempts, why)
+
+    async def _post(self, url: str, body: bytes, headers: dict) -> httpx.Response:
+        """POST to an address checked just now: the host is resolved once and every address it resolves to
+        is checked (webhookurls.py); the connection goes to one of them, with the URL's host name in the
+        Host header and, over TLS, in SNI and the certificate check. Nothing looks the name up again, so
+        a DNS answer that changes after the check (rebinding) reaches nothing."""
+        target, addresses = await self.policy.resolve(url, self.timeout)
+        if target.literal is not None:
+            return await self.http.post(target.url, content=body, headers=headers)
+        headers = {**headers, "Host": target.url.netloc.decode("ascii")}
+        extensions = {"sni_hostname": target.host} if target.url.scheme == "https" else {}
+        failed: httpx.ConnectError | None = None
+        for address in addresses:  # the next checked address when one refuses the connection
+            try:
+                return await self.http.post(target.url.copy_with(host=str(address)), content=body,
+                                            headers=headers, extensions=extensions)
+            except httpx.ConnectError as exc:
+                failed = exc
+        raise failed
