@@ -151,3 +151,21 @@ def test_every_key_a_hostile_message_creates_expires(engine, redis_client):  # n
         ttl = redis_client.ttl(key)
         assert 0 < ttl <= max(FAILURE_TTL, RESULT_TTL), (key, ttl)
     assert all(redis_client.exists(notify_key(i)) for i in ids[:3])
+
+
+def test_a_job_hash_changed_by_hand_fails_alone_with_its_reason(engine, redis_client):  # noqa: F811
+    """Fields a producer's rights can write, planted in three jobs of one round (tests/test_protocol_hostile.py
+    covers every field under hypothesis): the worker fails those three with the reason, serves the rest."""
+    model = engine.caps.name
+    good = good_requests(redis_client, model, 10)
+    bad = good_requests(redis_client, model, 3)
+    for request, (field, value) in zip(bad, [("deliveries", "x"), ("lapses", "-3"), ("timeout", "nan")]):
+        redis_client.hset(f"rq:job:{request.id}", field, value)
+    BatchWorker(engine, redis_client, max_jobs=64).work(burst=True)
+    assert_served(redis_client, good)
+    for request, field in zip(bad, ["deliveries", "lapses", "timeout"]):
+        result = Result.decode(redis_client.get(result_key(request.id)))
+        assert result.error_code == "decode_error" and field in result.error_message
+        assert redis_client.hget(f"rq:job:{request.id}", "status") == b"failed"  # (rq itself cannot read a nan)
+        assert redis_client.zscore(f"rq:failed:{rq_queue(redis_client, model).name}", request.id) is not None
+    assert_maintenance_runs(redis_client, model, engine)
