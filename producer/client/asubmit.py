@@ -31,12 +31,15 @@ from producer.client.core import SERIALIZER, count_tokens, enqueue_data
 _RECORDER = redis.Redis(host="embedfleet-recorder.invalid")
 
 
-def job_commands(queue_name: str, requests: list[EmbedRequest], server_version: tuple) -> list[tuple]:
-    """The (args, options) of each command rq's enqueue_many sends for `requests`."""
+def job_commands(queue_name: str, requests: list[EmbedRequest], server_version: tuple,
+                 payloads: list[bytes] | None = None) -> list[tuple]:
+    """The (args, options) of each command rq's enqueue_many sends for `requests` (`payloads`: their encodings,
+    when the caller made them already)."""
     queue = Queue(queue_name, connection=_RECORDER, serializer=SERIALIZER)
     queue.redis_server_version = server_version  # what rq would read with INFO, once per queue
     pipe = _RECORDER.pipeline()
-    queue.enqueue_many([enqueue_data(r) for r in requests], pipeline=pipe)
+    payloads = payloads or [None] * len(requests)
+    queue.enqueue_many([enqueue_data(r, p) for r, p in zip(requests, payloads)], pipeline=pipe)
     count_tokens(pipe, queue_name, requests)
     return list(pipe.command_stack)
 
@@ -75,6 +78,7 @@ class _Submit:
     model: str
     queue: str
     requests: list[EmbedRequest]
+    payloads: list[bytes]  # the requests encoded
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -95,8 +99,11 @@ class Submitter:
 
     async def submit(self, model: str, requests: list[EmbedRequest], level: str = DEFAULT_PRIORITY) -> None:
         """Enqueue `requests` on `model`'s queue of that priority level, all or none; raises QueueFullError,
-        DuplicateRequestError or the Redis error of its round."""
-        item = _Submit(model, keys.queue_name(model, level), requests)
+        DuplicateRequestError or the Redis error of its round; ValidationError for a request that cannot be
+        encoded."""
+        # Encoded here, by the caller, before it joins a round: a request that cannot be encoded (too large, a
+        # value msgpack cannot carry) fails its own caller, never the others enqueued in the same round.
+        item = _Submit(model, keys.queue_name(model, level), requests, [r.encode() for r in requests])
         self._waiting.append(item)
         self._wakeup.set()
         if self._task is None or self._task.done():
@@ -168,7 +175,8 @@ class Submitter:
         if not items:
             return
         try:
-            commands = [c for item in items for c in job_commands(item.queue, item.requests, self.version)]
+            commands = [c for item in items
+                        for c in job_commands(item.queue, item.requests, self.version, item.payloads)]
             await enqueue_commands(self.connection, commands, [r for item in items for r in item.requests])
         except DuplicateRequestError as err:
             if len(items) > 1:

@@ -153,11 +153,12 @@ def count_tokens(pipe, queue: str, requests: list[EmbedRequest]) -> None:
     pipe.incrby(keys.queued_tokens_key(queue), sum(estimates))
 
 
-def enqueue_data(request: EmbedRequest):
+def enqueue_data(request: EmbedRequest, payload: bytes | None = None):
+    """rq's job data for `request` (`payload`: its encoding, when made already)."""
     # Embedding is idempotent, so a job whose worker died is retried (rq's Retry) rather than lost.
     return Queue.prepare_data(
-        keys.JOB_FUNC, args=[request.encode()], job_id=request.id, timeout=keys.JOB_TIMEOUT,
-        result_ttl=keys.RESULT_TTL, ttl=keys.JOB_TTL, failure_ttl=keys.FAILURE_TTL,
+        keys.JOB_FUNC, args=[request.encode() if payload is None else payload], job_id=request.id,
+        timeout=keys.JOB_TIMEOUT, result_ttl=keys.RESULT_TTL, ttl=keys.JOB_TTL, failure_ttl=keys.FAILURE_TTL,
         retry=Retry(max=keys.JOB_RETRIES),
         description=f"embed {len(request.inputs)} input(s) with {request.model}")
 
