@@ -6,12 +6,22 @@ import builtins
 import difflib
 
 
+MAX_MESSAGE = 2000  # characters an error message keeps: it is stored in result blobs and rq's failure records
+RAW_PREFIX = 1024  # bytes of a bad message a DecodeError keeps for the report
+
+
+def clip(text: str, limit: int = MAX_MESSAGE) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 class EmbedfleetError(Exception):
-    """Root of every embedfleet error. `code` is stable; `param` names the offending field, if any."""
+    """Root of every embedfleet error. `code` is stable; `param` names the offending field, if any. The message
+    is clipped to MAX_MESSAGE characters: it may quote input, and it travels in result blobs."""
 
     code = "internal_error"
 
     def __init__(self, message: str, *, param: str | None = None):
+        message = clip(message)
         super().__init__(message)
         self.message = message
         self.param = param
@@ -39,13 +49,14 @@ class UnknownModelError(EmbedfleetError):
 
 
 class DecodeError(EmbedfleetError):
-    """Bytes that are not a valid message; `raw` keeps them for the error report."""
+    """Bytes that are not a valid message; `raw` keeps their first RAW_PREFIX bytes for the error report (the
+    bytes may be megabytes, or a zlib bomb's)."""
 
     code = "decode_error"
 
     def __init__(self, message: str, raw: bytes = b"", *, param: str | None = None):
         super().__init__(message, param=param)
-        self.raw = raw
+        self.raw = raw[:RAW_PREFIX]
 
 
 class ResultTimeoutError(EmbedfleetError, builtins.TimeoutError):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from common.bounds import MAX_CHAR_OFFSET, MAX_DIMENSIONS, MAX_TOKENS, bounded_int, shown
 from common.capabilities import ModelCapabilities
 from common.codec import check_text
 from common.errors import ValidationError
@@ -23,15 +24,40 @@ PACKED_DTYPES = ("binary", "ubinary")  # one bit per dimension, eight dimensions
 MAX_CHUNK_SPANS = 4096  # late-chunking spans one request may ask for
 
 
+def _truncation(value: int) -> int:
+    if value != -1 and not 1 <= value <= MAX_TOKENS:
+        raise ValueError("`truncate_prompt_tokens` must be -1 (the model's max length) or a positive integer "
+                         f"of at most {MAX_TOKENS}, got {shown(value)}")
+    return value
+
+
+def _spans(value):
+    if not value or len(value) > MAX_CHUNK_SPANS:
+        raise ValueError(f"`chunk_spans` must hold 1 to {MAX_CHUNK_SPANS} [start, end] pairs, got {len(value)}")
+    for k, (start, end) in enumerate(value):
+        if not 0 <= start < end <= MAX_CHAR_OFFSET:
+            raise ValueError(f"`chunk_spans`[{k}] = [{shown(start)}, {shown(end)}] must be character offsets with "
+                             f"0 <= start < end <= {MAX_CHAR_OFFSET}")
+    return value
+
+
+# The integer fields, bounded (common/bounds.py); the gateway's request bodies use the same types.
+Dimensions = bounded_int("`dimensions`", 1, MAX_DIMENSIONS, f"a positive integer of at most {MAX_DIMENSIONS}")
+TruncatePromptTokens = Annotated[int, AfterValidator(_truncation),
+                                 Field(json_schema_extra={"minimum": -1, "maximum": MAX_TOKENS})]
+ChunkSize = bounded_int("`chunk_size`", 1, MAX_TOKENS, f"a positive number of tokens, at most {MAX_TOKENS}")
+ChunkSpans = Annotated[tuple[tuple[int, int], ...], AfterValidator(_spans)]
+
+
 class PoolingParams(BaseModel):
     """Per-request pooling and output options. `None` means "the served model's default"."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     task: Task = "embed"
-    dimensions: int | None = None
+    dimensions: Dimensions | None = None
     use_activation: bool | None = None
-    truncate_prompt_tokens: int | None = None
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
     truncation_side: Literal["left", "right"] | None = None
     prompt_name: str | None = None
     prompt: str | None = None
@@ -41,8 +67,8 @@ class PoolingParams(BaseModel):
     # Late chunking (worker/engine/latechunking.py): one vector per span of an input, pooled from the token states
     # of one forward pass over the whole input. `chunk_size`: spans of that many tokens; `chunk_spans`:
     # [start, end) character offsets into the request's one text input.
-    chunk_size: int | None = None
-    chunk_spans: tuple[tuple[int, int], ...] | None = None
+    chunk_size: ChunkSize | None = None
+    chunk_spans: ChunkSpans | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -63,41 +89,6 @@ class PoolingParams(BaseModel):
     @classmethod
     def _unicode(cls, value):
         return check_text(value)  # msgpack carries UTF-8 only
-
-    @field_validator("dimensions")
-    @classmethod
-    def _positive_dimensions(cls, value):
-        if value is not None and value < 1:
-            raise ValueError(f"`dimensions` must be a positive integer, got {value}")
-        return value
-
-    @field_validator("truncate_prompt_tokens")
-    @classmethod
-    def _truncation(cls, value):
-        if value is not None and value != -1 and value < 1:
-            raise ValueError("`truncate_prompt_tokens` must be -1 (the model's max length) or a "
-                             f"positive integer, got {value}")
-        return value
-
-    @field_validator("chunk_size")
-    @classmethod
-    def _positive_chunk(cls, value):
-        if value is not None and value < 1:
-            raise ValueError(f"`chunk_size` must be a positive number of tokens, got {value}")
-        return value
-
-    @field_validator("chunk_spans")
-    @classmethod
-    def _spans(cls, value):
-        if value is None:
-            return value
-        if not value or len(value) > MAX_CHUNK_SPANS:
-            raise ValueError(f"`chunk_spans` must hold 1 to {MAX_CHUNK_SPANS} [start, end] pairs, got {len(value)}")
-        for k, (start, end) in enumerate(value):
-            if not 0 <= start < end:
-                raise ValueError(f"`chunk_spans`[{k}] = [{start}, {end}] must be character offsets with "
-                                 "0 <= start < end")
-        return value
 
     def resolve(self, caps: ModelCapabilities) -> PoolingParams:
         """Fill unset fields from the model's defaults and check everything against what it can do.

@@ -9,6 +9,7 @@ import uuid
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from common.protocol import keys
+from common.bounds import INT32_MAX, MAX_REQUEST_BYTES, MAX_UNIX_TIME, token_id_problem
 from common.capabilities import ModelCapabilities
 from common.codec import check_text, packb, unpackb
 from common.errors import DecodeError, InputTooLongError, ValidationError
@@ -28,8 +29,8 @@ class PartOf(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     parent: str
-    index: int = Field(ge=0)
-    parts: int = Field(ge=1)
+    index: int = Field(ge=0, le=INT32_MAX)
+    parts: int = Field(ge=1, le=INT32_MAX)
 
     @field_validator("parent")
     @classmethod
@@ -58,8 +59,9 @@ class EmbedRequest(BaseModel):
     @field_validator("deadline")
     @classmethod
     def _finite(cls, value):
-        if value is not None and not math.isfinite(value):
-            raise ValueError(f"`deadline` must be a finite unix time, got {value}")
+        if value is not None and not (math.isfinite(value) and 0 < value <= MAX_UNIX_TIME):
+            raise ValueError(f"`deadline` must be a unix time in seconds, at most {MAX_UNIX_TIME:.0f} (the year "
+                             f"9999), got {value}")
         return value
 
     @field_validator("model", "inputs", "reply_to", "text_pair")
@@ -74,6 +76,8 @@ class EmbedRequest(BaseModel):
             raise ValueError("`input` must hold at least one text or token-id list")
         if isinstance(inputs[0], list) and any(not ids for ids in inputs):
             raise ValueError("a token-id input must hold at least one token id")
+        if isinstance(inputs[0], list) and (problem := token_id_problem(inputs)):
+            raise ValueError(problem)
         empty = next((i for i, text in enumerate(inputs) if text == ""), None)
         if empty is not None:  # as OpenAI and TEI refuse it: it would embed only the special tokens
             raise ValueError(f"input {empty} is an empty string; every text input needs at least one character")
@@ -112,11 +116,20 @@ class EmbedRequest(BaseModel):
         return self.model_copy(update={"params": params})
 
     def encode(self) -> bytes:
+        """The request's wire bytes; ValidationError if it cannot be packed or is larger than a request may be
+        (common/bounds.py), so that it fails alone, before it is enqueued with others."""
         data = self.model_dump(mode="json", exclude_defaults=False)
         for optional in ("text_pair", "part_of", "deadline"):  # absent, not null: older workers refuse them
             if data[optional] is None:
                 del data[optional]
-        return packb({"v": WIRE_VERSION, **data})
+        try:
+            raw = packb({"v": WIRE_VERSION, **data})
+        except (OverflowError, ValueError, TypeError) as exc:  # a value no bound caught (a model_construct'ed one)
+            raise ValidationError(f"the request cannot be encoded: {type(exc).__name__}: {exc}") from exc
+        if len(raw) > MAX_REQUEST_BYTES:
+            raise ValidationError(f"the request is {len(raw)} bytes encoded; a request may be at most "
+                                  f"{MAX_REQUEST_BYTES} bytes: split its inputs over several requests", param="input")
+        return raw
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
@@ -172,6 +185,8 @@ def normalize_inputs(inputs) -> list[str] | list[list[int]]:
         return [inputs]
     if isinstance(inputs, (list, tuple)) and inputs:
         if all(_is_token(t) for t in inputs):
+            if problem := token_id_problem([inputs]):
+                raise ValidationError(f"`input`: {problem}", param="input")
             return [list(inputs)]
         if all(isinstance(t, str) for t in inputs):
             return list(inputs)
@@ -179,6 +194,8 @@ def normalize_inputs(inputs) -> list[str] | list[list[int]]:
             if not all(inputs):
                 raise ValidationError("`input`: a token-id input must hold at least one token id",
                                       param="input")
+            if problem := token_id_problem(inputs):
+                raise ValidationError(f"`input`: {problem}", param="input")
             return [list(t) for t in inputs]
     if isinstance(inputs, (list, tuple)) and not inputs:
         raise ValidationError("`input` must hold at least one text or token-id list", param="input")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 
+from common.bounds import INT32_MAX, INT32_MIN, MAX_TIMEOUT, MAX_UNIX_TIME, shown
 from common.errors import ValidationError
 from common.protocol.keys import PRIORITIES
 from common.request import EmbedRequest
@@ -37,6 +38,9 @@ def priority_level(priority: str | int | None) -> str:
         if priority in PRIORITIES:
             return priority
     elif isinstance(priority, int) and not isinstance(priority, bool):
+        if not INT32_MIN <= priority <= INT32_MAX:  # vLLM's priority is a 32-bit int too
+            raise ValidationError(f"`priority` must be an integer from {INT32_MIN} to {INT32_MAX} (<= 0: interactive, "
+                                  f">= 1: bulk), or a level name; got {shown(priority)}", param="priority")
         return PRIORITIES[0] if priority <= 0 else PRIORITIES[-1]  # vLLM: lower value, higher priority
     raise ValidationError(f"`priority` must be one of {', '.join(map(repr, PRIORITIES))} or an integer "
                           f"(<= 0: interactive, >= 1: bulk; lower is served sooner, as in vLLM); got {priority!r}",
@@ -47,23 +51,29 @@ def resolve_deadline(deadline: float | None, timeout: float | None, now: float) 
     """The absolute deadline of a request submitted at `now`, or None; raises ValidationError."""
     found = []
     if deadline is not None:
-        if not _number(deadline) or deadline <= 0:
-            raise ValidationError(f"`deadline` must be an absolute unix time in seconds (e.g. {now + 60:.0f}), "
-                                  f"got {deadline!r}", param="deadline")
+        if not _number(deadline) or not 0 < deadline <= MAX_UNIX_TIME:  # past it: milliseconds, most likely
+            raise ValidationError(f"`deadline` must be an absolute unix time in seconds (e.g. {now + 60:.0f}), at "
+                                  f"most {MAX_UNIX_TIME:.0f} (the year 9999); got {shown(deadline)}",
+                                  param="deadline")
         if deadline <= now:
             raise ValidationError(f"`deadline` {deadline!r} has already passed (now is {now:.3f}); send a later "
                                   "unix time, or `timeout` in seconds from now", param="deadline")
         found.append(float(deadline))
     if timeout is not None:
-        if not _number(timeout) or timeout <= 0:
-            raise ValidationError(f"`timeout` must be a positive number of seconds from submit, got {timeout!r}",
-                                  param="timeout")
+        if not _number(timeout) or not 0 < timeout <= MAX_TIMEOUT:
+            raise ValidationError(f"`timeout` must be a positive number of seconds from submit, at most {MAX_TIMEOUT} "
+                                  f"(10 years), got {shown(timeout)}", param="timeout")
         found.append(now + float(timeout))
     return min(found) if found else None
 
 
 def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def estimate_tokens(request: EmbedRequest) -> int:

@@ -384,6 +384,12 @@ def test_client_errors(fleet):
     ({"input": "x", "dimensions": 64}, "not a Matryoshka model"),
     ({"input": "x", "embed_dtype": "float64"}, "embed_dtype"),
     ({"input": "x", "truncate_prompt_tokens": "all"}, "valid integer"),
+    # integers msgpack cannot carry are bounded where they enter (common/bounds.py), each naming what is allowed
+    ({"input": "x", "dimensions": 2**64}, "at most 65536, got 18446744073709551616"),
+    ({"input": "x", "chunk_spans": [[0, 2**64]]}, "<= 2147483647"),
+    ({"input": "x", "truncate_prompt_tokens": 2**70}, "at most 1048576"),
+    ({"input": [[1, 2**64]]}, "token id 18446744073709551616 (input 0, position 1) is out of range"),
+    ({"input": "x", "priority": -(2**63)}, "from -2147483648 to 2147483647"),
 ])
 def test_the_same_mistake_gets_the_same_error_from_python_and_http(fleet, fields, says):
     answer = fleet.tight.post("/v1/embeddings", json={"model": MODEL, **fields})

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# First, before anything is imported by name: the working directory leaves sys.path (-P would do it only on
+# Python 3.11+, and only where our own CLI starts the worker, not for `python -m worker` run by hand).
+import worker.safepath  # noqa: F401
+
 import logging
 import os
 import socket

@@ -3,6 +3,7 @@ scored documents for rerank (pure functions, no I/O)."""
 
 from __future__ import annotations
 
+from common.bounds import INT32_MAX, shown
 from common.errors import ValidationError
 
 
@@ -23,14 +24,17 @@ def score_pairs(text_1, text_2) -> tuple[list[str], list[str]]:
     return firsts, seconds
 
 
+TOP_N_ALLOWED = f"0 (all) or a positive integer of at most {INT32_MAX}"
+
+
 def check_rerank(query, documents, top_n: int | None) -> list[str]:
     if not isinstance(query, str):
         raise ValidationError("`query` must be a text", param="query")
     if not isinstance(documents, (list, tuple)) or not documents or \
             not all(isinstance(d, str) for d in documents):
         raise ValidationError("`documents` must be a non-empty list of texts", param="documents")
-    if top_n is not None and top_n < 0:
-        raise ValidationError(f"`top_n` must be 0 (all) or a positive integer, got {top_n}", param="top_n")
+    if top_n is not None and not 0 <= top_n <= INT32_MAX:
+        raise ValidationError(f"`top_n` must be {TOP_N_ALLOWED}, got {shown(top_n)}", param="top_n")
     return list(documents)
 
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 from common.codec import unencodable
-from common.params import EmbedDtype, Endianness, PoolingParams
+from common.errors import ValidationError
+from common.params import (ChunkSize, ChunkSpans, Dimensions, EmbedDtype, Endianness, PoolingParams,
+                           TruncatePromptTokens)
 from common.request import INPUT_SHAPES
+from common.scheduling import priority_level, resolve_deadline
 
 EncodingFormat = Literal["float", "base64", "bytes", "bytes_only"]
 # OpenAI's four shapes of `input`, documented in the schema but checked by common.request.normalize_inputs,
@@ -17,6 +21,26 @@ Input = Annotated[Any, WithJsonSchema({"anyOf": [
     {"type": "string"}, {"type": "array", "items": {"type": "string"}},
     {"type": "array", "items": {"type": "integer"}},
     {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}]})]
+
+
+def scheduling(check):
+    """common.scheduling's check of a field (which raises ValidationError) as a pydantic validator, so that the
+    body is refused with the message Producer.submit gives for the same value."""
+
+    def validate(value):
+        if value is not None:
+            try:
+                check(value)
+            except ValidationError as err:
+                raise ValueError(err.message) from None
+        return value
+
+    return AfterValidator(validate)
+
+
+Priority = Annotated[int | str, scheduling(priority_level)]
+Deadline = Annotated[float, scheduling(lambda at: resolve_deadline(at, None, time.time()))]
+Timeout = Annotated[float, scheduling(lambda seconds: resolve_deadline(None, seconds, time.time()))]
 
 
 class EmbedBody(BaseModel):
@@ -31,26 +55,27 @@ class EmbedBody(BaseModel):
     user: str | None = Field(None, description="accepted for OpenAI compatibility, not used")
     # PoolingParams, None meaning "the model's default"; the producer verifies the values (param_fields).
     task: Literal["embed"] | None = None
-    dimensions: int | None = None
+    dimensions: Dimensions | None = None
     use_activation: bool | None = None
     normalize: bool | None = Field(None, description="vLLM's deprecated alias of use_activation")
-    truncate_prompt_tokens: int | None = None
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
     truncation_side: Literal["left", "right"] | None = None
     prompt_name: str | None = None
     prompt: str | None = None
     add_special_tokens: bool | None = None
     embed_dtype: EmbedDtype | None = None
     endianness: Endianness | None = None
-    chunk_size: int | None = Field(None, description="late chunking: one vector per this many tokens of each input")
-    chunk_spans: list[tuple[int, int]] | None = Field(
+    chunk_size: ChunkSize | None = Field(None, description="late chunking: one vector per this many tokens of "
+                                                           "each input")
+    chunk_spans: ChunkSpans | None = Field(
         None, description="late chunking: one vector per [start, end) character span of the one text input")
 
     # Scheduling (common/scheduling.py): the level it is queued at, and when it stops being worth computing.
-    priority: int | str | None = Field(None, description="`interactive` (default), `bulk`, or vLLM's integer "
-                                       "(<= 0 interactive, >= 1 bulk; lower is served sooner)")
-    deadline: float | None = Field(None, description="unix time after which a still-queued request is not "
-                                   "computed and fails with code `expired`")
-    timeout: float | None = Field(None, description="the same as `deadline`, in seconds from submit")
+    priority: Priority | None = Field(None, description="`interactive` (default), `bulk`, or vLLM's integer "
+                                                        "(<= 0 interactive, >= 1 bulk; lower is served sooner)")
+    deadline: Deadline | None = Field(None, description="unix time after which a still-queued request is not "
+                                                        "computed and fails with code `expired`")
+    timeout: Timeout | None = Field(None, description="the same as `deadline`, in seconds from submit")
 
     cache: bool | None = Field(None, description="false: compute afresh, bypassing the fleet's vector cache")
 

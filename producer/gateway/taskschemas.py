@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
+from common.bounds import INT32_MAX, TokenId, bounded_int, token_id_problem
+from common.params import TruncatePromptTokens
+from producer.client.tasks import TOP_N_ALLOWED
 from producer.gateway.schemas import Input
 
 Texts = str | list[str]
+TopN = bounded_int("`top_n`", 0, INT32_MAX, TOP_N_ALLOWED)
 
 
 class _Body(BaseModel):
@@ -35,7 +39,7 @@ class ScoreBody(_Body):
     # newer vLLM names the two sides `queries` / `documents` (`data_1` / `data_2` before): all are accepted
     text_1: Texts = Field(validation_alias=AliasChoices("text_1", "queries", "data_1"))
     text_2: Texts = Field(validation_alias=AliasChoices("text_2", "documents", "data_2"))
-    truncate_prompt_tokens: int | None = None
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
     use_activation: bool | None = None
 
 
@@ -44,9 +48,9 @@ class RerankBody(_Body):
 
     query: str
     documents: list[str]
-    top_n: int | None = Field(None, description="keep the best n; 0 or omitted: all")
+    top_n: TopN | None = Field(None, description="keep the best n; 0 or omitted: all")
     return_documents: bool = True
-    truncate_prompt_tokens: int | None = None
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
     use_activation: bool | None = None
 
 
@@ -68,7 +72,7 @@ class ClassifyBody(_Body):
     """vLLM's /classify."""
 
     input: Input
-    truncate_prompt_tokens: int | None = None
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
     use_activation: bool | None = None
 
 
@@ -90,7 +94,7 @@ class TeiTokenizeBody(_Body):
 class DetokenizeBody(_Body):
     """vLLM's /detokenize."""
 
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 class TeiDecodeBody(_Body):
@@ -98,6 +102,14 @@ class TeiDecodeBody(_Body):
 
     ids: list[int] | list[list[int]]
     skip_special_tokens: bool = True
+
+    @field_validator("ids")
+    @classmethod
+    def _bounded(cls, ids):
+        """Bounded once the shape is known (a bounded type inside the union would report both shapes)."""
+        if problem := token_id_problem([ids] if ids and isinstance(ids[0], int) else ids):
+            raise ValueError(f"`ids`: {problem}")
+        return ids
 
     def param_fields(self) -> dict:
         return {"add_special_tokens": not self.skip_special_tokens}

@@ -1,42 +1,91 @@
 """Reading a taken job's data: rq's `data` field (zlib of msgpack [func, instance, args, kwargs]) into an
-EmbedRequest, without building rq Job objects. The bytes came from Redis, so every shape is checked."""
+EmbedRequest, without building rq Job objects. The bytes came from Redis, so every shape is checked, the
+decompression is capped, and no error message quotes more than a few characters of them."""
 
 from __future__ import annotations
 
+import reprlib
 import zlib
 
+from common.bounds import MAX_REQUEST_BYTES
 from common.codec import unpackb
 from common.errors import DecodeError, ValidationError
 from common.protocol.keys import JOB_FUNC
 from common.request import EmbedRequest
 
+# The most bytes a job's data may inflate to: the largest request a producer enqueues (MAX_REQUEST_BYTES, which
+# EmbedRequest.encode enforces on every path that enqueues: Producer, AsyncProducer, the gateway, the bulk CLI,
+# a worker's spread parts) plus rq's envelope around it ([func, None, [request], {}]: the function's name and a
+# few msgpack headers, under 100 bytes), with room to spare. No legal request comes near it; a zlib bomb (1 KB
+# inflates to ~1 MB) stops here instead of filling the worker's memory.
+MAX_JOB_DATA = MAX_REQUEST_BYTES + (64 << 10)
+_STEP = 1 << 20  # inflated a MiB at a time: pieces the allocator hands back to the system once freed
+_QUOTED = 80  # characters of job data an error message may quote
+
+
+def inflate(data: bytes, limit: int = MAX_JOB_DATA) -> bytes:
+    """rq's `data` field as rq reads it (zlib-decompressed, or as it is when it is no complete zlib stream),
+    never more than `limit` bytes of it: past that, DecodeError."""
+    inflater = zlib.decompressobj()
+    pieces, size, pending = [], 0, data
+    try:
+        while True:
+            piece = inflater.decompress(pending, _STEP)
+            size += len(piece)
+            if size > limit:
+                raise DecodeError(f"job data inflates to more than {limit} bytes, more than any request may be "
+                                  f"({MAX_REQUEST_BYTES} bytes encoded); {len(data)} bytes compressed", bytes(data))
+            pieces.append(piece)
+            pending = inflater.unconsumed_tail
+            if inflater.eof or (not pending and len(piece) < _STEP):
+                break
+    except zlib.error:
+        return data  # rq reads uncompressed data too
+    return b"".join(pieces) if inflater.eof else data  # an incomplete stream: rq's zlib.decompress fails too
+
+
+class _Quote(reprlib.Repr):
+    """reprlib's bounded repr, bytes included (reprlib would repr them whole before cutting)."""
+
+    def repr_bytes(self, x, level):
+        return self.repr_str(x, level)  # slices, then reprs the slice
+
+
+_QUOTE = _Quote()
+_QUOTE.maxstring = _QUOTE.maxother = _QUOTED
+_QUOTE.maxlist = _QUOTE.maxdict = 6
+_QUOTE.maxlevel = 2
+
+
+def quoted(value) -> str:
+    """A value read from job data, as an error message may quote it: a repr of at most ~`_QUOTED` characters
+    per item, built from a slice (the data may be megabytes)."""
+    return _QUOTE.repr(value)
+
 
 def decode_job(job_id: str, data: bytes, served_model: str) -> EmbedRequest:
     """The request a job carries. Raises DecodeError (bad bytes or shape: never retried) or ValidationError
     (a well-formed request for another model, put on this model's queue)."""
-    try:
-        raw = zlib.decompress(data)
-    except zlib.error:
-        raw = data  # rq reads uncompressed data too
+    raw = inflate(data)
     try:
         fields = unpackb(raw)
-    except Exception as exc:
-        raise DecodeError(f"job data is not msgpack rq job data: {exc!r}", bytes(data)) from exc
+    except Exception as exc:  # msgpack's exceptions carry the data (ExtraData): their message only
+        raise DecodeError(f"job data is not msgpack rq job data: {type(exc).__name__}: {quoted(str(exc))}",
+                          bytes(data)) from exc
     if not isinstance(fields, list) or len(fields) != 4:
         raise DecodeError(f"job data must be [func, instance, args, kwargs]; got {type(fields).__name__}"
                           f"{f' of {len(fields)} items' if isinstance(fields, list) else ''}", bytes(data))
     func, _, args, kwargs = fields
     if func != JOB_FUNC:
-        raise DecodeError(f"job function is {func!r}; this queue only serves {JOB_FUNC!r}", bytes(data))
+        raise DecodeError(f"job function is {quoted(func)}; this queue only serves {JOB_FUNC!r}", bytes(data))
     if kwargs or not isinstance(args, list) or len(args) != 1 or not isinstance(args[0], bytes):
         count = len(args) if isinstance(args, list) else "?"
         raise DecodeError(f"job args must be [<encoded EmbedRequest bytes>] and no kwargs; got "
-                          f"{type(args).__name__} of {count} item(s) and kwargs "
-                          f"{sorted(kwargs) if isinstance(kwargs, dict) else kwargs!r}", bytes(data))
+                          f"{type(args).__name__} of {count} item(s) and kwargs {quoted(kwargs)}", bytes(data))
     request = EmbedRequest.decode(args[0])
     if request.id != job_id:
         raise DecodeError(f"request id {request.id!r} does not match its job id {job_id!r}", bytes(data))
     if request.model != served_model:
-        raise ValidationError(f"the request names model '{request.model}' but was queued for model "
-                              f"'{served_model}': submit it to the queue of '{request.model}'", param="model")
+        raise ValidationError(f"the request names model {quoted(request.model)} but was queued for model "
+                              f"'{served_model}': submit it to the queue of {quoted(request.model)}", param="model")
     return request

@@ -72,6 +72,7 @@ from worker.serving.jobdata import decode_job
 from worker.serving.levels import BULK_SHARE, Levels
 from worker.serving.livestats import LiveStats
 from common.protocol.records import Answer, Kind, Outcome, Taken
+from worker.serving.rqjob import SafeJob
 
 log = logging.getLogger("embedfleet.worker")
 
@@ -142,8 +143,10 @@ class BatchWorker(SimpleWorker):
         kwargs.setdefault("maintenance_interval", MAINTENANCE_INTERVAL)  # rq's 600 s leaves dead jobs too long
         # One rq queue per priority level (worker/serving/levels.py), highest first; `queue` names a lone queue.
         queues = [queue] if queue else [queue_name(engine.caps.name, level) for level in PRIORITIES]
+        # SafeJob: rq's maintenance (registry cleanups, handle_job_failure) reads jobs through it, so nothing a
+        # job's hash names is imported or called (worker/serving/rqjob.py).
         super().__init__(queues, name=name or unique_worker_name(),
-                         connection=connection, serializer=MsgpackSerializer,
+                         connection=connection, serializer=MsgpackSerializer, job_class=SafeJob,
                          default_result_ttl=result_ttl, **kwargs)
         self.engine = engine
         self.max_jobs = max_jobs
