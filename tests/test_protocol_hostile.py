@@ -84,7 +84,7 @@ class Round:
             elif job.kind is Kind.STARTED:
                 blob = Result.success(job.id, self.model, np.ones((1, 4), np.float32), "float32", "little", 2).encode()
                 how = outcome(job.id)
-                out.append(Answer(job, how, blob, summary={"status": "ok"},
+                out.append(Answer(job, how, blob,
                                   reason="" if how is Outcome.FINISHED else "machine trouble"))
         return out
 

@@ -84,7 +84,7 @@ def test_burst_serves_in_batches_and_matches_single_embeddings(engine, redis_cli
     assert redis_client.llen(queue.intermediate_queue_key) == 0 and len(queue) == 0
     for job in (queue.fetch_job(request.id) for request in requests):
         assert job.get_status() == JobStatus.FINISHED and job.ended_at and job.worker_name
-        assert job.return_value() == {"status": "ok"}  # rq's result stream: a summary, never embeddings
+        assert not redis_client.exists(f"rq:results:{job.id}")  # no rq result stream: the answer is the blob
         assert 0 < redis_client.ttl(job.key) <= RESULT_TTL
     assert not redis_client.keys("rq:execution*")  # every Execution was cleaned up
 
@@ -129,7 +129,7 @@ def test_malformed_messages_fail_clearly_and_the_batch_goes_on(engine, redis_cli
         assert Result.decode(redis_client.get(result_key(request.id))).embeddings.shape == (1, 384)
     served_error = Result.decode(redis_client.get(result_key(invalid.id)))
     assert served_error.error_code == "invalid_request" and "dimensions" in served_error.error_message
-    assert queue.fetch_job(invalid.id).return_value() == {"status": "error", "code": "invalid_request"}
+    assert queue.fetch_job(invalid.id).get_status() == JobStatus.FINISHED  # answered: its own error is its answer
     assert set(queue.finished_job_registry.get_job_ids()) == {r.id for r in good} | {invalid.id}
 
     assert queue.fetch_job(cancelled.id).get_status() == JobStatus.CANCELED

@@ -59,21 +59,35 @@
                                             per level of PRIORITIES (interactive: embedfleet.<model>, bulk:
                                             embedfleet.<model>@bulk), each with rq's own registries below
     rq:queue:<queue>:intermediate   LIST    rq's own dequeue parks ids here; embedfleet workers never do: their
-                                            take moves ids straight into rq:wip:<queue> (common/protocol/operations.py)
+                                            take moves ids straight into rq:wip:<queue>
+    rq:queues                       SET     every queue's key (rq lists its queues there; enqueue adds)
     rq:job:<id>                     HASH    the rq job; `data` = zlib(msgpack([func, None, [request
                                             bytes], {}])); job id = request id. Ours besides rq's fields:
                                             `deliveries` (times a worker took it), `lapses` (times its
                                             worker died holding it: past MAX_DELIVERIES it is poison),
-                                            `tokens` (the producer's estimate, common.scheduling)
-    embedfleet:queued_tokens:<queue> STRING estimated tokens of the jobs in rq:queue:<queue>: INCRBY by the
-                                            producer in the enqueue transaction, DECRBY by take (and by
-                                            cancel), INCRBY by recover / return; deleted whenever take
-                                            finds the queue empty (which heals drift). No TTL: one per
-                                            queue, like the queue itself
+                                            `tokens` (the producer's estimate, common.scheduling),
+                                            `reply_to` (its producer's reply stream, also inside `data`:
+                                            here it is read even when `data` is not). TTL JOB_TTL while
+                                            queued, none while started, the result's (or FAILURE_TTL) after
+    embedfleet:queued_tokens:<queue>  STRING  estimated tokens of the jobs in rq:queue:<queue>: INCRBY by the
+                                            producer in the enqueue script, DECRBY by take (and by cancel),
+                                            INCRBY by recover / give back; deleted whenever take finds the
+                                            queue empty (which heals drift), or the counter holds no whole
+                                            number. No TTL: one per queue, like the queue itself
     rq:wip:<queue>                  ZSET    rq's started registry: member <id>:<execution>, score = the
                                             claim's lease end + LEASE_GRACE (Redis server clock)
-    rq:finished:<queue>, rq:failed:<queue> ...   ZSET  rq registries
-    rq:worker:<name>, rq:workers, rq:workers:<queue>             rq worker registration
+    rq:execution:<id>:<execution>   HASH    rq's record of one run of a job (take writes, finish and recover
+                                            delete it), TTL the lease + grace
+    rq:executions:<id>              ZSET    a job's runs (rq's Execution registry), TTL the lease + grace + 60
+    rq:results:<id>                 STREAM  rq's result record of a FAILED job (exc_string); a served job has
+                                            none (its answer is the result blob), TTL FAILURE_TTL
+    rq:finished:<queue>, rq:failed:<queue>  ZSET  rq registries (score: when the entry expires)
+    rq:canceled:<queue>             ZSET    rq's cancelled registry (score: when cancelled); entries older than
+                                            CANCELED_TTL are dropped by take and cancel (rq never cleans it)
+    rq:worker:<name>, rq:workers, rq:workers:<queue>  HASH/SET  rq worker registration (rq's own)
+    rq:worker:<name>:executions     SET     the executions a worker holds (take adds, finish removes)
+    rq:suspended                    STRING  set by `rq suspend`: take takes nothing while it exists
+    rq:clean_registries:<queue>, rq:clean_groups  STRING  rq's own maintenance locks (short TTL)
 
 Leases. A worker's claim on a job it took lasts LEASE_SECONDS and its heartbeat renews it every third of
 that (also during a long forward pass: the heartbeat is a thread of its own). When a claim lapses (the

@@ -22,7 +22,6 @@ Everything the scripts read from Redis is judged before their first write (tests
 
 from __future__ import annotations
 
-import functools
 import zlib
 from base64 import b64encode
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ import redis
 import redis.asyncio as aioredis
 from rq import Queue, Retry
 
-from common.codec import packb
 from common.errors import DuplicateRequestError
 from common.protocol import keys, scripts
 from common.protocol.records import Answer, Finished, Kind, Outcome, Recovered, Taken, rq_time
@@ -83,7 +81,9 @@ def enqueue_args(queue: str, requests: list[EmbedRequest], *, at_front: bool = F
             fields[args[1][len(keys.RQ_JOB_PREFIX):]].extend(_text(a) for a in args[2:])
     argv: list = ["1" if at_front else "0", max_depth or 0, keys.JOB_TTL]
     for request in requests:
-        argv += [request.id, estimate_tokens(request), len(fields[request.id]) // 2, *fields[request.id]]
+        # the reply stream beside rq's fields too: an answer reaches its waiter even when `data` is unreadable
+        pairs = [*fields[request.id], *(("reply_to", request.reply_to) if request.reply_to else ())]
+        argv += [request.id, estimate_tokens(request), len(pairs) // 2, *pairs]
     return Enqueue([keys.rq_queue_key(queue), keys.RQ_QUEUES, keys.queued_tokens_key(queue)], argv)
 
 
@@ -117,16 +117,6 @@ def check_enqueued(reply: list) -> None:
 
 
 # -- a worker's claims on one queue ---------------------------------------------------------------------
-
-@functools.lru_cache(maxsize=64)
-def _encoded_return_value(items: tuple) -> bytes:
-    return b64encode(packb(dict(items)))
-
-
-def _return_value(summary: dict | None) -> bytes:
-    """rq's result-stream encoding of a return value (base64 of the serializer's bytes); few distinct ones."""
-    return _encoded_return_value(tuple(sorted((summary or {}).items())))
-
 
 def _ttl(raw, default: int, bound: int) -> int:
     """A job's own TTL when it is a positive whole number within `bound`, else the default."""
@@ -171,8 +161,8 @@ class RqSchema:
                       self.result_ttl]
         for answer in answers:
             taken = answer.taken
-            if answer.outcome is Outcome.FINISHED:
-                payload, exc_info = _return_value(answer.summary), b""
+            if answer.outcome is Outcome.FINISHED:  # no rq result stream (finish.lua says why)
+                payload, exc_info = b"", b""
                 ttl = taken.result_ttl or self.result_ttl  # rq's 0 / -1 are not honoured (see BatchWorker)
             else:
                 payload = b64encode(zlib.compress(answer.reason.encode()))
@@ -241,15 +231,21 @@ def _take(first: RqSchema, keys_: list[str], args: list, block: float | None, be
 def _taken(entry: list, started: str, schemas: list[RqSchema]) -> Taken:
     queue = schemas[int(entry[0]) - 1].queue
     job_id, kind = _str(entry[1]), Kind(_str(entry[2]))
-    if kind is Kind.CANCELED:
-        return Taken(job_id, kind, data=entry[4], queue=queue)  # its request may name a reply stream to wake
+    if kind is Kind.CANCELED:  # a reply stream to wake
+        return Taken(job_id, kind, data=entry[4], queue=queue, reply_to=_reply_stream(entry[5]))
     if not (kind is Kind.STARTED or kind is Kind.BAD):
         return Taken(job_id, kind, queue=queue)
-    _, _, _, execution, data, timeout, result_ttl, failure_ttl, deliveries, lapses, reason = entry
+    _, _, _, execution, data, timeout, result_ttl, failure_ttl, deliveries, lapses, reason, reply_to = entry
     return Taken(job_id, kind, _str(execution), data, float(timeout),
                  _ttl(result_ttl, 0, keys.RESULT_TTL_BOUND) or None,
                  _ttl(failure_ttl, keys.FAILURE_TTL, keys.FAILURE_TTL), started, int(deliveries), int(lapses),
-                 queue, _str(reason))
+                 queue, _str(reason), _reply_stream(reply_to))
+
+
+def _reply_stream(raw) -> str | None:
+    """A job's `reply_to` field, when it names a reply stream (never any other key: Redis is input)."""
+    name = _str(raw)
+    return name if keys.is_reply_stream_key(name) else None
 
 
 # -- answers outside a claim ---------------------------------------------------------------------------
@@ -281,6 +277,27 @@ def _cancel_args(queue: str, answer: Result, reply_to: str | None) -> tuple[list
     return ([keys.rq_queue_key(queue), keys.rq_canceled_key(queue), keys.queued_tokens_key(queue)],
             [answer.id, f"{stamp:.6f}", answer.encode(), keys.RESULT_TTL, keys.CANCELED_TTL,
              reply_to if keys.is_reply_stream_key(reply_to) else ""])
+
+
+async def save_job_options(connection: aioredis.Redis, request_id: str, options: str) -> None:
+    """The gateway's answer options of an async job, kept while it waits, then for its result's time."""
+    await scripts.SAVE_OPTIONS.run_async(connection, [keys.job_options_key(request_id), keys.result_key(request_id)],
+                                         [options, keys.JOB_TTL + keys.RESULT_TTL])
+
+
+def withdraw(connection: redis.Redis, model: str, worker_name: str, oldest_beat: float) -> bool:
+    """A worker leaves its model's workers; True if it was the last live one (the capabilities went)."""
+    return bool(scripts.WITHDRAW(connection, [keys.model_key(model), keys.model_workers_key(model)],
+                                 [worker_name, oldest_beat]))
+
+
+def inflight_attach(connection: redis.Redis, markers: list[str], leaders: list[str], ttl: int) -> list[str]:
+    """Per marker: '' (the request given leads it now) or the id of the request it follows."""
+    return [_str(leader) for leader in scripts.INFLIGHT_ATTACH(connection, markers, [ttl, *leaders])]
+
+
+def inflight_release(connection: redis.Redis, markers: list[str], leaders: list[str]) -> int:
+    return int(scripts.INFLIGHT_RELEASE(connection, markers, leaders))
 
 
 @dataclass

@@ -53,6 +53,7 @@ class Taken:
     lapses: int = 0  # times a worker died holding it (its lease lapsed and recover requeued it)
     queue: str = ""  # the rq queue it was taken from: finish, refresh and return use that queue's keys
     reason: str = ""  # Kind.BAD: what in its job hash no producer writes
+    reply_to: str | None = None  # the reply stream its producer waits on (the job's `reply_to` field)
 
     @property
     def claimed(self) -> bool:
@@ -68,7 +69,6 @@ class Answer:
     outcome: Outcome
     blob: bytes = b""
     reply_to: str | None = None
-    summary: dict | None = None  # rq's return value for a finished job (never the embeddings)
     reason: str = ""  # rq's exc_string for a failed job
     only_if_absent: bool = True  # the first answer stays: a re-enqueued id cannot replace a stored result
     code: str = ""  # the error code answered, if any (the worker's error metric)

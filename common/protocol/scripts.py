@@ -61,4 +61,7 @@ class Script:
 ENQUEUE, TAKE, FINISH, REFRESH = Script("enqueue"), Script("take"), Script("finish"), Script("refresh")
 RECOVER, GIVE_BACK, CANCEL = Script("recover"), Script("giveback"), Script("cancel")
 JOIN, PUBLISH = Script("join"), Script("publish")
-ALL = (ENQUEUE, TAKE, FINISH, REFRESH, RECOVER, GIVE_BACK, CANCEL, JOIN, PUBLISH)
+SAVE_OPTIONS, WITHDRAW = Script("saveoptions"), Script("withdraw")
+INFLIGHT_ATTACH, INFLIGHT_RELEASE = Script("inflightattach"), Script("inflightrelease")
+ALL = (ENQUEUE, TAKE, FINISH, REFRESH, RECOVER, GIVE_BACK, CANCEL, JOIN, PUBLISH, SAVE_OPTIONS, WITHDRAW,
+       INFLIGHT_ATTACH, INFLIGHT_RELEASE)

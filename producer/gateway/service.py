@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from common.protocol import keys
+from common.protocol import keys, operations
 from common.errors import EmbedfleetError, ResultTimeoutError, ValidationError
 from common.request import normalize_inputs
 from common.result import Result
@@ -110,20 +110,10 @@ class Gateway:
 DEFAULT_OPTIONS = {"encoding_format": "float", "explicit_layout": False}
 
 
-# KEYS: job options, result. ARGV: options, ttl. The job is enqueued before its options are saved, so its
-# result may already be there: then the options take the result's remaining time, not a fresh full TTL.
-_SAVE_OPTIONS = """
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-local left = redis.call('PTTL', KEYS[2])
-if left > 0 then redis.call('PEXPIRE', KEYS[1], left) end
-"""
-
-
 async def save_job_options(connection, request_id: str, options: str) -> None:
-    """Keep a job's answer options until its result expires (common.result.publish shortens the TTL
-    when the result lands; see common.protocol.keys)."""
-    await connection.eval(_SAVE_OPTIONS, 2, keys.job_options_key(request_id), keys.result_key(request_id),
-                          options, keys.JOB_TTL + keys.RESULT_TTL)
+    """Keep a job's answer options until its result expires (the protocol's publish gives them the result's
+    TTL when it lands; see common/protocol/keys.py)."""
+    await operations.save_job_options(connection, request_id, options)
 
 
 def gateway(request: Request) -> Gateway:

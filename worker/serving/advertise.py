@@ -10,23 +10,10 @@ from redis import Redis
 
 from common.capabilities import ModelCapabilities
 from common.codec import packb
+from common.protocol import operations
 from common.protocol.keys import ADVERTISE_TTL, MODELS_KEY, model_key, model_workers_key, worker_info_key
 
 log = logging.getLogger(__name__)
-
-# Drops stale workers, then deletes the capabilities only if no live worker is left. A script runs alone,
-# and `advertise` is one MULTI/EXEC, so this sees another worker's advert either whole (its ZADD: the key is
-# kept) or not at all (its SET comes after and recreates the key); never the SET without the ZADD.
-_WITHDRAW = """
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[2])
-if redis.call('ZCARD', KEYS[2]) == 0 then
-  redis.call('DEL', KEYS[1], KEYS[2])
-  return 1
-end
-return 0
-"""
-
 
 class Advertiser:
     """Writes `caps` under the model's keys for `worker_name` (see common.protocol.keys for the layout)."""
@@ -48,7 +35,7 @@ class Advertiser:
         """One transaction: this worker's beat, capabilities with a TTL, the model name; prunes dead workers."""
         now = time.time()
         name = self.caps.name
-        with self.connection.pipeline(transaction=True) as pipe:  # see _WITHDRAW
+        with self.connection.pipeline(transaction=True) as pipe:  # see common/protocol/scripts/withdraw.lua
             pipe.zadd(model_workers_key(name), {self.worker_name: now})  # before the SET, for readers too
             pipe.set(model_key(name), self._blob, ex=self.ttl)
             pipe.sadd(MODELS_KEY, name)
@@ -73,8 +60,7 @@ class Advertiser:
     def withdraw(self) -> bool:
         """Removes this worker; deletes the model's capabilities if no live worker serves it. True if deleted."""
         name = self.caps.name
-        deleted = self.connection.eval(_WITHDRAW, 2, model_key(name), model_workers_key(name),
-                                       self.worker_name, time.time() - self.ttl)
+        deleted = operations.withdraw(self.connection, name, self.worker_name, time.time() - self.ttl)
         self.connection.delete(worker_info_key(self.worker_name))
         log.info("worker %s: withdrew model %s%s", self.worker_name, name,
                  " (no worker left, capabilities removed)" if deleted else "")

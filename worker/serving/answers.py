@@ -8,7 +8,6 @@ from common.errors import (CancelledError, DecodeError, EmbedfleetError, Expired
 from common.protocol.keys import JOB_FUNC
 from common.request import EmbedRequest
 from common.result import Result
-from worker.serving.jobdata import decode_job
 from common.protocol.records import Answer, Outcome, Taken
 
 
@@ -20,35 +19,27 @@ def served(job: Taken, result: Result | None, reply_to: str | None, model: str) 
     if result.error_code == InternalError.code:  # not the request's fault: rq's Retry may help
         return Answer(job, Outcome.RETRY, result.encode(), reply_to,
                       reason=f"{result.error_code}: {result.error_message}", code=result.error_code)
-    summary = {"status": result.status} if result.ok else {"status": result.status, "code": result.error_code}
-    return Answer(job, Outcome.FINISHED, result.encode(), reply_to, summary=summary,
+    return Answer(job, Outcome.FINISHED, result.encode(), reply_to,
                   code="" if result.ok else result.error_code or "internal_error")
 
 
 def failed(job: Taken, error: EmbedfleetError, outcome: Outcome, reply_to: str | None, model: str) -> Answer:
-    """FAILED (or RETRY while retries last) with `error` as the answer and rq's reason."""
+    """FAILED (or RETRY while retries last) with `error` as the answer and rq's reason; `reply_to` None: the
+    reply stream the job names (its request may be unreadable)."""
     prefix = f"{JOB_FUNC}: job {job.id}: " if isinstance(error, DecodeError) else ""
-    return Answer(job, outcome, Result.failure(job.id, model, error).encode(), reply_to,
+    return Answer(job, outcome, Result.failure(job.id, model, error).encode(), reply_to or job.reply_to,
                   reason=f"{prefix}{error.message}", code=error.code)
-
-
-def reply_stream_of(job: Taken, model: str) -> str | None:
-    """The reply stream a job's request names, when its data reads as a request for `model`."""
-    try:
-        return decode_job(job.id, job.data, model).reply_to
-    except EmbedfleetError:
-        return None
 
 
 def corrupt(job: Taken, model: str) -> Answer:
     """FAILED, never run: take found a field or key of its job that no producer writes (Taken.reason)."""
     error = DecodeError(f"{job.reason}; the request was not run", b"")
-    return failed(job, error, Outcome.FAILED, reply_stream_of(job, model), model)
+    return failed(job, error, Outcome.FAILED, job.reply_to, model)
 
 
 def cancelled(job: Taken, model: str) -> Answer:
     error = CancelledError("the request was cancelled before a worker took it")
-    return Answer(job, Outcome.CANCELED, Result.failure(job.id, model, error).encode(), reply_stream_of(job, model),
+    return Answer(job, Outcome.CANCELED, Result.failure(job.id, model, error).encode(), job.reply_to,
                   code=error.code)
 
 
@@ -56,7 +47,7 @@ def poisoned(job: Taken, model: str, max_deliveries: int) -> Answer:
     error = PoisonError(f"request {job.id} was taken {job.lapses} times and each worker that took it died or hung "
                         f"before answering; it is not run again (the limit is --max-deliveries {max_deliveries}). "
                         f"Inspect it with `embedfleet failed show {job.id}`")
-    return failed(job, error, Outcome.FAILED, reply_stream_of(job, model), model)
+    return failed(job, error, Outcome.FAILED, job.reply_to, model)
 
 
 def expired(job: Taken, request: EmbedRequest, now: float) -> Answer:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import redis
 
-from common.protocol import keys
+from common.protocol import keys, operations
 from common.codec import packb
 from common.errors import DecodeError
 from common.request import EmbedRequest
@@ -34,35 +34,6 @@ from common.result import Result
 log = logging.getLogger(__name__)
 
 PARKED_POLL = 0.02  # seconds a take blocks while followers are parked: how soon they see their leader's answer
-
-# KEYS: the round's marker keys. ARGV: ttl, result key prefix, then one request id per key.
-# Returns per key: "" (this request leads: the marker is its own now) or the leader's id (it follows).
-# A marker whose leader already has a result is taken over: that answer is final, and the cache holds its
-# vectors. Atomic with the leader's publish-then-release (finish), so no follower attaches to a leader
-# whose followers were already let go.
-_ATTACH = """
-local out = {}
-for i, key in ipairs(KEYS) do
-  local me = ARGV[i + 2]
-  local leader = redis.call('GET', key)
-  if leader and leader ~= me and redis.call('EXISTS', ARGV[2] .. leader) == 0 then
-    out[i] = leader
-  else
-    redis.call('SET', key, me, 'EX', ARGV[1])
-    out[i] = ''
-  end
-end
-return out
-"""
-
-# KEYS: markers. ARGV: the ids that led them. Deletes each marker that still names its leader.
-_RELEASE = """
-for i, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[i] then redis.call('DEL', key) end
-end
-return 0
-"""
-
 
 def request_digest(identity: str, request: EmbedRequest) -> str:
     """What makes two requests give the same bytes: the model identity, model, inputs and params."""
@@ -91,8 +62,6 @@ class InFlight:
         self.leading: dict[str, str] = {}  # request id -> its marker key
         self.attached = 0  # followers answered with their leader's bytes
         self.let_go = 0  # followers that ran on their own (their leader did not answer ok)
-        self._attach = connection.register_script(_ATTACH)
-        self._release = connection.register_script(_RELEASE)
 
     def block(self, block: float | None) -> float | None:
         """The take's blocking time: short while followers are parked, so that they are looked at soon."""
@@ -111,15 +80,14 @@ class InFlight:
         if not markers:
             return jobs, requests
         try:
-            leaders = self._attach(keys=list(markers), args=[self.ttl, keys.result_key(""),
-                                                            *(requests[p[0]].id for p in markers.values())])
+            leaders = operations.inflight_attach(self.connection, list(markers),
+                                                 [requests[p[0]].id for p in markers.values()], self.ttl)
         except redis.RedisError as exc:  # no dedup this round; the requests still run
             log.warning("in-flight dedup skipped for a round (%s)", exc)
             return jobs, requests
         parked: set[int] = set()
         now = time.monotonic()
         for (marker, positions), leader in zip(markers.items(), leaders):
-            leader = leader.decode() if isinstance(leader, bytes) else str(leader)
             if not leader:  # the first leads; the others of this round ride on the engine's in-round dedup
                 self.leading[requests[positions[0]].id] = marker
             elif keys.valid_request_id(leader):
@@ -171,7 +139,7 @@ class InFlight:
         if not done:
             return
         try:
-            self._release(keys=[m for m, _ in done], args=[i for _, i in done])
+            operations.inflight_release(self.connection, [m for m, _ in done], [i for _, i in done])
         except redis.RedisError as exc:  # the markers lapse within INFLIGHT_TTL
             log.warning("could not release %d in-flight markers (%s)", len(done), exc)
 

@@ -110,7 +110,7 @@ class ChunkJobs:
         self.spread_requests += 1
         log.info("request %s: %d chunks spread over the fleet as %d parts", request.id,
                  len(prepared.token_lists), len(parts))
-        return Answer(job, Outcome.FINISHED, b"", None, summary={"status": "spread", "parts": len(parts)})
+        return Answer(job, Outcome.FINISHED, b"", None)
 
     # -- join -------------------------------------------------------------------------------------------
 

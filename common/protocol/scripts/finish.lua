@@ -8,13 +8,13 @@
 --                                             HINCRBYFLOAT total_working_time
 -- KEYS[6] rq:worker:<name>:executions SET     SREM
 -- per id: rq:job:<id> HASH (HMGET retries_left/enqueue_at_front_on_retry; HSET status/ended_at/exc_info/
---         retries_left/enqueued_at, EXPIRE), rq:results:<id> STREAM (XADD, EXPIRE),
+--         retries_left/enqueued_at, EXPIRE), rq:results:<id> STREAM (XADD, EXPIRE: failed jobs only),
 --         rq:execution:<id>:<execution> (DEL), rq:executions:<id> ZSET (ZREM), and publish's keys (lib.lua):
 --         embedfleet:result:<id> STRING (SET EX), embedfleet:notify:<id> LIST (RPUSH, EXPIRE),
 --         embedfleet:job:<id> (EXPIRE), the request's reply stream STREAM (XADD MAXLEN ~, EXPIRE)
 -- ARGV: 1 worker name, 2 now (unix s), 3 now (rq time), 4 working seconds, 5 result blob ttl (s), then per
 --       job 10 values: id, execution, outcome (finished|failed|retry|canceled), blob ('' = none), reply_to
---       ('' = none), rq payload (finished: base64 return value; failed: base64 zlib exc_string),
+--       ('' = none), rq payload (failed: base64 zlib exc_string; '' otherwise),
 --       exc_info (zlib), rq ttl (s), nx ('1': keep a stored answer), execution start (unix s)
 --
 -- Returns {finished, failed, requeued, late, {id, problem}...}: late = answered, but the claim had lapsed
@@ -105,7 +105,8 @@ for _, job in ipairs(jobs) do
     if job.outcome == 'finished' then answer(job) end
     late = late + 1
   elseif job.outcome == 'finished' then
-    rq_result(job, '1', 'return_value')
+    -- no rq result stream for a served job: its answer is the result blob, and a one-entry stream costs
+    -- ~4.7 KB of Redis per request (more than the 384-dim answer itself). A failed one keeps rq's record.
     end_execution(job)
     set_job(job, 'status', 'finished', 'ended_at', iso)
     finished[#finished + 1] = now + job.ttl

@@ -20,7 +20,7 @@
 -- The lease: score = the server's clock (TIME) + lease + grace; job field `deliveries` += 1.
 --
 -- Returns {suspended, {{queue, id, kind, execution, data, timeout, result_ttl, failure_ttl, deliveries,
---          lapses, reason}...}, {unusable queue positions}}; queue: its position among the queues (1 =
+--          lapses, reason, reply_to}...}, {unusable queue positions}}; queue: its position among the queues (1 =
 -- the first). kind: started | bad (claimed like started, to be failed with `reason`: a field or key of
 -- the job that no producer writes) | canceled | missing (no job hash: dropped, as rq drops it) | badid (no
 -- job can have that id) | stale (already ended). A queue whose list or started registry is of the wrong
@@ -44,7 +44,7 @@ local executions_ok = usable(KEYS[2], 'set')
 
 -- 1. read and judge ---------------------------------------------------------------------------------
 local FIELDS = {'data', 'status', 'timeout', 'result_ttl', 'failure_ttl', 'lapses', 'tokens', 'deliveries',
-                'success_callback_name', 'failure_callback_name', 'stopped_callback_name'}
+                'success_callback_name', 'failure_callback_name', 'stopped_callback_name', 'reply_to'}
 local WAITING = {queued = true, started = true, deferred = true, scheduled = true, stopped = true}
 
 -- a TTL field: absent, empty or a whole number (rq writes -1 for "never"); false when it is none of these
@@ -58,7 +58,7 @@ local function judge(id)
   local jobkey = JOB .. id
   local f = redis.pcall('HMGET', jobkey, unpack(FIELDS))
   if not wrote(f) or not f[1] then return {kind = 'missing'} end  -- no hash there (or no data in it)
-  local job = {kind = 'started', data = f[1], status = f[2], timeout = default_timeout, tokens = 0,
+  local job = {kind = 'started', data = f[1], status = f[2], timeout = default_timeout, tokens = 0, reply_to = f[12] or '',
                deliveries = 0, lapses = 0, callbacks = (f[9] or '') ~= '' or (f[10] or '') ~= '' or (f[11] or '') ~= ''}
   if f[2] == 'canceled' then
     job.kind, job.tokens = 'canceled', math.max(0, integer(f[7]) or 0)  -- back off the queue's counter
@@ -143,12 +143,12 @@ for q, entry in pairs(queues) do
         members[#members + 1] = member
         longest = ttl
         out[#out + 1] = {q, id, job.kind, execution, job.data, tostring(job.timeout), job.result_ttl or '',
-                         job.failure_ttl or '', deliveries, job.lapses, job.reason or ''}
+                         job.failure_ttl or '', deliveries, job.lapses, job.reason or '', job.reply_to}
       elseif job.kind == 'canceled' then
         canceled[#canceled + 1] = now
         canceled[#canceled + 1] = id
         taken_tokens = taken_tokens + job.tokens
-        out[#out + 1] = {q, id, 'canceled', '', job.data}
+        out[#out + 1] = {q, id, 'canceled', '', job.data, job.reply_to}
       else
         out[#out + 1] = {q, id, job.kind}
       end

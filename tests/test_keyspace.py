@@ -1,0 +1,134 @@
+"""Every Redis key the fleet writes is one that common/protocol/keys.py describes: a full scenario (enqueue
+from the sync and the async client, a gateway job's options, serve with the vector cache and in-flight dedup,
+cancel, a long request spread and joined, a dead worker's jobs recovered) runs against a redis-server of its
+own with keyspace notifications on, and each key written is matched against the patterns of keys.py's
+docstring."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+
+import pytest
+import redis
+
+from common.protocol import keys, operations
+from common.redisserver import RedisServer
+from producer import AsyncProducer, Producer
+from worker.serving.pipeline import BatchWorker
+
+MAX_LEN = 32
+
+
+def documented_patterns() -> list[re.Pattern]:
+    """The key patterns in keys.py's docstring: the first column of each line naming an embedfleet: or rq:
+    key (several may share a line, comma-separated); <placeholders> match any text."""
+    patterns = []
+    for line in keys.__doc__.splitlines():
+        text = line.strip()
+        if not text.startswith(("embedfleet:", "rq:")):
+            continue
+        column = re.split(r"\s{2,}", text)[0]
+        for name in column.split(", "):
+            name = name.split(" ...")[0].strip()
+            regex = "".join(".+" if part.startswith("<") else re.escape(part)
+                            for part in re.split(r"(<[^>]+>)", name) if part)
+            patterns.append(re.compile(regex))
+    return patterns
+
+
+class KeyRecorder:
+    """Every key a keyspace notification names (writes and expiries), collected by a thread."""
+
+    def __init__(self, url: str):
+        self.client = redis.Redis.from_url(url)
+        self.client.config_set("notify-keyspace-events", "KA")
+        self.pubsub = self.client.pubsub()
+        self.pubsub.psubscribe("__keyspace@0__:*")
+        self.keys: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            message = self.pubsub.get_message(timeout=0.1)
+            if message and message["type"] == "pmessage":
+                self.keys.add(message["channel"].decode().split(":", 1)[1])
+
+    def stop(self) -> set[str]:
+        """Once every notification sent so far is read: a last message of our own, behind them all."""
+        self.client.publish("__keyspace@0__:sentinel", "x")
+        deadline = time.monotonic() + 30
+        while "sentinel" not in self.keys and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._stop.set()
+        self._thread.join(5)
+        self.pubsub.close()
+        self.client.close()
+        return self.keys
+
+
+@pytest.fixture(scope="module")
+def long_folder(tmp_path_factory):
+    from tests.tinymodels import save_tiny_bert, wrap_sentence_transformers
+
+    return wrap_sentence_transformers(save_tiny_bert(str(tmp_path_factory.mktemp("keyspace"))), "mean",
+                                      normalize=True, max_seq_length=MAX_LEN)
+
+
+def test_every_key_written_in_a_full_scenario_is_described_in_keys_py(long_folder):
+    from tests.tinymodels import WORDS
+    from worker.engine.engine import Engine
+    from worker.engine.identity import folder_digest, model_identity
+    from worker.engine.model import load_model
+    from worker.serving.cache import VectorCache
+
+    with RedisServer() as server:
+        recorder = KeyRecorder(server.url)
+        conn = redis.Redis.from_url(server.url)
+        model = load_model(long_folder, served_name="m", max_embed_len=8 * MAX_LEN)
+        cache = VectorCache(conn, model_identity("m", folder_digest(long_folder), "float32", "cpu"),
+                            model.caps.embedding_size)
+        worker = BatchWorker(Engine(model, chunks_per_job=2, cache=cache), conn, max_jobs=64, poll_timeout=1,
+                             lease=1.0)
+        worker.advertiser.advertise()
+        long_text = " ".join(WORDS[i % len(WORDS)] for i in range(7 * MAX_LEN))
+        with Producer(server.url) as producer:
+            cancelled = producer.submit(["never served"], "m")
+            assert producer.cancel(cancelled)
+            # a worker that dies holding a round: its claims lapse and the live worker requeues them
+            dead = operations.RqSchema(conn, keys.queue_name("m"), "dead-worker", result_ttl=60, lease=0.2)
+            lost = producer.submit_many([["lost one"], ["lost two"]], "m")
+            assert {t.id for t in dead.take(8, None)[1]} == set(lost)
+            ids = producer.submit_many([["same text"], ["same text"], [long_text]], "m")
+            bulk = producer.submit(["later"], "m", priority="bulk")
+
+            async def async_side():
+                async with AsyncProducer(server.url) as aproducer:
+                    request_id = await aproducer.submit(["from asyncio"], "m")
+                    await operations.save_job_options(aproducer.redis, request_id, "{}")
+                    return await aproducer.wait(request_id, timeout=60)
+
+            thread = threading.Thread(target=worker.work, daemon=True)
+            thread.start()
+            try:
+                assert asyncio.run(async_side()).ok
+                for request_id in [*ids, *lost, bulk]:
+                    assert producer.wait(request_id, timeout=60).ok
+                assert worker.recovered == 2
+            finally:
+                worker.stop()
+                thread.join(30)
+        conn.close()
+        written = recorder.stop()
+
+    patterns = documented_patterns()
+    assert len(patterns) > 20, "the docstring's layout was not read"
+    undocumented = sorted(key for key in written if key != "sentinel" and not any(p.fullmatch(key) for p in patterns))
+    assert not undocumented, f"keys written but not described in common/protocol/keys.py: {undocumented}"
+    for expected in ("embedfleet:chunks:", "embedfleet:inflight:", "embedfleet:cache:", "rq:canceled:",
+                     "embedfleet:job:", "embedfleet:replies:"):
+        assert any(key.startswith(expected) for key in written), f"the scenario wrote no {expected} key"
