@@ -8,6 +8,7 @@ from common.errors import (CancelledError, DecodeError, EmbedfleetError, Expired
 from common.protocol.keys import JOB_FUNC
 from common.request import EmbedRequest
 from common.result import Result
+from worker.serving.jobdata import decode_job
 from common.protocol.records import Answer, Outcome, Taken
 
 
@@ -31,15 +32,26 @@ def failed(job: Taken, error: EmbedfleetError, outcome: Outcome, reply_to: str |
                   reason=f"{prefix}{error.message}", code=error.code)
 
 
+def reply_stream_of(job: Taken, model: str) -> str | None:
+    """The reply stream a job names: its `reply_to` field, else its request's (when its data reads as a
+    request for `model`; bad data names none that is trusted)."""
+    if job.reply_to:
+        return job.reply_to
+    try:
+        return decode_job(job.id, job.data, model).reply_to
+    except EmbedfleetError:
+        return None
+
+
 def corrupt(job: Taken, model: str) -> Answer:
     """FAILED, never run: take found a field or key of its job that no producer writes (Taken.reason)."""
     error = DecodeError(f"{job.reason}; the request was not run", b"")
-    return failed(job, error, Outcome.FAILED, job.reply_to, model)
+    return failed(job, error, Outcome.FAILED, reply_stream_of(job, model), model)
 
 
 def cancelled(job: Taken, model: str) -> Answer:
     error = CancelledError("the request was cancelled before a worker took it")
-    return Answer(job, Outcome.CANCELED, Result.failure(job.id, model, error).encode(), job.reply_to,
+    return Answer(job, Outcome.CANCELED, Result.failure(job.id, model, error).encode(), reply_stream_of(job, model),
                   code=error.code)
 
 
@@ -47,7 +59,7 @@ def poisoned(job: Taken, model: str, max_deliveries: int) -> Answer:
     error = PoisonError(f"request {job.id} was taken {job.lapses} times and each worker that took it died or hung "
                         f"before answering; it is not run again (the limit is --max-deliveries {max_deliveries}). "
                         f"Inspect it with `embedfleet failed show {job.id}`")
-    return failed(job, error, Outcome.FAILED, job.reply_to, model)
+    return failed(job, error, Outcome.FAILED, reply_stream_of(job, model), model)
 
 
 def expired(job: Taken, request: EmbedRequest, now: float) -> Answer:
