@@ -21,16 +21,30 @@ from worker.serving.cache import VectorCache, check_placement
 from worker.engine.engine import Engine
 from worker.engine.identity import folder_digest, model_identity
 from worker.serving.pipeline import BatchWorker
+from worker.serving.steps import Steps
 
 
-def cached_engine(folder: str, connection, name: str = "m") -> Engine:
+class Cached(Steps):
+    """An engine with the fleet's cache around it, as the worker's steps run them; the counters are the
+    engine's own."""
+
+    forward_rows = property(lambda self: self.engine.forward_rows)
+    forward_passes = property(lambda self: self.engine.forward_passes)
+    model = property(lambda self: self.engine.model)
+    caps = property(lambda self: self.engine.caps)
+
+    def worker(self, connection, **kwargs) -> BatchWorker:
+        return BatchWorker(self.engine, connection, cache=self.cache, **kwargs)
+
+
+def cached_engine(folder: str, connection, name: str = "m") -> Cached:
     """A fresh Engine (own counters) over the folder's loaded model, with a cache on `connection`."""
     model = engine_for(folder).model
     identity = model_identity(name, folder_digest(folder), "float32", "cpu")
-    return Engine(model, cache=VectorCache(connection, identity, model.caps.embedding_size))
+    return Cached(Engine(model), VectorCache(connection, identity, model.caps.embedding_size))
 
 
-def run(engine: Engine, *requests: EmbedRequest) -> list[Result]:
+def run(engine: Engine | Steps, *requests: EmbedRequest) -> list[Result]:
     results = engine.run(list(requests))
     for result in results:
         result.raise_for_error()
@@ -44,18 +58,18 @@ def request(inputs, cache: bool = True, **params) -> EmbedRequest:
 def test_worker_repeat_runs_no_forward_pass_and_is_byte_identical(minilm_path, minilm_engine, redis_client):
     """The real worker on all-MiniLM-L6-v2: the second time the same texts come, the model does not run."""
     identity = model_identity("minilm", folder_digest(minilm_path), "float32", "cpu")
-    engine = Engine(minilm_engine.model, cache=VectorCache(redis_client, identity, 384))
+    engine = Cached(Engine(minilm_engine.model), VectorCache(redis_client, identity, 384))
     texts = sample_texts(12, seed=3)
     first = EmbedRequest(model="minilm", inputs=texts)
     enqueue(redis_client, first)
-    assert BatchWorker(engine, redis_client).work(burst=True)
+    assert engine.worker(redis_client).work(burst=True)
     passes, rows = engine.forward_passes, engine.forward_rows
     assert rows == len(set(texts)) and engine.cache.misses == len(texts) and engine.cache.hits == 0
 
     again = [EmbedRequest(model="minilm", inputs=texts), EmbedRequest(model="minilm", inputs=texts[::-1])]
     for req in again:
         enqueue(redis_client, req)
-    worker = BatchWorker(engine, redis_client)
+    worker = engine.worker(redis_client)
     assert worker.work(burst=True)
 
     assert (engine.forward_passes, engine.forward_rows) == (passes, rows)  # no forward pass at all
@@ -207,8 +221,8 @@ def test_writes_pause_when_the_redis_is_nearly_full(bert_mean, redis_client):
 def test_a_dead_cache_costs_misses_not_requests(bert_mean, redis_client, tmp_path):
     with RedisServer(tmp_path / "gone") as server:
         gone = redis.Redis.from_url(server.url, socket_timeout=2)
-    engine = Engine(engine_for(bert_mean).model,
-                    cache=VectorCache(gone, "x" * 32, engine_for(bert_mean).model.caps.embedding_size))
+    engine = Cached(Engine(engine_for(bert_mean).model),
+                    VectorCache(gone, "x" * 32, engine_for(bert_mean).model.caps.embedding_size))
     result, = run(engine, request(["still served"]))
     assert result.ok and engine.forward_rows == 1 and engine.cache.misses == 1
 
@@ -301,7 +315,7 @@ def test_the_worker_dedups_a_request_full_of_duplicates(bert_mean, redis_client)
     distinct = sample_texts(4, seed=17)
     request_ = EmbedRequest(model=engine.caps.name, inputs=[distinct[i % 4] for i in range(40)], cache=False)
     enqueue(redis_client, request_)
-    assert BatchWorker(engine, redis_client).work(burst=True)
+    assert engine.worker(redis_client).work(burst=True)
     result = Result.decode(redis_client.get(result_key(request_.id)))
     assert engine.forward_rows == 4 and result.ok and result.shape == (40, 32)
     assert all((result.embeddings[i] == result.embeddings[i % 4]).all() for i in range(40))

@@ -312,3 +312,32 @@ def test_a_batch_too_big_for_the_device_still_runs_in_smaller_passes(bert_cls):
     clean = engine_for(bert_cls)
     for request, result in zip(requests, results):
         np.testing.assert_allclose(result.embeddings, clean.run([request])[0].embeddings, rtol=1e-4, atol=1e-5)
+
+
+def test_the_engine_runs_with_no_redis_at_all(tmp_path):
+    """The model side imports neither redis nor rq, and a fresh process runs a round through it with no
+    Redis anywhere (the cache and in-flight dedup are the serving side's: worker/serving/steps.py)."""
+    import subprocess
+    import sys
+
+    from tests.commands import ROOT
+    from tests.tinymodels import save_tiny_bert, wrap_sentence_transformers
+
+    folder = wrap_sentence_transformers(save_tiny_bert(str(tmp_path / "m")), "mean", normalize=True)
+    script = (
+        "import sys, builtins\n"
+        "real = builtins.__import__\n"
+        "def guard(name, *a, **k):\n"
+        "    if name.split('.')[0] in ('redis', 'rq'): raise ImportError('the engine imported ' + name)\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = guard\n"
+        "from common.request import EmbedRequest\n"
+        "from worker.engine.engine import Engine\n"
+        "from worker.engine.model import load_model\n"
+        f"engine = Engine(load_model({folder!r}, served_name='m'))\n"
+        "results = engine.run([EmbedRequest(model='m', inputs=['no redis here', 'none at all'])])\n"
+        "assert results[0].ok and results[0].embeddings.shape == (2, 32), results\n"
+        "print('ok', engine.forward_passes)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0 and done.stdout.startswith("ok 1"), done.stderr[-2000:]

@@ -50,8 +50,8 @@ def fleet(bert_mean, redis_client):
 
     def worker(delay: float = 0.0, failures: int = 0, max_jobs: int = 1, gate=None) -> BatchWorker:
         model = Slowed(load_model(bert_mean, served_name="m"), delay, failures, gate)
-        engine = Engine(model, cache=VectorCache(redis_client, identity, model.caps.embedding_size))
-        return BatchWorker(engine, redis_client, max_jobs=max_jobs, poll_timeout=1)
+        cache = VectorCache(redis_client, identity, model.caps.embedding_size)
+        return BatchWorker(Engine(model), redis_client, cache=cache, max_jobs=max_jobs, poll_timeout=1)
 
     return worker
 
@@ -185,6 +185,6 @@ def test_the_next_round_takes_what_the_round_on_the_device_computes(fleet, redis
     serve(worker)
 
     assert worker.engine.forward_rows == len(TEXTS) and worker.inflight.attached == 0
-    assert (worker.engine.cache.hits, worker.engine.cache.misses) == (len(TEXTS), len(TEXTS))
+    assert (worker.steps.cache.hits, worker.steps.cache.misses) == (len(TEXTS), len(TEXTS))
     one, two = results(redis_client, [first, second])
     assert two.embed_dtype == "float16" and (one.embeddings.astype("float16") == two.embeddings).all()

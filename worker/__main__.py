@@ -63,14 +63,14 @@ def serve(argv: list[str]) -> int:
         check_access(connection, url)
     cache = _cache(settings, connection, model, path, dtype)
     engine = Engine(model, max_batch_tokens=budget.max_batch_tokens, max_batch_size=budget.max_batch_size,
-                    chunks_per_job=settings.chunks_per_job, cache=cache)
+                    chunks_per_job=settings.chunks_per_job)
     info = {"device": device, "dtype": dtype, "max_batch_tokens": budget.max_batch_tokens,
             "max_batch_size": budget.max_batch_size, "budget_source": budget.source, "max_jobs": settings.max_jobs,
             "host": socket.gethostname(), "pid": os.getpid(),  # `embedfleet health --worker` looks for its host
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     watchdog = (settings.watchdog_seconds, _per_token(settings.watchdog_per_token, budget))
     metrics = _metrics(settings, model.caps.name)
-    worker = BatchWorker(engine, connection, max_jobs=settings.max_jobs, bulk_share=settings.bulk_share,
+    worker = BatchWorker(engine, connection, cache=cache, max_jobs=settings.max_jobs, bulk_share=settings.bulk_share,
                          metrics=metrics,
                          result_ttl=settings.result_ttl, poll_timeout=settings.poll_timeout,
                          lease=settings.lease_seconds, max_deliveries=settings.max_deliveries,

@@ -1,5 +1,7 @@
 """Engine: many requests in, one Result per request out, in three steps a pipelined worker can overlap:
-prepare (verify, tokenise), forward (length-sorted, token-budgeted passes) and finish (cut, normalise, cast)."""
+prepare (verify, tokenise), forward (the passes worker/engine/batcher.py plans) and finish (cut, normalise,
+cast). No Redis here: the serving side (worker/serving/steps.py) looks vectors up in its cache between the
+steps and hands them in as a round's `hits`."""
 
 from __future__ import annotations
 
@@ -14,8 +16,7 @@ from common.errors import EmbedfleetError, InternalError
 from common.params import PoolingParams
 from common.request import EmbedRequest
 from common.result import Result
-from worker.engine import dedup
-from worker.engine.batcher import cuts
+from worker.engine.batcher import cuts, plan_passes
 from worker.engine.latechunking import embed_spans
 from worker.engine.postprocess import cast, finish
 from worker.engine.preprocess import Prepared, prepare
@@ -26,8 +27,8 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Round:
-    """Requests on their way through the engine. Each request ends with a result (its own error, or its
+class Work:
+    """The engine's work on one round of requests. Each request ends with a result (its own error, or its
     embeddings once `finish` runs); `rows` and `failed` are filled by the forward passes."""
 
     requests: list[EmbedRequest]
@@ -41,7 +42,8 @@ class Round:
     passes: int = 0  # forward passes cut by the budget (a failed pass's halves not counted)
     tokens: int = 0  # real tokens through those passes
     padded_tokens: int = 0  # rows * longest row, summed over the passes: what the device computed
-    # filled by a vector cache (worker/serving/cache.py): request -> its inputs' cache keys, and -> {row: vector}
+    # vectors at hand before the passes, filled by the serving side's cache (worker/serving/cache.py):
+    # request -> its inputs' cache keys, and request -> {row: vector}; those rows are not computed
     cache_keys: dict[int, list[str]] = field(default_factory=dict)
     hits: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)
 
@@ -59,7 +61,6 @@ class _Flat:
     token_lists: list[list[int]]
     prompt_lengths: list[int]
     owners: np.ndarray  # flat position -> request index
-    order: np.ndarray  # sorted position -> flat position (of the positions to compute; by head, then length)
     vectors: np.ndarray | None = None
     heads: list[str] = field(default_factory=list)  # flat position -> Prepared.head
     pair_starts: list[int] = field(default_factory=list)  # flat position -> a pair's second text (0: none)
@@ -82,27 +83,21 @@ class Engine:
         and, for `prepare`, a tokenizer (see worker.engine.nullmodel for one without).
     max_batch_tokens: padded-token budget of one forward pass (rows * longest row).
     max_batch_size: most rows in one forward pass.
-    chunks_per_job: a request with more chunks than this (a long input, worker/engine/chunking.py) is not run here
-        but left in `Round.spread` for the worker to spread over the fleet; 0: every request runs here.
-    cache: a vector cache (worker/serving/cache.py) consulted in `prepare` and filled in `finish`; None: none.
+    chunks_per_job: a request with more chunks than this (a long input, worker/engine/chunking.py) is not run
+        here but left in `Work.spread` for the worker to spread over the fleet; 0: every request runs here.
     Identical inputs in one round (same token ids, prompt length, head and pair split) are computed once.
     """
 
     def __init__(self, model, *, max_batch_tokens: int = 16384, max_batch_size: int = 256,
-                 chunks_per_job: int = 0, cache=None):
+                 chunks_per_job: int = 0):
         self.model = model
         self.caps = model.caps
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
-        self.cache = cache
         self.forward_passes = 0
         self.chunks_per_job = chunks_per_job
         self.forward_rows = 0  # inputs the model ran over (after the cache and in-round dedup)
         self._resolved: dict[PoolingParams, PoolingParams | EmbedfleetError] = {}
-
-    def stats(self) -> dict:
-        """Counters for the worker's advert: the cache's hits and misses (none without a cache)."""
-        return self.cache.stats() if self.cache is not None else {}
 
     def run(self, requests: list[EmbedRequest]) -> list[Result]:
         """One Result per request, in input order: the three steps back to back."""
@@ -112,9 +107,9 @@ class Engine:
 
     # -- the three steps --------------------------------------------------------------------------------
 
-    def prepare(self, requests: list[EmbedRequest]) -> Round:
+    def prepare(self, requests: list[EmbedRequest]) -> Work:
         """Verify each request against the model and tokenise it; a bad one gets its error result here."""
-        work = Round(list(requests), [None] * len(requests))
+        work = Work(list(requests), [None] * len(requests))
         tokenize = getattr(self.model, "prepare", None)
         for index, request in enumerate(requests):
             try:
@@ -135,11 +130,9 @@ class Engine:
                 log.exception("preprocessing request %s failed", request.id)
                 work.results[index] = Result.failure(request.id, self.caps.name, InternalError(
                     f"preprocessing failed: {type(exc).__name__}: {exc}"))
-        if self.cache is not None:
-            self.cache.lookup(work)  # never raises: an unreachable cache is all misses
         return work
 
-    def forward(self, work: Round) -> None:
+    def forward(self, work: Work) -> None:
         """All inputs of all requests, sorted by length and cut by the token budget; one pass per batch.
         A late-chunking request (spans) gets a pass of its own: its rows are spans, not inputs."""
         for index, prep in work.prepared.items():
@@ -148,30 +141,21 @@ class Engine:
         flat = self._flatten(work)
         if flat is None:
             return
-        if self.cache is not None:
-            self.cache.recall(work)  # in memory: what the rounds just before computed
         known = self._known(work)
-        runs = dedup.plan(flat.token_lists, flat.prompt_lengths, known, kinds=list(zip(flat.heads, flat.pair_starts)))
-        flat.sharers = runs.sharers()
-        run_lengths = np.fromiter((len(flat.token_lists[p]) for p in runs.runs), np.int64, len(runs.runs))
-        run_heads = np.asarray([flat.heads[p] != "pool" for p in runs.runs], dtype=bool)
-        flat.order = runs.runs[np.lexsort((run_lengths, run_heads))] if len(runs.runs) else runs.runs
-        lengths = [len(flat.token_lists[i]) for i in flat.order]
-        heads = [flat.heads[i] for i in flat.order]
-        begin = 0
-        for head_end in [i for i in range(1, len(heads)) if heads[i] != heads[i - 1]] + [len(heads)]:
-            for start, end in cuts(lengths[begin:head_end], self.max_batch_tokens, self.max_batch_size):
-                batch = lengths[begin + start:begin + end]
-                work.passes += 1
-                work.tokens += sum(batch)
-                work.padded_tokens += len(batch) * max(batch)  # what the device computed
-                self._pass(flat.order[begin + start:begin + end], flat, work)
-            begin = head_end  # a pass never mixes heads: each runs its own forward
+        plan = plan_passes(flat.token_lists, flat.prompt_lengths, list(zip(flat.heads, flat.pair_starts)), known,
+                           self.max_batch_tokens, self.max_batch_size)
+        flat.sharers = plan.sharers
+        for positions in plan.passes:
+            batch = [len(flat.token_lists[p]) for p in positions]
+            work.passes += 1
+            work.tokens += sum(batch)
+            work.padded_tokens += len(batch) * max(batch)  # what the device computed
+            self._pass(positions, flat, work)
         if known:
             flat.allocate(len(next(iter(known.values()))))
             for position, vector in known.items():
                 flat.vectors[position] = vector
-        for copy, source in runs.copies.items():
+        for copy, source in plan.copies.items():
             if source in flat.ragged:
                 flat.ragged[copy] = flat.ragged[source]
             elif flat.vectors is not None:  # None only if every pass failed: those requests failed
@@ -185,11 +169,9 @@ class Engine:
                 work.rows[index] = [flat.ragged[p] for p in range(offset, offset + count)] \
                     if prep.head == "tokens" else flat.vectors[offset:offset + count]
             offset += count
-        if self.cache is not None:
-            self.cache.remember(work)
 
     @staticmethod
-    def _flatten(work: Round) -> _Flat | None:
+    def _flatten(work: Work) -> _Flat | None:
         token_lists: list[list[int]] = []
         prompt_lengths: list[int] = []
         owners: list[int] = []
@@ -205,15 +187,10 @@ class Engine:
             pair_starts.extend(prep.pair_starts or [0] * len(prep.token_lists))
         if not token_lists:
             return None
-        lengths = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
-        order = np.lexsort((lengths, np.asarray([head != "pool" for head in heads])))  # stable, by head
-        return _Flat(token_lists, prompt_lengths, np.asarray(owners), order, heads=heads, pair_starts=pair_starts)
+        return _Flat(token_lists, prompt_lengths, np.asarray(owners), heads=heads, pair_starts=pair_starts)
 
-    def finish(self, work: Round) -> list[Result]:
-        """Post-process every request that reached the forward pass; returns all results in input order.
-        The vectors computed for cacheable requests go to the cache first."""
-        if self.cache is not None:
-            self.cache.store(work)  # never raises: a cache that refuses writes only costs later misses
+    def finish(self, work: Work) -> list[Result]:
+        """Post-process every request that reached the forward pass; returns all results in input order."""
         for index, request in work.resolved.items():
             if work.results[index] is not None or index in work.spread:
                 continue
@@ -230,7 +207,7 @@ class Engine:
     # -- internals --------------------------------------------------------------------------------------
 
     @staticmethod
-    def _known(work: Round) -> dict[int, np.ndarray]:
+    def _known(work: Work) -> dict[int, np.ndarray]:
         """Flat position -> the vector the cache gave for it (flat order is request by request, row by row)."""
         known: dict[int, np.ndarray] = {}
         offset = 0
@@ -259,7 +236,7 @@ class Engine:
             raise params
         return request.model_copy(update={"params": params})
 
-    def _span_pass(self, index: int, prep: Prepared, work: Round) -> None:
+    def _span_pass(self, index: int, prep: Prepared, work: Work) -> None:
         """A late-chunking request's inputs, in order, in passes cut by the token budget."""
         try:
             rows = []
@@ -283,7 +260,7 @@ class Engine:
             and len(prepared.token_lists) > self.chunks_per_job and not prepared.prompt_length \
             and keys.part_id(request.id, len(prepared.token_lists)) is not None
 
-    def _pass(self, positions: np.ndarray, flat: _Flat, work: Round) -> None:
+    def _pass(self, positions: np.ndarray, flat: _Flat, work: Work) -> None:
         """One forward pass over these flat positions; if it fails, the batch again in halves, down to single
         rows, so that one poisoned input fails only its own request and a batch too big for the device (OOM)
         still runs."""

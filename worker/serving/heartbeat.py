@@ -87,7 +87,7 @@ class Watchdog:
         self._armed: tuple[float, float, int] | None = None  # (started, deadline seconds, padded tokens)
 
     def arm(self, work) -> None:
-        """`work`: an engine Round (its prepared token lists count) or a padded-token count."""
+        """`work`: an engine Work (its prepared token lists count) or a padded-token count."""
         tokens = work if isinstance(work, int) else sum(
             len(prep.token_lists) * max(map(len, prep.token_lists), default=0) for prep in work.prepared.values())
         self._armed = (time.monotonic(), self.floor + self.per_token * tokens, tokens)

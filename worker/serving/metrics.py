@@ -46,7 +46,7 @@ class WorkerMetrics:
         self.queue_wait.labels(self.model, self._levels.get(queue, "other")).observe(max(0.0, seconds))
 
     def forwarded(self, work, seconds: float) -> None:
-        """One round through the engine (worker.engine.engine.Round, after forward)."""
+        """One round through the engine (worker.engine.engine.Work, after forward)."""
         self.rounds.inc()
         self.batches.inc(work.passes)
         self.rows.inc(work.texts)

@@ -64,7 +64,8 @@ from common.result import Result
 from common.serializer import MsgpackSerializer
 from worker.serving.advertise import Advertiser
 from worker.serving.spread import ChunkJobs
-from worker.engine.engine import Round
+from worker.serving.steps import Steps
+from worker.engine.engine import Work
 from worker.serving.heartbeat import Heartbeat, Watchdog, timed_out
 from worker.serving.inflight import InFlight
 from worker.serving import answers
@@ -88,13 +89,13 @@ def unique_worker_name() -> str:
 
 
 @dataclass
-class Batch:
-    """One round of taken jobs: the engine's Round for the runnable ones, answers for the rest."""
+class Round:
+    """One round of taken jobs: the engine's Work for the runnable ones, answers for the rest."""
 
     began: float
     runnable: list[Taken] = field(default_factory=list)
     answers: list[Answer] = field(default_factory=list)  # decided before the engine (bad data, cancels)
-    work: Round | None = None
+    work: Work | None = None
     reply_to: dict[str, str | None] = field(default_factory=dict)
     engine_error: BaseException | None = None
     preemptible: bool = False  # lower-level work only: yields to higher-level work (worker/serving/levels.py)
@@ -103,15 +104,27 @@ class Batch:
     def size(self) -> int:
         return len(self.runnable) + len(self.answers)
 
+    def requests(self) -> dict[str, EmbedRequest]:
+        """The runnable jobs' requests, by job id."""
+        return {job.id: request for job, request in zip(self.runnable, self.work.requests)} if self.work else {}
+
+    def spreads(self) -> list[tuple[Taken, EmbedRequest, object]]:
+        """(job, verified request, prepared inputs) of each long request the engine left to spread."""
+        if self.work is None:
+            return []
+        return [(self.runnable[i], self.work.resolved[i], prepared) for i, prepared in self.work.spread.items()]
+
 
 class BatchWorker(SimpleWorker):
     """Serves `engine.caps.name`'s queue in pipelined rounds; the model stays loaded in this process.
 
     Args:
-        engine: has `caps` (ModelCapabilities), `prepare(requests) -> Round`, `forward(Round)` and
-            `finish(Round) -> results` (same order, never raising for a bad request); worker.engine.engine.Engine.
+        engine: has `caps` (ModelCapabilities), `prepare(requests) -> Work`, `forward(Work)` and
+            `finish(Work) -> results` (same order, never raising for a bad request); worker.engine.engine.Engine.
         connection: Redis client.
-        max_jobs: most requests taken from the queue in one round (one Round through the engine).
+        cache: the fleet's vector cache (worker/serving/cache.py) around the engine (worker/serving/steps.py),
+            with in-flight dedup (worker/serving/inflight.py); None: neither.
+        max_jobs: most requests taken from the queue in one round (one Work through the engine).
         result_ttl: seconds result blobs, notify lists and finished rq jobs are kept; at least 1 (Redis
             refuses SET EX 0, which would lose every result).
         poll_timeout: seconds one blocking take waits; a stop request is honoured within this time.
@@ -129,7 +142,7 @@ class BatchWorker(SimpleWorker):
         Other keyword arguments go to rq's SimpleWorker.
     """
 
-    def __init__(self, engine, connection: Redis, *, max_jobs: int = 64, result_ttl: int = RESULT_TTL,
+    def __init__(self, engine, connection: Redis, *, cache=None, max_jobs: int = 64, result_ttl: int = RESULT_TTL,
                  poll_timeout: int = 5, heartbeat_interval: float = HEARTBEAT_INTERVAL,
                  lease: float = LEASE_SECONDS, max_deliveries: int = MAX_DELIVERIES,
                  drain_timeout: float = DRAIN_TIMEOUT, watchdog: tuple[float, float] | None = None,
@@ -149,6 +162,7 @@ class BatchWorker(SimpleWorker):
                          connection=connection, serializer=MsgpackSerializer, job_class=SafeJob,
                          default_result_ttl=result_ttl, **kwargs)
         self.engine = engine
+        self.steps = Steps(engine, cache)
         self.max_jobs = max_jobs
         self.result_ttl = result_ttl
         # A blocking read must end well inside the client's socket timeout (common.redisclient).
@@ -161,7 +175,7 @@ class BatchWorker(SimpleWorker):
         self.metrics = metrics  # worker/serving/metrics.py's WorkerMetrics, or None
         self.live = LiveStats()
         self.advertiser = Advertiser(connection, engine.caps, self.name, info=info, live=self._live_facts,
-                                     stats=getattr(engine, "stats", None))  # cache hits and misses
+                                     stats=self.steps.stats)  # cache hits and misses
         self.chunk_jobs = ChunkJobs(connection, [q.name for q in self.queues], engine.caps.name, result_ttl=result_ttl,
                                     chunks_per_job=getattr(engine, "chunks_per_job", 0))
         self.heartbeat_interval = heartbeat_interval
@@ -170,7 +184,6 @@ class BatchWorker(SimpleWorker):
         self.drain_timeout = drain_timeout
         self.watchdog = Watchdog(*watchdog) if watchdog else None
         self.recovered = 0  # jobs of dead workers this worker requeued
-        cache = getattr(engine, "cache", None)  # in-flight dedup comes with the cache (worker/serving/inflight.py)
         self.inflight = InFlight(connection, cache.identity) if cache is not None else None
         self._advertised_at = float("-inf")
         self._draining = False
@@ -248,15 +261,15 @@ class BatchWorker(SimpleWorker):
         be busy with its own (the forward stage gives back any it picks up first)."""
         while True:
             try:
-                batch = prepared.get(timeout=0.2)
+                round_ = prepared.get(timeout=0.2)
             except stdqueue.Empty:
                 continue
-            if batch is _END:
+            if round_ is _END:
                 prepared.put(_END)  # for the forward stage, which ends the pipeline
                 return
             self._slot.release()
-            self._give_back(batch)
-            forwarded.put(batch)  # its other answers (cancels, bad messages) are still written
+            self._give_back(round_)
+            forwarded.put(round_)  # its other answers (cancels, bad messages) are still written
 
     def _drain_overdue(self) -> None:
         log.error("worker %s: the drain took more than %g s; exiting now (the leases recover its jobs)",
@@ -295,7 +308,7 @@ class BatchWorker(SimpleWorker):
         """The device stage, on the calling thread. Ends when the take stage closes its hand-off."""
         while True:
             try:
-                batch = prepared.get(timeout=1.0)
+                round_ = prepared.get(timeout=1.0)
             except stdqueue.Empty:
                 self.heartbeat_thread.ensure_alive()
                 if not all(stage.is_alive() for stage in stages):
@@ -305,38 +318,38 @@ class BatchWorker(SimpleWorker):
                         forwarded.put_nowait(_END)
                     return
                 continue
-            if batch is _END:
+            if round_ is _END:
                 self._hand_off(forwarded, _END, stages)
                 return
             self.heartbeat_thread.ensure_alive()  # also under constant load, when no get times out
             self._slot.release()  # the take stage may prepare the next round while this one runs
             if self._draining:
-                self._give_back(batch)
-            elif batch.preemptible and batch.work is not None and self._higher_waiting():
-                self._give_back(batch, "interactive work arrived")
-            elif batch.work is not None:
+                self._give_back(round_)
+            elif round_.preemptible and round_.work is not None and self._higher_waiting():
+                self._give_back(round_, "interactive work arrived")
+            elif round_.work is not None:
                 if self.watchdog is not None:
-                    self.watchdog.arm(batch.work)
-                began, texts = time.monotonic(), batch.work.texts
+                    self.watchdog.arm(round_.work)
+                began, texts = time.monotonic(), round_.work.texts
                 self._device_free.clear()
                 self._device_busy = (began, began + texts * self._seconds_per_text)
-                self.live.on_device(len(batch.runnable), texts)
+                self.live.on_device(len(round_.runnable), texts)
                 try:
-                    self.engine.forward(batch.work)
+                    self.steps.forward(round_.work)
                     if self.metrics is not None:
-                        self.metrics.forwarded(batch.work, time.monotonic() - began)
+                        self.metrics.forwarded(round_.work, time.monotonic() - began)
                     if texts:  # how long a text takes on the device, smoothed: when to take the next round
                         spent = (time.monotonic() - began) / texts
                         self._seconds_per_text = 0.7 * self._seconds_per_text + 0.3 * spent
                 except Exception as exc:  # an engine bug: every job of the round fails, retryably
-                    log.exception("worker %s: forward stage failed on a round of %d", self.name, batch.size)
-                    batch.engine_error = exc
+                    log.exception("worker %s: forward stage failed on a round of %d", self.name, round_.size)
+                    round_.engine_error = exc
                 finally:
                     self._device_free.set()
                     self.live.on_device(0, 0)
                     if self.watchdog is not None:
                         self.watchdog.disarm()
-            self._hand_off(forwarded, batch, stages)
+            self._hand_off(forwarded, round_, stages)
 
     def _higher_waiting(self) -> bool:
         try:
@@ -344,10 +357,10 @@ class BatchWorker(SimpleWorker):
         except (redis.ConnectionError, redis.TimeoutError):
             return False  # run the round: the outage is the take stage's to ride out
 
-    def _give_back(self, batch: Batch, why: str = "draining") -> None:
+    def _give_back(self, round_: Round, why: str = "draining") -> None:
         """This round has not reached the device (a drain, or it yields to higher-level work): its runnable
         jobs go back to the head of their queues."""
-        jobs, batch.runnable, batch.work = batch.runnable, [], None
+        jobs, round_.runnable, round_.work = round_.runnable, [], None
         if not jobs:
             return
         try:
@@ -385,7 +398,7 @@ class BatchWorker(SimpleWorker):
                 try:
                     if self.should_run_maintenance_tasks:
                         self.run_maintenance_tasks()
-                    batch = self.take_round(None if self._burst else self.poll_timeout)
+                    round_ = self.take_round(None if self._burst else self.poll_timeout)
                     backoff = 1.0
                 except StopRequested:
                     self._slot.release()
@@ -402,9 +415,9 @@ class BatchWorker(SimpleWorker):
                     time.sleep(backoff)
                     backoff = min(backoff * self.exponential_backoff_factor, self.max_connection_wait_time)
                     continue
-                if batch is not None:
+                if round_ is not None:
                     idle_since = time.monotonic()
-                    prepared.put(batch)
+                    prepared.put(round_)
                     continue
                 self._slot.release()
                 if self._burst and self._drained():
@@ -425,11 +438,11 @@ class BatchWorker(SimpleWorker):
         if self.inflight is None or not self.inflight.parked:
             return
         answered, run = self.inflight.poll(everything=True)
-        batch = Batch(time.time())
-        self._prepare_round(batch, [], answered, run)
+        round_ = Round(time.time())
+        self._prepare_round(round_, [], answered, run)
         self._slot.acquire(timeout=30)
         with contextlib.suppress(stdqueue.Full):
-            prepared.put(batch, timeout=30)
+            prepared.put(round_, timeout=30)
 
     def _await_gathering(self) -> None:
         """While the device is busy, take the next round only near the end of the current one (by the
@@ -450,7 +463,7 @@ class BatchWorker(SimpleWorker):
             time.sleep(0.005)
         return not parked and self.schema.queued() == 0
 
-    def take_round(self, block: float | None) -> Batch | None:
+    def take_round(self, block: float | None) -> Round | None:
         """Take up to max_jobs jobs (started in Redis as they are taken), decode and prepare them."""
         def idle(pipe):
             if not self.held_count():
@@ -466,83 +479,83 @@ class BatchWorker(SimpleWorker):
         answered, resumed = self.inflight.poll() if self.inflight is not None else ([], [])
         if not taken and not answered and not resumed:
             return None
-        batch = Batch(time.time(), preemptible=self.schema.preemptible(taken))
+        round_ = Round(time.time(), preemptible=self.schema.preemptible(taken))
         with self._held_lock:
             for job in taken:
                 if job.claimed:
-                    self._held[job.id, job.execution] = (job, batch.began)
+                    self._held[job.id, job.execution] = (job, round_.began)
         try:
-            self._prepare_round(batch, taken, answered, resumed)
+            self._prepare_round(round_, taken, answered, resumed)
         except Exception as exc:  # a bug here must not strand what was taken: all of it goes back (Retry)
             log.exception("worker %s: preparing a round of %d failed", self.name, len(taken))
             error = InternalError(f"preparing the request failed: {type(exc).__name__}: {exc}")
-            batch.runnable, batch.work = [], None
+            round_.runnable, round_.work = [], None
             followers = [job for job, *_ in answered + resumed]
-            batch.answers = [answers.failed(job, error, Outcome.RETRY, None, self.engine.caps.name)
+            round_.answers = [answers.failed(job, error, Outcome.RETRY, None, self.engine.caps.name)
                              for job in taken + followers if job.claimed]
-        return batch if batch.size else None  # all it took was parked (followers of requests in flight)
+        return round_ if round_.size else None  # all it took was parked (followers of requests in flight)
 
-    def _prepare_round(self, batch: Batch, taken: list[Taken], answered=(), resumed=()) -> None:
+    def _prepare_round(self, round_: Round, taken: list[Taken], answered=(), resumed=()) -> None:
         """Decode each taken job, answer the ones that cannot run (poison too), and tokenise the rest.
         Parked followers whose wait ended come along: `answered` with their leader's bytes, `resumed` to run."""
         model, now = self.engine.caps.name, time.time()
         requests: list[EmbedRequest] = []
         for job, request, result in answered:
-            batch.answers.append(answers.served(job, result, request.reply_to, model))
+            round_.answers.append(answers.served(job, result, request.reply_to, model))
         for job in taken:
             if job.kind is Kind.STARTED and job.lapses >= self.max_deliveries:
-                batch.answers.append(answers.poisoned(job, model, self.max_deliveries))
-                log.error("worker %s: %s", self.name, batch.answers[-1].reason)
+                round_.answers.append(answers.poisoned(job, model, self.max_deliveries))
+                log.error("worker %s: %s", self.name, round_.answers[-1].reason)
             elif job.kind is Kind.STARTED:
                 try:
                     request = decode_job(job.id, job.data, model)
                 except EmbedfleetError as exc:
-                    batch.answers.append(answers.failed(job, exc, Outcome.FAILED, None, model))
+                    round_.answers.append(answers.failed(job, exc, Outcome.FAILED, None, model))
                     continue
                 if self.metrics is not None:
                     self.metrics.waited(job.queue, now - request.created_at)
                 if request.expired(now):  # its deadline passed while queued: never computed
-                    batch.answers.append(answers.expired(job, request, now))
+                    round_.answers.append(answers.expired(job, request, now))
                     continue
-                batch.runnable.append(job)
-                batch.reply_to[job.id] = request.reply_to
+                round_.runnable.append(job)
+                round_.reply_to[job.id] = request.reply_to
                 requests.append(request)
             elif job.kind is Kind.BAD:  # its job hash was changed by hand: failed with the reason, never run
-                batch.answers.append(answers.corrupt(job, model))
+                round_.answers.append(answers.corrupt(job, model))
                 log.error("worker %s: request %s: %s", self.name, job.id, job.reason)
             elif job.kind is Kind.CANCELED:
-                batch.answers.append(answers.cancelled(job, model))
+                round_.answers.append(answers.cancelled(job, model))
             else:  # nothing to answer: no job hash, an id no job can have, or a job already ended
                 log.warning("worker %s: dropped queue entry %r (%s)", self.name, job.id, job.kind.value)
         if self.inflight is not None:  # requests identical to one in flight elsewhere park (worker/serving/inflight.py)
-            batch.runnable, requests = self.inflight.attach(batch.runnable, requests)
+            round_.runnable, requests = self.inflight.attach(round_.runnable, requests)
             for job, request in resumed:
-                batch.runnable.append(job)
-                batch.reply_to[job.id] = request.reply_to
+                round_.runnable.append(job)
+                round_.reply_to[job.id] = request.reply_to
                 requests.append(request)
         if requests:
-            batch.work = self.engine.prepare(requests)
+            round_.work = self.steps.prepare(requests)
 
     # -- finish stage -----------------------------------------------------------------------------------
 
     def _finish_loop(self, forwarded: stdqueue.Queue) -> None:
-        while (batch := forwarded.get()) is not _END:
+        while (round_ := forwarded.get()) is not _END:
             try:
-                self.finish_round(batch)
+                self.finish_round(round_)
             except Exception:  # its jobs stay started and are recovered by maintenance
                 log.exception("worker %s: could not store a round of %d; its jobs will be recovered",
-                              self.name, batch.size)
-                self._release(batch)
+                              self.name, round_.size)
+                self._release(round_)
 
-    def finish_round(self, batch: Batch) -> None:
+    def finish_round(self, round_: Round) -> None:
         """Answers for every job of the round, then one EVALSHA that stores and acknowledges them all."""
-        written = list(batch.answers)
-        results = self._results(batch)
-        for job, result in zip(batch.runnable, results):
-            written.append(answers.served(job, result, batch.reply_to.get(job.id), self.engine.caps.name))
-        written = self.chunk_jobs.settle(batch, written)  # long requests spread, parts of them joined
-        done = self._with_retries(lambda: self.schema.finish(written, time.time() - batch.began))
-        self._release(batch)
+        written = list(round_.answers)
+        results = self._results(round_)
+        for job, result in zip(round_.runnable, results):
+            written.append(answers.served(job, result, round_.reply_to.get(job.id), self.engine.caps.name))
+        written = self.chunk_jobs.settle(round_, written)  # long requests spread, parts of them joined
+        done = self._with_retries(lambda: self.schema.finish(written, time.time() - round_.began))
+        self._release(round_)
         if self.metrics is not None:
             self.metrics.answered([answer.code for answer in written])
         self.batches += 1
@@ -551,27 +564,27 @@ class BatchWorker(SimpleWorker):
         for request_id, problem in done.problems:
             log.warning("worker %s: request %s: %s", self.name, request_id, problem)
         log.info("worker %s: round of %d: %d served, %d failed, %d requeued%s in %.3f s", self.name,
-                 batch.size, done.finished, done.failed, done.requeued,
+                 round_.size, done.finished, done.failed, done.requeued,
                  f", {done.late} answered late (their claim had lapsed)" if done.late else "",
-                 time.time() - batch.began)
+                 time.time() - round_.began)
 
-    def _results(self, batch: Batch) -> list[Result | None]:
-        if batch.work is None:
+    def _results(self, round_: Round) -> list[Result | None]:
+        if round_.work is None:
             return []
-        if batch.engine_error is None:
+        if round_.engine_error is None:
             try:
-                results = self.engine.finish(batch.work)
-                if len(results) == len(batch.runnable):
+                results = self.steps.finish(round_.work)
+                if len(results) == len(round_.runnable):
                     return results
-                batch.engine_error = InternalError(f"engine returned {len(results)} results for "
-                                                   f"{len(batch.runnable)} requests")
+                round_.engine_error = InternalError(f"engine returned {len(results)} results for "
+                                                   f"{len(round_.runnable)} requests")
             except Exception as exc:
-                log.exception("worker %s: finishing a round of %d failed", self.name, batch.size)
-                batch.engine_error = exc
-        error = batch.engine_error
+                log.exception("worker %s: finishing a round of %d failed", self.name, round_.size)
+                round_.engine_error = exc
+        error = round_.engine_error
         return [Result.failure(job.id, self.engine.caps.name, error if isinstance(error, EmbedfleetError)
                                else InternalError(f"engine failed: {type(error).__name__}: {error}"))
-                for job in batch.runnable]
+                for job in round_.runnable]
 
     # -- held jobs --------------------------------------------------------------------------------------
 
@@ -579,14 +592,14 @@ class BatchWorker(SimpleWorker):
         with self._held_lock:
             return len(self._held)
 
-    def _release(self, batch: Batch) -> None:
+    def _release(self, round_: Round) -> None:
         with self._held_lock:
-            for answer in batch.answers:
+            for answer in round_.answers:
                 self._held.pop((answer.taken.id, answer.taken.execution), None)
-            for job in batch.runnable:
+            for job in round_.runnable:
                 self._held.pop((job.id, job.execution), None)
         if self.inflight is not None:  # after their answers: followers see a result, or run on their own
-            self.inflight.release([job.id for job in batch.runnable])
+            self.inflight.release([job.id for job in round_.runnable])
 
     # -- rq's maintenance answers for jobs it recovers ----------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Spreading a long request's chunks over the fleet: sub-jobs ("parts") on the same queue, joined when the
 last one lands, answered once under the request's own id.
 
-    spread  (the worker that took the request, Engine marked it in Round.spread): the plan goes under
+    spread  (the worker that took the request, the Engine marked it in Work.spread): the plan goes under
             keys.chunks_key(id), the parts (<id>-p<k>, token-id requests of at most chunks_per_job chunks,
             unnormalised float32) are enqueued at the head of the queue, and the request is acknowledged
             without an answer: its answer comes from the join
@@ -55,24 +55,21 @@ class ChunkJobs:
         self.spread_requests = 0
         self.joined_parts = 0
 
-    def settle(self, batch, written: list[Answer]) -> list[Answer]:
-        """The round's answers with spread requests acknowledged (their parts enqueued) and parts joined."""
-        work = batch.work
-        requests: dict[str, EmbedRequest] = {}
-        if work is not None:
-            requests = {job.id: request for job, request in zip(batch.runnable, work.requests)}
-            where = {answer.taken.id: k for k, answer in enumerate(written)}
-            for index, prepared in work.spread.items():
-                job = batch.runnable[index]
-                try:
-                    written[where[job.id]] = self._spread(job, work.resolved[index], prepared)
-                except (redis.ConnectionError, redis.TimeoutError):
-                    raise  # the round is stored later or recovered, as any
-                except Exception as exc:  # this request fails (retried by rq), the round goes on
-                    log.exception("request %s: spreading its chunks failed", job.id)
-                    written[where[job.id]] = answers.failed(job, InternalError(
-                        f"spreading the chunks failed: {type(exc).__name__}: {exc}"), Outcome.RETRY,
-                        batch.reply_to.get(job.id), self.model)
+    def settle(self, round_, written: list[Answer]) -> list[Answer]:
+        """The round's answers with spread requests acknowledged (their parts enqueued) and parts joined.
+        `round_`: the pipeline's Round (its `spreads()` and `requests()`)."""
+        where = {answer.taken.id: k for k, answer in enumerate(written)}
+        for job, request, prepared in round_.spreads():
+            try:
+                written[where[job.id]] = self._spread(job, request, prepared)
+            except (redis.ConnectionError, redis.TimeoutError):
+                raise  # the round is stored later or recovered, as any
+            except Exception as exc:  # this request fails (retried by rq), the round goes on
+                log.exception("request %s: spreading its chunks failed", job.id)
+                written[where[job.id]] = answers.failed(job, InternalError(
+                    f"spreading the chunks failed: {type(exc).__name__}: {exc}"), Outcome.RETRY,
+                    round_.reply_to.get(job.id), self.model)
+        requests = round_.requests()
         for k, answer in enumerate(written):
             request = requests.get(answer.taken.id)
             part = request.part_of if request is not None else self._part_of(answer.taken)
