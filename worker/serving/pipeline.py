@@ -45,7 +45,6 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from uuid import uuid4
 
 import redis
@@ -54,25 +53,25 @@ from rq.exceptions import StopRequested
 from rq.job import JobStatus
 from rq.worker import SimpleWorker, WorkerStatus
 
-from common.errors import EmbedfleetError, InternalError
+from common.errors import InternalError
 from common.protocol import operations
 from common.protocol.keys import (DRAIN_TIMEOUT, HEARTBEAT_INTERVAL, LEASE_SECONDS, MAINTENANCE_INTERVAL,
                          MAX_DELIVERIES, PRIORITIES, RECOVER_LIMIT, RESULT_TTL, queue_name)
 from common.redisclient import MAX_BLOCK
-from common.request import EmbedRequest, job_reply_to
+from common.request import job_reply_to
 from common.result import Result
 from common.serializer import MsgpackSerializer
 from worker.serving.advertise import Advertiser
 from worker.serving.spread import ChunkJobs
 from worker.serving.steps import Steps
-from worker.engine.engine import Work
+from worker.serving import rounds
+from worker.serving.rounds import Round
 from worker.serving.heartbeat import Heartbeat, Watchdog, timed_out
 from worker.serving.inflight import InFlight
 from worker.serving import answers
-from worker.serving.jobdata import decode_job
 from worker.serving.levels import BULK_SHARE, Levels
 from worker.serving.livestats import LiveStats
-from common.protocol.records import Answer, Kind, Outcome, Taken
+from common.protocol.records import Outcome, Taken
 from worker.serving.rqjob import SafeJob
 
 log = logging.getLogger("embedfleet.worker")
@@ -86,33 +85,6 @@ FORCED_EXIT = 1  # a second stop signal, or a drain past its timeout
 def unique_worker_name() -> str:
     """rq refuses a name that is still registered, and a crashed worker's stays so for minutes."""
     return f"embedfleet-{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:8]}"
-
-
-@dataclass
-class Round:
-    """One round of taken jobs: the engine's Work for the runnable ones, answers for the rest."""
-
-    began: float
-    runnable: list[Taken] = field(default_factory=list)
-    answers: list[Answer] = field(default_factory=list)  # decided before the engine (bad data, cancels)
-    work: Work | None = None
-    reply_to: dict[str, str | None] = field(default_factory=dict)
-    engine_error: BaseException | None = None
-    preemptible: bool = False  # lower-level work only: yields to higher-level work (worker/serving/levels.py)
-
-    @property
-    def size(self) -> int:
-        return len(self.runnable) + len(self.answers)
-
-    def requests(self) -> dict[str, EmbedRequest]:
-        """The runnable jobs' requests, by job id."""
-        return {job.id: request for job, request in zip(self.runnable, self.work.requests)} if self.work else {}
-
-    def spreads(self) -> list[tuple[Taken, EmbedRequest, object]]:
-        """(job, verified request, prepared inputs) of each long request the engine left to spread."""
-        if self.work is None:
-            return []
-        return [(self.runnable[i], self.work.resolved[i], prepared) for i, prepared in self.work.spread.items()]
 
 
 class BatchWorker(SimpleWorker):
@@ -496,42 +468,18 @@ class BatchWorker(SimpleWorker):
         return round_ if round_.size else None  # all it took was parked (followers of requests in flight)
 
     def _prepare_round(self, round_: Round, taken: list[Taken], answered=(), resumed=()) -> None:
-        """Decode each taken job, answer the ones that cannot run (poison too), and tokenise the rest.
-        Parked followers whose wait ended come along: `answered` with their leader's bytes, `resumed` to run."""
-        model, now = self.engine.caps.name, time.time()
-        requests: list[EmbedRequest] = []
+        """Triage the taken jobs (worker/serving/rounds.py), park the ones identical to a request in flight
+        elsewhere, and prepare the rest (worker/serving/steps.py). Parked followers whose wait ended come
+        along: `answered` with their leader's bytes, `resumed` to run."""
+        model = self.engine.caps.name
         for job, request, result in answered:
             round_.answers.append(answers.served(job, result, request.reply_to, model))
-        for job in taken:
-            if job.kind is Kind.STARTED and job.lapses >= self.max_deliveries:
-                round_.answers.append(answers.poisoned(job, model, self.max_deliveries))
-                log.error("worker %s: %s", self.name, round_.answers[-1].reason)
-            elif job.kind is Kind.STARTED:
-                try:
-                    request = decode_job(job.id, job.data, model)
-                except EmbedfleetError as exc:
-                    round_.answers.append(answers.failed(job, exc, Outcome.FAILED, None, model))
-                    continue
-                if self.metrics is not None:
-                    self.metrics.waited(job.queue, now - request.created_at)
-                if request.expired(now):  # its deadline passed while queued: never computed
-                    round_.answers.append(answers.expired(job, request, now))
-                    continue
-                round_.runnable.append(job)
-                round_.reply_to[job.id] = request.reply_to
-                requests.append(request)
-            elif job.kind is Kind.BAD:  # its job hash was changed by hand: failed with the reason, never run
-                round_.answers.append(answers.corrupt(job, model))
-                log.error("worker %s: request %s: %s", self.name, job.id, job.reason)
-            elif job.kind is Kind.CANCELED:
-                round_.answers.append(answers.cancelled(job, model))
-            else:  # nothing to answer: no job hash, an id no job can have, or a job already ended
-                log.warning("worker %s: dropped queue entry %r (%s)", self.name, job.id, job.kind.value)
-        if self.inflight is not None:  # requests identical to one in flight elsewhere park (worker/serving/inflight.py)
+        requests = rounds.triage(round_, taken, model, self.max_deliveries, time.time(),
+                                 self.metrics.waited if self.metrics is not None else None)
+        if self.inflight is not None:  # requests identical to one in flight elsewhere park (inflight.py)
             round_.runnable, requests = self.inflight.attach(round_.runnable, requests)
             for job, request in resumed:
-                round_.runnable.append(job)
-                round_.reply_to[job.id] = request.reply_to
+                round_.run(job, request)
                 requests.append(request)
         if requests:
             round_.work = self.steps.prepare(requests)
@@ -548,11 +496,9 @@ class BatchWorker(SimpleWorker):
                 self._release(round_)
 
     def finish_round(self, round_: Round) -> None:
-        """Answers for every job of the round, then one EVALSHA that stores and acknowledges them all."""
-        written = list(round_.answers)
-        results = self._results(round_)
-        for job, result in zip(round_.runnable, results):
-            written.append(answers.served(job, result, round_.reply_to.get(job.id), self.engine.caps.name))
+        """Answers for every job of the round, then one script that stores and acknowledges them all."""
+        found = rounds.results(round_, self.steps.finish, self.engine.caps.name)
+        written = rounds.answers_of(round_, found, self.engine.caps.name)
         written = self.chunk_jobs.settle(round_, written)  # long requests spread, parts of them joined
         done = self._with_retries(lambda: self.schema.finish(written, time.time() - round_.began))
         self._release(round_)
@@ -560,31 +506,13 @@ class BatchWorker(SimpleWorker):
             self.metrics.answered([answer.code for answer in written])
         self.batches += 1
         self.served += done.finished
-        self.live.finished(sum(result.shape[0] for result in results if result is not None and result.ok))
+        self.live.finished(sum(result.shape[0] for result in found if result is not None and result.ok))
         for request_id, problem in done.problems:
             log.warning("worker %s: request %s: %s", self.name, request_id, problem)
         log.info("worker %s: round of %d: %d served, %d failed, %d requeued%s in %.3f s", self.name,
                  round_.size, done.finished, done.failed, done.requeued,
                  f", {done.late} answered late (their claim had lapsed)" if done.late else "",
                  time.time() - round_.began)
-
-    def _results(self, round_: Round) -> list[Result | None]:
-        if round_.work is None:
-            return []
-        if round_.engine_error is None:
-            try:
-                results = self.steps.finish(round_.work)
-                if len(results) == len(round_.runnable):
-                    return results
-                round_.engine_error = InternalError(f"engine returned {len(results)} results for "
-                                                   f"{len(round_.runnable)} requests")
-            except Exception as exc:
-                log.exception("worker %s: finishing a round of %d failed", self.name, round_.size)
-                round_.engine_error = exc
-        error = round_.engine_error
-        return [Result.failure(job.id, self.engine.caps.name, error if isinstance(error, EmbedfleetError)
-                               else InternalError(f"engine failed: {type(error).__name__}: {error}"))
-                for job in round_.runnable]
 
     # -- held jobs --------------------------------------------------------------------------------------
 

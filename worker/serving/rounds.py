@@ -1,0 +1,113 @@
+"""A round: the jobs one take returned, on their way through the pipeline (worker/serving/pipeline.py), and
+the decisions about each job that need no Redis: which run, and what every other one is answered.
+
+    triage    decode each taken job; answer now the ones that cannot run (poison, unreadable, expired,
+              changed by hand, cancelled) and keep the rest runnable, in order
+    answers   after the engine: each runnable job's answer from its result (an engine that failed the
+              whole round answers each request with that error)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from common.errors import EmbedfleetError, InternalError
+from common.protocol.records import Answer, Kind, Outcome, Taken
+from common.request import EmbedRequest
+from common.result import Result
+from worker.engine.engine import Work
+from worker.serving import answers
+from worker.serving.jobdata import decode_job
+
+log = logging.getLogger("embedfleet.worker")
+
+
+@dataclass
+class Round:
+    """One round of taken jobs: the engine's Work for the runnable ones, answers for the rest."""
+
+    began: float
+    runnable: list[Taken] = field(default_factory=list)
+    answers: list[Answer] = field(default_factory=list)  # decided before the engine (bad data, cancels)
+    work: Work | None = None
+    reply_to: dict[str, str | None] = field(default_factory=dict)
+    engine_error: BaseException | None = None
+    preemptible: bool = False  # lower-level work only: yields to higher-level work (worker/serving/levels.py)
+
+    @property
+    def size(self) -> int:
+        return len(self.runnable) + len(self.answers)
+
+    def run(self, job: Taken, request: EmbedRequest) -> None:
+        self.runnable.append(job)
+        self.reply_to[job.id] = request.reply_to
+
+    def requests(self) -> dict[str, EmbedRequest]:
+        """The runnable jobs' requests, by job id."""
+        return {job.id: request for job, request in zip(self.runnable, self.work.requests)} if self.work else {}
+
+    def spreads(self) -> list[tuple[Taken, EmbedRequest, object]]:
+        """(job, verified request, prepared inputs) of each long request the engine left to spread."""
+        if self.work is None:
+            return []
+        return [(self.runnable[i], self.work.resolved[i], prepared) for i, prepared in self.work.spread.items()]
+
+
+def triage(round_: Round, taken: list[Taken], model: str, max_deliveries: int, now: float,
+           waited=None) -> list[EmbedRequest]:
+    """Answer each taken job that cannot run; the requests of the runnable ones (in `round_.runnable`'s
+    order). `waited(queue, seconds)`: told how long each runnable request waited in its queue."""
+    requests: list[EmbedRequest] = []
+    for job in taken:
+        if job.kind is Kind.STARTED and job.lapses >= max_deliveries:
+            round_.answers.append(answers.poisoned(job, model, max_deliveries))
+            log.error("request %s: %s", job.id, round_.answers[-1].reason)
+        elif job.kind is Kind.STARTED:
+            try:
+                request = decode_job(job.id, job.data, model)
+            except EmbedfleetError as exc:
+                round_.answers.append(answers.failed(job, exc, Outcome.FAILED, None, model))
+                continue
+            if waited is not None:
+                waited(job.queue, now - request.created_at)
+            if request.expired(now):  # its deadline passed while queued: never computed
+                round_.answers.append(answers.expired(job, request, now))
+                continue
+            round_.run(job, request)
+            requests.append(request)
+        elif job.kind is Kind.BAD:  # its job hash was changed by hand: failed with the reason, never run
+            round_.answers.append(answers.corrupt(job, model))
+            log.error("request %s: %s", job.id, job.reason)
+        elif job.kind is Kind.CANCELED:
+            round_.answers.append(answers.cancelled(job, model))
+        else:  # nothing to answer: no job hash, an id no job can have, or a job already ended
+            log.warning("dropped queue entry %r (%s)", job.id, job.kind.value)
+    return requests
+
+
+def results(round_: Round, finish, model: str) -> list[Result | None]:
+    """One result per runnable job (None: a long request spread over the fleet, answered by its parts):
+    `finish(work)`'s, or, where the engine failed the round, its error."""
+    if round_.work is None:
+        return []
+    if round_.engine_error is None:
+        try:
+            found = finish(round_.work)
+            if len(found) == len(round_.runnable):
+                return found
+            round_.engine_error = InternalError(f"engine returned {len(found)} results for "
+                                                f"{len(round_.runnable)} requests")
+        except Exception as exc:  # the round's requests get this error (retried by rq), never no answer
+            log.exception("finishing a round of %d failed", round_.size)
+            round_.engine_error = exc
+    error = round_.engine_error
+    if not isinstance(error, EmbedfleetError):
+        error = InternalError(f"engine failed: {type(error).__name__}: {error}")
+    return [Result.failure(job.id, model, error) for job in round_.runnable]
+
+
+def answers_of(round_: Round, found: list[Result], model: str) -> list[Answer]:
+    """Every job's answer: those decided before the engine, then each runnable job's from its result."""
+    return list(round_.answers) + [answers.served(job, result, round_.reply_to.get(job.id), model)
+                                   for job, result in zip(round_.runnable, found)]
