@@ -52,7 +52,7 @@ CLOSE_TIMEOUT = 2.0  # seconds each step of closing an async client may take (a 
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 TLS_QUERY = {"ca": "ssl_ca_certs", "cert": "ssl_certfile", "key": "ssl_keyfile"}
-# What an embedfleet ACL user of any role needs (the README's worker grant; its producer grant is narrower):
+# What an embedfleet ACL user of any role needs (docs/security.md's worker grant; its producer grant is narrower):
 # our keys, rq's keys and worker channels, and the commands rq's worker sends (INFO, CLIENT SETNAME).
 ACL_GRANT = "resetkeys resetchannels +@all -@dangerous +info +client|setname +client|getname ~rq:* ~embedfleet:* &rq:*"
 
@@ -164,7 +164,7 @@ def check_access(connection: redis.Redis, url: str) -> None:
     embedfleet runs on its keys; a Redis that is merely down raises redis.ConnectionError as usual.
 
     The probe only reads, in one round trip: a result key, the model set, a queue in rq's key space, and a
-    script (`EVAL`), so that both of the README's users pass (its producer user may write few keys) and a
+    script (`EVAL`), so that both of docs/security.md's users pass (its producer user may write few keys) and a
     user without our keys, rq's keys or scripts is told which it lacks. A grant that allows reading a key
     but not writing it is found when the first write is refused (that error is one line too).
     """

@@ -1,4 +1,4 @@
-"""A web app that enqueues embedding requests on the fleet and awaits them (README: "Waiting at scale").
+"""A web app that enqueues embedding requests on the fleet and awaits them (docs/python.md: "Waiting at scale").
 
     pip install 'embedfleet[gateway]'   # the fleet's client plus FastAPI and uvicorn
     EMBEDFLEET_REDIS_URL=redis://127.0.0.1:6379/0 uvicorn examples.fastapi_app:app --port 8080

@@ -22,7 +22,7 @@ from tests.commands import ROOT
 
 DEFAULT_PASSWORD = "d3fault-pw"
 FLEET_PASSWORD = "fl33t-pw"
-# What the README's "Secured Redis" grants an embedfleet user; `narrow` lacks rq's keys.
+# What docs/security.md's "Secured Redis" grants an embedfleet user; `narrow` lacks rq's keys.
 FLEET_ACL = ACL_GRANT
 NARROW_ACL = "~embedfleet:* &* +@all"
 

@@ -1,4 +1,4 @@
-"""The README's FastAPI example app (examples/fastapi_app.py), served by a real uvicorn against a real
+"""The documented FastAPI example app (examples/fastapi_app.py), served by a real uvicorn against a real
 redis-server and the real BatchWorker on its null model."""
 
 from __future__ import annotations

@@ -412,7 +412,7 @@ def test_dimensions_of_the_full_size_and_offline_docs(fleet):
     assert docs.status_code == 200 and "/docs/assets/swagger-ui-bundle.js" in docs.text and "cdn" not in docs.text
     assert fleet.tight.get("/docs/assets/swagger-ui-bundle.js").status_code == 200
     assert fleet.tight.get("/openapi.json").json()["paths"]["/v1/embeddings"]
-    assert fleet.main.get("/docs").status_code == 404  # with an API key there are no docs (README says so)
+    assert fleet.main.get("/docs").status_code == 404  # with an API key there are no docs (docs/http.md says so)
     assert fleet.main.get("/openapi.json").status_code == 404
 
 

@@ -4,8 +4,8 @@ and in its place, and the bad one ends in a queue or a registry, failed with a r
 Run under hypothesis over field names and values, against a real redis-server, through the protocol's own
 operations (common/protocol/operations.py) - the same calls the worker and the clients make.
 
-(Everything a producer with the README's ACL rights can write is fair game: job hashes, notify lists, reply
-streams, result keys, a gateway job's options, the queued-tokens counter.)
+(Everything a producer with the documented ACL rights (docs/security.md) can write is fair game: job hashes,
+notify lists, reply streams, result keys, a gateway job's options, the queued-tokens counter.)
 """
 
 from __future__ import annotations
@@ -300,7 +300,7 @@ def test_join_a_bad_join_state_answers_its_request_and_no_other(redis_client, fi
 
 
 def test_a_planted_callback_is_blanked_at_take_and_a_bad_round_stays_whole(redis_client):
-    """The README's producer rights can write any job hash: a take still never stops half-way, whatever a
+    """The documented producer rights can write any job hash: a take still never stops half-way, whatever a
     round holds at once (several bad jobs, a foreign-typed claim registry for another queue)."""
     round_ = Round(redis_client)
     redis_client.hset(keys.rq_job_key(round_.ids[0]), mapping={"failure_callback_name": "this.s", "deliveries": "x"})

@@ -14,7 +14,7 @@ from producer import Producer
 from tests.commands import assert_one_line_error, clean_env, embedfleet
 from tests.secureredis import (DEFAULT_PASSWORD, SecureRedis, embedfleet_process, make_pki, post_embeddings,
                                stop, wait_healthy)
-from tests.test_trust import readme_acl
+from tests.test_trust import documented_acl
 
 MODEL = "secure"
 
@@ -89,9 +89,10 @@ def test_a_user_without_the_needed_permissions_fails_at_start(secure, tmp_path):
     check_access(connect(secure.url()), secure.url())  # the grant the message suggests is enough
 
 
-def test_the_readme_users_pass_the_start_up_check(redis_server, redis_client):
-    """The start-up check only asks what each of the README's users may do (its producer user is narrow)."""
-    for command in readme_acl({"producer": "p", "worker": "w"}):
+def test_the_documented_users_pass_the_start_up_check(redis_server, redis_client):
+    """The start-up check only asks what each documented user (docs/security.md) may do (its producer user is
+    narrow)."""
+    for command in documented_acl({"producer": "p", "worker": "w"}):
         redis_client.execute_command(*command)
     for user, password in (("embedfleet-producer", "p"), ("embedfleet-worker", "w")):
         url = f"redis://{user}:{password}@127.0.0.1:{redis_server.port}/0"

@@ -26,7 +26,7 @@ from producer.gateway.service import save_job_options
 from tests.answers import MODEL, advertise, answer
 from tests.gatewayserver import Server, settings
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ACL_RECIPE = Path(__file__).resolve().parents[1] / "docs" / "security.md"  # the documented ACL users
 
 
 @pytest.fixture
@@ -162,15 +162,15 @@ def test_every_key_the_producer_side_creates_expires(redis_url, redis_client, pr
     assert longest <= keys.JOB_TTL + keys.RESULT_TTL
 
 
-def readme_acl(passwords: dict[str, str]) -> list[list[str]]:
-    """The README's ACL SETUSER lines, as commands, with the passwords filled in."""
-    lines = [line for line in README.read_text().splitlines() if line.startswith("ACL SETUSER ")]
-    assert len(lines) == 2, "the README's ACL recipe has moved: keep this test reading it"
+def documented_acl(passwords: dict[str, str]) -> list[list[str]]:
+    """The ACL SETUSER lines of docs/security.md, as commands, with the passwords filled in."""
+    lines = [line for line in ACL_RECIPE.read_text().splitlines() if line.startswith("ACL SETUSER ")]
+    assert len(lines) == 2, "the documented ACL recipe has moved: keep this test reading it"
     return [[word.replace("PRODUCER_PASSWORD", passwords["producer"]).replace("WORKER_PASSWORD", passwords["worker"])
              for word in line.split()] for line in lines]
 
 
-def test_the_readme_acl_recipe_runs_a_fleet(bert_mean):
+def test_the_documented_acl_recipe_runs_a_fleet(bert_mean):
     """Producer, AsyncProducer and gateway as `embedfleet-producer`, a worker batch as `embedfleet-worker`:
     everything works, Redis denied nothing, and each user is refused what it has no business doing."""
     from tests.tinymodels import engine_for
@@ -179,7 +179,7 @@ def test_the_readme_acl_recipe_runs_a_fleet(bert_mean):
     passwords = {"producer": "p-secret", "worker": "w-secret"}
     with RedisServer() as server:
         admin = redis.Redis.from_url(server.url)
-        for command in readme_acl(passwords):
+        for command in documented_acl(passwords):
             admin.execute_command(*command)
         as_producer = f"redis://embedfleet-producer:{passwords['producer']}@127.0.0.1:{server.port}/0"
         as_worker = f"redis://embedfleet-worker:{passwords['worker']}@127.0.0.1:{server.port}/0"

@@ -1,7 +1,7 @@
 """Waiting that scales (issue #9): AsyncProducer waits, as_completed and results() against a real
 redis-server and the real BatchWorker serving its null model (the queue path, no compute).
 
-The producer connects as the README's `embedfleet-producer` ACL user, so that CLIENT LIST tells its
+The producer connects as the documented `embedfleet-producer` ACL user (docs/security.md), so that CLIENT LIST tells its
 connections apart from the worker's and the test's.
 """
 
@@ -20,7 +20,7 @@ from common.protocol import keys
 from producer import AsyncProducer, Producer
 from producer.client.core import CAPS_CACHE_SECONDS
 from tests.answers import MODEL, advertise, answer
-from tests.test_trust import readme_acl
+from tests.test_trust import documented_acl
 from tests.nullworker import NULL
 from tests.nullworker import null_worker as serving_null_worker
 WAITS = 10_000
@@ -29,8 +29,8 @@ FOREIGN = 2_000
 
 @pytest.fixture
 def producer_url(redis_url, redis_client) -> str:
-    """The session's Redis as the README's producer user."""
-    for command in readme_acl({"producer": "p-secret", "worker": "w-secret"}):
+    """The session's Redis as the documented producer user."""
+    for command in documented_acl({"producer": "p-secret", "worker": "w-secret"}):
         redis_client.execute_command(*command)
     yield redis_url.replace("redis://", "redis://embedfleet-producer:p-secret@")
     redis_client.execute_command("ACL", "DELUSER", "embedfleet-producer", "embedfleet-worker")
