@@ -11,12 +11,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from common.errors import StartupError
 from common.ports import port_in_use
 from common.processes import die_with_parent
 
 LOG_LINES_QUOTED = 3  # lines of the server's own log quoted when it fails to start
+LOADING_REPORT_SECONDS = 2.0  # how often a start waiting for the data to load says so
 
 
 def find_redis_server() -> str:
@@ -79,9 +82,10 @@ class RedisServer:
         """Start the server and return once it serves commands.
 
         Args:
-            timeout: seconds it may take to answer at all.
+            timeout: seconds it may take to accept connections.
             load_timeout: seconds it may then spend loading its AOF (default: `timeout`); a large AOF takes
-                a while, and a Redis that is loading refuses commands (LOADING).
+                a while, and a Redis that is loading refuses commands (LOADING), or answers none at all
+                while it replays one large transaction.
             loading: called with INFO persistence about every second while it loads (progress reports).
         """
         if port_in_use(self.port):
@@ -97,27 +101,42 @@ class RedisServer:
             self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
                                             start_new_session=True,
                                             preexec_fn=die_with_parent() if self.die_with_parent else None)
-        client = redis.Redis.from_url(self.url, socket_timeout=5)
+        # short reads, never retried: a Redis busy replaying a long transaction answers nothing for a while,
+        # and each read that times out is a moment to say so
+        client = redis.Redis.from_url(self.url, socket_timeout=1, retry=Retry(NoBackoff(), 0))
+        began = time.monotonic()
+        load_timeout = timeout if load_timeout is None else load_timeout
+        loading = _at_most_every(LOADING_REPORT_SECONDS, loading) if loading is not None else None
         try:
-            self._await_answer(client, timeout)
-            self._await_loaded(client, timeout if load_timeout is None else load_timeout, loading)
+            self._await_answer(client, began + timeout, began + timeout + load_timeout, loading)
+            self._await_loaded(client, began + timeout + load_timeout, loading)
         finally:
             client.close()
         return self
 
-    def _await_answer(self, client: redis.Redis, timeout: float) -> None:
-        """Until the server answers INFO (it does while loading), and is ours."""
-        deadline = time.monotonic() + timeout
+    def _await_answer(self, client: redis.Redis, deadline: float, load_deadline: float,
+                      loading: Callable[[dict], None] | None) -> None:
+        """Until the server answers INFO, and is ours. Refused connections count against `deadline`; a server
+        that accepts but does not answer is busy loading (it answers only between the AOF's transactions)
+        and counts against `load_deadline`."""
         while True:
             self._check_running()
             try:
                 pid = client.info("server")["process_id"]
+            except redis.TimeoutError:
+                if time.monotonic() > load_deadline:
+                    self.stop()
+                    raise StartupError(f"redis-server on port {self.port} was still loading its data (not "
+                                       "answering) past the start-up time; raise --ready-timeout") from None
+                if loading is not None:
+                    loading({})
+                continue
             except redis.ConnectionError:
                 if time.monotonic() > deadline:
                     said = self.last_lines()
                     self.stop()
-                    raise StartupError(f"redis-server did not answer on port {self.port} within {timeout:g} s; "
-                                       f"its log: {said}") from None
+                    raise StartupError(f"redis-server did not answer on port {self.port} in time; its log: "
+                                       f"{said}") from None
                 time.sleep(0.05)
                 continue
             if pid != self.process.pid:  # someone else won the port between our check and our bind
@@ -126,10 +145,8 @@ class RedisServer:
                                    "pass another port (--redis-port, 0 for any free one)")
             return
 
-    def _await_loaded(self, client: redis.Redis, timeout: float, loading: Callable[[dict], None] | None) -> None:
-        """Until the server has loaded its data and PING works; `loading` hears the progress every second."""
-        deadline = time.monotonic() + timeout
-        reported = float("-inf")
+    def _await_loaded(self, client: redis.Redis, deadline: float, loading: Callable[[dict], None] | None) -> None:
+        """Until the server has loaded its data and PING works; `loading` hears the progress."""
         while True:
             self._check_running()
             try:
@@ -137,17 +154,20 @@ class RedisServer:
                 return
             except redis.BusyLoadingError:
                 pass
-            except redis.ConnectionError:  # the server is going away: _check_running says why
+            except (redis.ConnectionError, redis.TimeoutError):  # going away (_check_running says why), or busy
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise StartupError(f"redis-server on port {self.port} did not finish loading its data in "
+                                       "time; raise --ready-timeout") from None
                 time.sleep(0.05)
                 continue
             if time.monotonic() > deadline:
                 info = client.info("persistence")
                 self.stop()
-                raise StartupError(f"redis-server was still loading its data after {timeout:g} s "
-                                   f"({info.get('loading_loaded_perc', 0):.0f}% of "
-                                   f"{info.get('loading_total_bytes', 0) / 1e6:.0f} MB); raise --ready-timeout")
-            if loading is not None and time.monotonic() - reported >= 1.0:
-                reported = time.monotonic()
+                raise StartupError(f"redis-server was still loading its data past the start-up time "
+                                   f"({float(info.get('loading_loaded_perc', 0)):.0f}% of "
+                                   f"{int(info.get('loading_total_bytes', 0)) / 1e6:.0f} MB); raise --ready-timeout")
+            if loading is not None:
                 loading(client.info("persistence"))
             time.sleep(0.05)
 
@@ -201,3 +221,15 @@ def _message(line: str) -> str:
         if mark in line:
             return line.split(mark, 1)[1]
     return line
+
+
+def _at_most_every(seconds: float, report: Callable[[dict], None]) -> Callable[[dict], None]:
+    last = float("-inf")
+
+    def throttled(info: dict) -> None:
+        nonlocal last
+        if time.monotonic() - last >= seconds:
+            last = time.monotonic()
+            report(info)
+
+    return throttled

@@ -245,14 +245,20 @@ def test_up_with_every_default_from_an_empty_folder_restarts_over_its_own_data(t
             # The operator suspends the workers (rq's own switch), work piles up, and the fleet is stopped.
             subprocess.run([Path(sys.executable).parent / "rq", "suspend", "--url", url], check=True,
                            capture_output=True, env=env)
-            queued = producer.submit_many([[f"queued text {i}"] for i in range(QUEUED)])
+            # in submits of 100 (a transaction each in the AOF: Redis answers between them while it loads)
+            queued = [request_id for start in range(0, QUEUED, 100)
+                      for request_id in producer.submit_many([[f"queued text {i}"] for i in range(start, start + 100)])]
         assert up.stop(signal.SIGINT) == 0, up.output
     finally:
         up.kill()
 
-    # A slow load, as a large AOF gives (Redis' own debug knob: a pause per loaded command).
+    # A slow load, as a large AOF gives (Redis' own debug knob: a pause per loaded command): about 4 s for
+    # the commands this AOF holds, however fast the machine.
+    aof = folder / ".embedfleet" / "redis" / "appendonlydir"
+    commands = sum(f.read_bytes().count(b"\r\n*") for f in aof.iterdir())
     slow = tmp_path / "slow-load.conf"
-    slow.write_text("key-load-delay 200\nloading-process-events-interval-bytes 4096\n")
+    slow.write_text(f"key-load-delay {max(100, 4_000_000 // max(commands, 1))}\n"
+                    "loading-process-events-interval-bytes 1024\n")
     # The batch shape pinned (env, as an operator would): a start-up probe disturbed by a loaded machine could
     # otherwise pick 2 rows a pass and make 3,000 requests a matter of minutes (issue #20).
     pinned = {**env, "EMBEDFLEET_MAX_BATCH_TOKENS": "4096", "EMBEDFLEET_MAX_BATCH_SIZE": "64"}

@@ -374,6 +374,9 @@ def _print_usage(url: str, name: str, gateway_url: str | None, api_key: str | No
 
 
 def _say_loading(info: dict) -> None:
+    if "loading_total_bytes" not in info:  # between two answers of a Redis replaying a long transaction
+        _say("Redis is loading its data (busy, not answering yet); waiting (up to --ready-timeout)")
+        return
     total = int(info.get("loading_total_bytes", 0))
     eta = int(info.get("loading_eta_seconds", 0))
     _say(f"Redis is loading its data: {float(info.get('loading_loaded_perc', 0)):.0f}% of {total / 1e6:.1f} MB"
