@@ -1,4 +1,5 @@
-"""What the sync and async producers share: building requests, picking models, reading job state."""
+"""What the sync and async producers share, with no I/O: building and routing requests, picking models,
+decoding results and job states (what they read from Redis, and what it means: producer/client/reads.py)."""
 
 from __future__ import annotations
 
