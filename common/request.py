@@ -222,6 +222,12 @@ def job_reply_to(job) -> str | None:
         args = job.args
     except Exception:  # noqa: BLE001 - rq raises DeserializationError, or anything for a corrupt hash
         return None
+    return args_reply_to(args)
+
+
+def args_reply_to(args) -> str | None:
+    """The reply stream named by the request in an rq job's args (see job_reply_to), for a reader that
+    decoded the job's data itself."""
     if not isinstance(args, (list, tuple)) or not args or not isinstance(args[0], bytes):
         return None
     try:

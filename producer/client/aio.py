@@ -4,8 +4,9 @@ Per Redis (shard) it holds at most four connections, however many requests wait:
 commands (coalesced submits and result reads), one blocked on its reply stream (producer/client/replies.py: wakes
 the requests it submitted) and, once it waits on ids it did not submit, one blocked on their notify lists
 (producer/client/notify.py). Every wait is a future in a WaitHub (producer/client/waiters.py) that reads the results of
-ids that woke together in one round trip. Submits are native asyncio and coalesced (producer/client/asubmit.py);
-cancel and the fleet's bookkeeping reads (live workers) run the sync Producer in a thread.
+ids that woke together in one round trip. Submits are native asyncio and coalesced (producer/client/asubmit.py).
+Everything else is a read of producer/client/reads.py, shared with Producer, run on asyncio pipelines: no
+thread, no call into the blocking client.
 """
 
 from __future__ import annotations
@@ -17,20 +18,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import redis.asyncio as aioredis
-from rq.job import Job, JobStatus
 
-from common.protocol import keys
 from common.capabilities import ModelCapabilities
 from common.errors import ResultTimeoutError, UnavailableError
+from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
+from common.protocol import keys, operations
 from common.redisclient import close_async, connect_async
 from common.result import Result
-from producer.client import asubmit
-from producer.client.blocking import Producer
-from producer.client.core import (CAPS_CACHE_SECONDS, build_request, job_state, parse_models, read_result, redis_errors,
-                           resolve_target, result_state)
+from common.shards import ShardMap
+from producer.client import asubmit, fleetview, reads
+from producer.client.core import Placements, Served, build_request, read_result, redis_errors, resolve_target
+from producer.client.fleet import LevelStats, level_stats
 from producer.client.notify import NotifyListener
 from producer.client.replies import ReplyListener
+from producer.client.rounds import run_async
 from producer.client.tasks import check_rerank, rank, score_pairs
 from producer.client.waiters import WaitHub
 
@@ -72,13 +74,14 @@ class AsyncProducer:
 
     def __init__(self, redis_url: str | None = None, *, shards: Mapping[str, str] | None = None,
                  max_queue_depth: int | None = None):
-        self._sync = Producer(redis_url, shards=shards, max_queue_depth=max_queue_depth)
-        # URLs resolved once (flag, env, running `up`, default), one link per shard
-        self._links = {url: _Link(url, self.status, max_queue_depth) for url in self._sync.shards.urls()}
-        self.redis = self._links[self._sync.redis_url].redis  # the default Redis
-        self._served: dict[str, ModelCapabilities] = {}
-        self._known: set[str] = set()
-        self._served_at = float("-inf")
+        self.redis_url = resolve_redis_url(redis_url)  # resolved once (flag, env, running `up`, default)
+        self.shards = ShardMap(self.redis_url, shards)
+        self._max_queue_depth = max_queue_depth
+        self._links = {url: _Link(url, self.status, max_queue_depth) for url in self.shards.urls()}
+        self._connections = {url: link.redis for url, link in self._links.items()}  # what reads run on
+        self.redis = self._links[self.redis_url].redis  # the default Redis
+        self._served = Served()
+        self._placed = Placements()
         self._models_read: asyncio.Future | None = None  # the adverts read in flight, shared (models())
 
     async def close(self) -> None:
@@ -86,7 +89,6 @@ class AsyncProducer:
         CLOSE_TIMEOUT, so a Redis that stopped answering cannot hang a shutdown."""
         for link in self._links.values():
             await link.close()
-        self._sync.close()  # closes sockets only; not in a thread, whose pool may be busy with stuck calls
 
     async def connection_of(self, request_id: str) -> aioredis.Redis:
         """The asyncio client of the shard that holds `request_id` (the only one, unless sharded)."""
@@ -102,9 +104,7 @@ class AsyncProducer:
 
     async def url_of(self, request_id: str) -> str:
         """The URL of the shard that holds `request_id` (the default Redis, unless sharded)."""
-        if len(self._links) == 1:
-            return self._sync.redis_url
-        return await asyncio.to_thread(self._sync.url_of, request_id)
+        return await self._read(reads.locate(self.shards, self._placed, request_id))
 
     async def _link_of(self, request_id: str) -> _Link:
         return self._links[await self.url_of(request_id)]
@@ -117,50 +117,43 @@ class AsyncProducer:
 
     @property
     def max_queue_depth(self) -> int | None:
-        return self._sync.max_queue_depth
+        return self._max_queue_depth
+
+    async def _read(self, read: reads.Read):
+        return await run_async(self._connections, read)
 
     async def models(self, refresh: bool = True) -> dict[str, ModelCapabilities]:
         """Models served by at least one live worker, with their capabilities (see Producer.models).
 
         One read at a time: concurrent callers (thousands of submits when the cached read goes stale) share
         the read in flight instead of each sending their own."""
-        if refresh or time.monotonic() - self._served_at > CAPS_CACHE_SECONDS:
+        if self._served.stale(refresh):
             if self._models_read is None or self._models_read.done():
                 self._models_read = asyncio.ensure_future(self._read_models())
             await asyncio.shield(self._models_read)  # a caller that gives up does not cancel the others' read
-        return self._served
+        return self._served.models
 
     async def _read_models(self) -> None:
-        served, known = {}, set()
-        for url, link in self._links.items():  # a model counts on its own shard only
-            with redis_errors():
-                names = sorted(n.decode() for n in await link.redis.smembers(keys.MODELS_KEY)
-                               if self._sync.shards.owns(url, n.decode()))
-                raw = await link.redis.mget([keys.model_key(n) for n in names]) if names else []
-            served.update(parse_models(names, raw))
-            known.update(names)
-        self._served, self._known, self._served_at = served, known, time.monotonic()
-
-    async def live_workers(self, model: str) -> int:
-        return await asyncio.to_thread(self._sync.live_workers, model)
-
-    async def workers(self, model: str) -> list[dict]:
-        return await asyncio.to_thread(self._sync.workers, model)
-
-    async def fleet(self) -> dict:
-        return await asyncio.to_thread(self._sync.fleet)
-
-    async def queue_depth(self, model: str) -> int:
-        with redis_errors():
-            return await self._links[self._sync.shards.url_for(model)].redis.llen(
-                "rq:queue:" + keys.queue_name(model))
+        self._served.update(await self._read(reads.models(self.shards)))
 
     def known_models(self) -> set[str]:
         """Every model ever advertised, as of the last models() read."""
-        return set(self._known)
+        return set(self._served.known)
 
-    async def level_stats(self, model: str) -> list:
-        return await asyncio.to_thread(self._sync.level_stats, model)
+    async def live_workers(self, model: str) -> int:
+        return await self._read(reads.live_workers(self.shards, model, time.time()))
+
+    async def workers(self, model: str) -> list[dict]:
+        return await self._read(reads.workers(self.shards, model, time.time()))
+
+    async def fleet(self) -> dict:
+        return await self._read(fleetview.snapshot(self.shards))
+
+    async def queue_depth(self, model: str) -> int:
+        return await self._read(reads.queue_depth(self.shards, model))
+
+    async def level_stats(self, model: str) -> list[LevelStats]:
+        return await self._read(level_stats(self.shards, model))
 
     async def submit(self, inputs, model: str | None = None, *, params: PoolingParams | None = None,
                      reply_to: str | None = None, text_pair: list[str] | None = None, **fields) -> str:
@@ -176,9 +169,9 @@ class AsyncProducer:
         served = await self.models(refresh=False)
         if model not in served:  # a worker may have come up since the cached read
             served = await self.models()
-        caps, level, when = resolve_target(model, served, self._known, priority, deadline, timeout)
+        caps, level, when = resolve_target(model, served, self._served.known, priority, deadline, timeout)
         name = caps if isinstance(caps, str) else caps.name
-        url = self._sync.shards.url_for(name)
+        url = self.shards.url_for(name)
         link = self._links[url]
         requests = [build_request(inputs, caps, params, fields, reply_to or link.replies.stream, text_pair, when)
                     for inputs in batches]
@@ -192,8 +185,8 @@ class AsyncProducer:
         except BaseException:
             link.hub.unexpect(ids)
             raise
-        if self._sync.shards:
-            self._sync._remember(ids, url)
+        if self.shards:
+            self._placed.remember(ids, url)
         return ids
 
     async def get(self, request_id: str) -> Result | None:
@@ -254,7 +247,7 @@ class AsyncProducer:
         """Yield every result of a request this producer submitted (with its own reply stream), once, as it
         lands, from now until the producer is closed (then UnavailableError) or the loop is left. Results
         that landed before the iteration began are not yielded, except those a reconnect found unseen."""
-        link = self._links[self._sync.redis_url] if len(self._links) == 1 else None
+        link = self._links[self.redis_url] if len(self._links) == 1 else None
         links = [link] if link is not None else list(self._links.values())
         queues = [(lk, lk.hub.subscribe()) for lk in links]
         merged: asyncio.Queue = asyncio.Queue()
@@ -309,23 +302,15 @@ class AsyncProducer:
         return (await self.wait(await self.submit(token_ids, model, task="detokenize", **fields), timeout)).items
 
     async def status(self, request_id: str) -> str:
-        """queued | started | finished | failed | cancelled | not_found (see Producer.status): two reads on
-        the command connections, no thread (10,000 waits timing out together stay within them)."""
-        result = await self.get(request_id)
-        if result is not None:
-            return result_state(result)
-        if not keys.valid_request_id(request_id):
-            return "not_found"  # no request of ours has such an id
-        with redis_errors():
-            raw = await (await self.connection_of(request_id)).hget(Job.key_for(request_id), "status")
-        try:
-            return job_state(JobStatus(raw.decode()) if raw else None)
-        except (ValueError, UnicodeDecodeError):  # no status rq knows: not an rq job of ours
-            return "not_found"
+        """queued | started | finished | failed | cancelled | not_found (see Producer.status): one round on the
+        command connections (10,000 waits timing out together stay within them)."""
+        return await self._read(reads.status(self.shards, self._placed, request_id))
 
     async def cancel(self, request_id: str) -> bool:
-        link = await self._link_of(request_id)
-        cancelled = await asyncio.to_thread(self._sync.cancel, request_id)
+        target = await self._read(reads.cancel(self.shards, self._placed, request_id))
+        link = self._links[target.url]
+        with redis_errors():
+            cancelled = await operations.cancel_async(link.redis, target.queue, target.answer, target.reply_to)
         if cancelled:
             link.hub.woke([request_id])  # its result is there now; its reply may come later
         return cancelled

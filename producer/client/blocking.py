@@ -3,38 +3,30 @@
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 
 import numpy as np
 import redis
-from rq import Queue
-from rq.exceptions import NoSuchJobError
-from rq.job import Job
 
-from common.protocol import keys, operations
 from common.capabilities import ModelCapabilities
-from common.errors import CancelledError, NotFoundError, ResultTimeoutError
+from common.errors import NotFoundError, ResultTimeoutError
 from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
+from common.protocol import keys, operations
 from common.redisclient import block_for, check_access, connect
-from common.shards import ShardMap
-from common.request import job_reply_to
-from common.scheduling import DEFAULT_PRIORITY
 from common.result import Result
-from producer.client import fleetview
+from common.shards import ShardMap
+from producer.client import fleetview, reads
+from producer.client.core import (PENDING, Placements, Served, build_request, enqueue_args, pick_model, queue_full,
+                                  read_result, redis_errors as _redis_errors, resolve_target)
 from producer.client.fleet import LevelStats, level_stats
+from producer.client.rounds import run
 from producer.client.tasks import check_rerank, rank, score_pairs
-from producer.client.core import (CAPS_CACHE_SECONDS, PENDING, SERIALIZER, build_request, enqueue_args, job_state,
-                                  model_of_queue, parse_models, parse_worker_info, pick_model, queue_full,
-                                  read_result, redis_errors as _redis_errors, resolve_target, result_state)
-
-
-REMEMBERED_IDS = 100_000  # request ids whose shard a sharded producer remembers (others are looked up)
 
 
 class Producer:
-    """A client of the fleet: `submit` enqueues, `get`/`wait` read results, `embed` does both.
+    """A client of the fleet: `submit` enqueues, `get`/`wait` read results, `embed` does both. What it reads
+    and what that means is producer/client/reads.py, shared with AsyncProducer; this class moves the bytes.
 
     Args:
         redis_url: the Redis the workers listen on; default: EMBEDFLEET_REDIS_URL, else the running
@@ -52,10 +44,8 @@ class Producer:
         self.shards = ShardMap(self.redis_url, shards)
         self.links = {url: self.redis if url == self.redis_url else connect(url) for url in self.shards.urls()}
         self.max_queue_depth = max_queue_depth
-        self._served: dict[str, ModelCapabilities] = {}
-        self._known: set[str] = set()
-        self._served_at = float("-inf")
-        self._placed: OrderedDict[str, str] = OrderedDict()  # request id -> shard URL, when sharded
+        self._served = Served()
+        self._placed = Placements()
 
     def close(self) -> None:
         for connection in self.links.values():
@@ -73,51 +63,38 @@ class Producer:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _read(self, read: reads.Read):
+        return run(self.links, read)
+
     # -- models --------------------------------------------------------------------------------
     def models(self, refresh: bool = True) -> dict[str, ModelCapabilities]:
         """Models served by at least one live worker, with their capabilities."""
-        if refresh or time.monotonic() - self._served_at > CAPS_CACHE_SECONDS:
-            served, known = {}, set()
-            for url, connection in self.links.items():  # a model counts on its own shard only
-                with _redis_errors():
-                    names = sorted(n.decode() for n in connection.smembers(keys.MODELS_KEY)
-                                   if self.shards.owns(url, n.decode()))
-                    raw = connection.mget([keys.model_key(n) for n in names]) if names else []
-                served.update(parse_models(names, raw))
-                known.update(names)
-            self._served, self._known, self._served_at = served, known, time.monotonic()
-        return self._served
+        if self._served.stale(refresh):
+            self._served.update(self._read(reads.models(self.shards)))
+        return self._served.models
 
     def known_models(self) -> set[str]:
         """Every model ever advertised, served now or not (as of the last `models()` read): a model scaled
         to zero keeps its queues."""
-        return set(self._known)
+        return set(self._served.known)
 
     def live_workers(self, model: str) -> int:
-        with _redis_errors():
-            return self.connection_for_model(model).zcount(keys.model_workers_key(model),
-                                                           time.time() - keys.ADVERTISE_TTL, "+inf")
+        return self._read(reads.live_workers(self.shards, model, time.time()))
 
     def workers(self, model: str) -> list[dict]:
         """The live workers of `model` with what each advertised (device, dtype, batch budget)."""
-        with _redis_errors():
-            names = [n.decode() for n in self.redis.zrangebyscore(
-                keys.model_workers_key(model), time.time() - keys.ADVERTISE_TTL, "+inf")]
-            raw = self.redis.mget([keys.worker_info_key(n) for n in names]) if names else []
-        return [info for name, blob in zip(names, raw) if (info := parse_worker_info(name, blob)) is not None]
+        return self._read(reads.workers(self.shards, model, time.time()))
 
     def fleet(self) -> dict:
         """Models, their queues per priority, live workers and recent failures (producer.client.fleetview)."""
-        return fleetview.snapshot(self)
+        return self._read(fleetview.snapshot(self.shards))
 
     def queue_depth(self, model: str) -> int:
-        with _redis_errors():
-            return self.connection_for_model(model).llen(self._queue(model).key)
+        return self._read(reads.queue_depth(self.shards, model))
 
     def level_stats(self, model: str) -> list[LevelStats]:
         """Per priority level of `model`: depth, estimated queued tokens, oldest job's age (producer.client.fleet)."""
-        with _redis_errors():
-            return level_stats(self.connection_for_model(model), model)
+        return self._read(level_stats(self.shards, model))
 
     # -- shards ----------------------------------------------------------------------------------
     def connection_for_model(self, model: str | None) -> redis.Redis:
@@ -127,30 +104,14 @@ class Producer:
         """The shard a submit for `model` goes to (None: the only served model's)."""
         if not self.shards or model is not None:
             return self.shards.url_for(model)
-        return self.shards.url_for(pick_model(None, self.models(refresh=False), self._known).name)
+        return self.shards.url_for(pick_model(None, self.models(refresh=False), self._served.known).name)
 
     def url_of(self, request_id: str) -> str:
         """The shard that holds `request_id`: where it was sent, else whichever has its result or job."""
-        if not self.shards:
-            return self.redis_url
-        if request_id in self._placed:
-            return self._placed[request_id]
-        if keys.valid_request_id(request_id):
-            for url, connection in self.links.items():
-                with _redis_errors():
-                    if connection.exists(keys.result_key(request_id), Job.key_for(request_id)):
-                        self._remember([request_id], url)
-                        return url
-        return self.redis_url
+        return self._read(reads.locate(self.shards, self._placed, request_id))
 
     def connection_of(self, request_id: str) -> redis.Redis:
         return self.links[self.url_of(request_id)]
-
-    def _remember(self, request_ids: list[str], url: str) -> None:
-        for request_id in request_ids:
-            self._placed[request_id] = url
-        while len(self._placed) > REMEMBERED_IDS:
-            self._placed.popitem(last=False)
 
     # -- submit ----------------------------------------------------------------------------------
     def submit(self, inputs, model: str | None = None, *, params: PoolingParams | None = None,
@@ -180,7 +141,7 @@ class Producer:
         served = self.models(refresh=False)
         if model not in served:  # a worker may have come up since the cached read
             served = self.models()
-        caps, level, when = resolve_target(model, served, self._known, priority, deadline, timeout)
+        caps, level, when = resolve_target(model, served, self._served.known, priority, deadline, timeout)
         requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when) for inputs in batches]
         name = caps if isinstance(caps, str) else caps.name
         work = enqueue_args(keys.queue_name(name, level), requests, max_depth=self.max_queue_depth)
@@ -191,7 +152,7 @@ class Producer:
                 raise queue_full(name, full.depth, self.max_queue_depth) from None
         ids = [r.id for r in requests]
         if self.shards:
-            self._remember(ids, self.shards.url_for(name))
+            self._placed.remember(ids, self.shards.url_for(name))
         return ids
 
     # -- results ---------------------------------------------------------------------------------
@@ -250,7 +211,7 @@ class Producer:
         """NotFoundError for an id that was never submitted (or whose job and result both expired)."""
         with _redis_errors():
             pipe = self.connection_of(request_id).pipeline(transaction=False)
-            has_result, has_job = pipe.exists(keys.result_key(request_id)).exists(Job.key_for(request_id)).execute()
+            has_result, has_job = pipe.exists(keys.result_key(request_id)).exists(keys.rq_job_key(request_id)).execute()
         if not has_result and not has_job:
             raise NotFoundError(f"no request with id {request_id} (never submitted, or it expired)", param="id")
 
@@ -290,37 +251,12 @@ class Producer:
         return self.wait(self.submit(token_ids, model, task="detokenize", **fields), timeout).items
 
     def status(self, request_id: str) -> str:
-        """queued | started | finished | failed | cancelled | not_found."""
-        result = self.get(request_id)
-        if result is not None:
-            return result_state(result)
-        if not keys.valid_request_id(request_id):
-            return "not_found"  # no request of ours has such an id (and rq refuses to look it up)
-        try:
-            with _redis_errors():
-                connection = self.connection_of(request_id)
-                state = job_state(Job.fetch(request_id, connection=connection, serializer=SERIALIZER).get_status())
-                if state == "finished" and connection.exists(keys.chunks_key(request_id)):
-                    return "started"  # a long request spread over the fleet: its parts are running
-                return state
-        except NoSuchJobError:
-            return "not_found"
+        """queued | started | finished | failed | cancelled | not_found; `started` too for a long request
+        spread over the fleet whose parts still run."""
+        return self._read(reads.status(self.shards, self._placed, request_id))
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a request that no worker has taken yet; True if it was pending and is now cancelled."""
-        if not keys.valid_request_id(request_id):
-            raise NotFoundError(f"no request with id {request_id!r}")
-        connection = self.connection_of(request_id)
+        target = self._read(reads.cancel(self.shards, self._placed, request_id))
         with _redis_errors():
-            try:
-                job = Job.fetch(request_id, connection=connection, serializer=SERIALIZER)
-            except NoSuchJobError:
-                raise NotFoundError(f"no request with id {request_id}") from None
-            answer = Result.failure(request_id, model_of_queue(job.origin), CancelledError(
-                f"request {request_id} was cancelled before a worker took it"))
-            return operations.cancel(connection, job.origin, answer, job_reply_to(job))
-
-    def _queue(self, model: str, level: str = DEFAULT_PRIORITY) -> Queue:
-        return Queue(keys.queue_name(model, level), connection=self.connection_for_model(model),
-                     serializer=SERIALIZER)
-
+            return operations.cancel(self.links[target.url], target.queue, target.answer, target.reply_to)

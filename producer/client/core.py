@@ -1,9 +1,12 @@
-"""What the sync and async producers share: building requests, picking models, reading job state."""
+"""What the sync and async producers share, with no I/O: building and routing requests, picking models,
+decoding results and job states (what they read from Redis, and what it means: producer/client/reads.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 import redis
 from pydantic import ValidationError as PydanticValidationError
@@ -27,6 +30,44 @@ CAPS_CACHE_SECONDS = 2.0  # how long a producer trusts the advertised capabiliti
 def parse_models(names: list[str], raw_caps: list[bytes | None]) -> dict[str, ModelCapabilities]:
     """Models whose advertisement has not expired, i.e. served by at least one live worker."""
     return {name: ModelCapabilities.decode(raw) for name, raw in zip(names, raw_caps) if raw is not None}
+
+
+@dataclass
+class Served:
+    """A client's last read of the adverts (its `models()`): the models served then, every name ever
+    advertised, and when it was read (trusted for CAPS_CACHE_SECONDS)."""
+
+    models: dict[str, ModelCapabilities] = field(default_factory=dict)
+    known: set[str] = field(default_factory=set)
+    read_at: float = float("-inf")
+
+    def stale(self, refresh: bool) -> bool:
+        return refresh or time.monotonic() - self.read_at > CAPS_CACHE_SECONDS
+
+    def update(self, found: tuple[dict[str, ModelCapabilities], set[str]]) -> None:
+        self.models, self.known = found
+        self.read_at = time.monotonic()
+
+
+REMEMBERED_IDS = 100_000  # request ids whose shard a sharded client remembers (others are looked up)
+
+
+class Placements:
+    """Request id -> the URL of the shard it was sent to, for the last REMEMBERED_IDS ids (a sharded client
+    asks every shard only for ids it did not send)."""
+
+    def __init__(self, size: int = REMEMBERED_IDS):
+        self.size = size
+        self._urls: OrderedDict[str, str] = OrderedDict()
+
+    def get(self, request_id: str) -> str | None:
+        return self._urls.get(request_id)
+
+    def remember(self, request_ids: list[str], url: str) -> None:
+        for request_id in request_ids:
+            self._urls[request_id] = url
+        while len(self._urls) > self.size:
+            self._urls.popitem(last=False)
 
 
 WORKER_FIELDS = {"model": str, "device": str, "dtype": str, "max_batch_tokens": int, "max_batch_size": int,

@@ -1,4 +1,4 @@
-"""What is queued for a model, per priority level, read from Redis in two pipelined round trips: depth,
+"""What is queued for a model, per priority level, a read (producer/client/reads.py) of two rounds: depth,
 estimated queued tokens (common.protocol.keys.queued_tokens_key) and the oldest job's age. For the gateway's fleet
 gauges and for scripts; everything read is input (a corrupt counter or stamp reads as absent)."""
 
@@ -8,10 +8,9 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from redis import Redis
-from rq.job import Job
-
 from common.protocol import keys
+from common.shards import ShardMap
+from producer.client.reads import Read
 
 _RQ_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"  # rq's utcformat, as `enqueued_at` is stored
 
@@ -25,22 +24,22 @@ class LevelStats:
     oldest_age: float | None  # seconds since the job at the head was (re)queued; None when empty or unknown
 
 
-def level_stats(connection: Redis, model: str, now: float | None = None) -> list[LevelStats]:
-    """One LevelStats per priority level of `model`, highest first."""
+def level_stats(shards: ShardMap, model: str, now: float | None = None) -> Read[list[LevelStats]]:
+    """One LevelStats per priority level of `model`, highest first (a read of producer/client/reads.py)."""
     now = time.time() if now is None else now
-    queues = [keys.queue_name(model, level) for level in keys.PRIORITIES]
-    with connection.pipeline(transaction=False) as pipe:
-        for queue in queues:
-            pipe.llen(f"rq:queue:{queue}").get(keys.queued_tokens_key(queue)).lindex(f"rq:queue:{queue}", 0)
-        raw = pipe.execute(raise_on_error=False)
+    url = shards.url_for(model)
+    commands = []
+    for level in keys.PRIORITIES:
+        queue = keys.queue_name(model, level)
+        commands += [("LLEN", keys.rq_queue_key(queue)), ("GET", keys.queued_tokens_key(queue)),
+                     ("LINDEX", keys.rq_queue_key(queue), 0)]
+    raw = (yield {url: commands})[url]
     heads = [_text(raw[i + 2]) for i in range(0, len(raw), 3)]
     readable = [head for head in heads if head and keys.valid_request_id(head)]
     stamps = {}
     if readable:
-        with connection.pipeline(transaction=False) as pipe:
-            for head in readable:
-                pipe.hget(Job.key_for(head), "enqueued_at")
-            stamps = dict(zip(readable, pipe.execute(raise_on_error=False)))
+        asked = [("HGET", keys.rq_job_key(head), "enqueued_at") for head in readable]
+        stamps = dict(zip(readable, (yield {url: asked})[url]))
     out = []
     for index, level in enumerate(keys.PRIORITIES):
         depth, tokens = _count(raw[index * 3]), _count(raw[index * 3 + 1])

@@ -1,6 +1,7 @@
-"""One snapshot of the fleet, read from Redis in two pipelines per Redis: models, their queues per priority
-level, live workers and recent failures. `embedfleet status` prints it (a table, or `--json`) and the
-gateway's /dashboard polls it (GET /v1/fleet), so both show the same facts.
+"""One snapshot of the fleet, read from Redis in three rounds of one pipeline per Redis (a read of
+producer/client/reads.py): models, their queues per priority level, live workers and recent failures.
+`embedfleet status` prints it (a table, or `--json`) and the gateway's /dashboard polls it (GET /v1/fleet),
+so both show the same facts.
 
     models[]   name, redis (its Redis or shard, redacted), served (a live worker advertises it), dim,
                max_model_len, pooling, live_workers, texts_per_s (its workers' sum), cache_hit_rate
@@ -25,36 +26,37 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
-from rq.registry import FailedJobRegistry, StartedJobRegistry
-from rq.queue import Queue
-from rq.job import Job
 from rq.utils import utcparse
 
-from common.protocol import keys
 from common.capabilities import ModelCapabilities
 from common.errors import DecodeError
+from common.protocol import keys
 from common.redisclient import redact
 from common.result import Result
-from producer.client.core import parse_worker_info, redis_errors
+from common.shards import ShardMap
+from producer.client import reads
+from producer.client.core import parse_worker_info
+from producer.client.reads import Read
 
 FAILURE_WINDOW = 3600  # seconds of failures shown
 FAILED_SAMPLE = 1000  # failed ids per queue whose answers are read for their codes (the newest)
 UNREAD = "more_not_read"  # the failures past FAILED_SAMPLE, counted under this name
 
 
-def snapshot(producer) -> dict:
-    """The fleet as the module docstring lays it out; `producer` is a Producer (its shard links)."""
-    now = time.time()
+def snapshot(shards: ShardMap, now: float | None = None) -> Read[dict]:
+    """The fleet as the module docstring lays it out: a read (producer/client/reads.py) of three rounds, every
+    Redis (shard) in each."""
+    now = time.time() if now is None else now
+    names = {url: found for url, found in (yield from reads.model_names(shards)).items() if found}
+    first = (yield {url: _first(found, now) for url, found in names.items()}) if names else {}
+    plans = {url: _plans(found, iter(map(reads.ok, first[url]))) for url, found in names.items()}
+    second = (yield {url: _second(plan) for url, plan in plans.items()}) if plans else {}
     models, workers = [], []
-    for url, connection in producer.links.items():
-        with redis_errors():
-            names = sorted(n.decode("utf-8", "replace") for n in connection.smembers(keys.MODELS_KEY))
-            names = [n for n in names if producer.shards.owns(url, n)]
-            if names:
-                found_models, found_workers = _read(connection, names, now)
-                models += [{**model, "redis": redact(url)} for model in found_models]
-                workers += found_workers
-    return {"time": now, "redis": redact(producer.redis_url), "priorities": list(keys.PRIORITIES),
+    for url, plan in plans.items():
+        found_models, found_workers = _parse(plan, iter(map(reads.ok, second[url])), now)
+        models += [{**model, "redis": redact(url)} for model in found_models]
+        workers += found_workers
+    return {"time": now, "redis": redact(shards.default), "priorities": list(keys.PRIORITIES),
             "models": sorted(models, key=lambda m: m["name"]), "workers": workers}
 
 
@@ -66,46 +68,51 @@ def _tokens(raw) -> int | None:
         return None
 
 
-def _read(connection, names: list[str], now: float) -> tuple[list[dict], list[dict]]:
+def _first(names: list[str], now: float) -> list[tuple]:
+    """Per model: its advert, its live workers, and per priority level the queue's depth and head, what is
+    in progress, the newest failures of the last hour (and how many) and the queued-tokens counter."""
     recent = now - FAILURE_WINDOW + keys.FAILURE_TTL
-    pipe = connection.pipeline(transaction=False)
+    commands = []
     for name in names:
-        pipe.get(keys.model_key(name))
-        pipe.zrangebyscore(keys.model_workers_key(name), now - keys.ADVERTISE_TTL, "+inf", withscores=True)
+        commands += [("GET", keys.model_key(name)),
+                     ("ZRANGEBYSCORE", keys.model_workers_key(name), now - keys.ADVERTISE_TTL, "+inf", "WITHSCORES")]
         for priority in keys.PRIORITIES:
             queue = keys.queue_name(name, priority)
-            pipe.llen(Queue.redis_queue_namespace_prefix + queue)
-            pipe.lindex(Queue.redis_queue_namespace_prefix + queue, 0)
-            pipe.zcard(StartedJobRegistry.key_template.format(queue))
-            pipe.zrevrangebyscore(FailedJobRegistry.key_template.format(queue), "+inf", recent, start=0,
-                                  num=FAILED_SAMPLE)
-            pipe.zcount(FailedJobRegistry.key_template.format(queue), recent, "+inf")
-            pipe.get(keys.queued_tokens_key(queue))
-    first = iter(pipe.execute())
+            commands += [("LLEN", keys.rq_queue_key(queue)), ("LINDEX", keys.rq_queue_key(queue), 0),
+                         ("ZCARD", keys.rq_wip_key(queue)),
+                         ("ZREVRANGEBYSCORE", keys.rq_failed_key(queue), "+inf", recent, "LIMIT", 0, FAILED_SAMPLE),
+                         ("ZCOUNT", keys.rq_failed_key(queue), recent, "+inf"), ("GET", keys.queued_tokens_key(queue))]
+    return commands
+
+
+def _plans(names: list[str], first) -> list[tuple]:
     plans = []
     for name in names:
-        caps_raw, beats = next(first), next(first)
+        caps_raw, beats = next(first), [(worker, float(beat)) for worker, beat in next(first)]
         queues = [(priority, next(first), next(first), next(first), next(first), next(first), next(first))
                   for priority in keys.PRIORITIES]
         plans.append((name, caps_raw, beats, queues))
+    return plans
 
-    # second round trip: the live workers' adverts, the queue heads' enqueue times, the failures' answers
-    pipe = connection.pipeline(transaction=False)
+
+def _second(plans: list[tuple]) -> list[tuple]:
+    """The live workers' adverts, the queue heads' enqueue times, the failures' answers."""
+    commands = []
     for _, _, beats, queues in plans:
-        for worker, _ in beats:
-            pipe.get(keys.worker_info_key(worker.decode("utf-8", "replace")))
+        commands += [("GET", keys.worker_info_key(reads.text(worker))) for worker, _ in beats]
         for _, _, head, _, failed, _, _ in queues:
             if head is not None and keys.valid_request_id(head):
-                pipe.hget(Job.key_for(head.decode()), "enqueued_at")
-            for request_id in failed:
-                if keys.valid_request_id(request_id):
-                    pipe.get(keys.result_key(request_id.decode()))
-    second = iter(pipe.execute())
+                commands.append(("HGET", keys.rq_job_key(head.decode()), "enqueued_at"))
+            commands += [("GET", keys.result_key(i.decode())) for i in failed if keys.valid_request_id(i)]
+    return commands
+
+
+def _parse(plans: list[tuple], second, now: float) -> tuple[list[dict], list[dict]]:
     models, workers = [], []
     for name, caps_raw, beats, queues in plans:
         live = []
         for worker, beat in beats:
-            info = parse_worker_info(worker.decode("utf-8", "replace"), next(second))
+            info = parse_worker_info(reads.text(worker), next(second))
             if info is not None:
                 live.append(_worker(info, now - beat))
         rows, failures = [], {}

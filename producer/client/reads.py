@@ -1,0 +1,182 @@
+"""What the clients read from Redis and what it means, with no I/O of its own.
+
+Each read is a generator: it yields a round of commands per Redis ({URL: [command, ...]}, a command being
+what `pipe.execute_command(*command)` sends), is sent the replies ({URL: [reply, ...]}, an error reply in
+place of its value) and returns what they mean. Producer runs each round as one pipeline per Redis,
+AsyncProducer as one asyncio pipeline per Redis, all at once (producer/client/rounds.py): both clients read
+the same keys and make the same sense of them, and only the way the bytes move differs.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import TypeVar
+
+from rq.job import JobStatus
+
+from common.bounds import MAX_REQUEST_BYTES
+from common.errors import CancelledError, NotFoundError
+from common.protocol import keys
+from common.request import args_reply_to
+from common.result import Result
+from common.shards import ShardMap
+from producer.client.core import (SERIALIZER, Placements, job_state, model_of_queue, parse_models, parse_worker_info,
+                                  read_result, result_state)
+
+T = TypeVar("T")
+Round = dict[str, list[tuple]]
+Read = Generator[Round, dict[str, list], T]
+
+# The most bytes a job's data may inflate to when a cancel looks for its reply stream in it: the largest
+# request a producer enqueues plus rq's envelope (as worker/serving/jobdata.py), so a zlib bomb stops here.
+MAX_JOB_DATA = MAX_REQUEST_BYTES + (64 << 10)
+
+
+def ok(reply):
+    """A reply, or the error Redis answered in its place raised: for a read that cannot go on without it."""
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+def text(raw) -> str:
+    """A name read from Redis; what is not UTF-8 keeps its place, replaced (a name is input)."""
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def model_names(shards: ShardMap) -> Read[dict[str, list[str]]]:
+    """{URL: the model names advertised there, sorted}, each on its own shard only (a worker on the wrong
+    shard serves no one)."""
+    urls = shards.urls()
+    replies = yield {url: [("SMEMBERS", keys.MODELS_KEY)] for url in urls}
+    return {url: sorted(n for n in map(text, ok(replies[url][0])) if shards.owns(url, n)) for url in urls}
+
+
+def models(shards: ShardMap) -> Read[tuple[dict, set[str]]]:
+    """(models served by a live worker -> their capabilities, every model name ever advertised)."""
+    names = yield from model_names(shards)
+    asked = {url: [("MGET", *map(keys.model_key, found))] for url, found in names.items() if found}
+    adverts = (yield asked) if asked else {}
+    served, known = {}, set()
+    for url, found in names.items():
+        if found:
+            served.update(parse_models(found, ok(adverts[url][0])))
+        known.update(found)
+    return served, known
+
+
+def live_workers(shards: ShardMap, model: str, now: float) -> Read[int]:
+    url = shards.url_for(model)
+    replies = yield {url: [("ZCOUNT", keys.model_workers_key(model), now - keys.ADVERTISE_TTL, "+inf")]}
+    return ok(replies[url][0])
+
+
+def workers(shards: ShardMap, model: str, now: float) -> Read[list[dict]]:
+    """The live workers of `model`, each with what it advertised (core.parse_worker_info)."""
+    url = shards.url_for(model)
+    replies = yield {url: [("ZRANGEBYSCORE", keys.model_workers_key(model), now - keys.ADVERTISE_TTL, "+inf")]}
+    names = [text(n) for n in ok(replies[url][0])]
+    if not names:
+        return []
+    replies = yield {url: [("MGET", *map(keys.worker_info_key, names))]}
+    return [info for name, blob in zip(names, ok(replies[url][0]))
+            if (info := parse_worker_info(name, blob)) is not None]
+
+
+def queue_depth(shards: ShardMap, model: str) -> Read[int]:
+    url = shards.url_for(model)
+    replies = yield {url: [("LLEN", keys.rq_queue_key(keys.queue_name(model)))]}
+    return ok(replies[url][0])
+
+
+def locate(shards: ShardMap, placed: Placements, request_id: str) -> Read[str]:
+    """The URL of the shard that holds `request_id`: where it was sent, else whichever has its result or
+    job (ids are unique across the fleet), else the default Redis. No round at all unless sharded."""
+    if not shards:
+        return shards.default
+    url = placed.get(request_id)
+    if url is not None:
+        return url
+    if keys.valid_request_id(request_id):
+        urls = shards.urls()
+        replies = yield {u: [("EXISTS", keys.result_key(request_id), keys.rq_job_key(request_id))] for u in urls}
+        for url in urls:
+            if ok(replies[url][0]):
+                placed.remember([request_id], url)
+                return url
+    return shards.default
+
+
+def status(shards: ShardMap, placed: Placements, request_id: str) -> Read[str]:
+    """queued | started | finished | failed | cancelled | not_found, in one round on the request's shard (two
+    for a job finished without a result: a spread request's)."""
+    url = yield from locate(shards, placed, request_id)
+    valid = keys.valid_request_id(request_id)  # no other id is one of ours (and rq refuses to look it up)
+    commands = [("GET", keys.result_key(request_id))]
+    if valid:
+        commands.append(("HGET", keys.rq_job_key(request_id), "status"))
+    replies = (yield {url: commands})[url]
+    result = read_result(request_id, ok(replies[0]))
+    if result is not None:
+        return result_state(result)
+    if not valid:
+        return "not_found"
+    raw = ok(replies[1])
+    try:
+        state = job_state(JobStatus(raw.decode()) if raw else None)
+    except (ValueError, UnicodeDecodeError):  # no status rq knows: not an rq job of ours
+        return "not_found"
+    if state == "finished":  # asked only now: the README's producer ACL grants no chunks key (its ACL LOG stays clean)
+        spread = (yield {url: [("EXISTS", keys.chunks_key(request_id))]})[url]
+        if ok(spread[0]):
+            return "started"  # a long request spread over the fleet: its job is done, its parts still run
+    return state
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """What a cancel hands to common.protocol.operations.cancel: where, which queue, the answer, its stream."""
+
+    url: str
+    queue: str
+    answer: Result
+    reply_to: str | None
+
+
+def cancel(shards: ShardMap, placed: Placements, request_id: str) -> Read[Cancel]:
+    """The cancel of `request_id`, read from its job; NotFoundError for an id with no job."""
+    if not keys.valid_request_id(request_id):
+        raise NotFoundError(f"no request with id {request_id!r}")
+    url = yield from locate(shards, placed, request_id)
+    # HGETs, not one HMGET: the README's producer ACL grants HGET
+    replies = yield {url: [("HGET", keys.rq_job_key(request_id), name) for name in ("origin", "reply_to", "data")]}
+    origin, reply_to, data = map(ok, replies[url])
+    if data is None:  # rq's own test for a job (Job.fetch): a hash without data is none
+        raise NotFoundError(f"no request with id {request_id}")
+    queue = text(origin or b"")
+    answer = Result.failure(request_id, model_of_queue(queue), CancelledError(
+        f"request {request_id} was cancelled before a worker took it"))
+    return Cancel(url, queue, answer, reply_stream(reply_to, data))
+
+
+def reply_stream(field, data: bytes) -> str | None:
+    """The reply stream a job names: its `reply_to` field (every enqueue writes it), else the one in the
+    request inside its data (a job of an older producer); None for anything else (a job is input)."""
+    if field is not None and keys.is_reply_stream_key(field):
+        return text(field)
+    inflater = zlib.decompressobj()
+    try:
+        raw = inflater.decompress(data, MAX_JOB_DATA)
+        if inflater.unconsumed_tail:
+            return None  # inflates past any request a producer writes
+        if not inflater.eof:
+            raw = data  # no complete zlib stream: rq reads the bytes as they are
+    except zlib.error:
+        raw = data
+    try:
+        job = SERIALIZER.loads(raw)
+    except Exception:  # noqa: BLE001 - any undecodable data names no stream
+        return None
+    return args_reply_to(job[2]) if isinstance(job, list) and len(job) == 4 else None
