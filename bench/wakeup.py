@@ -76,7 +76,7 @@ async def async_waits(url: str, requests: int, burst: int, foreign: bool) -> lis
     """Milliseconds from landing to resuming, one request at a time (burst=1) or `burst` at once."""
     latencies = []
     async with AsyncProducer(url) as producer:
-        stream = producer._links[producer._sync.redis_url].replies.stream
+        stream = producer._links[producer.redis_url].replies.stream
         writer = Writer(url, None if foreign else stream)
         with Producer(url) as other:
             for _ in range(max(requests // burst, 1)):

@@ -18,7 +18,7 @@ from tests.nullworker import NULL
 from tests.test_queue import enqueue, rq_queue, texts
 from worker.engine.engine import Engine
 from worker.engine.nullmodel import NullModel
-from worker.serving.jobdata import MAX_JOB_DATA
+from common.protocol.jobdata import MAX_JOB_DATA
 from worker.serving.pipeline import BatchWorker
 
 SMALL = 4096  # bytes an error blob, or rq's failure record, may take

@@ -9,16 +9,15 @@ the same keys and make the same sense of them, and only the way the bytes move d
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TypeVar
 
 from rq.job import JobStatus
 
-from common.bounds import MAX_REQUEST_BYTES
-from common.errors import CancelledError, NotFoundError
+from common.errors import CancelledError, DecodeError, NotFoundError
 from common.protocol import keys
+from common.protocol.jobdata import inflate
 from common.request import args_reply_to
 from common.result import Result
 from common.shards import ShardMap
@@ -28,11 +27,6 @@ from producer.client.core import (SERIALIZER, Placements, job_state, model_of_qu
 T = TypeVar("T")
 Round = dict[str, list[tuple]]
 Read = Generator[Round, dict[str, list], T]
-
-# The most bytes a job's data may inflate to when a cancel looks for its reply stream in it: the largest
-# request a producer enqueues plus rq's envelope (as worker/serving/jobdata.py), so a zlib bomb stops here.
-MAX_JOB_DATA = MAX_REQUEST_BYTES + (64 << 10)
-
 
 def ok(reply):
     """A reply, or the error Redis answered in its place raised: for a read that cannot go on without it."""
@@ -166,15 +160,10 @@ def reply_stream(field, data: bytes) -> str | None:
     request inside its data (a job of an older producer); None for anything else (a job is input)."""
     if field is not None and keys.is_reply_stream_key(field):
         return text(field)
-    inflater = zlib.decompressobj()
     try:
-        raw = inflater.decompress(data, MAX_JOB_DATA)
-        if inflater.unconsumed_tail:
-            return None  # inflates past any request a producer writes
-        if not inflater.eof:
-            raw = data  # no complete zlib stream: rq reads the bytes as they are
-    except zlib.error:
-        raw = data
+        raw = inflate(data)  # capped: a job is input
+    except DecodeError:
+        return None
     try:
         job = SERIALIZER.loads(raw)
     except Exception:  # noqa: BLE001 - any undecodable data names no stream

@@ -21,7 +21,7 @@ from rq.job import Job
 from rq.utils import decode_redis_hash
 
 from common.errors import DecodeError
-from worker.serving.jobdata import inflate
+from common.protocol.jobdata import inflate
 
 # What rq would import, call or act on when it handles a job; never set by embedfleet.
 DROPPED_FIELDS = ("success_callback_name", "failure_callback_name", "stopped_callback_name", "webhooks",
