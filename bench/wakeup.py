@@ -32,7 +32,7 @@ from _common import RedisServer, describe_machine, percentile, table
 
 import redis
 
-from common.protocol import keys
+from common.protocol import keys, scripts
 from common.capabilities import ModelCapabilities
 from common.result import Result
 from producer import AsyncProducer, Producer
@@ -42,22 +42,9 @@ MODEL = "wakeup"
 SETTLE = 0.005  # seconds a waiter is given to block before its result is written
 
 
-# What common/protocol/rqscripts.py's finish does to make a result visible (its `publish`).
-# ARGV: ttl, reply stream ('' for none), stream maxlen, then id, blob pairs.
-_LAND = """
-local ttl, stream, maxlen = ARGV[1], ARGV[2], ARGV[3]
-for i = 4, #ARGV, 2 do
-  local id = ARGV[i]
-  redis.call('SET', 'RESULT:' .. id, ARGV[i + 1], 'EX', ttl)
-  redis.call('RPUSH', 'NOTIFY:' .. id, 1)
-  redis.call('EXPIRE', 'NOTIFY:' .. id, ttl)
-  if stream ~= '' then redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'id', id) end
-end
-""".replace("RESULT:", keys.result_key("")).replace("NOTIFY:", keys.notify_key(""))
-
-
 class Writer:
-    """Lands results as a worker's finish script does; returns the server time at which they landed."""
+    """Lands results the one way answers land (the protocol's publish, lib.lua), all in one transaction as a
+    worker's round does; returns the server time at which they landed."""
 
     def __init__(self, url: str, reply_to: str | None):
         self.connection = redis.Redis.from_url(url)
@@ -66,9 +53,11 @@ class Writer:
     def land(self, request_ids: list[str]) -> float:
         blobs = [Result.success(i, MODEL, np.ones((1, 4), np.float32), "float32", "little", 1).encode()
                  for i in request_ids]
-        args = [keys.RESULT_TTL, self.reply_to, keys.REPLY_STREAM_MAXLEN,
-                *(v for pair in zip(request_ids, blobs) for v in pair)]
-        _, (seconds, micros) = self.connection.pipeline(transaction=False).eval(_LAND, 0, *args).time().execute()
+        pipe = self.connection.pipeline(transaction=True)
+        for request_id, blob in zip(request_ids, blobs):
+            scripts.PUBLISH.queue(pipe, [], [request_id, blob, keys.RESULT_TTL, "0", self.reply_to], by_source=True)
+        pipe.time()
+        seconds, micros = pipe.execute()[-1]
         return seconds + micros / 1e6
 
 

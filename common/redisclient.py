@@ -43,6 +43,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from common.errors import StartupError
+from common.protocol import keys
 
 SOCKET_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 5.0
@@ -196,8 +197,8 @@ async def check_access_async(connection: aioredis.Redis, url: str) -> None:
 
 def _probe(pipe) -> None:
     probe_id = f"access-check-{uuid.uuid4().hex}"
-    pipe.exists(f"embedfleet:result:{probe_id}").smembers("embedfleet:models")
-    pipe.llen("rq:queue:embedfleet.access-check").eval("return 1", 0)
+    pipe.exists(keys.result_key(probe_id)).smembers(keys.MODELS_KEY)
+    pipe.llen(keys.rq_queue_key(keys.queue_name("access-check"))).eval("return 1", 0)  # may it run scripts
 
 
 class AccessError(StartupError):
