@@ -42,7 +42,8 @@ def test_jobs_of_a_worker_killed_mid_batch_are_retried_by_the_next_worker(
         long_texts = [" ".join(sample_texts(30, seed=i, max_words=60)) for i in range(48)]  # slow batch
         ids = producer.submit_many([long_texts[i:i + 8] for i in range(0, 48, 8)], truncate_prompt_tokens=-1)
         queue = Queue(keys.queue_name("minilm"), connection=redis_client, serializer=MsgpackSerializer)
-        wait_until(lambda: len(queue.started_job_registry.get_job_ids()) == len(ids), 60, "the batch to start")
+        wait_until(lambda: len(queue.started_job_registry.get_job_ids()) >= 1, 60, "a round to start")
+        started = set(queue.started_job_registry.get_job_ids())
     finally:
         worker.send_signal(signal.SIGKILL)
         worker.wait(10)
@@ -57,8 +58,9 @@ def test_jobs_of_a_worker_killed_mid_batch_are_retried_by_the_next_worker(
     for request_id in ids:
         result = producer.wait(request_id, timeout=5)
         assert result.ok and result.embeddings.shape == (8, 384)
-        job = queue.fetch_job(request_id)
-        assert job.get_status() == JobStatus.FINISHED and job.retries_left == keys.JOB_RETRIES - 1
+        job = queue.fetch_job(request_id)  # the killed worker's jobs were retried (rq's Retry), the rest queued
+        retries = keys.JOB_RETRIES - 1 if request_id in started else keys.JOB_RETRIES
+        assert job.get_status() == JobStatus.FINISHED and job.retries_left == retries
 
 
 def test_queued_requests_survive_a_redis_restart_and_a_live_worker_rides_it_out(

@@ -55,9 +55,9 @@ class DeviceTime:
         self.engine, self.caps, self.seconds = engine, engine.caps, seconds
         self.prepare, self.finish = engine.prepare, engine.finish
 
-    def forward(self, work):
+    def forward(self, work, interrupt=None):
         time.sleep(self.seconds)
-        return self.engine.forward(work)
+        return self.engine.forward(work, interrupt)
 
 
 def rq(conn, name: str) -> Queue:

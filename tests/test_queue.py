@@ -158,10 +158,10 @@ class GatedEngine:
         self.prepare, self.finish = engine.prepare, engine.finish
         self.entered, self.release = threading.Event(), threading.Event()
 
-    def forward(self, work):
+    def forward(self, work, interrupt=None):
         self.entered.set()
         assert self.release.wait(20)
-        return self.engine.forward(work)
+        return self.engine.forward(work, interrupt)
 
 
 def wait_for(condition, timeout=10.0):

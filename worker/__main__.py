@@ -40,7 +40,8 @@ def serve(argv: list[str]) -> int:
         return gpus.run(ids, argv, settings.name, dict(os.environ), settings.metrics_port)
     from worker.engine.engine import Engine  # noqa: PLC0415 - torch loads after the flags
     from worker.engine.nullmodel import NullModel, is_null  # noqa: PLC0415 - the null model needs no transformers
-    from worker.engine.probe import Budget, probe_budget  # noqa: PLC0415
+    from worker.engine.probe import Budget, device_limits, probe_budget  # noqa: PLC0415
+    from worker.engine.shaper import Shape, Shaper  # noqa: PLC0415
     from worker.serving.pipeline import BatchWorker  # noqa: PLC0415
 
     # Empty values (docker compose passes unset variables as "") count as unset.
@@ -62,8 +63,17 @@ def serve(argv: list[str]) -> int:
         connection = connect(url)
         check_access(connection, url)
     cache = _cache(settings, connection, model, path, dtype)
+    shaper = None
+    if not is_null(path) and settings.learn_shape:  # flags pin what they name; the rest is learned while serving
+        most_tokens, most_rows = device_limits(model)
+        shaper = Shaper(Shape(budget.max_batch_tokens, budget.max_batch_size),
+                        min_tokens=min(model.caps.max_model_len, most_tokens),
+                        max_tokens=max(most_tokens, budget.max_batch_tokens),
+                        max_rows=max(most_rows, budget.max_batch_size),
+                        pin_tokens=settings.max_batch_tokens is not None, pin_rows=settings.max_batch_size is not None,
+                        source=budget.source)
     engine = Engine(model, max_batch_tokens=budget.max_batch_tokens, max_batch_size=budget.max_batch_size,
-                    chunks_per_job=settings.chunks_per_job)
+                    chunks_per_job=settings.chunks_per_job, shaper=shaper)
     info = {"device": device, "dtype": dtype, "max_batch_tokens": budget.max_batch_tokens,
             "max_batch_size": budget.max_batch_size, "budget_source": budget.source, "max_jobs": settings.max_jobs,
             "host": socket.gethostname(), "pid": os.getpid(),  # `embedfleet health --worker` looks for its host

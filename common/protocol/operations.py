@@ -148,11 +148,12 @@ class RqSchema:
                             keys.RQ_SUSPENDED]
         self.level_keys = [self.queue_key, self.wip_key, keys.rq_canceled_key(queue), self.tokens_key]
         self.finish_keys = [self.queue_key, self.wip_key, keys.rq_finished_key(queue), keys.rq_failed_key(queue),
-                            keys.rq_worker_key(worker_name), keys.rq_worker_executions_key(worker_name)]
+                            keys.rq_worker_key(worker_name), keys.rq_worker_executions_key(worker_name),
+                            self.tokens_key]
 
-    def take(self, max_jobs: int, block: float | None, before=None) -> tuple[bool, list[Taken]]:
+    def take(self, max_jobs: int, block: float | None, before=None, max_tokens: int = 0) -> tuple[bool, list[Taken]]:
         """(suspended, taken ids) from this queue alone; see `take_from`."""
-        return take_from([self], max_jobs, block, before)
+        return take_from([self], max_jobs, block, before, max_tokens)
 
     def finish(self, answers: list[Answer], working_seconds: float) -> Finished:
         """One script run for the whole list."""
@@ -172,7 +173,7 @@ class RqSchema:
                      answer.reply_to if keys.is_reply_stream_key(answer.reply_to) else "", payload, exc_info, ttl,
                      "1" if answer.only_if_absent else "0", taken.started]
         reply = scripts.FINISH(self.connection, self.finish_keys, args)
-        return Finished(*(int(n) for n in reply[:4]), [(_str(i), _str(why)) for i, why in reply[4:]])
+        return Finished(*(int(n) for n in reply[:5]), [(_str(i), _str(why)) for i, why in reply[5:]])
 
     def refresh(self, held: list[Taken]) -> int:
         """Renew the lease of each job still held; returns how many were."""
@@ -200,16 +201,18 @@ class RqSchema:
         return int(scripts.GIVE_BACK(self.connection, keys_, args))
 
 
-def take_from(schemas: list[RqSchema], max_jobs: int, block: float | None, before=None) -> tuple[bool, list[Taken]]:
+def take_from(schemas: list[RqSchema], max_jobs: int, block: float | None, before=None,
+              max_tokens: int = 0) -> tuple[bool, list[Taken]]:
     """(suspended, taken ids): up to `max_jobs` from the schemas' queues in their order (the first queue is
-    emptied before the next is read), in one atomic script. With `block` seconds, first wait until the
+    emptied before the next is read), and no more jobs once their estimated tokens reach `max_tokens` (0: no
+    limit; at least one job is taken), in one atomic script. With `block` seconds, first wait until the
     first queue has an id, without taking it (BLMOVE of the queue onto itself, LEFT to LEFT, moves
     nothing), then take in the same round trip. `before(pipe)` may queue commands ahead (the worker's rq
     heartbeat). The schemas share one connection and worker name."""
     first = schemas[0]
     stamp = datetime.now(timezone.utc)
     args = [max_jobs, first.worker_name, f"{stamp.timestamp():.6f}", rq_time(stamp), uuid4().hex[:24],
-            keys.JOB_TIMEOUT, first.lease, keys.LEASE_GRACE, keys.CANCELED_TTL]
+            keys.JOB_TIMEOUT, first.lease, keys.LEASE_GRACE, keys.CANCELED_TTL, max(0, int(max_tokens))]
     keys_ = first.worker_keys + [key for schema in schemas for key in schema.level_keys]
     try:
         suspended, entries, _ = _take(first, keys_, args, block, before)

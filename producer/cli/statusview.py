@@ -96,6 +96,8 @@ def _workers(fleet: dict) -> Table:
         table.add_column(column)
     for worker in fleet["workers"]:
         budget = f"{worker.get('max_batch_tokens', '?')} tok / {worker.get('max_batch_size', '?')} rows"
+        if "pass_tokens_per_s" in worker:  # the learned shape's measured rate
+            budget += f" @ {worker['pass_tokens_per_s']:,.0f} tok/s"
         current = f"{worker['current_texts']} texts" if worker.get("current_texts") else "-"
         rate = f"{worker['texts_per_s']:.1f}" if "texts_per_s" in worker else "?"
         table.add_row(worker["name"], worker.get("model", "?"), worker.get("host", "?"), worker.get("device", "?"),

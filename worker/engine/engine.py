@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +18,7 @@ from common.params import PoolingParams
 from common.request import EmbedRequest
 from common.result import Result
 from worker.engine.batcher import cuts, plan_passes
+from worker.engine.shaper import Shape
 from worker.engine.latechunking import embed_spans
 from worker.engine.postprocess import cast, finish
 from worker.engine.preprocess import Prepared, prepare
@@ -39,6 +41,9 @@ class Work:
     failed: dict[int, EmbedfleetError] = field(default_factory=dict)
     # long requests whose chunks go to the fleet as sub-jobs (worker/serving/spread.py): no result from here
     spread: dict[int, Prepared] = field(default_factory=dict)
+    # requests the forward stage stopped before they were complete (it yielded to higher-priority work
+    # between passes): no result from here, their jobs go back to their queue
+    unfinished: set[int] = field(default_factory=set)
     passes: int = 0  # forward passes cut by the budget (a failed pass's halves not counted)
     tokens: int = 0  # real tokens through those passes
     padded_tokens: int = 0  # rows * longest row, summed over the passes: what the device computed
@@ -83,17 +88,20 @@ class Engine:
         and, for `prepare`, a tokenizer (see worker.engine.nullmodel for one without).
     max_batch_tokens: padded-token budget of one forward pass (rows * longest row).
     max_batch_size: most rows in one forward pass.
+    shaper: a worker.engine.shaper.Shaper that picks the shape per round and learns from every pass; None:
+        the fixed shape above.
     chunks_per_job: a request with more chunks than this (a long input, worker/engine/chunking.py) is not run
         here but left in `Work.spread` for the worker to spread over the fleet; 0: every request runs here.
     Identical inputs in one round (same token ids, prompt length, head and pair split) are computed once.
     """
 
     def __init__(self, model, *, max_batch_tokens: int = 16384, max_batch_size: int = 256,
-                 chunks_per_job: int = 0):
+                 chunks_per_job: int = 0, shaper=None):
         self.model = model
         self.caps = model.caps
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
+        self.shaper = shaper
         self.forward_passes = 0
         self.chunks_per_job = chunks_per_job
         self.forward_rows = 0  # inputs the model ran over (after the cache and in-round dedup)
@@ -132,25 +140,41 @@ class Engine:
                     f"preprocessing failed: {type(exc).__name__}: {exc}"))
         return work
 
-    def forward(self, work: Work) -> None:
+    def shape(self) -> Shape:
+        """The forward-pass shape the next round runs at (the shaper's, or the fixed one)."""
+        return self.shaper.shape() if self.shaper is not None else Shape(self.max_batch_tokens, self.max_batch_size)
+
+    def forward(self, work: Work, interrupt=None) -> None:
         """All inputs of all requests, sorted by length and cut by the token budget; one pass per batch.
-        A late-chunking request (spans) gets a pass of its own: its rows are spans, not inputs."""
+        A late-chunking request (spans) gets a pass of its own: its rows are spans, not inputs.
+        `interrupt()`, asked between passes: True stops the round there; the requests not complete by then
+        go to `work.unfinished` (their rows are not kept)."""
+        shape = self.shape()
         for index, prep in work.prepared.items():
             if prep.spans is not None:
-                self._span_pass(index, prep, work)
+                self._span_pass(index, prep, work, shape)
         flat = self._flatten(work)
         if flat is None:
             return
         known = self._known(work)
         plan = plan_passes(flat.token_lists, flat.prompt_lengths, list(zip(flat.heads, flat.pair_starts)), known,
-                           self.max_batch_tokens, self.max_batch_size)
+                           shape.tokens, shape.rows)
         flat.sharers = plan.sharers
-        for positions in plan.passes:
+        done: set[int] = set(known)  # flat positions whose vector is at hand
+        for number, positions in enumerate(plan.passes):
+            if number and interrupt is not None and interrupt():
+                work.unfinished = self._incomplete(work, flat, plan, done)
+                log.info("a round yielded after %d of its %d passes: %d requests go back", number,
+                         len(plan.passes), len(work.unfinished))
+                break
             batch = [len(flat.token_lists[p]) for p in positions]
             work.passes += 1
             work.tokens += sum(batch)
             work.padded_tokens += len(batch) * max(batch)  # what the device computed
-            self._pass(positions, flat, work)
+            began = time.perf_counter()
+            if self._pass(positions, flat, work) and self.shaper is not None:
+                self.shaper.observe(shape, len(batch), len(batch) * max(batch), time.perf_counter() - began)
+            done.update(int(p) for p in positions)
         if known:
             flat.allocate(len(next(iter(known.values()))))
             for position, vector in known.items():
@@ -165,7 +189,7 @@ class Engine:
             if prep.spans is not None:
                 continue
             count = len(prep.token_lists)
-            if index not in work.failed:
+            if index not in work.failed and index not in work.unfinished:
                 work.rows[index] = [flat.ragged[p] for p in range(offset, offset + count)] \
                     if prep.head == "tokens" else flat.vectors[offset:offset + count]
             offset += count
@@ -192,7 +216,7 @@ class Engine:
     def finish(self, work: Work) -> list[Result]:
         """Post-process every request that reached the forward pass; returns all results in input order."""
         for index, request in work.resolved.items():
-            if work.results[index] is not None or index in work.spread:
+            if work.results[index] is not None or index in work.spread or index in work.unfinished:
                 continue
             if index in work.failed:
                 work.results[index] = Result.failure(request.id, self.caps.name, work.failed[index])
@@ -236,12 +260,11 @@ class Engine:
             raise params
         return request.model_copy(update={"params": params})
 
-    def _span_pass(self, index: int, prep: Prepared, work: Work) -> None:
+    def _span_pass(self, index: int, prep: Prepared, work: Work, shape: Shape) -> None:
         """A late-chunking request's inputs, in order, in passes cut by the token budget."""
         try:
             rows = []
-            for start, end in cuts([len(ids) for ids in prep.token_lists], self.max_batch_tokens,
-                                   self.max_batch_size):
+            for start, end in cuts([len(ids) for ids in prep.token_lists], shape.tokens, shape.rows):
                 spans = [(owner - start, *rest) for owner, *rest in prep.spans if start <= owner < end]
                 batch = [len(ids) for ids in prep.token_lists[start:end]]
                 work.passes, work.tokens = work.passes + 1, work.tokens + sum(batch)
@@ -260,14 +283,14 @@ class Engine:
             and len(prepared.token_lists) > self.chunks_per_job and not prepared.prompt_length \
             and keys.part_id(request.id, len(prepared.token_lists)) is not None
 
-    def _pass(self, positions: np.ndarray, flat: _Flat, work: Work) -> None:
+    def _pass(self, positions: np.ndarray, flat: _Flat, work: Work) -> bool:
         """One forward pass over these flat positions; if it fails, the batch again in halves, down to single
         rows, so that one poisoned input fails only its own request and a batch too big for the device (OOM)
-        still runs."""
+        still runs. True if it ran whole, as one pass (what the shaper may learn from)."""
         if work.failed:  # rows no live request needs any more are skipped
             positions = positions[[not flat.users(int(p)) <= work.failed.keys() for p in positions]]
         if not len(positions):
-            return
+            return False
         try:
             self.forward_passes += 1
             self.forward_rows += len(positions)
@@ -275,7 +298,7 @@ class Engine:
             if flat.heads[positions[0]] == "tokens":
                 for p, rows in zip(positions, self.model.token_embed(lists)):
                     flat.ragged[int(p)] = rows
-                return
+                return True
             pairs = {"pair_starts": [flat.pair_starts[p] for p in positions]} \
                 if any(flat.pair_starts[p] for p in positions) else {}  # a cross-encoder's pairs
             vectors = self.model.embed(lists, [flat.prompt_lengths[p] for p in positions], **pairs)
@@ -286,16 +309,24 @@ class Engine:
                 log.exception("forward pass over 1 row failed; its request fails")
                 for owner in flat.users(int(positions[0])):  # a duplicate of the row would fail alike
                     work.failed.setdefault(owner, error)
-                return
+                return False
             log.warning("forward pass over %d rows failed (%s); retrying in halves", len(positions), error.message)
         else:
             flat.allocate(vectors.shape[1])
             flat.vectors[positions] = vectors
-            return
+            return True
         # Split outside the `except`: the traceback holds the failed pass's tensors (device memory on OOM).
         half = len(positions) // 2
         self._pass(positions[:half], flat, work)
         self._pass(positions[half:], flat, work)
+        return False
+
+    @staticmethod
+    def _incomplete(work: Work, flat: _Flat, plan, done: set[int]) -> set[int]:
+        """The requests some of whose rows were not computed (a copy counts once its source is done)."""
+        missing = {int(p) for p in range(len(flat.token_lists))
+                   if p not in done and plan.copies.get(p, -1) not in done}
+        return {int(flat.owners[p]) for p in missing} - set(work.failed)
 
     def _postprocess(self, request: EmbedRequest, vectors, prepared: Prepared) -> Result:
         params, prompt_tokens = request.params, prepared.prompt_tokens

@@ -126,3 +126,20 @@ def _ordinary_token(model) -> int:
     ids = tokenizer("embedding probe", add_special_tokens=False)["input_ids"]
     return ids[0] if ids else max(0, min(1000, model.caps.vocab_size - 1))
 
+
+
+def device_limits(model) -> tuple[int, int]:
+    """The largest (padded tokens, rows) per pass worth trying on the model's device: on a GPU, what about a
+    fifth of its free memory holds in activations (hidden size x layers x 4 bytes x ~16 live tensors per
+    token: a rough bound, generous for inference); on a CPU, a fixed bound (more only costs latency there)."""
+    device = getattr(model, "device", None)
+    if getattr(device, "type", str(device)) == "cuda":
+        import torch  # noqa: PLC0415 - only a GPU worker asks
+
+        free, _ = torch.cuda.mem_get_info(device)
+        config = model.module.config
+        hidden = getattr(config, "hidden_size", 1024)
+        layers = getattr(config, "num_hidden_layers", 24)
+        per_token = hidden * layers * 4 * 16
+        return max(model.caps.max_model_len, min(1 << 20, free // 5 // per_token)), 4096
+    return 65536, 1024

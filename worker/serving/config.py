@@ -24,7 +24,11 @@ class WorkerSettings(Settings):
                                                                "probed at start-up for this model and device")
     max_batch_size: int | None = Field(None, ge=1, description="rows per forward pass; default: probed at "
                                                              "start-up")
-    probe_seconds: float = Field(5.0, gt=0, le=60, description="time the start-up batch-shape probe may take")
+    probe_seconds: float = Field(5.0, gt=0, le=60, description="time the start-up batch-shape probe may take (its "
+                                 "shape is a first guess: the worker keeps learning it from the passes it serves)")
+    learn_shape: bool = Field(True, description="keep adjusting the batch shape from the passes served "
+                              "(worker/engine/shaper.py); --no-learn-shape keeps the probe's (flags pin a "
+                              "dimension either way)")
     max_jobs: int = Field(64, ge=1, description="requests taken from the queue in one round trip (one round "
                                                 "through the model; the worker holds at most four rounds)")
     max_inputs: int = Field(2048, description="inputs allowed in one request")

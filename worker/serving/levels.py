@@ -51,18 +51,19 @@ class Levels:
     def queue_keys(self) -> list[str]:
         return [schema.queue_key for schema in self.order]
 
-    def take(self, max_jobs: int, block: float | None, before=None) -> tuple[bool, list[Taken]]:
-        """(suspended, taken ids) in this round's order of levels (see the module docstring)."""
+    def take(self, max_jobs: int, block: float | None, before=None, max_tokens: int = 0) -> tuple[bool, list[Taken]]:
+        """(suspended, taken ids) in this round's order of levels (see the module docstring); `max_tokens`:
+        the round ends with the job whose estimated tokens reach it (0: `max_jobs` alone)."""
         order = self.order
         self.lower_first = len(order) > 1 and self.rounds % self.share == self.share - 1
         if self.lower_first:
             order = order[-1:] + order[:-1]
         if len(order) == 1 or block is None:
-            suspended, taken = take_from(order, max_jobs, block, before)
+            suspended, taken = take_from(order, max_jobs, block, before, max_tokens)
         else:  # Redis waits on one list only: take what is there at any level, and only if none, wait
-            suspended, taken = take_from(order, max_jobs, None, before)
+            suspended, taken = take_from(order, max_jobs, None, before, max_tokens)
             if not taken and not suspended:
-                suspended, taken = take_from(order, max_jobs, min(block, LOWER_LEVEL_POLL))
+                suspended, taken = take_from(order, max_jobs, min(block, LOWER_LEVEL_POLL), None, max_tokens)
         if taken:
             self.rounds += 1
         return suspended, taken

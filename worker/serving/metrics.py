@@ -10,7 +10,7 @@ observed again when it is taken again.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
 from common.protocol.keys import PRIORITIES, queue_name
 
@@ -40,10 +40,22 @@ class WorkerMetrics:
                                     buckets=SECONDS_BUCKETS, registry=r)
         self.errors = Counter("embedfleet_worker_errors", "requests answered with an error, by code",
                               ["model", "code"], registry=r)
+        shape = Gauge("embedfleet_worker_batch_shape", "the forward-pass shape in use (learned: "
+                      "worker/engine/shaper.py): padded tokens and rows per pass", ["model", "dimension"], registry=r)
+        self.shape_tokens, self.shape_rows = shape.labels(model, "tokens"), shape.labels(model, "rows")
+        self.pass_rate = Gauge("embedfleet_worker_pass_tokens_per_second", "padded tokens per second of the "
+                               "shape in use (median of its recent full passes)", m, registry=r).labels(model)
 
     def waited(self, queue: str, seconds: float) -> None:
         """A request taken from rq queue `queue` after `seconds` queued."""
         self.queue_wait.labels(self.model, self._levels.get(queue, "other")).observe(max(0.0, seconds))
+
+    def shaped(self, tokens: int, rows: int, rate: float | None) -> None:
+        """The shape the engine runs at now, and its measured rate when known."""
+        self.shape_tokens.set(tokens)
+        self.shape_rows.set(rows)
+        if rate is not None:
+            self.pass_rate.set(rate)
 
     def forwarded(self, work, seconds: float) -> None:
         """One round through the engine (worker.engine.engine.Work, after forward)."""

@@ -78,6 +78,7 @@ log = logging.getLogger("embedfleet.worker")
 
 _END = object()  # closes a hand-off: no more rounds
 GATHER_LEAD = 0.05  # least seconds before the device is free that the next round is taken (and tokenised)
+ROUND_PASSES = 3  # forward passes of work (by estimated tokens) one round holds at most
 WATCHDOG_EXIT = 70  # a forward pass hung past its deadline (EX_SOFTWARE): the supervisor restarts the worker
 FORCED_EXIT = 1  # a second stop signal, or a drain past its timeout
 
@@ -231,17 +232,20 @@ class BatchWorker(SimpleWorker):
     def _return_waiting(self, prepared: stdqueue.Queue, forwarded: stdqueue.Queue) -> None:
         """A drain: give back the rounds the take stage hands over from now on, while the device may still
         be busy with its own (the forward stage gives back any it picks up first)."""
+        held: list[Round] = []
         while True:
             try:
                 round_ = prepared.get(timeout=0.2)
             except stdqueue.Empty:
                 continue
             if round_ is _END:
-                prepared.put(_END)  # for the forward stage, which ends the pipeline
-                return
+                break
             self._slot.release()
-            self._give_back(round_)
+            held.append(round_)
+        self._give_back(*held)  # all at once: the queue's head gets them in the order they were taken
+        for round_ in held:
             forwarded.put(round_)  # its other answers (cancels, bad messages) are still written
+        prepared.put(_END)  # for the forward stage, which ends the pipeline
 
     def _drain_overdue(self) -> None:
         log.error("worker %s: the drain took more than %g s; exiting now (the leases recover its jobs)",
@@ -298,7 +302,7 @@ class BatchWorker(SimpleWorker):
             if self._draining:
                 self._give_back(round_)
             elif round_.preemptible and round_.work is not None and self._higher_waiting():
-                self._give_back(round_, "interactive work arrived")
+                self._give_back(round_, why="interactive work arrived")
             elif round_.work is not None:
                 if self.watchdog is not None:
                     self.watchdog.arm(round_.work)
@@ -307,9 +311,10 @@ class BatchWorker(SimpleWorker):
                 self._device_busy = (began, began + texts * self._seconds_per_text)
                 self.live.on_device(len(round_.runnable), texts)
                 try:
-                    self.steps.forward(round_.work)
+                    self.steps.forward(round_.work, self._yield_check(round_))
                     if self.metrics is not None:
                         self.metrics.forwarded(round_.work, time.monotonic() - began)
+                        self._report_shape()
                     if texts:  # how long a text takes on the device, smoothed: when to take the next round
                         spent = (time.monotonic() - began) / texts
                         self._seconds_per_text = 0.7 * self._seconds_per_text + 0.3 * spent
@@ -323,16 +328,36 @@ class BatchWorker(SimpleWorker):
                         self.watchdog.disarm()
             self._hand_off(forwarded, round_, stages)
 
+    def _report_shape(self) -> None:
+        shaper = getattr(self.engine, "shaper", None)
+        if shaper is not None:
+            self.metrics.shaped(shaper.current.tokens, shaper.current.rows, shaper.rate())
+
+    def _round_tokens(self) -> int:
+        """A round holds about ROUND_PASSES forward passes of work (by its jobs' estimated tokens), so that
+        higher-priority work never waits behind more than that; 0 (no limit) for an engine without a shape."""
+        shape = getattr(self.engine, "shape", None)
+        return ROUND_PASSES * shape().tokens if shape is not None else 0
+
+    def _yield_check(self, round_: Round):
+        """Between the passes of a lower-level round: has higher-level work arrived (then the round stops
+        there, and its requests not complete go back to their queue)? None for a round that never yields."""
+        if not round_.preemptible:
+            return None
+        return self._higher_waiting
+
     def _higher_waiting(self) -> bool:
         try:
             return self.schema.higher_waiting()
         except (redis.ConnectionError, redis.TimeoutError):
             return False  # run the round: the outage is the take stage's to ride out
 
-    def _give_back(self, round_: Round, why: str = "draining") -> None:
-        """This round has not reached the device (a drain, or it yields to higher-level work): its runnable
-        jobs go back to the head of their queues."""
-        jobs, round_.runnable, round_.work = round_.runnable, [], None
+    def _give_back(self, *rounds: Round, why: str = "draining") -> None:
+        """These rounds have not reached the device (a drain, or a round yielding to higher-level work): their
+        runnable jobs go back to the head of their queues, in the order they were taken."""
+        jobs = [job for round_ in rounds for job in round_.runnable]
+        for round_ in rounds:
+            round_.runnable, round_.work = [], None
         if not jobs:
             return
         try:
@@ -444,7 +469,7 @@ class BatchWorker(SimpleWorker):
 
         if self.inflight is not None:
             block = self.inflight.block(block)
-        suspended, taken = self.schema.take(self.max_jobs, block, before=idle)
+        suspended, taken = self.schema.take(self.max_jobs, block, before=idle, max_tokens=self._round_tokens())
         if suspended:
             self.check_for_suspension(self._burst)  # waits (logged) until `rq resume`
             return None
@@ -509,8 +534,9 @@ class BatchWorker(SimpleWorker):
         self.live.finished(sum(result.shape[0] for result in found if result is not None and result.ok))
         for request_id, problem in done.problems:
             log.warning("worker %s: request %s: %s", self.name, request_id, problem)
-        log.info("worker %s: round of %d: %d served, %d failed, %d requeued%s in %.3f s", self.name,
+        log.info("worker %s: round of %d: %d served, %d failed, %d requeued%s%s in %.3f s", self.name,
                  round_.size, done.finished, done.failed, done.requeued,
+                 f", {done.returned} returned unrun (it yielded)" if done.returned else "",
                  f", {done.late} answered late (their claim had lapsed)" if done.late else "",
                  time.time() - round_.began)
 
@@ -578,7 +604,8 @@ class BatchWorker(SimpleWorker):
     def _live_facts(self) -> dict:
         """The advert's changing part: idle, busy (holding taken jobs) or draining, and worker.serving.livestats'."""
         state = "draining" if self._draining else "busy" if self.held_count() else "idle"
-        return {"state": state, **self.live.facts()}
+        shaper = getattr(self.engine, "shaper", None)  # the shape in use and its measured rate
+        return {"state": state, **self.live.facts(), **(shaper.facts() if shaper is not None else {})}
 
     def recover(self) -> int:
         """Requeue every lapsed claim of this model's queue (a dead worker's jobs); returns how many."""

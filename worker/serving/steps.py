@@ -30,10 +30,14 @@ class Steps:
             self.cache.lookup(work)  # never raises: an unreachable cache is all misses
         return work
 
-    def forward(self, work: Work) -> None:
+    def forward(self, work: Work, interrupt=None) -> None:
+        """`interrupt()`: asked between passes; True stops the round there (Engine.forward)."""
         if self.cache is not None:
             self.cache.recall(work)  # in memory: what the rounds just before computed
-        self.engine.forward(work)
+        if interrupt is None:
+            self.engine.forward(work)
+        else:
+            self.engine.forward(work, interrupt)
         if self.cache is not None:
             self.cache.remember(work)
 

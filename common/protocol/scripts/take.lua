@@ -16,7 +16,8 @@
 --         rq:executions:<id> ZSET (ZADD, EXPIRE; both through pcall: rq's bookkeeping, kept where it can be)
 -- ARGV: 1 max ids, 2 worker name, 3 now (unix s), 4 now (rq time), 5 execution id prefix,
 --       6 default job timeout (s), 7 lease (s), 8 lease grace (s), 9 how long a cancelled id stays in
---       rq:canceled:<q> (s)
+--       rq:canceled:<q> (s), 10 most estimated tokens a round holds (0: no limit; the job that reaches it
+--       is still taken: a round is cut by the work its jobs say they hold, at least one job)
 -- The lease: score = the server's clock (TIME) + lease + grace; job field `deliveries` += 1.
 --
 -- Returns {suspended, {{queue, id, kind, execution, data, timeout, result_ttl, failure_ttl, deliveries,
@@ -33,7 +34,8 @@
 local now, iso, worker = number(ARGV[3]), ARGV[4], ARGV[2]
 local wanted, default_timeout = integer(ARGV[1]), number(ARGV[6])
 local lease, grace, canceled_ttl = number(ARGV[7]), number(ARGV[8]), number(ARGV[9])
-if not (now and wanted and default_timeout and lease and grace and canceled_ttl) then
+local token_limit = integer(ARGV[10] or '0')
+if not (now and wanted and default_timeout and lease and grace and canceled_ttl and token_limit) then
   return redis.error_reply('take: bad arguments')
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then return {1, {}, {}} end
@@ -88,7 +90,7 @@ local function judge(id)
   return job
 end
 
-local queues, unusable, n = {}, {}, 0
+local queues, unusable, n, tokens_taken = {}, {}, 0, 0
 for q = 1, (#KEYS - 3) / 4 do
   local base = 3 + (q - 1) * 4
   local entry = {qkey = KEYS[base + 1], wip = KEYS[base + 2], canceled = KEYS[base + 3], tokens = KEYS[base + 4],
@@ -96,11 +98,15 @@ for q = 1, (#KEYS - 3) / 4 do
   entry.canceled_ok = usable(entry.canceled, 'zset')
   if not (usable(entry.qkey, 'list') and usable(entry.wip, 'zset')) then
     unusable[#unusable + 1] = q
-  elseif wanted - n > 0 then
-    entry.ids = redis.call('LRANGE', entry.qkey, 0, wanted - n - 1)
-    for _, id in ipairs(entry.ids) do
+  elseif wanted - n > 0 and (token_limit == 0 or tokens_taken < token_limit) then
+    local ids = redis.call('LRANGE', entry.qkey, 0, wanted - n - 1)
+    for _, id in ipairs(ids) do
+      if token_limit > 0 and tokens_taken >= token_limit then break end
       n = n + 1
-      entry.jobs[#entry.jobs + 1] = judge(id)
+      local job = judge(id)
+      entry.ids[#entry.ids + 1] = id
+      entry.jobs[#entry.jobs + 1] = job
+      tokens_taken = tokens_taken + (job.tokens or 0)
     end
   end
   queues[q] = entry

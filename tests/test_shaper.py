@@ -1,0 +1,135 @@
+"""The shaper learns the forward-pass shape from the passes it is told about (pure: synthetic timings, a
+fake clock): it moves toward the faster shape, is not moved by a few disturbed passes, stays in its bounds,
+and a flag pins a dimension."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker.engine.shaper import EXPLORE_EVERY, HORIZON, TRIAL_PASSES, Shape, Shaper
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def serve(shaper: Shaper, seconds_per_pass, passes: int, clock: Clock) -> list[Shape]:
+    """Full passes at whatever shape the shaper asks for, each taking seconds_per_pass(shape); the shapes used."""
+    used = []
+    for _ in range(passes):
+        shape = shaper.shape()
+        used.append(shape)
+        seconds = seconds_per_pass(shape)
+        clock.now += seconds
+        shaper.observe(shape, shape.rows, shape.tokens, seconds)
+    return used
+
+
+def device(best_tokens: int, noise: float = 0.0, seed: int = 1):
+    """A device whose padded tokens per second peak at `best_tokens` per pass (rows do not matter): a
+    pass's seconds, with multiplicative noise."""
+    rng = random.Random(seed)
+
+    def seconds(shape: Shape) -> float:
+        distance = abs((shape.tokens / best_tokens) - 1) if shape.tokens < best_tokens else \
+            (shape.tokens / best_tokens - 1) * 0.5
+        rate = 100_000 / (1 + distance)  # tokens/s
+        return shape.tokens / rate * (1 + rng.uniform(-noise, noise))
+
+    return seconds
+
+
+def test_a_guess_made_during_a_spike_grows_to_the_faster_shape():
+    clock = Clock()
+    shaper = Shaper(Shape(256, 2), min_tokens=256, max_tokens=65536, max_rows=1024, clock=clock)
+    serve(shaper, device(best_tokens=4096, noise=0.05), 2000, clock)
+    assert shaper.current.tokens == 4096, shaper.current
+    assert shaper.moves >= 4 and shaper.rate() is not None
+
+
+def test_it_comes_back_down_from_a_shape_too_large():
+    clock = Clock()
+    shaper = Shaper(Shape(65536, 64), min_tokens=256, max_tokens=65536, max_rows=1024, clock=clock)
+    serve(shaper, device(best_tokens=2048, noise=0.05), 3000, clock)
+    assert shaper.current.tokens == 2048, shaper.current
+
+
+def test_a_few_disturbed_passes_do_not_move_it():
+    """At the best shape already: trials of neighbours that land on a few wildly fast (or slow) passes -
+    a stall, a burst of free CPU - are judged by their median, and it stays."""
+    clock = Clock()
+    shaper = Shaper(Shape(4096, 32), min_tokens=256, max_tokens=65536, max_rows=1024, clock=clock)
+    steady = device(best_tokens=4096, noise=0.02)
+    count = 0
+
+    def disturbed(shape: Shape) -> float:
+        nonlocal count
+        count += 1
+        seconds = steady(shape)
+        return seconds / 20 if count % 7 == 0 else seconds * 20 if count % 11 == 0 else seconds  # outliers
+
+    used = serve(shaper, disturbed, 3000, clock)
+    assert shaper.current.tokens == 4096
+    assert sum(shape.tokens != 4096 for shape in used) <= len(used) // 4  # trials now and then, not a drift
+
+
+def test_old_measurements_are_forgotten():
+    clock = Clock()
+    shaper = Shaper(Shape(4096, 32), min_tokens=256, max_tokens=65536, max_rows=1024, clock=clock)
+    serve(shaper, device(best_tokens=4096), EXPLORE_EVERY - 1, clock)
+    assert shaper.rate() is not None
+    clock.now += HORIZON + 1
+    assert shaper.rate() is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(start=st.tuples(st.integers(1, 1 << 20), st.integers(1, 1 << 14)),
+       best=st.sampled_from([64, 512, 4096, 1 << 16, 1 << 20]), seed=st.integers(0, 1000),
+       noise=st.floats(0, 0.5))
+def test_never_leaves_its_bounds(start, best, seed, noise):
+    clock = Clock()
+    shaper = Shaper(Shape(*start), min_tokens=256, max_tokens=32768, max_rows=256, min_rows=1, clock=clock)
+    for shape in serve(shaper, device(best_tokens=best, noise=noise, seed=seed), 400, clock):
+        assert 256 <= shape.tokens <= 32768 and 1 <= shape.rows <= 256
+
+
+def test_a_flag_pins_its_dimension():
+    clock = Clock()
+    pinned = Shaper(Shape(512, 8), min_tokens=256, max_tokens=65536, max_rows=1024, pin_tokens=True, clock=clock)
+    used = serve(pinned, device(best_tokens=8192), 2000, clock)
+    assert all(shape.tokens == 512 for shape in used) and pinned.current.tokens == 512
+    both = Shaper(Shape(512, 8), min_tokens=256, max_tokens=65536, max_rows=1024, pin_tokens=True, pin_rows=True,
+                  clock=clock)
+    assert set(serve(both, device(best_tokens=8192), 500, clock)) == {Shape(512, 8)} and not both.learning
+    assert both.facts()["budget_source"] == "probe"  # nothing learned, nothing claimed
+
+
+def test_passes_the_traffic_kept_small_teach_nothing():
+    clock = Clock()
+    shaper = Shaper(Shape(4096, 64), min_tokens=256, max_tokens=65536, max_rows=1024, clock=clock)
+    for _ in range(500):  # one short text per pass: neither the budget nor the rows were the limit
+        shaper.observe(shaper.shape(), 1, 16, 0.01)
+    assert shaper.rate() is None and shaper.shape() == Shape(4096, 64)
+
+
+def test_a_trial_is_judged_on_its_own_passes_only():
+    clock = Clock()
+    shaper = Shaper(Shape(1024, 16), min_tokens=256, max_tokens=65536, max_rows=1024, clock=clock)
+    serve(shaper, device(best_tokens=1024), EXPLORE_EVERY, clock)
+    trial = shaper.shape()
+    assert trial != Shape(1024, 16) and trial.tokens * trial.rows > 1024 * 16  # it looks up first
+    serve(shaper, device(best_tokens=1024), TRIAL_PASSES, clock)
+    assert shaper.shape() == Shape(1024, 16)  # the larger one was slower here: back to the current shape
+
+
+def test_bounds_out_of_order_are_refused():
+    with pytest.raises(ValueError, match="out of order"):
+        Shaper(Shape(512, 8), min_tokens=1024, max_tokens=512, max_rows=8)

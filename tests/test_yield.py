@@ -1,0 +1,132 @@
+"""Rounds cut by work, and a bulk round yielding to interactive work between its forward passes (issue #20):
+real Redis, the real BatchWorker and Producer, a tiny real model whose passes the test can hold. Every job is
+answered exactly once; the ones a yielding round had not finished go back to their queue unrun and are
+served later; the worker's learned shape shows in `embedfleet status --json`."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import redis
+
+from common.protocol import keys
+from producer import Producer
+from tests.commands import clean_env, embedfleet
+from worker.engine.engine import Engine
+from worker.engine.model import load_model
+from worker.engine.shaper import Shape, Shaper
+from worker.serving.pipeline import BatchWorker
+
+MODEL = "yield"
+
+
+class Recorded:
+    """The real model, recording each forward pass's first token ids; the pass after `hold_at` passes waits
+    for `go`, so that work can arrive while it runs."""
+
+    def __init__(self, model, hold_at: int):
+        self._model, self.hold_at = model, hold_at
+        self.passes: list[list[list[int]]] = []
+        self.holding, self.go = threading.Event(), threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def embed(self, token_lists, prompt_lengths=None, **pairs):
+        self.passes.append([list(ids) for ids in token_lists])
+        if len(self.passes) == self.hold_at:
+            self.holding.set()
+            assert self.go.wait(60), "the test never let the pass go"
+        return self._model.embed(token_lists, prompt_lengths, **pairs)
+
+
+@pytest.fixture
+def tiny(bert_mean):
+    return load_model(bert_mean, served_name=MODEL)
+
+
+def words(i: int, n: int = 6) -> str:
+    vocabulary = "red green blue fast slow cat dog river hill cloud paper stone wind lake".split()
+    return " ".join(vocabulary[(i * 7 + j) % len(vocabulary)] for j in range(n)) + f" {i}"
+
+
+def test_a_bulk_round_yields_between_passes_and_every_job_is_answered_once(tiny, redis_url, redis_client):
+    model = Recorded(tiny, hold_at=2)
+    engine = Engine(model, max_batch_tokens=64, max_batch_size=4)  # 4 rows a pass: many passes a round
+    worker = BatchWorker(engine, redis_client, max_jobs=64, poll_timeout=1)
+    worker.advertiser.advertise()
+    with Producer(redis_url) as producer:
+        bulk = producer.submit_many([[words(16 * r + t) for t in range(16)] for r in range(4)], MODEL,
+                                    priority="bulk")
+        thread = threading.Thread(target=worker.work, kwargs={"burst": True}, daemon=True)
+        thread.start()
+        try:
+            assert model.holding.wait(60)  # the bulk round's second pass is on the device
+            interactive = producer.submit(["an interactive question"], MODEL)
+            held = len(model.passes)
+            model.go.set()
+            answer = producer.wait(interactive, timeout=60)
+            after = len(model.passes)
+            results = [producer.wait(request_id, timeout=60) for request_id in bulk]
+        finally:
+            model.go.set()
+            thread.join(60)
+    assert not thread.is_alive()
+    assert answer.ok and all(result.ok and result.shape == (16, 32) for result in results)
+    # Between the interactive request's arrival and its answer, the device ran the held pass, then the
+    # interactive one: the bulk round stopped between passes instead of running to its end.
+    interactive_tokens = tiny.tokenizer("an interactive question")["input_ids"]
+    position = next(i for i, batch in enumerate(model.passes) if interactive_tokens in batch)
+    assert position == held, (held, position, after)
+    for request_id in [interactive, *bulk]:  # answered once, on every path a waiter listens to
+        assert redis_client.lrange(keys.notify_key(request_id), 0, -1) == [b"1"]
+    returned = [r for r in bulk if redis_client.hget(keys.rq_job_key(r), "deliveries") == b"1"]
+    assert len(returned) == len(bulk)  # a job that went back unrun was not counted as a delivery
+    assert redis_client.zcard(keys.rq_wip_key(keys.queue_name(MODEL, "bulk"))) == 0
+    assert redis_client.get(keys.queued_tokens_key(keys.queue_name(MODEL, "bulk"))) is None
+
+
+def test_a_round_holds_a_few_passes_of_work_not_a_fixed_number_of_requests(tiny, redis_url, redis_client):
+    engine = Engine(tiny, max_batch_tokens=128, max_batch_size=64)
+    worker = BatchWorker(engine, redis_client, max_jobs=64, poll_timeout=1)
+    worker.advertiser.advertise()
+    with Producer(redis_url) as producer:
+        ids = producer.submit_many([[words(16 * r + t) for t in range(16)] for r in range(12)], MODEL)
+        round_ = worker.take_round(None)
+        taken = round_.size
+        worker._release(round_)
+        worker.schema.give_back(round_.runnable)
+        assert 1 <= taken < len(ids)  # 3 passes of 128 tokens hold 1-2 of these 16-text requests, not 12
+        BatchWorker(engine, redis_client, max_jobs=64, poll_timeout=1).work(burst=True)  # a worker of its own
+        assert all(producer.wait(request_id, timeout=60).ok for request_id in ids)
+
+
+def test_the_learned_shape_shows_in_status(tiny, redis_url, redis_client, tmp_path):
+    shaper = Shaper(Shape(256, 4), min_tokens=64, max_tokens=4096, max_rows=64, source="probe")
+    worker = BatchWorker(Engine(tiny, shaper=shaper), redis_client, max_jobs=64, poll_timeout=1,
+                         heartbeat_interval=0.2)
+    worker.advertiser.advertise()
+    with Producer(redis_url) as producer:
+        ids = producer.submit_many([[words(8 * r + t) for t in range(8)] for r in range(20)], MODEL)
+        thread = threading.Thread(target=worker.work, daemon=True)
+        thread.start()
+        try:
+            assert all(producer.wait(request_id, timeout=60).ok for request_id in ids)
+            env = clean_env(tmp_path / "cache", EMBEDFLEET_REDIS_URL=redis_url)
+            deadline = time.monotonic() + 30
+            while True:  # the next beat publishes what the passes taught it
+                done = embedfleet("status", "--json", env=env)
+                assert done.returncode == 0, done.stderr
+                [seen] = json.loads(done.stdout)["workers"]
+                if "pass_tokens_per_s" in seen or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        finally:
+            worker.stop()
+            thread.join(30)
+    assert (seen["max_batch_tokens"], seen["max_batch_size"]) == (shaper.current.tokens, shaper.current.rows)
+    assert seen["pass_tokens_per_s"] > 0 and "learned" in seen["budget_source"]
+    redis.Redis.from_url(redis_url).close()
