@@ -161,6 +161,7 @@ class BatchWorker(SimpleWorker):
         self._advertised_at = float("-inf")
         self._draining = False
         self._handoffs: tuple[stdqueue.Queue, stdqueue.Queue] | None = None
+        self._drainer: threading.Thread | None = None  # a drain's thread that gives the waiting rounds back
         self.heartbeat_thread = Heartbeat(self._beat, min(heartbeat_interval, lease / 3), f"heartbeat-{self.name}")
         # taken and not yet acknowledged, by claim (id, execution): (job, taken at)
         self._held: dict[tuple[str, str], tuple[Taken, float]] = {}
@@ -226,8 +227,9 @@ class BatchWorker(SimpleWorker):
             timer.daemon = True
             timer.start()
             if self._handoffs is not None:  # the round waiting for the device goes back now, not after it
-                threading.Thread(target=self._return_waiting, args=self._handoffs, name=f"drain-{self.name}",
-                                 daemon=True).start()
+                self._drainer = threading.Thread(target=self._return_waiting, args=self._handoffs,
+                                                 name=f"drain-{self.name}", daemon=True)
+                self._drainer.start()
 
     def _return_waiting(self, prepared: stdqueue.Queue, forwarded: stdqueue.Queue) -> None:
         """A drain: give back the rounds the take stage hands over from now on, while the device may still
@@ -283,6 +285,8 @@ class BatchWorker(SimpleWorker):
     def _forward_loop(self, prepared: stdqueue.Queue, forwarded: stdqueue.Queue, stages) -> None:
         """The device stage, on the calling thread. Ends when the take stage closes its hand-off."""
         while True:
+            if self._drainer is not None:  # draining: the drain's thread takes the waiting rounds back
+                self._drainer.join()
             try:
                 round_ = prepared.get(timeout=1.0)
             except stdqueue.Empty:
@@ -295,6 +299,12 @@ class BatchWorker(SimpleWorker):
                     return
                 continue
             if round_ is _END:
+                if self._drainer is not None and self._drainer.is_alive():
+                    # a drain's thread collects the rounds handed over until this end: let it have it, and
+                    # wait until it has given them back (else the process could end with them still taken)
+                    prepared.put(_END)
+                    self._drainer.join()
+                    prepared.get()  # the end, which it puts back
                 self._hand_off(forwarded, _END, stages)
                 return
             self.heartbeat_thread.ensure_alive()  # also under constant load, when no get times out
