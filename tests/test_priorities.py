@@ -90,9 +90,10 @@ def test_each_level_is_its_own_rq_queue_and_rq_shows_the_jobs(engine, producer, 
     assert rq(redis_client, INTERACTIVE).job_ids == [interactive]
     assert {q.name for q in worker.queues} == {INTERACTIVE, BULK}  # `rq info` lists the worker on both
 
+    suspended, taken = worker.schema.take(10, None)  # highest first, and a round comes from one level
+    assert not suspended and [(t.id, t.queue) for t in taken] == [(interactive, INTERACTIVE)]
     suspended, taken = worker.schema.take(10, None)
-    assert not suspended and [t.id for t in taken] == [interactive, *bulk_ids, vllm_bulk]  # highest first
-    assert [t.queue for t in taken] == [INTERACTIVE, BULK, BULK, BULK]
+    assert not suspended and [(t.id, t.queue) for t in taken] == [(i, BULK) for i in [*bulk_ids, vllm_bulk]]
     assert sorted(rq(redis_client, BULK).started_job_registry.get_job_ids()) == sorted([*bulk_ids, vllm_bulk])
     assert rq(redis_client, INTERACTIVE).started_job_registry.get_job_ids() == [interactive]
 
@@ -102,8 +103,9 @@ def test_recover_return_and_cancel_put_a_job_back_on_its_own_queue(engine, produ
     first, second, third = producer.submit_many([["a"], ["b"], ["c"]], MODEL, priority="bulk")
     interactive = producer.submit(["i"], MODEL)
     dead = BatchWorker(engine, redis_client, lease=0.2)
-    _, taken = dead.schema.take(3, None)  # interactive, then bulk's first two
-    assert [t.id for t in taken] == [interactive, first, second]
+    _, taken = dead.schema.take(3, None)  # interactive (a round of its own), then bulk's first two
+    _, more = dead.schema.take(2, None)
+    assert [t.id for t in taken + more] == [interactive, first, second]
     time.sleep(0.3)  # the lease lapses: a live worker requeues each job on its own level
     assert sorted(r.id for r in advertised(engine, redis_client).schema.recover()) == sorted([interactive, first,
                                                                                              second])
@@ -113,7 +115,8 @@ def test_recover_return_and_cancel_put_a_job_back_on_its_own_queue(engine, produ
 
     draining = BatchWorker(engine, redis_client)
     _, taken = draining.schema.take(3, None)
-    assert draining.schema.give_back(taken) == 3
+    _, more = draining.schema.take(2, None)
+    assert draining.schema.give_back(taken + more) == 3
     assert rq(redis_client, BULK).job_ids == requeued  # in the order they were taken
     assert rq(redis_client, INTERACTIVE).job_ids == [interactive]
 

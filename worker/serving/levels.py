@@ -1,16 +1,16 @@
 """A model's priority levels as one take source: the order each round reads the level queues in, with a
 bounded share for the lower ones, and the rq schema calls routed to the queue each job came from.
 
-The share: rounds are counted; in N - 1 rounds of N the take reads the levels highest first (a lower
-level fills only what the higher left of the round), in the Nth the lowest level is read first. So while
-bulk is non-empty it gets at least one round in N (`--bulk-share`, default 4: a quarter of the rounds)
-however much interactive traffic there is, and interactive requests wait behind a deep bulk backlog for
-at most the rounds already taken plus that one round in N.
+A round comes from one level: the first, in the round's order, that has any work (a round of interactive
+work carries no bulk work it would wait for). The share: rounds are counted; in N - 1 rounds of N the take
+reads the levels highest first, in the Nth the lowest level first. So while bulk is non-empty it gets at
+least one round in N (`--bulk-share`, default 4: a quarter of the rounds) however much interactive traffic
+there is.
 
-A round taken from the lower levels only (not the share's round) yields to interactive work that arrives
-while it waits for the device: the worker returns it to the head of its queue (as a drain does: the
-delivery is not counted) and takes again, so an interactive request waits for the round on the device,
-not also for a prepared bulk round behind it.
+A bulk round yields to interactive work (unless it is the share's round taken while interactive work was
+queued): waiting for the device, it goes back to the head of its queue (as a drain does: the delivery is not
+counted); on the device, it stops between two forward passes and its requests not complete go back. So an
+interactive request waits for about one forward pass of bulk work, not for a round.
 
 A take reads every level without waiting; only when all are empty does an idle worker block, on the
 highest level's queue only (Redis can wait on one list without popping it) and for at most
@@ -46,6 +46,7 @@ class Levels:
         self.share = share
         self.rounds = 0  # rounds that took something
         self.lower_first = False  # whether the last take read the lowest level first (the share's round)
+        self.share_round = False  # ... and interactive work was queued then: that round does not yield
 
     @property
     def queue_keys(self) -> list[str]:
@@ -66,13 +67,15 @@ class Levels:
                 suspended, taken = take_from(order, max_jobs, min(block, LOWER_LEVEL_POLL), None, max_tokens)
         if taken:
             self.rounds += 1
+        # the share's round holds its place only when interactive work was there to hold it against
+        self.share_round = self.lower_first and bool(taken) and self.higher_waiting()
         return suspended, taken
 
     def preemptible(self, taken: list[Taken]) -> bool:
         """Whether a round just taken may yield to higher-level work that arrives before it reaches the
         device: it holds no job of the highest level and is not the lower levels' share."""
         top = self.order[0].queue
-        return len(self.order) > 1 and not self.lower_first and bool(taken) and all(t.queue != top for t in taken)
+        return len(self.order) > 1 and not self.share_round and bool(taken) and all(t.queue != top for t in taken)
 
     def higher_waiting(self) -> bool:
         """Whether the highest level has jobs waiting (one LLEN)."""

@@ -1,5 +1,6 @@
--- take: move up to ARGV[1] job ids from a model's queues (its priority levels, in the order given: the
--- first is emptied before the next is read) straight into each queue's started registry, as rq's
+-- take: move up to ARGV[1] job ids from a model's queues (its priority levels, in the order given: a round
+-- comes from the first that has any, never from two, so that a round of interactive work carries no bulk
+-- work it would wait for) straight into each queue's started registry, as rq's
 -- prepare_execution + prepare_job_execution write them, in one atomic step (no intermediate list).
 --
 -- KEYS[1] rq:worker:<name>             HASH    HSET state, last_heartbeat
@@ -98,8 +99,8 @@ for q = 1, (#KEYS - 3) / 4 do
   entry.canceled_ok = usable(entry.canceled, 'zset')
   if not (usable(entry.qkey, 'list') and usable(entry.wip, 'zset')) then
     unusable[#unusable + 1] = q
-  elseif wanted - n > 0 and (token_limit == 0 or tokens_taken < token_limit) then
-    local ids = redis.call('LRANGE', entry.qkey, 0, wanted - n - 1)
+  elseif n == 0 and wanted > 0 then
+    local ids = redis.call('LRANGE', entry.qkey, 0, wanted - 1)
     for _, id in ipairs(ids) do
       if token_limit > 0 and tokens_taken >= token_limit then break end
       n = n + 1
