@@ -55,9 +55,9 @@ class DeviceTime:
         self.engine, self.caps, self.seconds = engine, engine.caps, seconds
         self.prepare, self.finish = engine.prepare, engine.finish
 
-    def forward(self, work, interrupt=None):
+    def forward(self, work, between=None):
         time.sleep(self.seconds)
-        return self.engine.forward(work, interrupt)
+        return self.engine.forward(work, between)
 
 
 def rq(conn, name: str) -> Queue:

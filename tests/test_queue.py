@@ -158,10 +158,10 @@ class GatedEngine:
         self.prepare, self.finish = engine.prepare, engine.finish
         self.entered, self.release = threading.Event(), threading.Event()
 
-    def forward(self, work, interrupt=None):
+    def forward(self, work, between=None):
         self.entered.set()
         assert self.release.wait(20)
-        return self.engine.forward(work, interrupt)
+        return self.engine.forward(work, between)
 
 
 def wait_for(condition, timeout=10.0):

@@ -24,22 +24,23 @@ MODEL = "yield"
 
 
 class Recorded:
-    """The real model, recording each forward pass's first token ids; the pass after `hold_at` passes waits
-    for `go`, so that work can arrive while it runs."""
+    """The real model, recording each forward pass's token ids; the passes numbered in `gates` wait for their
+    event, so that the test can act while the device is busy."""
 
-    def __init__(self, model, hold_at: int):
-        self._model, self.hold_at = model, hold_at
+    def __init__(self, model, gates: dict[int, threading.Event]):
+        self._model, self.gates = model, gates
         self.passes: list[list[list[int]]] = []
-        self.holding, self.go = threading.Event(), threading.Event()
+        self.waiting = {number: threading.Event() for number in gates}
 
     def __getattr__(self, name):
         return getattr(self._model, name)
 
     def embed(self, token_lists, prompt_lengths=None, **pairs):
         self.passes.append([list(ids) for ids in token_lists])
-        if len(self.passes) == self.hold_at:
-            self.holding.set()
-            assert self.go.wait(60), "the test never let the pass go"
+        number = len(self.passes) - 1
+        if number in self.gates:
+            self.waiting[number].set()
+            assert self.gates[number].wait(60), f"the test never let pass {number} go"
         return self._model.embed(token_lists, prompt_lengths, **pairs)
 
 
@@ -53,38 +54,47 @@ def words(i: int, n: int = 6) -> str:
     return " ".join(vocabulary[(i * 7 + j) % len(vocabulary)] for j in range(n)) + f" {i}"
 
 
-def test_a_bulk_round_yields_between_passes_and_every_job_is_answered_once(tiny, redis_url, redis_client):
-    model = Recorded(tiny, hold_at=2)
-    engine = Engine(model, max_batch_tokens=64, max_batch_size=4)  # 4 rows a pass: many passes a round
+def test_a_bulk_round_pauses_between_passes_for_interactive_work_and_every_job_is_answered_once(
+        tiny, redis_url, redis_client):
+    first, second = threading.Event(), threading.Event()
+    model = Recorded(tiny, {1: first, 3: second})
+    engine = Engine(model, max_batch_tokens=64, max_batch_size=4)  # 4 rows a pass: 8 passes a 32-text request
     worker = BatchWorker(engine, redis_client, max_jobs=64, poll_timeout=1)
     worker.advertiser.advertise()
     with Producer(redis_url) as producer:
-        bulk = producer.submit_many([[words(16 * r + t) for t in range(16)] for r in range(4)], MODEL,
+        bulk = producer.submit_many([[words(32 * r + t) for t in range(32)] for r in range(3)], MODEL,
                                     priority="bulk")
         thread = threading.Thread(target=worker.work, kwargs={"burst": True}, daemon=True)
         thread.start()
         try:
-            assert model.holding.wait(60)  # the bulk round's second pass is on the device
+            assert model.waiting[1].wait(60)  # the first bulk round's second pass is on the device
             interactive = producer.submit(["an interactive question"], MODEL)
-            held = len(model.passes)
-            model.go.set()
+            first.set()
+            assert model.waiting[3].wait(60)  # two passes later: by now the take stage was told to take it
+            question = tiny.tokenizer("an interactive question")["input_ids"]
+            deadline = time.monotonic() + 60
+            while not (any(question in batch for batch in model.passes)  # it ran already, or it waits
+                       or any(not ready.preemptible for ready in list(worker._handoffs[0].queue))):
+                assert time.monotonic() < deadline, "the interactive request was never taken and prepared"
+                time.sleep(0.005)
+            second.set()
             answer = producer.wait(interactive, timeout=60)
-            after = len(model.passes)
             results = [producer.wait(request_id, timeout=60) for request_id in bulk]
         finally:
-            model.go.set()
+            first.set()
+            second.set()
             thread.join(60)
     assert not thread.is_alive()
-    assert answer.ok and all(result.ok and result.shape == (16, 32) for result in results)
-    # Between the interactive request's arrival and its answer, the device ran the held pass, then the
-    # interactive one: the bulk round stopped between passes instead of running to its end.
-    interactive_tokens = tiny.tokenizer("an interactive question")["input_ids"]
-    position = next(i for i, batch in enumerate(model.passes) if interactive_tokens in batch)
-    assert position == held, (held, position, after)
+    assert answer.ok and all(result.ok and result.shape == (32, 32) for result in results)
+    # The interactive request ran between two passes of the bulk round on the device, which then went on
+    # where it had paused: its rows come both before and after the interactive pass.
+    position = next(i for i, batch in enumerate(model.passes) if question in batch)
+    paused_round = {tuple(ids) for ids in tiny.tokenizer([words(t) for t in range(32)])["input_ids"]}
+    own = [i for i, batch in enumerate(model.passes) if paused_round & {tuple(ids) for ids in batch}]
+    assert own[0] < position < own[-1] and position + 1 in own, (own, position)  # it went on right after
     for request_id in [interactive, *bulk]:  # answered once, on every path a waiter listens to
         assert redis_client.lrange(keys.notify_key(request_id), 0, -1) == [b"1"]
-    returned = [r for r in bulk if redis_client.hget(keys.rq_job_key(r), "deliveries") == b"1"]
-    assert len(returned) == len(bulk)  # a job that went back unrun was not counted as a delivery
+    assert all(redis_client.hget(keys.rq_job_key(r), "deliveries") == b"1" for r in bulk)  # none run twice
     assert redis_client.zcard(keys.rq_wip_key(keys.queue_name(MODEL, "bulk"))) == 0
     assert redis_client.get(keys.queued_tokens_key(keys.queue_name(MODEL, "bulk"))) is None
 

@@ -148,8 +148,7 @@ class RqSchema:
                             keys.RQ_SUSPENDED]
         self.level_keys = [self.queue_key, self.wip_key, keys.rq_canceled_key(queue), self.tokens_key]
         self.finish_keys = [self.queue_key, self.wip_key, keys.rq_finished_key(queue), keys.rq_failed_key(queue),
-                            keys.rq_worker_key(worker_name), keys.rq_worker_executions_key(worker_name),
-                            self.tokens_key]
+                            keys.rq_worker_key(worker_name), keys.rq_worker_executions_key(worker_name)]
 
     def take(self, max_jobs: int, block: float | None, before=None, max_tokens: int = 0) -> tuple[bool, list[Taken]]:
         """(suspended, taken ids) from this queue alone; see `take_from`."""
@@ -173,7 +172,7 @@ class RqSchema:
                      answer.reply_to if keys.is_reply_stream_key(answer.reply_to) else "", payload, exc_info, ttl,
                      "1" if answer.only_if_absent else "0", taken.started]
         reply = scripts.FINISH(self.connection, self.finish_keys, args)
-        return Finished(*(int(n) for n in reply[:5]), [(_str(i), _str(why)) for i, why in reply[5:]])
+        return Finished(*(int(n) for n in reply[:4]), [(_str(i), _str(why)) for i, why in reply[4:]])
 
     def refresh(self, held: list[Taken]) -> int:
         """Renew the lease of each job still held; returns how many were."""

@@ -35,7 +35,6 @@ class Outcome(Enum):
     FAILED = "failed"  # not served, never retried (the message is bad, or its retries are spent)
     RETRY = "retry"  # not served for a reason that may pass (the machine's): requeued while retries last
     CANCELED = "canceled"  # cancelled while queued: answered "cancelled", never run
-    RETURNED = "returned"  # never run (its round yielded to higher-priority work): back to its queue's head
 
 
 @dataclass
@@ -83,12 +82,11 @@ class Finished:
     failed: int = 0
     requeued: int = 0
     late: int = 0  # answered, but the claim had lapsed (rq left as is)
-    returned: int = 0  # back to their queue's head, never run (Outcome.RETURNED)
     problems: list[tuple[str, str]] = field(default_factory=list)  # (request id, what went wrong)
 
     def __add__(self, other: Finished) -> Finished:
         return Finished(self.finished + other.finished, self.failed + other.failed, self.requeued + other.requeued,
-                        self.late + other.late, self.returned + other.returned, self.problems + other.problems)
+                        self.late + other.late, self.problems + other.problems)
 
 
 @dataclass

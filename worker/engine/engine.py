@@ -41,9 +41,6 @@ class Work:
     failed: dict[int, EmbedfleetError] = field(default_factory=dict)
     # long requests whose chunks go to the fleet as sub-jobs (worker/serving/spread.py): no result from here
     spread: dict[int, Prepared] = field(default_factory=dict)
-    # requests the forward stage stopped before they were complete (it yielded to higher-priority work
-    # between passes): no result from here, their jobs go back to their queue
-    unfinished: set[int] = field(default_factory=set)
     passes: int = 0  # forward passes cut by the budget (a failed pass's halves not counted)
     tokens: int = 0  # real tokens through those passes
     padded_tokens: int = 0  # rows * longest row, summed over the passes: what the device computed
@@ -144,11 +141,11 @@ class Engine:
         """The forward-pass shape the next round runs at (the shaper's, or the fixed one)."""
         return self.shaper.shape() if self.shaper is not None else Shape(self.max_batch_tokens, self.max_batch_size)
 
-    def forward(self, work: Work, interrupt=None) -> None:
+    def forward(self, work: Work, between=None) -> None:
         """All inputs of all requests, sorted by length and cut by the token budget; one pass per batch.
         A late-chunking request (spans) gets a pass of its own: its rows are spans, not inputs.
-        `interrupt()`, asked between passes: True stops the round there; the requests not complete by then
-        go to `work.unfinished` (their rows are not kept)."""
+        `between()` is called between two passes: the serving side runs higher-priority work there, and
+        this round goes on where it paused."""
         shape = self.shape()
         for index, prep in work.prepared.items():
             if prep.spans is not None:
@@ -160,13 +157,9 @@ class Engine:
         plan = plan_passes(flat.token_lists, flat.prompt_lengths, list(zip(flat.heads, flat.pair_starts)), known,
                            shape.tokens, shape.rows)
         flat.sharers = plan.sharers
-        done: set[int] = set(known)  # flat positions whose vector is at hand
         for number, positions in enumerate(plan.passes):
-            if number and interrupt is not None and interrupt():
-                work.unfinished = self._incomplete(work, flat, plan, done)
-                log.info("a round yielded after %d of its %d passes: %d requests go back", number,
-                         len(plan.passes), len(work.unfinished))
-                break
+            if number and between is not None:
+                between()
             batch = [len(flat.token_lists[p]) for p in positions]
             work.passes += 1
             work.tokens += sum(batch)
@@ -174,7 +167,6 @@ class Engine:
             began = time.perf_counter()
             if self._pass(positions, flat, work) and self.shaper is not None:
                 self.shaper.observe(shape, len(batch), len(batch) * max(batch), time.perf_counter() - began)
-            done.update(int(p) for p in positions)
         if known:
             flat.allocate(len(next(iter(known.values()))))
             for position, vector in known.items():
@@ -189,7 +181,7 @@ class Engine:
             if prep.spans is not None:
                 continue
             count = len(prep.token_lists)
-            if index not in work.failed and index not in work.unfinished:
+            if index not in work.failed:
                 work.rows[index] = [flat.ragged[p] for p in range(offset, offset + count)] \
                     if prep.head == "tokens" else flat.vectors[offset:offset + count]
             offset += count
@@ -216,7 +208,7 @@ class Engine:
     def finish(self, work: Work) -> list[Result]:
         """Post-process every request that reached the forward pass; returns all results in input order."""
         for index, request in work.resolved.items():
-            if work.results[index] is not None or index in work.spread or index in work.unfinished:
+            if work.results[index] is not None or index in work.spread:
                 continue
             if index in work.failed:
                 work.results[index] = Result.failure(request.id, self.caps.name, work.failed[index])
@@ -320,13 +312,6 @@ class Engine:
         self._pass(positions[:half], flat, work)
         self._pass(positions[half:], flat, work)
         return False
-
-    @staticmethod
-    def _incomplete(work: Work, flat: _Flat, plan, done: set[int]) -> set[int]:
-        """The requests some of whose rows were not computed (a copy counts once its source is done)."""
-        missing = {int(p) for p in range(len(flat.token_lists))
-                   if p not in done and plan.copies.get(p, -1) not in done}
-        return {int(flat.owners[p]) for p in missing} - set(work.failed)
 
     def _postprocess(self, request: EmbedRequest, vectors, prepared: Prepared) -> Result:
         params, prompt_tokens = request.params, prepared.prompt_tokens

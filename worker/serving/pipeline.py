@@ -169,6 +169,7 @@ class BatchWorker(SimpleWorker):
         self._slot = threading.Semaphore(1)  # one taken round may wait for the device
         self._device_busy = (0.0, 0.0)  # (began, expected end) of the round on the device (_await_gathering)
         self._device_free = threading.Event()  # set whenever no round is on the device
+        self._take_now = threading.Event()  # the forward stage wants the next round now (interactive waits)
         self._device_free.set()
         self._seconds_per_text = 0.0
         self._burst = False
@@ -309,34 +310,76 @@ class BatchWorker(SimpleWorker):
                 return
             self.heartbeat_thread.ensure_alive()  # also under constant load, when no get times out
             self._slot.release()  # the take stage may prepare the next round while this one runs
-            if self._draining:
-                self._give_back(round_)
-            elif round_.preemptible and round_.work is not None and self._higher_waiting():
-                self._give_back(round_, why="interactive work arrived")
-            elif round_.work is not None:
+            self._run(round_, prepared, forwarded, stages)
+
+    def _run(self, round_: Round, prepared: stdqueue.Queue, forwarded: stdqueue.Queue, stages) -> None:
+        """One round picked up by the forward stage: given back (a drain; a bulk round that interactive work
+        arrived behind), or run on the device, then handed to the finish stage."""
+        if self._draining:
+            self._give_back(round_)
+        elif round_.preemptible and round_.work is not None and self._higher_waiting():
+            self._give_back(round_, why="interactive work arrived")
+        elif round_.work is not None:
+            self._forward(round_, self._between(prepared, forwarded, stages) if round_.preemptible else None)
+        self._hand_off(forwarded, round_, stages)
+
+    def _forward(self, round_: Round, between=None, nested: bool = False) -> None:
+        """The round's forward passes; `between` runs between two of them. A `nested` round (run inside
+        another's `between`) leaves the device state, the watchdog and the timing to the outer round."""
+        if self.watchdog is not None and not nested:
+            self.watchdog.arm(round_.work)
+        began, texts = time.monotonic(), round_.work.texts
+        if not nested:
+            self._device_free.clear()
+            self._device_busy = (began, began + texts * self._seconds_per_text)
+            self.live.on_device(len(round_.runnable), texts)
+        try:
+            self.steps.forward(round_.work, between)
+            if self.metrics is not None:
+                self.metrics.forwarded(round_.work, time.monotonic() - began)
+                self._report_shape()
+            if texts and not nested:  # how long a text takes on the device, smoothed: when to take next
+                spent = (time.monotonic() - began) / texts
+                self._seconds_per_text = 0.7 * self._seconds_per_text + 0.3 * spent
+        except Exception as exc:  # an engine bug: every job of the round fails, retryably
+            log.exception("worker %s: forward stage failed on a round of %d", self.name, round_.size)
+            round_.engine_error = exc
+        finally:
+            if not nested:
+                self._device_free.set()
+                self.live.on_device(0, 0)
                 if self.watchdog is not None:
-                    self.watchdog.arm(round_.work)
-                began, texts = time.monotonic(), round_.work.texts
-                self._device_free.clear()
-                self._device_busy = (began, began + texts * self._seconds_per_text)
-                self.live.on_device(len(round_.runnable), texts)
-                try:
-                    self.steps.forward(round_.work, self._yield_check(round_))
-                    if self.metrics is not None:
-                        self.metrics.forwarded(round_.work, time.monotonic() - began)
-                        self._report_shape()
-                    if texts:  # how long a text takes on the device, smoothed: when to take the next round
-                        spent = (time.monotonic() - began) / texts
-                        self._seconds_per_text = 0.7 * self._seconds_per_text + 0.3 * spent
-                except Exception as exc:  # an engine bug: every job of the round fails, retryably
-                    log.exception("worker %s: forward stage failed on a round of %d", self.name, round_.size)
-                    round_.engine_error = exc
-                finally:
-                    self._device_free.set()
-                    self.live.on_device(0, 0)
-                    if self.watchdog is not None:
-                        self.watchdog.disarm()
-            self._hand_off(forwarded, round_, stages)
+                    self.watchdog.disarm()
+
+    def _between(self, prepared: stdqueue.Queue, forwarded: stdqueue.Queue, stages):
+        """Between two passes of a bulk round: when interactive work waits, the take stage takes it now (not
+        near the round's end), and a round it has prepared runs here, before the bulk round's next pass;
+        the bulk round then goes on where it paused. So interactive work waits for about one pass of bulk
+        work, and no bulk work is thrown away. A bulk round prepared meanwhile goes back to its queue."""
+        def between() -> None:
+            if self._draining:  # the drain's thread takes what is prepared
+                return
+            try:
+                waiting = prepared.get_nowait()
+            except stdqueue.Empty:
+                waiting = None
+            if waiting is not None and waiting is not _END and not waiting.preemptible:  # interactive, ready
+                self._slot.release()
+                if waiting.work is not None:
+                    self._forward(waiting, nested=True)  # the outer round's device state stays
+                self._hand_off(forwarded, waiting, stages)
+                return
+            higher = self._higher_waiting()
+            if waiting is not None and waiting is not _END and higher:  # bulk, prepared: it makes room
+                self._slot.release()
+                self._give_back(waiting, why="interactive work arrived")
+                self._hand_off(forwarded, waiting, stages)
+            elif waiting is not None:
+                prepared.put_nowait(waiting)  # not for now (the take stage holds no slot to fill it meanwhile)
+            if higher:
+                self._take_now.set()
+
+        return between
 
     def _report_shape(self) -> None:
         shaper = getattr(self.engine, "shaper", None)
@@ -348,13 +391,6 @@ class BatchWorker(SimpleWorker):
         higher-priority work never waits behind more than that; 0 (no limit) for an engine without a shape."""
         shape = getattr(self.engine, "shape", None)
         return ROUND_PASSES * shape().tokens if shape is not None else 0
-
-    def _yield_check(self, round_: Round):
-        """Between the passes of a lower-level round: has higher-level work arrived (then the round stops
-        there, and its requests not complete go back to their queue)? None for a round that never yields."""
-        if not round_.preemptible:
-            return None
-        return self._higher_waiting
 
     def _higher_waiting(self) -> bool:
         try:
@@ -460,8 +496,9 @@ class BatchWorker(SimpleWorker):
         began, free_at = self._device_busy
         take_at = free_at - max(GATHER_LEAD, 0.25 * (free_at - began))  # a quarter of the round to prepare
         while (wait := take_at - time.monotonic()) > 0 and not self._stop_requested:
-            if self._device_free.wait(min(wait, 0.1)):
-                return
+            if self._device_free.wait(min(wait, 0.1)) or self._take_now.is_set():
+                break
+        self._take_now.clear()
 
     def _drained(self) -> bool:
         """Burst mode: nothing held any more (a retry may requeue a job), and the queue still empty."""
@@ -544,9 +581,8 @@ class BatchWorker(SimpleWorker):
         self.live.finished(sum(result.shape[0] for result in found if result is not None and result.ok))
         for request_id, problem in done.problems:
             log.warning("worker %s: request %s: %s", self.name, request_id, problem)
-        log.info("worker %s: round of %d: %d served, %d failed, %d requeued%s%s in %.3f s", self.name,
+        log.info("worker %s: round of %d: %d served, %d failed, %d requeued%s in %.3f s", self.name,
                  round_.size, done.finished, done.failed, done.requeued,
-                 f", {done.returned} returned unrun (it yielded)" if done.returned else "",
                  f", {done.late} answered late (their claim had lapsed)" if done.late else "",
                  time.time() - round_.began)
 

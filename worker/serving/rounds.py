@@ -108,10 +108,6 @@ def results(round_: Round, finish, model: str) -> list[Result | None]:
 
 
 def answers_of(round_: Round, found: list[Result | None], model: str) -> list[Answer]:
-    """Every job's answer: those decided before the engine, then each runnable job's from its result; a job
-    the forward stage stopped before (it yielded to higher-priority work) goes back to its queue, unrun."""
-    unfinished = round_.work.unfinished if round_.work is not None else set()
-    return list(round_.answers) + [
-        Answer(job, Outcome.RETURNED) if index in unfinished else
-        answers.served(job, result, round_.reply_to.get(job.id), model)
-        for index, (job, result) in enumerate(zip(round_.runnable, found))]
+    """Every job's answer: those decided before the engine, then each runnable job's from its result."""
+    return list(round_.answers) + [answers.served(job, result, round_.reply_to.get(job.id), model)
+                                   for job, result in zip(round_.runnable, found)]

@@ -71,8 +71,6 @@ class ChunkJobs:
                     round_.reply_to.get(job.id), self.model)
         requests = round_.requests()
         for k, answer in enumerate(written):
-            if answer.outcome is Outcome.RETURNED:  # not run: back to its queue, nothing to join
-                continue
             request = requests.get(answer.taken.id)
             part = request.part_of if request is not None else self._part_of(answer.taken)
             if part is not None:

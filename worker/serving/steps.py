@@ -30,14 +30,14 @@ class Steps:
             self.cache.lookup(work)  # never raises: an unreachable cache is all misses
         return work
 
-    def forward(self, work: Work, interrupt=None) -> None:
-        """`interrupt()`: asked between passes; True stops the round there (Engine.forward)."""
+    def forward(self, work: Work, between=None) -> None:
+        """`between()`: called between two passes (Engine.forward)."""
         if self.cache is not None:
             self.cache.recall(work)  # in memory: what the rounds just before computed
-        if interrupt is None:
+        if between is None:
             self.engine.forward(work)
         else:
-            self.engine.forward(work, interrupt)
+            self.engine.forward(work, between)
         if self.cache is not None:
             self.cache.remember(work)
 

@@ -12,14 +12,12 @@
 --         rq:execution:<id>:<execution> (DEL), rq:executions:<id> ZSET (ZREM), and publish's keys (lib.lua):
 --         embedfleet:result:<id> STRING (SET EX), embedfleet:notify:<id> LIST (RPUSH, EXPIRE),
 --         embedfleet:job:<id> (EXPIRE), the request's reply stream STREAM (XADD MAXLEN ~, EXPIRE)
--- KEYS[7] embedfleet:queued_tokens:<q> STRING INCRBY a returned job's `tokens`
 -- ARGV: 1 worker name, 2 now (unix s), 3 now (rq time), 4 working seconds, 5 result blob ttl (s), then per
---       job 10 values: id, execution, outcome (finished|failed|retry|canceled|returned), blob ('' = none),
---       reply_to
+--       job 10 values: id, execution, outcome (finished|failed|retry|canceled), blob ('' = none), reply_to
 --       ('' = none), rq payload (failed: base64 zlib exc_string; '' otherwise),
 --       exc_info (zlib), rq ttl (s), nx ('1': keep a stored answer), execution start (unix s)
 --
--- Returns {finished, failed, requeued, late, returned, {id, problem}...}: late = answered, but the claim had lapsed
+-- Returns {finished, failed, requeued, late, {id, problem}...}: late = answered, but the claim had lapsed
 -- (rq left as is); a problem = what could not be done as asked, and why (a retry whose count is no whole
 -- number: failed instead; a job hash or rq result stream of a foreign type: not written).
 
@@ -28,7 +26,7 @@ local working, blob_ttl = number(ARGV[4]), integer(ARGV[5])
 if not (now and working and blob_ttl and blob_ttl > 0) or (#ARGV - 5) % 10 ~= 0 then
   return redis.error_reply('finish: bad arguments')
 end
-local OUTCOMES = {finished = true, failed = true, retry = true, canceled = true, returned = true}
+local OUTCOMES = {finished = true, failed = true, retry = true, canceled = true}
 
 -- 1. read and judge ---------------------------------------------------------------------------------
 local wip_ok, queue_ok = usable(KEYS[2], 'zset'), usable(KEYS[1], 'list')
@@ -50,11 +48,6 @@ for i = 6, #ARGV, 10 do
   job.member = job.id .. ':' .. job.execution
   job.claimed = job.outcome ~= 'canceled' and wip_ok and job.execution ~= ''
                 and redis.call('ZSCORE', KEYS[2], job.member) ~= false
-  if job.claimed and job.outcome == 'returned' then
-    local f = redis.pcall('HMGET', JOB .. job.id, 'deliveries', 'tokens')
-    job.deliveries = wrote(f) and f[1] and integer(f[1]) ~= nil
-    job.tokens = wrote(f) and integer(f[2] or '0') or 0
-  end
   if job.claimed and job.outcome == 'retry' then
     local f = redis.pcall('HMGET', JOB .. job.id, 'retries_left', 'enqueue_at_front_on_retry')
     local left = wrote(f) and f[1] and integer(f[1]) or 0
@@ -71,7 +64,7 @@ end
 
 -- 2. write --------------------------------------------------------------------------------------------
 local ok, bad, requeued, late = 0, 0, 0, 0
-local ended, finished, failed, returned, returned_tokens = {}, {}, {}, {}, 0
+local ended, finished, failed = {}, {}, {}
 
 local function answer(job)
   if job.blob ~= '' then publish(job.id, job.blob, blob_ttl, job.nx, job.reply_to) end
@@ -107,15 +100,6 @@ end
 for _, job in ipairs(jobs) do
   if job.outcome == 'canceled' then
     answer(job)
-  elseif job.outcome == 'returned' then
-    -- never run (its round yielded to higher-priority work): back to the queue's head, as if never taken
-    if job.claimed then
-      end_execution(job)
-      redis.pcall('HSET', JOB .. job.id, 'status', 'queued', 'enqueued_at', iso)
-      if job.deliveries then redis.call('HINCRBY', JOB .. job.id, 'deliveries', -1) end
-      returned[#returned + 1] = job.id
-      returned_tokens = returned_tokens + math.max(job.tokens, 0)
-    end
   elseif not job.claimed then
     -- rq's maintenance or recover took the job back (this worker looked dead): the answer is still valid
     if job.outcome == 'finished' then answer(job) end
@@ -145,10 +129,6 @@ for _, job in ipairs(jobs) do
     end
   end
 end
-if #returned > 0 and queue_ok then
-  for i = #returned, 1, -1 do redis.call('LPUSH', KEYS[1], returned[i]) end  -- the first ends up first
-  if KEYS[7] then move_counter(KEYS[7], returned_tokens) end
-end
 if #ended > 0 then
   bulk('ZREM', KEYS[2], ended)
   if executions_ok then bulk('SREM', KEYS[6], ended) end
@@ -160,6 +140,6 @@ if worker_ok then
   if bad > 0 then redis.call('HINCRBY', KEYS[5], 'failed_job_count', bad) end
   redis.call('HINCRBYFLOAT', KEYS[5], 'total_working_time', working)
 end
-local reply = {ok, bad - requeued, requeued, late, #returned}
+local reply = {ok, bad - requeued, requeued, late}
 for _, p in ipairs(problems) do reply[#reply + 1] = p end
 return reply
