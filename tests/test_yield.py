@@ -6,6 +6,7 @@ served later; the worker's learned shape shows in `embedfleet status --json`."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
@@ -74,7 +75,7 @@ def test_a_bulk_round_pauses_between_passes_for_interactive_work_and_every_job_i
             question = tiny.tokenizer("an interactive question")["input_ids"]
             deadline = time.monotonic() + 60
             while not (any(question in batch for batch in model.passes)  # it ran already, or it waits
-                       or any(not ready.preemptible for ready in list(worker._handoffs[0].queue))):
+                       or any(not ready.lower for ready in list(worker._handoffs[0].queue))):
                 assert time.monotonic() < deadline, "the interactive request was never taken and prepared"
                 time.sleep(0.005)
             second.set()
@@ -97,6 +98,63 @@ def test_a_bulk_round_pauses_between_passes_for_interactive_work_and_every_job_i
     assert all(redis_client.hget(keys.rq_job_key(r), "deliveries") == b"1" for r in bulk)  # none run twice
     assert redis_client.zcard(keys.rq_wip_key(keys.queue_name(MODEL, "bulk"))) == 0
     assert redis_client.get(keys.queued_tokens_key(keys.queue_name(MODEL, "bulk"))) is None
+
+
+def test_the_bulk_share_round_keeps_its_turn_and_interactive_work_still_runs_between_passes(
+        tiny, redis_url, redis_client, caplog):
+    """The share's round (the bulk round taken while interactive work was queued, so that bulk is never
+    starved) is prepared while another bulk round is on the device: it is set aside, not sent back to its
+    queue; the interactive round runs between two passes of the round on the device, the share's round next."""
+    caplog.set_level(logging.DEBUG, logger="embedfleet.worker")
+    gate = threading.Event()
+    model = Recorded(tiny, {1: gate})
+    engine = Engine(model, max_batch_tokens=64, max_batch_size=4)
+    worker = BatchWorker(engine, redis_client, max_jobs=1, poll_timeout=1, bulk_share=2)  # round 2 of 2: bulk first
+    worker.advertiser.advertise()
+    levels, may_take = worker.schema, threading.Event()
+    real_take = levels.take
+
+    def take(*args, **kwargs):  # the real take; the share's round (the second) only once the test says so
+        if levels.rounds == 1:
+            assert may_take.wait(60), "the test never let the second round be taken"
+        return real_take(*args, **kwargs)
+
+    levels.take = take
+    texts = [[words(32 * r + t, n=6 + 6 * r) for t in range(32)] for r in range(2)]  # told apart by length
+    lengths = [{len(ids) for ids in tiny.tokenizer(request)["input_ids"]} for request in texts]
+    assert not lengths[0] & lengths[1]
+    with Producer(redis_url) as producer:
+        first, second = producer.submit_many(texts, MODEL, priority="bulk")
+        thread = threading.Thread(target=worker.work, kwargs={"burst": True}, daemon=True)
+        thread.start()
+        try:
+            assert model.waiting[1].wait(60)  # the first bulk round's second pass is on the device
+            interactive = producer.submit(["an interactive question"], MODEL)
+            may_take.set()  # the share's round: bulk first, though interactive work is queued
+            deadline = time.monotonic() + 60
+            while not any(ready.lower and not ready.preemptible for ready in list(worker._handoffs[0].queue)):
+                assert time.monotonic() < deadline, "the share's round was never prepared"
+                time.sleep(0.005)
+            gate.set()
+            results = [producer.wait(request_id, timeout=60) for request_id in (interactive, first, second)]
+        finally:
+            may_take.set()
+            gate.set()
+            thread.join(60)
+    assert not thread.is_alive()
+    assert all(result.ok for result in results)
+    question = tiny.tokenizer("an interactive question")["input_ids"]
+    position = next(i for i, batch in enumerate(model.passes) if question in batch)
+
+    def passes_of(r: int) -> list[int]:
+        return [i for i, batch in enumerate(model.passes) if lengths[r] & {len(ids) for ids in batch}]
+
+    paused, share = passes_of(0), passes_of(1)
+    assert paused[0] < position < paused[-1] < share[0], (paused, position, share)
+    assert "interactive work arrived" not in caplog.text  # the share's round was set aside, not sent back
+    for request_id in (interactive, first, second):
+        assert redis_client.lrange(keys.notify_key(request_id), 0, -1) == [b"1"]
+        assert redis_client.hget(keys.rq_job_key(request_id), "deliveries") == b"1"
 
 
 def test_a_round_holds_a_few_passes_of_work_not_a_fixed_number_of_requests(tiny, redis_url, redis_client):

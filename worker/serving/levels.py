@@ -7,10 +7,11 @@ reads the levels highest first, in the Nth the lowest level first. So while bulk
 least one round in N (`--bulk-share`, default 4: a quarter of the rounds) however much interactive traffic
 there is.
 
-A bulk round yields to interactive work (unless it is the share's round taken while interactive work was
-queued): waiting for the device, it goes back to the head of its queue (as a drain does: the delivery is not
-counted); on the device, it stops between two forward passes and its requests not complete go back. So an
-interactive request waits for about one forward pass of bulk work, not for a round.
+A bulk round gives way to interactive work. On the device, it pauses between two forward passes while a
+round of interactive work runs, then goes on where it paused (nothing is lost or run twice). Still waiting
+for the device, it goes back to the head of its queue (as a drain does: the delivery is not counted), unless
+it is the share's round taken while interactive work was queued: that one only pauses. So an interactive
+request waits for about one forward pass of bulk work, not for a round.
 
 A take reads every level without waiting; only when all are empty does an idle worker block, on the
 highest level's queue only (Redis can wait on one list without popping it) and for at most
@@ -71,11 +72,16 @@ class Levels:
         self.share_round = self.lower_first and bool(taken) and self.higher_waiting()
         return suspended, taken
 
-    def preemptible(self, taken: list[Taken]) -> bool:
-        """Whether a round just taken may yield to higher-level work that arrives before it reaches the
-        device: it holds no job of the highest level and is not the lower levels' share."""
+    def lower(self, taken: list[Taken]) -> bool:
+        """Whether a round just taken holds lower-level work only (it pauses between its passes for
+        higher-level work)."""
         top = self.order[0].queue
-        return len(self.order) > 1 and not self.share_round and bool(taken) and all(t.queue != top for t in taken)
+        return len(self.order) > 1 and bool(taken) and all(t.queue != top for t in taken)
+
+    def preemptible(self, taken: list[Taken]) -> bool:
+        """Whether a round just taken goes back to its queue if higher-level work arrives before it reaches
+        the device: lower-level work that is not the lower levels' share."""
+        return self.lower(taken) and not self.share_round
 
     def higher_waiting(self) -> bool:
         """Whether the highest level has jobs waiting (one LLEN)."""

@@ -77,6 +77,7 @@ from worker.serving.rqjob import SafeJob
 log = logging.getLogger("embedfleet.worker")
 
 _END = object()  # closes a hand-off: no more rounds
+PAUSE_WAIT = 0.05  # most seconds a paused bulk round waits for the take stage to prepare the interactive work
 GATHER_LEAD = 0.05  # least seconds before the device is free that the next round is taken (and tokenised)
 ROUND_PASSES = 3  # forward passes of work (by estimated tokens) one round holds at most
 WATCHDOG_EXIT = 70  # a forward pass hung past its deadline (EX_SOFTWARE): the supervisor restarts the worker
@@ -168,9 +169,11 @@ class BatchWorker(SimpleWorker):
         self._held_lock = threading.Lock()
         self._slot = threading.Semaphore(1)  # one taken round may wait for the device
         self._device_busy = (0.0, 0.0)  # (began, expected end) of the round on the device (_await_gathering)
-        self._device_free = threading.Event()  # set whenever no round is on the device
-        self._take_now = threading.Event()  # the forward stage wants the next round now (interactive waits)
-        self._device_free.set()
+        # set when the take stage should take the next round now: no round is on the device, or interactive
+        # work waits behind a bulk round (_await_gathering); cleared when a round goes on the device
+        self._take_now = threading.Event()
+        self._take_now.set()
+        self._deferred: Round | None = None  # the share's bulk round, set aside for interactive work (_between)
         self._seconds_per_text = 0.0
         self._burst = False
         self.batches = 0
@@ -286,6 +289,10 @@ class BatchWorker(SimpleWorker):
     def _forward_loop(self, prepared: stdqueue.Queue, forwarded: stdqueue.Queue, stages) -> None:
         """The device stage, on the calling thread. Ends when the take stage closes its hand-off."""
         while True:
+            if self._deferred is not None:  # a share's round set aside for interactive work: its turn now
+                round_, self._deferred = self._deferred, None
+                self._run(round_, prepared, forwarded, stages)
+                continue
             if self._drainer is not None:  # draining: the drain's thread takes the waiting rounds back
                 self._drainer.join()
             try:
@@ -320,7 +327,7 @@ class BatchWorker(SimpleWorker):
         elif round_.preemptible and round_.work is not None and self._higher_waiting():
             self._give_back(round_, why="interactive work arrived")
         elif round_.work is not None:
-            self._forward(round_, self._between(prepared, forwarded, stages) if round_.preemptible else None)
+            self._forward(round_, self._between(prepared, forwarded, stages) if round_.lower else None)
         self._hand_off(forwarded, round_, stages)
 
     def _forward(self, round_: Round, between=None, nested: bool = False) -> None:
@@ -330,7 +337,7 @@ class BatchWorker(SimpleWorker):
             self.watchdog.arm(round_.work)
         began, texts = time.monotonic(), round_.work.texts
         if not nested:
-            self._device_free.clear()
+            self._take_now.clear()
             self._device_busy = (began, began + texts * self._seconds_per_text)
             self.live.on_device(len(round_.runnable), texts)
         try:
@@ -346,40 +353,66 @@ class BatchWorker(SimpleWorker):
             round_.engine_error = exc
         finally:
             if not nested:
-                self._device_free.set()
+                self._take_now.set()
                 self.live.on_device(0, 0)
                 if self.watchdog is not None:
                     self.watchdog.disarm()
 
     def _between(self, prepared: stdqueue.Queue, forwarded: stdqueue.Queue, stages):
         """Between two passes of a bulk round: when interactive work waits, the take stage takes it now (not
-        near the round's end), and a round it has prepared runs here, before the bulk round's next pass;
-        the bulk round then goes on where it paused. So interactive work waits for about one pass of bulk
-        work, and no bulk work is thrown away. A bulk round prepared meanwhile goes back to its queue."""
+        near the round's end; a bulk round it had prepared goes back to its queue to make room), and the
+        interactive round runs here, before the bulk round's next pass, which then goes on where it paused.
+        So interactive work waits for about one pass of bulk work, and no bulk work is thrown away."""
         def between() -> None:
             if self._draining:  # the drain's thread takes what is prepared
                 return
             try:
-                waiting = prepared.get_nowait()
+                ready = prepared.get_nowait()
             except stdqueue.Empty:
-                waiting = None
-            if waiting is not None and waiting is not _END and not waiting.preemptible:  # interactive, ready
-                self._slot.release()
-                if waiting.work is not None:
-                    self._forward(waiting, nested=True)  # the outer round's device state stays
-                self._hand_off(forwarded, waiting, stages)
-                return
-            higher = self._higher_waiting()
-            if waiting is not None and waiting is not _END and higher:  # bulk, prepared: it makes room
-                self._slot.release()
-                self._give_back(waiting, why="interactive work arrived")
-                self._hand_off(forwarded, waiting, stages)
-            elif waiting is not None:
-                prepared.put_nowait(waiting)  # not for now (the take stage holds no slot to fill it meanwhile)
-            if higher:
-                self._take_now.set()
+                ready = None
+            if _interactive(ready):
+                return self._run_nested(ready, forwarded, stages)
+            if ready is _END or not self._higher_waiting():
+                return self._put_back(ready, prepared, forwarded, stages)
+            if ready is not None:  # a bulk round not yet on the device makes room for the take stage
+                if ready.preemptible:  # back to its queue
+                    self._slot.release()
+                    self._give_back(ready, why="interactive work arrived")
+                    self._hand_off(forwarded, ready, stages)
+                elif self._deferred is None:  # the share's round keeps its turn: set aside, it runs next
+                    self._slot.release()
+                    self._deferred = ready
+                else:
+                    return self._put_back(ready, prepared, forwarded, stages)
+            self._take_now.set()
+            try:  # the device waits for the take and the preparing of one round, no longer than PAUSE_WAIT
+                ready = prepared.get(timeout=PAUSE_WAIT)
+            except stdqueue.Empty:
+                return None  # not ready yet: it runs after the next pass
+            if _interactive(ready):
+                return self._run_nested(ready, forwarded, stages)
+            return self._put_back(ready, prepared, forwarded, stages)  # another worker took the interactive work
 
         return between
+
+    def _run_nested(self, round_: Round, forwarded: stdqueue.Queue, stages) -> None:
+        """An interactive round, run between two passes of a bulk round (which keeps the device state)."""
+        self._slot.release()
+        if round_.work is not None:
+            self._forward(round_, nested=True)
+        self._hand_off(forwarded, round_, stages)
+
+    def _put_back(self, ready, prepared: stdqueue.Queue, forwarded: stdqueue.Queue, stages) -> None:
+        """A prepared round (or the end) not for now, back where it was: the take stage holds no slot to
+        fill the hand-off meanwhile; but once it stops, it queues its end: then the round goes back."""
+        if ready is None:
+            return
+        try:
+            prepared.put_nowait(ready)
+        except stdqueue.Full:  # (the end is last: nothing follows it in the hand-off)
+            self._slot.release()
+            self._give_back(ready, why="the worker is stopping")
+            self._hand_off(forwarded, ready, stages)
 
     def _report_shape(self) -> None:
         shaper = getattr(self.engine, "shaper", None)
@@ -496,9 +529,8 @@ class BatchWorker(SimpleWorker):
         began, free_at = self._device_busy
         take_at = free_at - max(GATHER_LEAD, 0.25 * (free_at - began))  # a quarter of the round to prepare
         while (wait := take_at - time.monotonic()) > 0 and not self._stop_requested:
-            if self._device_free.wait(min(wait, 0.1)) or self._take_now.is_set():
+            if self._take_now.wait(min(wait, 0.1)):
                 break
-        self._take_now.clear()
 
     def _drained(self) -> bool:
         """Burst mode: nothing held any more (a retry may requeue a job), and the queue still empty."""
@@ -523,7 +555,7 @@ class BatchWorker(SimpleWorker):
         answered, resumed = self.inflight.poll() if self.inflight is not None else ([], [])
         if not taken and not answered and not resumed:
             return None
-        round_ = Round(time.time(), preemptible=self.schema.preemptible(taken))
+        round_ = Round(time.time(), lower=self.schema.lower(taken), preemptible=self.schema.preemptible(taken))
         with self._held_lock:
             for job in taken:
                 if job.claimed:
@@ -581,6 +613,8 @@ class BatchWorker(SimpleWorker):
         self.live.finished(sum(result.shape[0] for result in found if result is not None and result.ok))
         for request_id, problem in done.problems:
             log.warning("worker %s: request %s: %s", self.name, request_id, problem)
+        if not round_.size:  # it went back to its queue before the device (logged there)
+            return
         log.info("worker %s: round of %d: %d served, %d failed, %d requeued%s in %.3f s", self.name,
                  round_.size, done.finished, done.failed, done.requeued,
                  f", {done.late} answered late (their claim had lapsed)" if done.late else "",
@@ -682,6 +716,11 @@ class BatchWorker(SimpleWorker):
                 log.error("worker %s: storing a round failed (%s); retrying in %.0f s", self.name, exc, delay)
                 time.sleep(delay)
                 delay *= 2
+
+
+def _interactive(ready) -> bool:
+    """Whether what the take stage handed over is a round of higher-level (interactive) work."""
+    return ready is not None and ready is not _END and not ready.lower
 
 
 def _exit_now(code: int) -> None:

@@ -33,7 +33,9 @@ class Round:
     work: Work | None = None
     reply_to: dict[str, str | None] = field(default_factory=dict)
     engine_error: BaseException | None = None
-    preemptible: bool = False  # lower-level work only: yields to higher-level work (worker/serving/levels.py)
+    # lower-level work only: pauses between its forward passes for higher-level work (worker/serving/levels.py)
+    lower: bool = False
+    preemptible: bool = False  # lower and not the share's round: given back if higher-level work beats it
 
     @property
     def size(self) -> int:
