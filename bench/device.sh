@@ -7,7 +7,10 @@
 #   1. bench/throughput.py: embedfleet end to end vs the bare loop vs sentence-transformers, float16 and float32
 #   2. bench/nullmodel.py: the null-model worker (python -m worker --model null:384), 1- and 64-text requests,
 #      vs the raw Redis loop (rq SimpleWorker left out for time)
-# and prints one table. Every step has a time limit; a failed step is reported and the others still run.
+#   3. bench/priority.py: interactive latency behind a bulk backlog sized for the device (PRIORITY_BACKLOG
+#      requests of 16 texts, passes of PRIORITY_TOKENS tokens), p50/max and bulk texts/s against bulk alone
+#   4. bench/shaping.py: a worker started beside CPU hogs against a quiet start (SHAPING_SECONDS window)
+# and prints one table (1, 2) and the tables of 3 and 4. Every step has a time limit; a failed step is reported and the others still run.
 # The corpus is shared/data/docstrings.json beside or inside the checkout, or $BENCH_CORPUS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +21,9 @@ VENV="${BENCH_VENV:-/tmp/bench-venv}"
 DEVICE="${BENCH_DEVICE:-cuda}"            # cpu: a dry run of this script on a machine without a GPU
 DTYPES="${BENCH_DTYPES:-float16,float32}"
 NULL_REQUESTS="${NULL_REQUESTS:-20000}"   # 1-text requests of the null-model row (64-text: a twentieth)
+PRIORITY_BACKLOG="${PRIORITY_BACKLOG:-6000}"  # 16-text bulk requests: enough to keep an H200 busy for the queries
+PRIORITY_TOKENS="${PRIORITY_TOKENS:-16384}"   # padded tokens per pass of the priority run (rows: a 64th of it)
+SHAPING_SECONDS="${SHAPING_SECONDS:-30}"
 mkdir -p "$OUT"
 started=$(date +%s)
 say() { printf '\n== %s (%ss)\n' "$*" "$(( $(date +%s) - started ))"; }
@@ -85,7 +91,15 @@ null_args=(--skip simple --requests "$NULL_REQUESTS" --requests-64 $(( NULL_REQU
            --json "$OUT/nullmodel.json" ${corpus[@]+"${corpus[@]}"})
 step nullmodel "$PY" bench/nullmodel.py "${null_args[@]}"
 
+step priority "$PY" bench/priority.py --backlog "$PRIORITY_BACKLOG" --interval 0.25 \
+    --batch-tokens "$PRIORITY_TOKENS" --batch-size $(( PRIORITY_TOKENS / 64 )) ${corpus[@]+"${corpus[@]}"}
+step shaping "$PY" bench/shaping.py --seconds "$SHAPING_SECONDS" --json "$OUT/shaping.json" \
+    ${corpus[@]+"${corpus[@]}"}
+
 say "summary"
 "$PY" bench/summary.py --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" \
     "$OUT/throughput.json" "$OUT/nullmodel.json" | tee "$OUT/summary.md"
+for name in priority shaping; do  # their own tables: from the first heading line of the log on
+    [ -f "$OUT/$name.log" ] && sed -n '/^### /,$p' "$OUT/$name.log" | grep -v '^[0-9-]* [0-9:,]* ' | tee -a "$OUT/summary.md"
+done
 [ ${#failed[@]} -eq 0 ] || { echo "failed steps: ${failed[*]}"; exit 1; }

@@ -162,11 +162,14 @@ def main() -> None:
     print(table(["path", "offered req/s", "achieved req/s", "p50 ms", "p99 ms"], rows,
                 f"Latency of one short text, {device} {args.dtype}; saturated = {maximum:.0f} requests/s "
                 f"(target: idle p50 <= bare p50 + 5 ms; now +{idle_row['p50_ms'] - bare_row['p50_ms']:.1f} ms)"))
-    plot(points, idle_row, maximum, args.plot, f"embedfleet, one short text per request, {device} {args.dtype}")
-    print(f"\nplot: {args.plot}")
     if args.json:
         args.json.write_text(json.dumps({"bare": bare_row, "idle": idle_row, "saturated_s": maximum,
                                          "load": points}, indent=1))
+    try:
+        plot(points, idle_row, maximum, args.plot, f"embedfleet, one short text per request, {device} {args.dtype}")
+        print(f"\nplot: {args.plot}")
+    except ImportError:  # matplotlib is a bench-only extra
+        print("\nno plot: matplotlib is not installed (pip install matplotlib)")
 
 
 if __name__ == "__main__":

@@ -79,7 +79,10 @@ log = logging.getLogger("embedfleet.worker")
 _END = object()  # closes a hand-off: no more rounds
 PAUSE_WAIT = 0.05  # most seconds a paused bulk round waits for the take stage to prepare the interactive work
 GATHER_LEAD = 0.05  # least seconds before the device is free that the next round is taken (and tokenised)
-ROUND_PASSES = 3  # forward passes of work (by estimated tokens) one round holds at most
+# forward passes of work (by estimated tokens) one round holds at most: enough inputs that sorting them by
+# length saves most of the padding (rounds of 3 passes ran a 16-text-request load at 0.7x of one sorted
+# round); interactive work does not wait for a bulk round's end (it runs between two passes, _between)
+ROUND_PASSES = 16
 WATCHDOG_EXIT = 70  # a forward pass hung past its deadline (EX_SOFTWARE): the supervisor restarts the worker
 FORCED_EXIT = 1  # a second stop signal, or a drain past its timeout
 
@@ -173,6 +176,7 @@ class BatchWorker(SimpleWorker):
         # work waits behind a bulk round (_await_gathering); cleared when a round goes on the device
         self._take_now = threading.Event()
         self._take_now.set()
+        self._wanted = threading.Event()  # a paused bulk round wants interactive work taken (burst mode's _drained)
         self._deferred: Round | None = None  # the share's bulk round, set aside for interactive work (_between)
         self._seconds_per_text = 0.0
         self._burst = False
@@ -385,6 +389,7 @@ class BatchWorker(SimpleWorker):
                 else:
                     return self._put_back(ready, prepared, forwarded, stages)
             self._take_now.set()
+            self._wanted.set()
             try:  # the device waits for the take and the preparing of one round, no longer than PAUSE_WAIT
                 ready = prepared.get(timeout=PAUSE_WAIT)
             except stdqueue.Empty:
@@ -420,8 +425,8 @@ class BatchWorker(SimpleWorker):
             self.metrics.shaped(shaper.current.tokens, shaper.current.rows, shaper.rate())
 
     def _round_tokens(self) -> int:
-        """A round holds about ROUND_PASSES forward passes of work (by its jobs' estimated tokens), so that
-        higher-priority work never waits behind more than that; 0 (no limit) for an engine without a shape."""
+        """A round holds about ROUND_PASSES forward passes of work (by its jobs' estimated tokens), not a
+        fixed number of requests; 0 (no limit) for an engine without a shape."""
         shape = getattr(self.engine, "shape", None)
         return ROUND_PASSES * shape().tokens if shape is not None else 0
 
@@ -533,10 +538,14 @@ class BatchWorker(SimpleWorker):
                 break
 
     def _drained(self) -> bool:
-        """Burst mode: nothing held any more (a retry may requeue a job), and the queue still empty."""
+        """Burst mode: nothing held any more (a retry may requeue a job), and the queue still empty. Waits
+        while rounds are held, unless a paused bulk round wants the interactive work that arrived meanwhile
+        (then False: the take stage takes it)."""
         parked = len(self.inflight.parked) if self.inflight is not None else 0
         while self.held_count() > parked and not self._stop_requested:
-            time.sleep(0.005)
+            if self._wanted.wait(0.005):
+                self._wanted.clear()
+                return False
         return not parked and self.schema.queued() == 0
 
     def take_round(self, block: float | None) -> Round | None:
