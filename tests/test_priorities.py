@@ -22,6 +22,7 @@ from producer import Producer
 from tests.test_queue import wait_for
 from worker.engine.engine import Engine
 from worker.engine.nullmodel import NullModel
+from worker.serving import levels as levels_module
 from worker.serving.pipeline import BatchWorker
 from common.protocol.records import rq_time
 
@@ -223,3 +224,21 @@ def test_bulk_waits_for_a_model_scaled_to_zero_while_interactive_is_told_no_work
     assert rq(redis_client, BULK).job_ids == [queued]
     assert BatchWorker(engine, redis_client).work(burst=True)  # the autoscaler started one
     assert producer.wait(queued, 5).embeddings.shape == (1, 8)
+
+
+def test_an_idle_worker_in_the_shares_round_waits_on_the_interactive_queue(engine, producer, redis_client,
+                                                                          monkeypatch):
+    """All levels empty: the take waits on the highest level's queue, also in the round that reads bulk first
+    (it used to wait on the bulk queue there, and an interactive request sat out the whole wait)."""
+    monkeypatch.setattr(levels_module, "LOWER_LEVEL_POLL", 60.0)  # a wait on the wrong queue would last 60 s
+    worker = advertised(engine, redis_client, bulk_share=2)  # the second round reads bulk first
+    first = producer.submit(["before"], MODEL)
+    assert [t.id for t in worker.schema.take(8, None)[1]] == [first]
+    assert worker.schema.rounds % 2 == 1  # the next round is the share's
+    taken: list = []
+    thread = threading.Thread(target=lambda: taken.extend(worker.schema.take(8, 60)[1]), daemon=True)
+    thread.start()
+    wait_for(lambda: any(c.get("cmd") == "blmove" for c in redis_client.client_list()), 10)
+    second = producer.submit(["an interactive question"], MODEL)
+    thread.join(30)  # the wait ends with the push (the 60 s bound is never reached)
+    assert not thread.is_alive() and [t.id for t in taken] == [second]

@@ -64,8 +64,8 @@ class Levels:
             suspended, taken = take_from(order, max_jobs, block, before, max_tokens)
         else:  # Redis waits on one list only: take what is there at any level, and only if none, wait
             suspended, taken = take_from(order, max_jobs, None, before, max_tokens)
-            if not taken and not suspended:
-                suspended, taken = take_from(order, max_jobs, min(block, LOWER_LEVEL_POLL), None, max_tokens)
+            if not taken and not suspended:  # all empty: wait on the highest level (not the share's first)
+                suspended, taken = take_from(self.order, max_jobs, min(block, LOWER_LEVEL_POLL), None, max_tokens)
         if taken:
             self.rounds += 1
         # the share's round holds its place only when interactive work was there to hold it against
