@@ -187,6 +187,7 @@ def test_killed_mid_run_it_resumes_to_the_same_bytes_and_never_queues_more_than_
         assert in_queue(redis_client) == window  # a full window, and no more, while nothing moves
         resume(redis_client)
         wait_for(lambda: log.exists() and sum(kind == "D" for kind, _ in records(log)) >= 30, what="progress")
+        suspend(redis_client)  # no worker takes more: the run cannot finish before the signal reaches it
         run.send_signal(stop)
         _, stderr = run.communicate(timeout=60)
         assert run.returncode == (130 if stop == signal.SIGINT else -signal.SIGKILL), stderr
@@ -196,6 +197,7 @@ def test_killed_mid_run_it_resumes_to_the_same_bytes_and_never_queues_more_than_
         done_before = {unit for kind, unit in records(log) if kind == "D"}
         assert 30 <= len(done_before) < LINES // chunk
 
+        resume(redis_client)
         again = embedfleet("embed", str(source), str(out), *args, env=env)
 
     assert again.returncode == 0, again.stderr
