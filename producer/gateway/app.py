@@ -64,8 +64,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     dashboard.install(app)
     errors.install(app, settings.retry_after, metrics.error)
 
-    def reject(err):
-        return errors.error_response(err, settings.retry_after, metrics.error)
+    def reject(err, path):
+        return errors.error_response(err, settings.retry_after, metrics.error, path)
 
     # Added innermost first: the body limit, the metrics around it, the error boundary around all.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, reject=reject)

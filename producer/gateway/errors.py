@@ -1,7 +1,9 @@
 """Every error the gateway answers: ONE table from error code to HTTP status, and the handlers using it.
 
 Bodies follow OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, so that OpenAI clients
-raise their usual exceptions (openai.NotFoundError, openai.RateLimitError, ...).
+raise their usual exceptions (openai.NotFoundError, openai.RateLimitError, ...). A route that speaks another
+API's dialect (TEI, Cohere, vLLM) registers its own body shape with `shape_errors`; the status and headers
+still come from the one table below.
 """
 
 from __future__ import annotations
@@ -69,24 +71,40 @@ STATUS: dict[str, tuple[int, str]] = {
 RETRY_LATER = {"queue_full", "no_worker", "redis_unavailable"}  # answered with a Retry-After header
 
 
+# An error body builder: (error, HTTP status, OpenAI error type) -> the JSON body a route's clients parse.
+ErrorShape = Callable[[EmbedfleetError, int, str], object]
+_SHAPES: dict[str, ErrorShape] = {}  # exact request path -> its dialect's shape (absent: OpenAI's)
+
+
+def shape_errors(paths, shape: ErrorShape) -> None:
+    """Answer errors on these exact paths with `shape`'s body (a dialect's module calls this at import)."""
+    for path in paths:
+        _SHAPES[path] = shape
+
+
 def status_of(code: str) -> int:
     return STATUS.get(code, STATUS["internal_error"])[0]
 
 
-def error_body(err: EmbedfleetError) -> dict:
+def error_body(err: EmbedfleetError, path: str = "") -> object:
+    """The body answering `err` on `path`: the path's registered dialect, else OpenAI's shape."""
     status, kind = STATUS.get(err.code, STATUS["internal_error"])
+    shape = _SHAPES.get(path)
+    if shape is not None:
+        return shape(err, status, kind)
     return {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.code}}
 
 
-def error_response(err: EmbedfleetError, retry_after: int, on_error: Callable[[str], None]) -> JSONResponse:
-    """The HTTP answer for `err`; `on_error` sees every code answered (the error metric)."""
+def error_response(err: EmbedfleetError, retry_after: int, on_error: Callable[[str], None],
+                   path: str = "") -> JSONResponse:
+    """The HTTP answer for `err` on `path`; `on_error` sees every code answered (the error metric)."""
     on_error(err.code)
     headers = {"Retry-After": str(retry_after)} if err.code in RETRY_LATER else None
     if isinstance(err, RateLimitedError):
         headers = {"Retry-After": str(err.retry_after)}
     if err.code == "unauthorized":
         headers = {"WWW-Authenticate": "Bearer"}
-    return AsciiJSONResponse(error_body(err), status_code=status_of(err.code), headers=headers)
+    return AsciiJSONResponse(error_body(err, path), status_code=status_of(err.code), headers=headers)
 
 
 class AsciiJSONResponse(JSONResponse):
@@ -101,7 +119,7 @@ def install(app: FastAPI, retry_after: int, on_error: Callable[[str], None]) -> 
     """Route every failure through `error_response`, including FastAPI's and Starlette's own."""
 
     async def embedfleet_error(request: Request, exc: EmbedfleetError):
-        return error_response(exc, retry_after, on_error)
+        return error_response(exc, retry_after, on_error, request.url.path)
 
     async def validation_error(request: Request, exc: RequestValidationError):
         # A body that is not JSON at all is a decode error; a JSON body that does not fit the schema is
@@ -112,7 +130,7 @@ def install(app: FastAPI, retry_after: int, on_error: Callable[[str], None]) -> 
             err = DecodeError(f"the body is not valid JSON: {bad_json[0].get('ctx', {}).get('error', '')}")
         else:
             err = invalid_request(exc.errors(), *_body_fields(request))
-        return error_response(err, retry_after, on_error)
+        return error_response(err, retry_after, on_error, request.url.path)
 
     async def http_error(request: Request, exc: StarletteHTTPException):
         if exc.status_code == 404:
@@ -122,7 +140,7 @@ def install(app: FastAPI, retry_after: int, on_error: Callable[[str], None]) -> 
         else:
             err = EmbedfleetError(str(exc.detail))
             err.code = next((c for c, (s, _) in STATUS.items() if s == exc.status_code), "internal_error")
-        return error_response(err, retry_after, on_error)
+        return error_response(err, retry_after, on_error, request.url.path)
 
     app.add_exception_handler(EmbedfleetError, embedfleet_error)
     app.add_exception_handler(RequestValidationError, validation_error)
@@ -169,4 +187,4 @@ class ErrorBoundary:
             if started:  # half an answer is out: only closing the connection can tell the client
                 raise
             err = EmbedfleetError(f"internal error: {type(exc).__name__}")
-            await error_response(err, self.retry_after, self.on_error)(scope, receive, send)
+            await error_response(err, self.retry_after, self.on_error, scope.get("path", ""))(scope, receive, send)

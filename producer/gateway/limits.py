@@ -15,7 +15,7 @@ from common.errors import PayloadTooLargeError
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_bytes: int, reject: Callable[[PayloadTooLargeError], object]):
+    def __init__(self, app: ASGIApp, max_bytes: int, reject: Callable[[PayloadTooLargeError, str], object]):
         self.app = app
         self.max_bytes = max_bytes
         self.reject = reject  # builds the error answer (an ASGI app), so that the error table decides
@@ -56,7 +56,7 @@ class BodyLimitMiddleware:
     async def _too_large(self, scope: Scope, receive: Receive, send: Send, what: str) -> None:
         err = PayloadTooLargeError(f"request body too large: {what}; the limit is {self.max_bytes} bytes "
                                    "(send fewer or shorter inputs per request)")
-        await self.reject(err)(scope, receive, send)
+        await self.reject(err, scope.get("path", ""))(scope, receive, send)
 
 
 def _content_length(scope: Scope) -> int | None:
