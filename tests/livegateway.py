@@ -1,0 +1,80 @@
+"""A live fleet for the real-client tests: BatchWorker threads serving loaded engines, a real uvicorn gateway,
+and a guard that fails a test whose client library tries to reach anything but this machine."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import socket
+import threading
+from collections.abc import Iterator
+
+import redis
+
+from tests import gatewayserver
+from worker.serving.pipeline import BatchWorker
+
+# What a worker started by `embedfleet worker` advertises about itself (GET /info reads it).
+WORKER_INFO = {"device": "cpu", "dtype": "float32", "max_batch_tokens": 8192, "max_batch_size": 64,
+               "budget_source": "flags", "max_jobs": 64}
+
+
+@contextlib.contextmanager
+def live_gateway(redis_url: str, engines: list, **fields) -> Iterator[str]:
+    """One serving worker thread per engine, advertised before the gateway starts; yields the gateway's URL."""
+    connection = redis.Redis.from_url(redis_url)
+    workers = [BatchWorker(engine, connection, poll_timeout=1, info=WORKER_INFO) for engine in engines]
+    threads = [threading.Thread(target=worker.work, daemon=True) for worker in workers]
+    for worker, thread in zip(workers, threads):
+        worker.advertiser.advertise()
+        thread.start()
+    server = gatewayserver.Server(gatewayserver.settings(redis_url, **fields))
+    try:
+        yield server.url
+    finally:
+        server.stop()
+        for worker in workers:
+            worker.stop()
+        for thread in threads:
+            thread.join(30)
+        connection.close()
+
+
+def forbid_internet(monkeypatch) -> list:
+    """Every name lookup but localhost's and every socket connection to an address that is not loopback (or a
+    Unix socket) is refused and recorded: a client library that would download an encoding or call a model hub
+    fails the test instead. Returns the list of attempts."""
+    attempts: list = []
+    connect, connect_ex, getaddrinfo = socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo
+
+    def local(address) -> bool:
+        if isinstance(address, (str, bytes)):  # AF_UNIX
+            return True
+        try:
+            return ipaddress.ip_address(address[0]).is_loopback
+        except ValueError:  # a host name: resolved names reach connect() as addresses, so this is not one
+            return False
+
+    def guarded(self, address):
+        if not local(address):
+            attempts.append(address)
+            raise ConnectionRefusedError(f"test: no network beyond loopback (tried {address!r})")
+        return connect(self, address)
+
+    def guarded_ex(self, address):
+        if not local(address):
+            attempts.append(address)
+            return 111  # ECONNREFUSED
+        return connect_ex(self, address)
+
+    def resolve(host, *args, **kwargs):
+        name = host.decode() if isinstance(host, bytes) else host
+        if name not in (None, "localhost", "127.0.0.1", "::1"):
+            attempts.append(name)
+            raise socket.gaierror(socket.EAI_NONAME, f"test: no name lookups beyond localhost (asked {name!r})")
+        return getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    monkeypatch.setattr(socket.socket, "connect", guarded)
+    monkeypatch.setattr(socket.socket, "connect_ex", guarded_ex)
+    return attempts
