@@ -220,3 +220,62 @@ def test_huggingface_hub_inference_client(gateway_url, st, st_raw, offline):
         client.feature_extraction(LONG)
     assert refused.value.response.status_code == 400 and "must have less than 256 tokens" in str(refused.value)
     assert offline == []  # nothing tried to reach huggingface.co (or anything else off this machine)
+
+
+# --- several models on a fleet of their own (its own redis-server): `model`, prompts, /info's model types, keys ---
+
+KEY = "tei-key"
+
+
+@pytest.fixture(scope="module")
+def tiny_fleet(matryoshka_model, cross_encoder, classifier):
+    from common.redisserver import RedisServer
+    from tests.test_tasks import engine
+
+    engines = [engine(matryoshka_model, "mrl"), engine(cross_encoder, "ce"), engine(classifier, "clf")]
+    with RedisServer() as server, live_gateway(server.url, engines, api_key=KEY) as url, \
+            httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as client:
+        yield client
+
+
+def test_prompt_name_and_the_models_default_prompt(tiny_fleet, matryoshka_model):
+    st = SentenceTransformer(matryoshka_model, device="cpu")
+    plain = tiny_fleet.post("/embed", json={"model": "mrl", "inputs": TEXTS})
+    assert_same(plain.json(), st.encode(TEXTS))  # the model's default_prompt_name ("query"), as ST applies it
+    passage = tiny_fleet.post("/embed", json={"model": "mrl", "inputs": TEXTS, "prompt_name": "passage"}).json()
+    assert_same(passage, st.encode(TEXTS, prompt_name="passage"))
+    scores = tiny_fleet.post("/similarity", json={"model": "mrl", "inputs": {"source_sentence": SOURCE,
+                                                                                "sentences": SENTENCES},
+                                                  "parameters": {"prompt_name": "passage"}}).json()
+    want = st.similarity(st.encode([SOURCE], prompt_name="passage"), st.encode(SENTENCES, prompt_name="passage"))
+    np.testing.assert_allclose(scores, want[0], atol=1e-5)
+
+
+def test_dimensions_on_a_matryoshka_model(tiny_fleet, matryoshka_model):
+    st = SentenceTransformer(matryoshka_model, device="cpu")
+    for dimensions in (16, 12):  # 12 is none of the model's Matryoshka sizes: TEI cuts to it all the same
+        got = tiny_fleet.post("/embed", json={"model": "mrl", "inputs": TEXTS, "dimensions": dimensions}).json()
+        assert_same(got, st.encode(TEXTS, truncate_dim=dimensions, normalize_embeddings=True))
+
+
+def test_info_model_types_and_a_model_to_name(tiny_fleet):
+    assert tiny_fleet.get("/info", params={"model": "mrl"}).json()["model_type"] == {"embedding": {"pooling": "mean"}}
+    reranker = tiny_fleet.get("/info", params={"model": "ce"}).json()["model_type"]
+    assert list(reranker) == ["reranker"] and len(reranker["reranker"]["id2label"]) == 1
+    classifier = tiny_fleet.get("/info", params={"model": "clf"}).json()["model_type"]
+    assert classifier == {"classifier": {"id2label": {"0": "negative", "1": "neutral", "2": "positive"},
+                                         "label2id": {"negative": 0, "neutral": 1, "positive": 2}}}
+    several = tiny_fleet.get("/info")
+    assert several.status_code == 400 and several.json()["error_type"] == "Validation"
+    assert "several models are served, name one with `model`: ['ce', 'clf', 'mrl']" in several.json()["error"]
+    unsupported = tiny_fleet.post("/embed", json={"model": "ce", "inputs": "a"})
+    assert unsupported.status_code == 400 and "task 'embed' is not supported by model 'ce'" in \
+        unsupported.json()["error"]
+
+
+def test_api_key_is_required_on_tei_routes(tiny_fleet):
+    with httpx.Client(base_url=tiny_fleet.base_url, timeout=30) as keyless:
+        for method, path in (("POST", "/embed"), ("POST", "/"), ("GET", "/info"), ("POST", "/similarity")):
+            answer = keyless.request(method, path, json={"model": "mrl", "inputs": "a"})
+            assert answer.status_code == 401, (path, answer.text)
+            assert answer.json()["error_type"] == "Unauthorized" and "API key" in answer.json()["error"]
