@@ -21,8 +21,11 @@ WORKER_INFO = {"device": "cpu", "dtype": "float32", "max_batch_tokens": 8192, "m
 
 @contextlib.contextmanager
 def live_gateway(redis_url: str, engines: list, **fields) -> Iterator[str]:
-    """One serving worker thread per engine, advertised before the gateway starts; yields the gateway's URL."""
+    """One serving worker thread per engine, advertised before the gateway starts; yields the gateway's URL.
+    The Redis is flushed first: a module-scoped fleet on the session's redis-server starts from nothing that
+    other modules' tests left (their `redis_url` fixture flushes per test, these fixtures once)."""
     connection = redis.Redis.from_url(redis_url)
+    connection.flushall()
     workers = [BatchWorker(engine, connection, poll_timeout=1, info=WORKER_INFO) for engine in engines]
     threads = [threading.Thread(target=worker.work, daemon=True) for worker in workers]
     for worker, thread in zip(workers, threads):

@@ -9,7 +9,6 @@ import asyncio
 import numpy as np
 import openai
 import pytest
-import redis
 from langchain_openai import OpenAIEmbeddings
 from sentence_transformers import SentenceTransformer
 
@@ -23,7 +22,6 @@ TEXTS = ["The cat sits on the mat.", "A fleet of workers embeds text.", "Redis k
 
 @pytest.fixture(scope="module")
 def gateway_url(redis_server, minilm_engine):
-    redis.Redis.from_url(redis_server.url).flushall()
     with live_gateway(redis_server.url, [minilm_engine], api_key=KEY) as url:
         yield url
 

@@ -10,7 +10,6 @@ import httpx
 import huggingface_hub.constants
 import numpy as np
 import pytest
-import redis
 import torch
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import HfHubHTTPError
@@ -29,7 +28,6 @@ LONG = "the cat sat on the mat " * 30 + "stock markets fell sharply again today 
 
 @pytest.fixture(scope="module")
 def gateway_url(redis_server, minilm_engine):
-    redis.Redis.from_url(redis_server.url).flushall()
     with live_gateway(redis_server.url, [minilm_engine], max_inputs=MAX_INPUTS) as url:
         yield url
 
