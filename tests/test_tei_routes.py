@@ -187,6 +187,11 @@ def test_other_errors_in_tei_shape_openai_routes_unchanged(http):
     bad_json = http.post("/embed", content=b"{not json", headers={"content-type": "application/json"})
     assert bad_json.status_code == 400
     assert bad_json.json()["error"].startswith("Input validation error: the body is not valid JSON")
+    surrogate = http.post("/embed", content=b'{"inputs": ["fine", "\\ud800"]}',
+                          headers={"content-type": "application/json"})
+    assert surrogate.status_code == 400 and surrogate.json()["error_type"] == "Validation"
+    not_an_object = http.post("/", json=["a text"])
+    assert not_an_object.status_code == 400 and not_an_object.json()["error_type"] == "Validation"
     unknown = http.get("/info", params={"model": "nope"})
     assert unknown.status_code == 404 and "model 'nope' is not served" in unknown.json()["error"]
     openai_route = http.post("/v1/embeddings", json={"input": [], "model": MODEL})
