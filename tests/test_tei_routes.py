@@ -213,6 +213,7 @@ def test_huggingface_hub_inference_client(gateway_url, st, st_raw, offline):
     assert vectors.dtype == np.float32 and vectors.shape == (1, 384)
     assert_same(vectors, st.encode(TEXTS[:1]))
     assert_same(client.feature_extraction(TEXTS[1], normalize=False), st_raw.encode(TEXTS[1:2]))
+    assert_same(client.feature_extraction(TEXTS[1], encoding_format="base64"), st.encode(TEXTS[1:2]))
     assert_same(client.feature_extraction(LONG, truncate=True, truncation_direction="left"),
                 left_truncated(st, [LONG]))
     scores = client.sentence_similarity(SOURCE, other_sentences=SENTENCES)

@@ -60,6 +60,10 @@ class TeiEmbedBody(_TeiBody, _Truncation):
     inputs: TeiInput
     normalize: bool = Field(True, description="scale each vector to unit length (after `dimensions`)")
     dimensions: Dimensions | None = Field(None, description="keep the first n dimensions (any model, as TEI)")
+    # huggingface_hub's feature_extraction sends it when asked (it is meant for OpenAI-style servers); TEI
+    # ignores it and answers floats, which the client reads either way.
+    encoding_format: Literal["float", "base64"] | None = Field(None, description="accepted and ignored, as TEI "
+                                                                                 "does: the answer is floats")
 
 
 class TeiEmbedAllBody(_TeiBody, _Truncation):
