@@ -13,7 +13,7 @@ from fastapi.staticfiles import StaticFiles
 from common.errors import UnavailableError
 from common.redisclient import connect_async, redact
 from producer import AsyncProducer
-from producer.gateway import dashboard, errors, events, jobs, routes, taskroutes
+from producer.gateway import cohere, dashboard, errors, events, invocations, jobs, routes, taskroutes
 from producer.gateway.limits import BodyLimitMiddleware
 from producer.gateway.metrics import Metrics, MetricsMiddleware
 from producer.gateway.service import Gateway
@@ -61,6 +61,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(events.router)  # before jobs.router, whose /v1/jobs/{job_id} would match "events"
     app.include_router(jobs.router)
     app.include_router(taskroutes.router)
+    app.include_router(cohere.router)
+    app.include_router(invocations.router)
+    app.include_router(invocations.public)
     dashboard.install(app)
     errors.install(app, settings.retry_after, metrics.error)
 
@@ -71,7 +74,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, reject=reject)
     app.add_middleware(MetricsMiddleware, metrics=metrics,
                        routes=[*routes.public.routes, *routes.protected.routes, *events.router.routes,
-                               *jobs.router.routes, *taskroutes.router.routes, *dashboard.public.routes,
+                               *jobs.router.routes, *taskroutes.router.routes, *cohere.router.routes,
+                               *invocations.router.routes, *invocations.public.routes, *dashboard.public.routes,
                                *dashboard.protected.routes])
     app.add_middleware(errors.ErrorBoundary, retry_after=settings.retry_after, on_error=metrics.error)
     return app
