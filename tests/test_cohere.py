@@ -118,6 +118,9 @@ def test_truncation(http):
                                              "truncation_side": "left"}).json()
     np.testing.assert_allclose(cut["embeddings"]["float"][0], same["data"][0]["embedding"], atol=1e-6)
     assert cut["meta"]["billed_units"]["input_tokens"] == 20
+    inputs = http.post("/v2/embed", json={"model": "cohere-tiny", "truncate": "NONE", "max_tokens": 5,
+                                          "inputs": [{"content": [{"type": "text", "text": TEXTS[0]}]}]})
+    assert inputs.status_code == 400 and "more than max_tokens=5" in inputs.json()["message"]
 
 
 @pytest.mark.parametrize(("body", "words"), [
@@ -182,4 +185,6 @@ def test_invocations_route_by_body(http):
     message = unfit.json()["error"]["message"]
     assert "Cannot find suitable handler for request. Expected one of: ['EmbeddingRequest'," in message
     assert "ClassificationRequest" not in message  # MiniLM does not classify
+    not_an_object = http.post("/invocations", json=[1, 2])
+    assert not_an_object.status_code == 400 and "Cannot find suitable handler" in not_an_object.text
     assert http.get("/ping").status_code == 200 and http.post("/ping").status_code == 200

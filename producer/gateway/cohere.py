@@ -174,6 +174,12 @@ async def embed(body: CohereEmbedBody, gw: Gateway = Depends(gateway)) -> JSONRe
     bodies = [EmbedBody(messages=chat.cohere_messages([part.text for part in item.content], prefix), **common)
               for item in body.inputs]
     results = await asyncio.gather(*(gw.run(one) for one in bodies))
+    if body.truncate == "NONE" and body.max_tokens is not None:  # one request per input: its usage is its length
+        for index, result in enumerate(results):
+            if result.usage.prompt_tokens > body.max_tokens:
+                raise InputTooLongError(f"input {index} has {result.usage.prompt_tokens} tokens (rendered with the "
+                                        f"chat template), more than max_tokens={body.max_tokens}; with truncate NONE "
+                                        "nothing is cut: shorten it, or send truncate END or START", param="inputs")
     return _answer(results[0].id, results, types, None)
 
 
