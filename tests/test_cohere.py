@@ -6,6 +6,7 @@ test_cohere_online.py) re-expressed, and /invocations against the routes it stan
 from __future__ import annotations
 
 import base64
+import json
 
 import cohere
 import numpy as np
@@ -134,9 +135,11 @@ def test_truncation(http):
     ({"model": "cohere-tiny", "texts": ["x"], "output_dimension": 12}, "allowed are [8, 16, 32]"),
     ({"model": "minilm", "texts": ["x"], "max_tokens": 100000}, "`max_tokens`=100000 exceeds the max length 256"),
     ({"model": "minilm", "inputs": [{"content": [{"type": "text", "text": "x"}]}]}, "chat template"),
+    ({"model": "minilm", "texts": ["ok", "\ud800"]}, "`texts` must be valid Unicode text, found a lone surrogate"),
 ])
 def test_errors_in_cohere_and_vllm_shape(http, body, words):
-    answer = http.post("/v2/embed", json=body)
+    # json.dumps escapes a lone surrogate as JSON's "\ud800" (httpx's own encoder cannot)
+    answer = http.post("/v2/embed", content=json.dumps(body), headers={"content-type": "application/json"})
     assert answer.status_code == 400, answer.text
     error = answer.json()
     assert words in error["message"] and error["id"]  # Cohere's body

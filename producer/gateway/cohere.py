@@ -16,11 +16,13 @@ from typing import Literal
 import numpy as np
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ValidationError as PydanticValidationError
 
 from common.bounds import MAX_TOKENS, bounded_int
 from common.capabilities import ModelCapabilities
-from common.errors import EmbedfleetError, InputTooLongError, ValidationError
+from common.codec import unencodable
+from common.errors import EmbedfleetError, InputTooLongError, ValidationError, invalid_request
 from common.params import Dimensions
 from common.quantize import PACKED, quantize
 from common.result import Result
@@ -74,6 +76,16 @@ class CohereEmbedBody(BaseModel):
     @classmethod
     def known_fields(cls) -> tuple[str, ...]:
         return tuple(cls.model_fields)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode(cls, data):
+        """JSON's "\\ud800" decodes to a lone surrogate, which no request can carry: refused, naming the field."""
+        if isinstance(data, dict):
+            for name, value in data.items():
+                if found := unencodable(value):
+                    raise ValueError(f"`{name}` must be valid Unicode text, found {found}")
+        return data
 
 
 def cohere_error(err: EmbedfleetError, status: int, kind: str) -> dict:
@@ -168,10 +180,10 @@ async def embed(body: CohereEmbedBody, gw: Gateway = Depends(gateway)) -> JSONRe
         if body.truncate == "NONE" and body.max_tokens is not None:
             prompt = caps.prompts.get(body.input_type, "") if caps and body.input_type else ""
             await _check_lengths(gw, [prompt + text for text in body.texts], body)
-        result = await gw.run(EmbedBody(input=body.texts, prompt_name=body.input_type, **common))
+        result = await gw.run(_body(input=body.texts, prompt_name=body.input_type, **common))
         return _answer(result.id, [result], types, body.texts)
     prefix = caps.prompts.get(body.input_type) if caps and body.input_type else None
-    bodies = [EmbedBody(messages=chat.cohere_messages([part.text for part in item.content], prefix), **common)
+    bodies = [_body(messages=chat.cohere_messages([part.text for part in item.content], prefix), **common)
               for item in body.inputs]
     results = await asyncio.gather(*(gw.run(one) for one in bodies))
     if body.truncate == "NONE" and body.max_tokens is not None:  # one request per input: its usage is its length
@@ -181,6 +193,15 @@ async def embed(body: CohereEmbedBody, gw: Gateway = Depends(gateway)) -> JSONRe
                                         f"chat template), more than max_tokens={body.max_tokens}; with truncate NONE "
                                         "nothing is cut: shorten it, or send truncate END or START", param="inputs")
     return _answer(results[0].id, results, types, None)
+
+
+def _body(**fields) -> EmbedBody:
+    """The embeddings body of the same request, refused with the usual 400 where a value does not fit it (a text
+    that is no valid Unicode)."""
+    try:
+        return EmbedBody(**fields)
+    except PydanticValidationError as exc:
+        raise invalid_request(exc.errors()) from exc
 
 
 def _answer(request_id: str, results: list[Result], types: list[str], texts: list[str] | None) -> JSONResponse:
