@@ -14,6 +14,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from common.chat import CHAT_INPUT, NO_TEMPLATE, UNTRUSTED_TEMPLATE
 from common.errors import DecodeError
 from common.request import EmbedRequest
+from producer import Producer
 from tests.livefleet import live_fleet
 from tests.tinymodels import save_tiny_bert, save_tiny_classifier, st_reference, wrap_sentence_transformers
 from worker.engine.engine import Engine
@@ -80,6 +81,15 @@ def test_messages_equal_the_rendered_text(http, folders):
     assert plain.json()["usage"]["prompt_tokens"] == len(ids)
     pooled = http.post("/pooling", json=body).json()["data"][0]["data"]
     np.testing.assert_allclose(pooled, _vector(plain), atol=1e-6)
+
+
+def test_the_python_producer_sends_a_conversation(http, redis_server):
+    body = {"model": "chat", "messages": MESSAGES, "add_generation_prompt": True}
+    with Producer(redis_server.url) as producer:
+        request_id = producer.submit(None, "chat", chat={"messages": MESSAGES, "add_generation_prompt": True},
+                                     add_special_tokens=False)
+        got = producer.wait(request_id, 60).embeddings[0]
+    np.testing.assert_allclose(got, _vector(http.post("/v1/embeddings", json=body)), atol=1e-6)
 
 
 def test_template_options_and_content_parts(http, folders):

@@ -152,6 +152,8 @@ def test_cohere_client_raises_bad_request(co):
     with pytest.raises(cohere.BadRequestError) as caught:
         co.embed(model="minilm", texts=["x"], input_type="search_document", embedding_types=["float"])
     assert "Unsupported input_type 'search_document'" in caught.value.body["message"]
+    plain = co.embed(model="minilm", texts=["x"], input_type=None, embedding_types=["float"])  # how to omit it
+    assert len(plain.embeddings.float_[0]) == 384
 
 
 def test_cohere_client_rerank(co, cross_encoder):
