@@ -39,19 +39,12 @@ PATHS = ("/v2/embed",)
 router = APIRouter(dependencies=[Depends(require_key), Depends(admit)])
 
 
-class CohereContent(BaseModel):
-    """One part of a Cohere `inputs` entry: text only (the fleet embeds no images)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    type: Literal["text"] = Field(description="`text`; `image_url` parts are refused (the fleet embeds text)")
-    text: str
-
-
 class CohereInput(BaseModel):
+    """One Cohere `inputs` entry: its parts are the chat text parts (`image_url` ones are refused)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    content: list[CohereContent] = Field(min_length=1)
+    content: list[chat.TextPart] = Field(min_length=1)
 
 
 class CohereEmbedBody(BaseModel):
