@@ -175,6 +175,9 @@ async def embed(body: CohereEmbedBody, gw: Gateway = Depends(gateway)) -> JSONRe
             await _check_lengths(gw, [prompt + text for text in body.texts], body)
         result = await gw.run(_body(input=body.texts, prompt_name=body.input_type, **common))
         return _answer(result.id, [result], types, body.texts)
+    if len(body.inputs) > gw.settings.max_inputs:  # one fleet request each: bounded as a request's inputs are
+        raise ValidationError(f"{len(body.inputs)} inputs in one request; this gateway allows at most "
+                              f"{gw.settings.max_inputs} (split the request)", param="inputs")
     prefix = caps.prompts.get(body.input_type) if caps and body.input_type else None
     bodies = [_body(messages=chat.cohere_messages([part.text for part in item.content], prefix), **common)
               for item in body.inputs]
