@@ -34,6 +34,10 @@ class ModelCapabilities(BaseModel):
     # Inputs longer than max_model_len and at most this many tokens are embedded in chunks (worker/engine/chunking.py);
     # None: they are refused (or truncated per request).
     max_embed_len: int | None = None
+    # Chat input (common/chat.py): whether the tokenizer has a chat template of its own, and whether the worker
+    # renders a template sent with the request (--trust-request-chat-template, off by default as in vLLM).
+    has_chat_template: bool = False
+    trust_request_chat_template: bool = False
 
     @model_validator(mode="after")
     def _bounded_embed_len(self):

@@ -6,11 +6,12 @@ import math
 import time
 import uuid
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from common.protocol import keys
 from common.bounds import INT32_MAX, MAX_REQUEST_BYTES, MAX_UNIX_TIME, token_id_problem
 from common.capabilities import ModelCapabilities
+from common.chat import CHAT_INPUT, CHAT_TASKS, NO_TEMPLATE, UNTRUSTED_TEMPLATE, ChatInput
 from common.codec import check_text, packb, unpackb
 from common.errors import DecodeError, InputTooLongError, ValidationError
 from common.params import PoolingParams
@@ -55,6 +56,7 @@ class EmbedRequest(BaseModel):
     part_of: PartOf | None = None  # set by a worker on the parts of a spread long request only
     deadline: float | None = None  # unix time past which a still-queued request is answered `expired`
     cache: bool = True  # False: computed afresh, neither read from nor written to the fleet's vector cache
+    chat: ChatInput | None = None  # a conversation the worker renders with the chat template (common/chat.py)
 
     @field_validator("deadline")
     @classmethod
@@ -82,6 +84,12 @@ class EmbedRequest(BaseModel):
         if empty is not None:  # as OpenAI and TEI refuse it: it would embed only the special tokens
             raise ValueError(f"input {empty} is an empty string; every text input needs at least one character")
         return inputs
+
+    @model_validator(mode="after")
+    def _chat_placeholder(self):
+        if self.chat is not None and list(self.inputs) != [CHAT_INPUT]:
+            raise ValueError("a request with `chat` embeds one conversation: its `inputs` must be [CHAT_INPUT]")
+        return self
 
     @property
     def is_tokens(self) -> bool:
@@ -113,13 +121,34 @@ class EmbedRequest(BaseModel):
                     "to truncate to the max length", param="input")
         params = self.params.resolve(caps)
         check_task_inputs(self, params.task)
+        if self.chat is not None:
+            self._check_chat(caps)
+            params = params.model_copy(update={"prompt_name": None})  # a conversation gets no default prompt
         return self.model_copy(update={"params": params})
+
+    def _check_chat(self, caps: ModelCapabilities) -> None:
+        """A conversation against what the model's worker can render (vLLM's messages for each refusal)."""
+        if self.params.task not in CHAT_TASKS:
+            raise ValidationError(f"task '{self.params.task}' takes `input` texts, not `messages`; `messages` are "
+                                  f"for tasks {list(CHAT_TASKS)}", param="messages")
+        if self.params.prompt is not None or self.params.prompt_name is not None:
+            raise ValidationError("`prompt` and `prompt_name` apply to `input` texts, not to `messages`: put the "
+                                  "instruction in a message, or leave them out", param="prompt_name")
+        if self.params.chunk_spans is not None:
+            raise ValidationError("`chunk_spans` are offsets into an `input` text, not into rendered `messages`: use "
+                                  "`chunk_size`", param="chunk_spans")
+        if self.chat.chat_template is None and not caps.has_chat_template:
+            raise ValidationError(f"{NO_TEMPLATE} Model '{caps.name}' has none: send `chat_template`, or `input` "
+                                  "texts", param="messages")
+        if self.chat.chat_template is not None and not caps.trust_request_chat_template:
+            raise ValidationError(f"{UNTRUSTED_TEMPLATE} The workers of model '{caps.name}' render only its "
+                                  "own template: leave out `chat_template`", param="chat_template")
 
     def encode(self) -> bytes:
         """The request's wire bytes; ValidationError if it cannot be packed or is larger than a request may be
         (common/bounds.py), so that it fails alone, before it is enqueued with others."""
         data = self.model_dump(mode="json", exclude_defaults=False)
-        for optional in ("text_pair", "part_of", "deadline"):  # absent, not null: older workers refuse them
+        for optional in ("text_pair", "part_of", "deadline", "chat"):  # absent, not null: older workers refuse them
             if data[optional] is None:
                 del data[optional]
         try:

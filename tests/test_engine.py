@@ -13,13 +13,14 @@ from hypothesis.extra.numpy import arrays
 
 from common.dtypes import float32_to_bfloat16_bits
 from common.params import EMBED_DTYPES
+from common.quantize import quantization_ranges
 from common.request import EmbedRequest
 from common.result import Result
 from tests.tinymodels import cosines, embed, engine_for, sample_texts, st_reference
 from worker.engine.engine import Engine
 from worker.engine.fidelity import cast_with_fidelity_check
 from worker.engine.model import load_model
-from worker.engine.postprocess import cast, quantization_ranges
+from worker.engine.postprocess import cast
 
 logging.getLogger("sentence_transformers").setLevel(logging.ERROR)
 

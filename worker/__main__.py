@@ -162,7 +162,8 @@ def _load(path: str, name: str | None, settings: WorkerSettings):
     try:
         return load_model(path, served_name=name, device=settings.device, dtype=settings.dtype,
                           matryoshka_dims=settings.matryoshka_dims, max_inputs=settings.max_inputs,
-                          max_embed_len=settings.max_embed_len)
+                          max_embed_len=settings.max_embed_len,
+                          trust_request_chat_template=settings.trust_request_chat_template)
     except (OSError, ValueError) as exc:  # transformers and the hub say "not found" with both
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise StartupError(f"cannot load model '{path}': {type(exc).__name__}: {first}; pass --model with a "

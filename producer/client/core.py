@@ -12,6 +12,7 @@ import redis
 from pydantic import ValidationError as PydanticValidationError
 from rq.job import JobStatus
 
+from common.chat import CHAT_INPUT
 from common.protocol import keys, operations
 from common.capabilities import ModelCapabilities
 from common.codec import unpackb
@@ -144,16 +145,21 @@ def build_request(inputs, caps: ModelCapabilities | str, params: PoolingParams |
     `caps` may be only a model's name (a bulk request for a model scaled to zero, whose capabilities no
     live worker advertises): then only the request's own shape is checked here, and the worker verifies
     the rest when it starts.
-    `fields` may hold `cache` (False: bypass the fleet's vector cache) besides the PoolingParams fields.
+    `fields` may hold `cache` (False: bypass the fleet's vector cache) and `chat` (a ChatInput, or its dict: one
+    conversation the worker renders with the model's chat template; `inputs` None) besides the PoolingParams
+    fields.
     """
     fields = dict(fields)
     cache = fields.pop("cache", True)
+    chat = fields.pop("chat", None)  # a conversation (common/chat.py): its inputs are the one placeholder
+    if chat is not None and inputs is None:
+        inputs = [CHAT_INPUT]
     try:
         if params is not None:  # fields override the given params, and are validated like them
             fields = {**params.model_dump(exclude_unset=True), **fields}
         request = EmbedRequest(model=caps if isinstance(caps, str) else caps.name, inputs=normalize_inputs(inputs),
                                params=PoolingParams(**fields), reply_to=reply_to, text_pair=text_pair,
-                               deadline=deadline, cache=cache)
+                               deadline=deadline, cache=cache, chat=chat)
     except PydanticValidationError as exc:  # the gateway's schema errors meet the same formatter
         raise invalid_request(exc.errors()) from exc
     if not isinstance(caps, str):

@@ -13,7 +13,7 @@ from fastapi.staticfiles import StaticFiles
 from common.errors import UnavailableError
 from common.redisclient import connect_async, redact
 from producer import AsyncProducer
-from producer.gateway import dashboard, errors, events, jobs, routes, taskroutes, tei
+from producer.gateway import cohere, dashboard, errors, events, invocations, jobs, routes, taskroutes, tei
 from producer.gateway.limits import BodyLimitMiddleware
 from producer.gateway.metrics import Metrics, MetricsMiddleware
 from producer.gateway.service import Gateway
@@ -56,12 +56,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                   description="OpenAI /v1/embeddings, vLLM /pooling and async jobs on an embedfleet fleet")
     if not settings.keys:
         _serve_docs(app)
-    app.include_router(routes.public)
-    app.include_router(routes.protected)
-    app.include_router(events.router)  # before jobs.router, whose /v1/jobs/{job_id} would match "events"
-    app.include_router(jobs.router)
-    app.include_router(taskroutes.router)
-    app.include_router(tei.router)  # TEI's /embed, /embed_all, /similarity, /info and POST /
+    # events before jobs: jobs' /v1/jobs/{job_id} would match /v1/jobs/events.
+    routers = [routes.public, routes.protected, events.router, jobs.router, taskroutes.router,
+               tei.router, cohere.router, invocations.router, invocations.public]
+    for router in routers:
+        app.include_router(router)
     dashboard.install(app)
     errors.install(app, settings.retry_after, metrics.error)
 
@@ -71,10 +70,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     # Added innermost first: the body limit, the metrics around it, the error boundary around all.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, reject=reject)
     app.add_middleware(MetricsMiddleware, metrics=metrics,
-                       routes=[*routes.public.routes, *routes.protected.routes, *events.router.routes,
-                               *jobs.router.routes, *taskroutes.router.routes, *dashboard.public.routes,
-                               *dashboard.protected.routes,
-                               *tei.router.routes])
+                       routes=[route for router in [*routers, dashboard.public, dashboard.protected]
+                               for route in router.routes])
     app.add_middleware(errors.ErrorBoundary, retry_after=settings.retry_after, on_error=metrics.error)
     return app
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
 from common.codec import unencodable
 from common.errors import ValidationError
@@ -13,6 +13,7 @@ from common.params import (ChunkSize, ChunkSpans, Dimensions, EmbedDtype, Endian
                            TruncatePromptTokens)
 from common.request import INPUT_SHAPES
 from common.scheduling import priority_level, resolve_deadline
+from producer.gateway.chat import ChatFields
 
 EncodingFormat = Literal["float", "base64", "bytes", "bytes_only"]
 # OpenAI's four shapes of `input`, documented in the schema but checked by common.request.normalize_inputs,
@@ -43,13 +44,14 @@ Deadline = Annotated[float, scheduling(lambda at: resolve_deadline(at, None, tim
 Timeout = Annotated[float, scheduling(lambda seconds: resolve_deadline(None, seconds, time.time()))]
 
 
-class EmbedBody(BaseModel):
-    """OpenAI's embeddings body plus vLLM's pooling extensions (every PoolingParams field)."""
+class EmbedBody(ChatFields):
+    """OpenAI's embeddings body plus vLLM's pooling extensions (every PoolingParams field), and vLLM's chat
+    `messages` instead of `input` (producer/gateway/chat.py)."""
 
     # Unknown fields are refused, as OpenAI does, so that a misspelt option is not silently ignored.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    input: Input = Field(description=INPUT_SHAPES)
+    input: Input = Field(None, description=f"{INPUT_SHAPES}; or send `messages`")
     model: str | None = Field(None, description="served model name; omitted: the only served model")
     encoding_format: EncodingFormat = "float"
     user: str | None = Field(None, description="accepted for OpenAI compatibility, not used")

@@ -35,6 +35,9 @@ class Gateway:
 
     async def submit(self, body: EmbedBody, reply_to: str | None = None) -> str:
         """Enqueue the body's inputs (a fleet with no live worker raises NoWorkerError: a 503)."""
+        if body.messages is not None:  # one conversation, rendered by the worker (producer/gateway/chat.py)
+            return await self.producer.submit(None, body.model, reply_to=reply_to, **body.request_fields(),
+                                              **body.chat_fields())
         inputs = normalize_inputs(body.input)
         if len(inputs) > self.settings.max_inputs:
             raise ValidationError(f"{len(inputs)} inputs in one request; this gateway allows at most "
@@ -48,7 +51,10 @@ class Gateway:
 
     async def run_task(self, inputs, model: str | None, task: str, fields: dict,
                        text_pair: list[str] | None = None) -> Result:
-        """A request of `task` (producer.gateway.taskroutes), submitted and waited for like `run`'s."""
+        """A request of `task` (producer.gateway.taskroutes), submitted and waited for like `run`'s; `fields`
+        may hold `chat` (a conversation instead of `inputs`, which are None then: producer/gateway/chat.py)."""
+        if fields.get("chat") is not None:
+            return await self.settle(await self.producer.submit(None, model, task=task, **fields))
         inputs = normalize_inputs(inputs)
         if len(inputs) > self.settings.max_inputs:
             raise ValidationError(f"{len(inputs)} inputs in one request; this gateway allows at most "

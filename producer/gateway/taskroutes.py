@@ -69,7 +69,7 @@ async def rerank(data: Annotated[dict, Body()], gw: Gateway = Depends(gateway)) 
 
 @router.post("/classify")
 async def classify(body: ClassifyBody, gw: Gateway = Depends(gateway)) -> JSONResponse:
-    result = await gw.run_task(body.input, body.model, "classify", body.param_fields())
+    result = await gw.run_task(body.input, body.model, "classify", {**body.param_fields(), **body.chat_fields()})
     labels = list(result.labels)
     return JSONResponse({**_head(result), "usage": _usage(result), "data": [
         {"index": i, "label": labels[int(row.argmax())] if labels else None, "probs": row.tolist(),

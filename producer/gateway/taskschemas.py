@@ -10,6 +10,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 from common.bounds import INT32_MAX, TokenId, bounded_int, token_id_problem
 from common.params import TruncatePromptTokens
 from producer.client.tasks import TOP_N_ALLOWED
+from producer.gateway.chat import ChatFields
 from producer.gateway.schemas import Input
 
 Texts = str | list[str]
@@ -68,10 +69,10 @@ class TeiRerankBody(_Body):
                 **({"truncate_prompt_tokens": -1} if self.truncate else {})}
 
 
-class ClassifyBody(_Body):
-    """vLLM's /classify."""
+class ClassifyBody(ChatFields, _Body):
+    """vLLM's /classify; chat `messages` instead of `input` as vLLM's ClassificationChatRequest."""
 
-    input: Input
+    input: Input = None
     truncate_prompt_tokens: TruncatePromptTokens | None = None
     use_activation: bool | None = None
 

@@ -238,7 +238,7 @@ class Engine:
     def _resolve(self, request: EmbedRequest) -> EmbedRequest:
         """request.resolve(caps), with the params part cached: most requests share a few param sets."""
         if len(request.inputs) > self.caps.max_inputs or request.is_tokens or request.params.task != "embed" \
-                or request.params.chunk_spans:
+                or request.params.chunk_spans or request.chat is not None:
             return request.resolve(self.caps)  # raises the right message (or checks token ids)
         params = self._resolved.get(request.params)
         if params is None:

@@ -20,6 +20,7 @@ from torch import nn
 
 from common.capabilities import MAX_EMBED_LEN, ModelCapabilities
 from common.errors import StartupError
+from worker.engine.chat import chat_caps
 from worker.engine.fidelity import cast_with_fidelity_check
 from worker.engine.pooling import Pooler, modes_from_config
 from worker.engine.stconfig import STConfig, read_st_config
@@ -211,7 +212,8 @@ class LoadedModel:
 
 def load_model(path_or_id: str, *, served_name: str | None = None, device: str | None = None,
                matryoshka_dims: list[int] | None = None, max_inputs: int = 2048,
-               dtype: str | None = None, max_embed_len: int | None = None) -> LoadedModel:
+               dtype: str | None = None, max_embed_len: int | None = None,
+               trust_request_chat_template: bool = False) -> LoadedModel:
     """Load a HF or sentence-transformers model folder (or hub id) for serving.
 
     device: None picks "cuda" when available, else "cpu". dtype: "float32", "float16" or "bfloat16";
@@ -221,6 +223,8 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
     matryoshka_dims: the Matryoshka sizes the model allows (the --matryoshka-dims flag).
     max_embed_len: inputs up to this many tokens are embedded in chunks of the max length (--max-embed-len);
         it must exceed the model's max length.
+    trust_request_chat_template: render a chat template sent with a request (--trust-request-chat-template);
+        off, only the tokenizer's own renders `messages`.
     """
     from transformers import AutoConfig, AutoModel, AutoTokenizer  # noqa: PLC0415 - slow import, kept lazy
 
@@ -242,7 +246,8 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         from worker.engine.tasks.classifier import load_classifier  # noqa: PLC0415 - only for such folders
 
         return load_classifier(folder, st, hf_config, name=_served_name(path_or_id, served_name), device=device,
-                               dtype=dtype, max_inputs=max_inputs)
+                               dtype=dtype, max_inputs=max_inputs,
+                               trust_request_chat_template=trust_request_chat_template)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if st.do_lower_case:
         _lowercase(tokenizer)
@@ -298,6 +303,7 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         else ("embed", "score", "token_embed", "tokenize", "detokenize"),
         token_size=embedding_size if colbert else hidden,
         max_embed_len=max_embed_len,
+        **chat_caps(tokenizer, trust_request_chat_template),
     )
     loaded = LoadedModel(
         tokenizer=tokenizer, module=module, pooler=pooler, dense=dense, caps=caps,

@@ -8,6 +8,7 @@ import numpy as np
 
 from common.errors import InputTooLongError, ValidationError
 from common.request import EmbedRequest
+from worker.engine.chat import render
 from worker.engine.chunking import Specials, combine, find_specials, split
 from worker.engine.latechunking import plan_spans
 from worker.engine.model import LoadedModel
@@ -87,12 +88,13 @@ def prepare(model: LoadedModel, request: EmbedRequest) -> Prepared:
     side = params.truncation_side or caps.truncation_side
     prompt_length = 0
     late = params.chunk_size is not None or params.chunk_spans is not None
-    prompt = texts = None
+    prompt = texts = inputs = None
     if request.is_tokens:
         token_lists = [list(ids) for ids in request.inputs]
     else:
         prompt = _prompt_text(model, request)
-        texts = [prompt + text for text in request.inputs] if prompt else list(request.inputs)
+        inputs = [render(model.tokenizer, request.chat)] if request.chat is not None else list(request.inputs)
+        texts = [prompt + text for text in inputs] if prompt else inputs
         token_lists = _tokenize(model, texts, params.add_special_tokens, keep, side)
         if prompt and not model.pooler.include_prompt:
             prompt_length = model.prompt_length(prompt, params.add_special_tokens)
@@ -119,8 +121,7 @@ def prepare(model: LoadedModel, request: EmbedRequest) -> Prepared:
             token_lists[index] = _truncate_ids(ids, keep, side)
     if late:  # late chunking reads each input whole: it was checked against the max length above
         return Prepared([list(ids) for ids in token_lists], prompt_length,
-                        spans=plan_spans(model, request, token_lists, None if texts is None else list(request.inputs),
-                                         prompt))
+                        spans=plan_spans(model, request, token_lists, None if texts is None else inputs, prompt))
     if long:
         return _chunked(model, request, texts, token_lists, long, prompt_length)
     return Prepared([list(ids) for ids in token_lists], prompt_length)

@@ -38,6 +38,9 @@ class WorkerSettings(Settings):
                                       "them (a request may truncate instead)")
     chunks_per_job: int = Field(64, ge=0, description="a request with more chunks than this is spread over the "
                                 "fleet as sub-jobs of at most this many chunks on the same queue; 0: never")
+    trust_request_chat_template: bool = Field(False, description="render a `chat_template` sent with a request's "
+                                              "`messages` (vLLM's flag; sandboxed Jinja, but any client's template "
+                                              "runs here); default: only the tokenizer's own template")
     matryoshka_dims: list[int] | None = Field(None, description="Matryoshka dimensions the model supports, "
                                                                 "when its config does not declare them")
     result_ttl: int = Field(keys.RESULT_TTL, ge=1, description="seconds a result is kept in Redis (at least 1)")

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from common.capabilities import ModelCapabilities
+from worker.engine.chat import chat_caps
 from worker.engine.model import _DTYPES, _lowercase, _max_len, pad_batch
 from worker.engine.stconfig import STConfig
 
@@ -71,7 +72,7 @@ def _score_activation(folder: str, config, num_labels: int) -> nn.Module:
 
 
 def load_classifier(folder: str, st: STConfig, config, *, name: str, device: torch.device, dtype: str,
-                    max_inputs: int) -> ClassifierModel:
+                    max_inputs: int, trust_request_chat_template: bool = False) -> ClassifierModel:
     """A cross-encoder (num_labels 1: tasks score and classify) or a classifier (classify)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415
 
@@ -90,7 +91,7 @@ def load_classifier(folder: str, st: STConfig, config, *, name: str, device: tor
         pooling="classifier", normalize=True, max_inputs=max_inputs,
         truncation_side=getattr(tokenizer, "truncation_side", "right") or "right",
         tasks=(("score", "classify") if num_labels == 1 else ("classify",)) + ("tokenize", "detokenize"),
-        labels=labels)
+        labels=labels, **chat_caps(tokenizer, trust_request_chat_template))
     model = ClassifierModel(
         tokenizer=tokenizer, module=module, caps=caps, device=device,
         score_activation=_score_activation(folder, config, num_labels),
