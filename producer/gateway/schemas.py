@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from common.codec import unencodable
 from common.errors import ValidationError
-from common.params import (ChunkSize, ChunkSpans, Dimensions, EmbedDtype, Endianness, PoolingParams,
-                           TruncatePromptTokens)
+from common.params import (EMBED_DTYPES, LEGACY_ACTIVATION, ChunkSize, ChunkSpans, Dimensions, EmbedDtype,
+                           Endianness, GatewayTruncation, PoolingParams)
 from common.request import INPUT_SHAPES
 from common.scheduling import priority_level, resolve_deadline
 
@@ -58,7 +58,7 @@ class EmbedBody(BaseModel):
     dimensions: Dimensions | None = None
     use_activation: bool | None = None
     normalize: bool | None = Field(None, description="vLLM's deprecated alias of use_activation")
-    truncate_prompt_tokens: TruncatePromptTokens | None = None
+    truncate_prompt_tokens: GatewayTruncation | None = None
     truncation_side: Literal["left", "right"] | None = None
     prompt_name: str | None = None
     prompt: str | None = None
@@ -106,20 +106,32 @@ class EmbedBody(BaseModel):
                     raise ValueError(f"`{name}` must be valid Unicode text, found {found}")
         return data
 
+    @field_validator("embed_dtype", mode="before")
+    @classmethod
+    def _known_dtype(cls, value):
+        """vLLM's words for an unknown dtype (its clients match on the start), naming the allowed ones."""
+        if value is not None and value not in EMBED_DTYPES:
+            raise ValueError(f"embed_dtype={value!r} is not supported. Supported `embed_dtype` values: "
+                             f"{list(EMBED_DTYPES)}")
+        return value
+
     @property
     def explicit_layout(self) -> bool:
         """True when the client chose the bytes' dtype or order itself (vLLM semantics for base64)."""
         return self.embed_dtype is not None or self.endianness is not None
 
 
-PARAM_FIELDS = frozenset(PoolingParams.model_fields) | {"normalize"}
+PARAM_FIELDS = frozenset(PoolingParams.model_fields) | set(LEGACY_ACTIVATION)
 
 
 class PoolingBody(EmbedBody):
     """vLLM's /pooling body: the same fields; `encoding_format` also takes bytes and bytes_only; `task`
-    also token_embed (a 2-D array per input) and classify (the label probabilities)."""
+    also token_embed (a 2-D array per input), classify (the label probabilities) and token_classify (the
+    label probabilities of every token); omitted: the model's default (producer/gateway/routes.py). `plugin`
+    is vLLM's IO-processor task, refused with vLLM's words (no plugins here)."""
 
-    task: Literal["embed", "token_embed", "classify"] | None = None
+    task: Literal["embed", "token_embed", "classify", "token_classify", "plugin"] | None = None
+    activation: bool | None = Field(None, description="vLLM's deprecated alias of use_activation")
 
 
 class JobBody(EmbedBody):
