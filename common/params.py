@@ -144,8 +144,8 @@ class PoolingParams(BaseModel):
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens > caps.max_model_len:
             raise ValidationError(  # vLLM's wording first: its clients match on it
                 f"truncate_prompt_tokens value ({self.truncate_prompt_tokens}) is greater than max_model_len "
-                f"({caps.max_model_len}) of model '{caps.name}'. Please request a smaller truncation size: "
-                f"allowed is -1 or 1 to {caps.max_model_len}", param="truncate_prompt_tokens")
+                f"({caps.max_model_len}) of model '{caps.name}'. Please request a smaller truncation size. "
+                f"Allowed is -1 or 1 to {caps.max_model_len}", param="truncate_prompt_tokens")
         if self.prompt_name is not None and self.prompt is not None:
             raise ValidationError("send either `prompt` or `prompt_name`, not both", param="prompt")
         if self.prompt_name is not None and self.prompt_name not in caps.prompts:
