@@ -28,8 +28,14 @@ MAX_CHUNK_SPANS = 4096  # late-chunking spans one request may ask for
 def _truncation(value: int) -> int:
     if value != -1 and not 1 <= value <= MAX_TOKENS:
         raise ValueError("`truncate_prompt_tokens` must be -1 (the model's max length) or a positive integer "
-                         f"of at most {MAX_TOKENS} (0 only over HTTP, where it answers no inputs as vLLM does), "
-                         f"got {shown(value)}")
+                         f"of at most {MAX_TOKENS}, got {shown(value)}")
+    return value
+
+
+def _gateway_truncation(value: int) -> int:
+    if value != -1 and not 0 <= value <= MAX_TOKENS:
+        raise ValueError("`truncate_prompt_tokens` must be -1 (the model's max length), 0 (no tokens: no rows, as "
+                         f"vLLM answers) or a positive integer of at most {MAX_TOKENS}, got {shown(value)}")
     return value
 
 
@@ -50,7 +56,7 @@ TruncatePromptTokens = Annotated[int, AfterValidator(_truncation),
 # The HTTP bodies of vLLM's routes also take 0, which vLLM answers with no inputs at all (its renderer keeps 0
 # tokens and skips the prompts): the gateway answers that itself (producer/gateway/service.py); a request on
 # the queue never carries it.
-GatewayTruncation = Annotated[int, AfterValidator(lambda value: value if value == 0 else _truncation(value)),
+GatewayTruncation = Annotated[int, AfterValidator(_gateway_truncation),
                               Field(json_schema_extra={"minimum": -1, "maximum": MAX_TOKENS})]
 ChunkSize = bounded_int("`chunk_size`", 1, MAX_TOKENS, f"a positive number of tokens, at most {MAX_TOKENS}")
 ChunkSpans = Annotated[tuple[tuple[int, int], ...], AfterValidator(_spans)]
