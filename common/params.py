@@ -32,13 +32,6 @@ def _truncation(value: int) -> int:
     return value
 
 
-def _gateway_truncation(value: int) -> int:
-    if value != -1 and not 0 <= value <= MAX_TOKENS:
-        raise ValueError("`truncate_prompt_tokens` must be -1 (the model's max length), 0 (no tokens: no rows, as "
-                         f"vLLM answers) or a positive integer of at most {MAX_TOKENS}, got {shown(value)}")
-    return value
-
-
 def _spans(value):
     if not value or len(value) > MAX_CHUNK_SPANS:
         raise ValueError(f"`chunk_spans` must hold 1 to {MAX_CHUNK_SPANS} [start, end] pairs, got {len(value)}")
@@ -49,6 +42,15 @@ def _spans(value):
     return value
 
 
+def check_embed_dtype(value):
+    """vLLM's words for an unknown dtype (its clients match on the start), naming the allowed ones; Python
+    keywords and HTTP bodies meet this one check."""
+    if value is not None and (not isinstance(value, str) or value not in EMBED_DTYPES):
+        raise ValueError(f"embed_dtype={value!r} is not supported. Supported `embed_dtype` values: "
+                         f"{list(EMBED_DTYPES)}")
+    return value
+
+
 # The integer fields, bounded (common/bounds.py); the gateway's request bodies use the same types.
 Dimensions = bounded_int("`dimensions`", 1, MAX_DIMENSIONS, f"a positive integer of at most {MAX_DIMENSIONS}")
 TruncatePromptTokens = Annotated[int, AfterValidator(_truncation),
@@ -56,7 +58,7 @@ TruncatePromptTokens = Annotated[int, AfterValidator(_truncation),
 # The HTTP bodies of vLLM's routes also take 0, which vLLM answers with no inputs at all (its renderer keeps 0
 # tokens and skips the prompts): the gateway answers that itself (producer/gateway/service.py); a request on
 # the queue never carries it.
-GatewayTruncation = Annotated[int, AfterValidator(_gateway_truncation),
+GatewayTruncation = Annotated[int, AfterValidator(lambda value: value if value == 0 else _truncation(value)),
                               Field(json_schema_extra={"minimum": -1, "maximum": MAX_TOKENS})]
 ChunkSize = bounded_int("`chunk_size`", 1, MAX_TOKENS, f"a positive number of tokens, at most {MAX_TOKENS}")
 ChunkSpans = Annotated[tuple[tuple[int, int], ...], AfterValidator(_spans)]
@@ -103,6 +105,11 @@ class PoolingParams(BaseModel):
     @classmethod
     def _unicode(cls, value):
         return check_text(value)  # msgpack carries UTF-8 only
+
+    @field_validator("embed_dtype", mode="before")
+    @classmethod
+    def _known_dtype(cls, value):
+        return check_embed_dtype(value)
 
     def resolve(self, caps: ModelCapabilities) -> PoolingParams:
         """Fill unset fields from the model's defaults and check everything against what it can do.

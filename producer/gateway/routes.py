@@ -33,7 +33,10 @@ async def create_pooling(body: PoolingBody, gw: Gateway = Depends(gateway)) -> R
                               "plugin. This gateway serves no plugins: send `task` embed, token_embed, classify "
                               "or token_classify, as the model allows", param="task")
     if body.task is None:
-        body = body.model_copy(update={"task": default_task(await gw.capabilities(body.model))})
+        try:
+            body = body.model_copy(update={"task": default_task(await gw.capabilities(body.model))})
+        except NoWorkerError:  # no live worker to say what the model does: submit decides (bulk work waits)
+            pass
     result = await gw.run(body)
     return encoding.pooling_response(result, body.encoding_format)
 

@@ -9,8 +9,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 
 from common.codec import unencodable
 from common.errors import ValidationError
-from common.params import (EMBED_DTYPES, LEGACY_ACTIVATION, ChunkSize, ChunkSpans, Dimensions, EmbedDtype,
-                           Endianness, GatewayTruncation, PoolingParams)
+from common.params import (LEGACY_ACTIVATION, ChunkSize, ChunkSpans, Dimensions, EmbedDtype, Endianness,
+                           GatewayTruncation, PoolingParams, check_embed_dtype)
 from common.request import INPUT_SHAPES
 from common.scheduling import priority_level, resolve_deadline
 
@@ -109,11 +109,7 @@ class EmbedBody(BaseModel):
     @field_validator("embed_dtype", mode="before")
     @classmethod
     def _known_dtype(cls, value):
-        """vLLM's words for an unknown dtype (its clients match on the start), naming the allowed ones."""
-        if value is not None and value not in EMBED_DTYPES:
-            raise ValueError(f"embed_dtype={value!r} is not supported. Supported `embed_dtype` values: "
-                             f"{list(EMBED_DTYPES)}")
-        return value
+        return check_embed_dtype(value)  # the message PoolingParams gives Producer.submit too
 
     @property
     def explicit_layout(self) -> bool:
