@@ -88,10 +88,13 @@ def _score_activation(folder: str, config, num_labels: int) -> nn.Module:
 def _per_token_head(module: nn.Module) -> bool:
     """True when the classification head is one linear layer over the hidden states (BERT's), which scores a
     single token as well as the pooled sequence: token_classify is served only then. A head that pools inside
-    (RoBERTa's takes the first token itself) has no per-token meaning."""
+    (RoBERTa's takes the first token itself) or adds layers of its own has no per-token meaning."""
+    prefix = getattr(module, "base_model_prefix", "")
     head = getattr(module, "classifier", None)
-    base = getattr(module, getattr(module, "base_model_prefix", ""), None)
-    return isinstance(head, nn.Linear) and base is not None and head.in_features == module.config.hidden_size
+    # nothing else between the encoder and the layer (DistilBERT's pre_classifier would be skipped)
+    only = {name for name, _ in module.named_children()} <= {prefix, "dropout", "classifier"}
+    return only and isinstance(head, nn.Linear) and getattr(module, prefix, None) is not None \
+        and head.in_features == module.config.hidden_size
 
 
 def load_classifier(folder: str, st: STConfig, config, *, name: str, device: torch.device, dtype: str,
