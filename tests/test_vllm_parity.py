@@ -262,6 +262,10 @@ def test_pooling_on_an_embedding_model(live, st_minilm):
     floats = [d["data"] for d in answer.json()["data"]]
     encoded = live.post("/pooling", model=MINILM, input=TEXTS, encoding_format="base64").json()["data"]
     cosine_close(floats, [np.frombuffer(base64.b64decode(d["data"]), "float32") for d in encoded], 1e-6)
+    for task in ("classify", "token_classify"):  # an embedding model has no classifier head
+        answer = live.post("/pooling", model=MINILM, input=INPUT_TEXT, task=task)
+        assert answer.status_code == 400 and answer.json()["error"]["type"] == "BadRequestError"
+        assert answer.json()["error"]["message"].startswith(f"Unsupported task: {task!r}")
 
 
 # -- test_rerank, scoring/test_cross_encoder_online ---------------------------------------------------------
