@@ -17,7 +17,8 @@ EmbedDtype = Literal["float32", "float16", "bfloat16", "int8", "uint8", "binary"
 Endianness = Literal["native", "little", "big"]
 EMBED_DTYPES: tuple[str, ...] = EmbedDtype.__args__
 # vLLM's pooling tasks (plus tokenize/detokenize, which need no forward pass): one request kind each.
-Task = Literal["embed", "score", "classify", "token_embed", "tokenize", "detokenize"]
+# token_classify: a classifier's labels scored at every token (vLLM's default /pooling task of a cross-encoder).
+Task = Literal["embed", "score", "classify", "token_embed", "token_classify", "tokenize", "detokenize"]
 TASKS: tuple[str, ...] = Task.__args__
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 PACKED_DTYPES = ("binary", "ubinary")  # one bit per dimension, eight dimensions per byte
@@ -41,10 +42,24 @@ def _spans(value):
     return value
 
 
+def check_embed_dtype(value):
+    """vLLM's words for an unknown dtype (its clients match on the start), naming the allowed ones; Python
+    keywords and HTTP bodies meet this one check."""
+    if value is not None and (not isinstance(value, str) or value not in EMBED_DTYPES):
+        raise ValueError(f"embed_dtype={value!r} is not supported. Supported `embed_dtype` values: "
+                         f"{list(EMBED_DTYPES)}")
+    return value
+
+
 # The integer fields, bounded (common/bounds.py); the gateway's request bodies use the same types.
 Dimensions = bounded_int("`dimensions`", 1, MAX_DIMENSIONS, f"a positive integer of at most {MAX_DIMENSIONS}")
 TruncatePromptTokens = Annotated[int, AfterValidator(_truncation),
                                  Field(json_schema_extra={"minimum": -1, "maximum": MAX_TOKENS})]
+# The HTTP bodies of vLLM's routes also take 0, which vLLM answers with no inputs at all (its renderer keeps 0
+# tokens and skips the prompts): the gateway answers that itself (producer/gateway/service.py); a request on
+# the queue never carries it.
+GatewayTruncation = Annotated[int, AfterValidator(lambda value: value if value == 0 else _truncation(value)),
+                              Field(json_schema_extra={"minimum": -1, "maximum": MAX_TOKENS})]
 ChunkSize = bounded_int("`chunk_size`", 1, MAX_TOKENS, f"a positive number of tokens, at most {MAX_TOKENS}")
 ChunkSpans = Annotated[tuple[tuple[int, int], ...], AfterValidator(_spans)]
 
@@ -73,16 +88,17 @@ class PoolingParams(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _legacy_normalize(cls, data):
-        """vLLM's deprecated `normalize` is the same switch as `use_activation`."""
-        if isinstance(data, dict) and "normalize" in data:
-            data = dict(data)
-            normalize = data.pop("normalize")
-            if data.get("use_activation") is not None and normalize is not None \
-                    and data["use_activation"] != normalize:
-                raise ValueError("`normalize` is deprecated and conflicts with `use_activation`; "
-                                 "send only `use_activation`")
-            if normalize is not None:
-                data["use_activation"] = normalize
+        """vLLM's deprecated `normalize` (embeddings) and `activation` (scores, classes) are the same switch as
+        `use_activation`: vLLM still accepts them with that meaning."""
+        for legacy in LEGACY_ACTIVATION:
+            if isinstance(data, dict) and legacy in data:
+                data = dict(data)
+                value = data.pop(legacy)
+                if data.get("use_activation") is not None and value is not None and data["use_activation"] != value:
+                    raise ValueError(f"`{legacy}` is deprecated and conflicts with `use_activation`; "
+                                     "send only `use_activation`")
+                if value is not None:
+                    data["use_activation"] = value
         return data
 
     @field_validator("prompt_name", "prompt")
@@ -90,11 +106,23 @@ class PoolingParams(BaseModel):
     def _unicode(cls, value):
         return check_text(value)  # msgpack carries UTF-8 only
 
+    @field_validator("embed_dtype", mode="before")
+    @classmethod
+    def _known_dtype(cls, value):
+        return check_embed_dtype(value)
+
     def resolve(self, caps: ModelCapabilities) -> PoolingParams:
         """Fill unset fields from the model's defaults and check everything against what it can do.
 
         Raises ValidationError naming the parameter, the value and what is allowed.
         """
+        if self.task == "score" and caps.pooling != "classifier" and self.use_activation is not None:
+            # vLLM scores a bi-encoder with its embed task, whose parameters have no activation: a client that
+            # sends one expects a cross-encoder's sigmoid and would silently get cosines.
+            raise ValidationError(
+                f"Task embed only supports ['dimensions', 'normalize'] parameters, does not support "
+                f"['use_activation'] parameters: model '{caps.name}' scores by the cosine of two embeddings; "
+                "`use_activation` (`activation`) applies to cross-encoders only, omit it", param="use_activation")
         full = self.dimensions is not None and self.dimensions == caps.embedding_size
         merged = self.model_copy(update={
             # the full size is what every model gives: OpenAI clients that always send it get a no-op
@@ -109,9 +137,7 @@ class PoolingParams(BaseModel):
 
     def _verify(self, caps: ModelCapabilities) -> None:
         if self.task not in caps.tasks:
-            raise ValidationError(
-                f"task '{self.task}' is not supported by model '{caps.name}': it supports "
-                f"{list(caps.tasks)}", param="task")
+            raise ValidationError(unsupported_task(self.task, caps), param="task")
         if self.task != "embed":
             self._verify_task(caps)
         if self.dimensions is not None:
@@ -129,10 +155,10 @@ class PoolingParams(BaseModel):
                     f"`dimensions`={self.dimensions} is not a Matryoshka dimension of model '{caps.name}': "
                     f"allowed are {list(caps.matryoshka_dimensions)}", param="dimensions")
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens > caps.max_model_len:
-            raise ValidationError(
-                f"`truncate_prompt_tokens`={self.truncate_prompt_tokens} exceeds the max length "
-                f"{caps.max_model_len} of model '{caps.name}': allowed is -1 or 1 to "
-                f"{caps.max_model_len}", param="truncate_prompt_tokens")
+            raise ValidationError(  # vLLM's wording first: its clients match on it
+                f"truncate_prompt_tokens value ({self.truncate_prompt_tokens}) is greater than max_model_len "
+                f"({caps.max_model_len}) of model '{caps.name}'. Please request a smaller truncation size. "
+                f"Allowed is -1 or 1 to {caps.max_model_len}", param="truncate_prompt_tokens")
         if self.prompt_name is not None and self.prompt is not None:
             raise ValidationError("send either `prompt` or `prompt_name`, not both", param="prompt")
         if self.prompt_name is not None and self.prompt_name not in caps.prompts:
@@ -166,3 +192,11 @@ class PoolingParams(BaseModel):
         if self.task == "token_embed" and caps.token_size:
             return caps.token_size
         return self.dimensions or caps.embedding_size
+
+
+LEGACY_ACTIVATION = ("normalize", "activation")  # vLLM's deprecated names of `use_activation`
+
+
+def unsupported_task(task: str, caps: ModelCapabilities) -> str:
+    """vLLM's words for a task the model does not serve (its clients match on the start), then ours."""
+    return f"Unsupported task: {task!r}. Model '{caps.name}' supports {list(caps.tasks)}"

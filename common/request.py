@@ -118,7 +118,7 @@ class EmbedRequest(BaseModel):
                 raise InputTooLongError(
                     f"input {longest} has {len(self.inputs[longest])} tokens, more than the max_embed_len "
                     f"{caps.max_embed_len} of model '{caps.name}': shorten it, or send truncate_prompt_tokens=-1 "
-                    "to truncate to the max length", param="input")
+                    "to truncate to the max length. Please reduce the length of the input prompt.", param="input")
         params = self.params.resolve(caps)
         check_task_inputs(self, params.task)
         if self.chat is not None:

@@ -6,9 +6,10 @@ with `numpy.frombuffer(data, common.dtypes.storage_dtype(embed_dtype, endianness
 
 Tasks other than `embed` add header keys only where they differ from embed's, so an embed blob is byte for
 byte what it was and older readers still decode the rest (they ignore keys they do not know):
-`task` (absent = "embed"); `parts` (token_embed: rows per input; the array is every input's rows back to
-back, shape (sum(parts), d)); `labels` (classify: the label name of each column); `items` (tokenize and
-detokenize: one JSON-like value per input, no array). score answers shape (n,), classify (n, labels).
+`task` (absent = "embed"); `parts` (token_embed and token_classify: rows per input; the array is every
+input's rows back to back, shape (sum(parts), d), d = labels for token_classify); `labels` (classify and
+token_classify: the label name of each column); `items` (tokenize and detokenize: one JSON-like value per
+input, no array). score answers shape (n,), classify (n, labels).
 """
 
 from __future__ import annotations

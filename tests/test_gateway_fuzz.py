@@ -1,5 +1,6 @@
-"""Hostile HTTP input: every malformed request is a 4xx in OpenAI's error shape, never a 500, and no answer
-closes the keep-alive connection that other requests share. A seeded generator, so a failure replays."""
+"""Hostile HTTP input: every malformed request is a 4xx in its API's error shape (OpenAI's; vLLM's on vLLM's
+routes), never a 500, and no answer closes the keep-alive connection that other requests share. A seeded
+generator, so a failure replays."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def test_hostile_requests_get_4xx_and_keep_the_connection(gateway):
         statuses[response.status] += 1
         if response.status >= 500 and response.status not in (503, 504):
             server_errors.append((n, method, path, payload, response.status, raw[:200]))
-        if response.status >= 400 and not _openai_error(raw):
+        if response.status >= 400 and not _error_shape(raw, path, response.status):
             shapes.append((n, method, path, response.status, raw[:200]))
         if response.will_close:
             dropped.append((n, method, path, payload))
@@ -116,8 +117,9 @@ def test_the_probes_findings_are_4xx_on_one_connection(gateway):
                            headers={"Content-Type": "application/json"})
         response = connection.getresponse()
         raw = response.read()
-        assert (response.status, json.loads(raw)["error"]["code"]) == (status, code), (path, payload, raw)
-        assert _openai_error(raw) and not response.will_close
+        error = json.loads(raw)["error"]
+        assert (response.status, error.get("embedfleet_code", error["code"])) == (status, code), (path, payload, raw)
+        assert _error_shape(raw, path, status) and not response.will_close
     connection.close()
 
 
@@ -140,9 +142,13 @@ def test_an_internal_error_is_a_500_that_keeps_the_connection(gateway, redis_cli
     connection.close()
 
 
-def _openai_error(raw: bytes) -> bool:
+def _error_shape(raw: bytes, path: str, status: int) -> bool:
+    """OpenAI's error body; on vLLM's /pooling, vLLM's (the status as an integer `code`, our code beside it)."""
     try:
         error = json.loads(raw)["error"]
     except (ValueError, KeyError, TypeError):
         return False
+    if path == "/pooling":
+        return set(error) == {"message", "type", "param", "code", "embedfleet_code"} and error["code"] == status \
+            and error["type"].endswith("Error") and isinstance(error["message"], str)
     return set(error) == {"message", "type", "param", "code"} and isinstance(error["message"], str)

@@ -28,8 +28,8 @@ QUERY = "weather in paris today"
 DOCS = sample_texts(7, seed=3)
 TEXTS = sample_texts(6, seed=4, max_words=40)
 SUPPORTED = {"emb": ["embed", "score", "token_embed", "tokenize", "detokenize"],
-             "ce": ["score", "classify", "tokenize", "detokenize"],
-             "clf": ["classify", "tokenize", "detokenize"],
+             "ce": ["score", "classify", "token_classify", "tokenize", "detokenize"],
+             "clf": ["classify", "token_classify", "tokenize", "detokenize"],
              "colbert": ["token_embed", "score", "tokenize", "detokenize"]}
 
 
@@ -175,11 +175,12 @@ def test_tokenize_and_detokenize_equal_the_tokenizer(fleet, classifier):
 
 @pytest.mark.parametrize("model", sorted(SUPPORTED))
 def test_every_unsupported_task_fails_at_submit_naming_the_supported_ones(fleet, redis_client, model):
-    for task in {"embed", "score", "classify", "token_embed", "tokenize", "detokenize"} - set(SUPPORTED[model]):
+    for task in {"embed", "score", "classify", "token_embed", "token_classify", "tokenize",
+                 "detokenize"} - set(SUPPORTED[model]):
         with pytest.raises(ValidationError) as caught:
             fleet.submit(["some text"], model, task=task, **({"text_pair": ["b"]} if task == "score" else {}))
         assert caught.value.param == "task"
-        assert f"task '{task}' is not supported by model '{model}'" in caught.value.message
+        assert caught.value.message.startswith(f"Unsupported task: '{task}'. Model '{model}' supports")  # vLLM's
         assert str(SUPPORTED[model]) in caught.value.message
     assert redis_client.llen(f"rq:queue:{queue_name(model)}") == 0
 
@@ -191,7 +192,7 @@ def test_the_worker_verifies_the_task_again(fleet):
 
     request = EmbedRequest(model="emb", inputs=["a"], params={"task": "classify"})
     operations.enqueue(fleet.redis, operations.enqueue_args(keys.queue_name("emb"), [request]))
-    with pytest.raises(ValidationError, match=r"task 'classify' is not supported by model 'emb': it supports"):
+    with pytest.raises(ValidationError, match=r"Unsupported task: 'classify'. Model 'emb' supports"):
         fleet.wait(request.id)
     assert fleet.embed(["a"], "emb").shape == (1, 32)
 

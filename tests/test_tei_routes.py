@@ -273,7 +273,7 @@ def test_info_model_types_and_a_model_to_name(tiny_fleet):
     assert several.status_code == 400 and several.json()["error_type"] == "Validation"
     assert "several models are served, name one with `model`: ['ce', 'clf', 'mrl']" in several.json()["error"]
     unsupported = tiny_fleet.post("/embed", json={"model": "ce", "inputs": "a"})
-    assert unsupported.status_code == 400 and "task 'embed' is not supported by model 'ce'" in \
+    assert unsupported.status_code == 400 and "Unsupported task: 'embed'. Model 'ce' supports" in \
         unsupported.json()["error"]
 
 

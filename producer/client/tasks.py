@@ -40,7 +40,8 @@ def check_rerank(query, documents, top_n: int | None) -> list[str]:
 
 def rank(scores, documents: list[str], top_n: int | None = None, return_documents: bool = False) -> list[dict]:
     """Documents best first as {index, relevance_score[, document]}; top_n None or 0 keeps all (vLLM)."""
-    order = sorted(range(len(documents)), key=lambda i: -float(scores[i]))
+    # fewer scores than documents only for vLLM's truncate_prompt_tokens=0, which answers none
+    order = sorted(range(min(len(documents), len(scores))), key=lambda i: -float(scores[i]))
     if top_n:
         order = order[:top_n]
     return [{"index": i, "relevance_score": float(scores[i]),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from http import HTTPStatus
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -80,6 +81,26 @@ def shape_errors(paths, shape: ErrorShape) -> None:
     """Answer errors on these exact paths with `shape`'s body (a dialect's module calls this at import)."""
     for path in paths:
         _SHAPES[path] = shape
+
+
+def vllm_type(status: int) -> str:
+    """vLLM's error `type`: the status's name as an exception class (400 BadRequestError, 404 NotFoundError,
+    500 InternalServerError, 503 ServiceUnavailableError)."""
+    name = "".join(word.capitalize() for word in HTTPStatus(status).phrase.replace("-", " ").split())
+    return name if name.endswith("Error") else f"{name}Error"
+
+
+def vllm_shape(err: EmbedfleetError, status: int, kind: str) -> dict:
+    """vLLM's ErrorResponse: `error.type` names the status (vllm_type) and `error.code` is the status as an
+    integer. An OpenAI client parses it too (the same keys); our stable code travels as `error.embedfleet_code`."""
+    return {"error": {"message": err.message, "type": vllm_type(status), "param": err.param, "code": status,
+                      "embedfleet_code": err.code}}
+
+
+def vllm_and_cohere_shape(err: EmbedfleetError, status: int, kind: str) -> dict:
+    """/v2/rerank is vLLM's and Cohere's path: vLLM's body plus Cohere's top-level `message`, so that either
+    client reads its own error from one body."""
+    return {**vllm_shape(err, status, kind), "message": err.message}
 
 
 def status_of(code: str) -> int:

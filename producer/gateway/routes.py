@@ -8,7 +8,8 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from common.errors import EmbedfleetError, NoWorkerError
+from common.capabilities import ModelCapabilities
+from common.errors import EmbedfleetError, NoWorkerError, ValidationError
 from producer.gateway import encoding
 from producer.gateway.auth import admit, require_key
 from producer.gateway.errors import error_body, status_of
@@ -27,8 +28,23 @@ async def create_embeddings(body: EmbedBody, gw: Gateway = Depends(gateway)) -> 
 
 @protected.post("/pooling", dependencies=[Depends(admit)])
 async def create_pooling(body: PoolingBody, gw: Gateway = Depends(gateway)) -> Response:
+    if body.task == "plugin":  # vLLM's IO-processor plugins: none can be installed here
+        raise ValidationError("No IOProcessor plugin installed. Please refer to the documentation and install a "
+                              "plugin. This gateway serves no plugins: send `task` embed, token_embed, classify "
+                              "or token_classify, as the model allows", param="task")
+    if body.task is None:
+        try:
+            body = body.model_copy(update={"task": default_task(await gw.capabilities(body.model))})
+        except NoWorkerError:  # no live worker to say what the model does: submit decides (bulk work waits)
+            pass
     result = await gw.run(body)
     return encoding.pooling_response(result, body.encoding_format)
+
+
+def default_task(caps: ModelCapabilities) -> str:
+    """vLLM's /pooling task when none is sent: `embed` for an embedding model, per-token class scores
+    (`token_classify`) for a cross-encoder or classifier."""
+    return next((task for task in ("embed", "token_classify", "token_embed") if task in caps.tasks), "embed")
 
 
 @protected.get("/v1/models")

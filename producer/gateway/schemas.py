@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from common.codec import unencodable
 from common.errors import ValidationError
-from common.params import (ChunkSize, ChunkSpans, Dimensions, EmbedDtype, Endianness, PoolingParams,
-                           TruncatePromptTokens)
+from common.params import (LEGACY_ACTIVATION, ChunkSize, ChunkSpans, Dimensions, EmbedDtype, Endianness,
+                           GatewayTruncation, PoolingParams, check_embed_dtype)
 from common.request import INPUT_SHAPES
 from common.scheduling import priority_level, resolve_deadline
 from producer.gateway.chat import ChatFields
@@ -60,7 +60,7 @@ class EmbedBody(ChatFields):
     dimensions: Dimensions | None = None
     use_activation: bool | None = None
     normalize: bool | None = Field(None, description="vLLM's deprecated alias of use_activation")
-    truncate_prompt_tokens: TruncatePromptTokens | None = None
+    truncate_prompt_tokens: GatewayTruncation | None = None
     truncation_side: Literal["left", "right"] | None = None
     prompt_name: str | None = None
     prompt: str | None = None
@@ -108,20 +108,28 @@ class EmbedBody(ChatFields):
                     raise ValueError(f"`{name}` must be valid Unicode text, found {found}")
         return data
 
+    @field_validator("embed_dtype", mode="before")
+    @classmethod
+    def _known_dtype(cls, value):
+        return check_embed_dtype(value)  # the message PoolingParams gives Producer.submit too
+
     @property
     def explicit_layout(self) -> bool:
         """True when the client chose the bytes' dtype or order itself (vLLM semantics for base64)."""
         return self.embed_dtype is not None or self.endianness is not None
 
 
-PARAM_FIELDS = frozenset(PoolingParams.model_fields) | {"normalize"}
+PARAM_FIELDS = frozenset(PoolingParams.model_fields) | set(LEGACY_ACTIVATION)
 
 
 class PoolingBody(EmbedBody):
     """vLLM's /pooling body: the same fields; `encoding_format` also takes bytes and bytes_only; `task`
-    also token_embed (a 2-D array per input) and classify (the label probabilities)."""
+    also token_embed (a 2-D array per input), classify (the label probabilities) and token_classify (the
+    label probabilities of every token); omitted: the model's default (producer/gateway/routes.py). `plugin`
+    is vLLM's IO-processor task, refused with vLLM's words (no plugins here)."""
 
-    task: Literal["embed", "token_embed", "classify"] | None = None
+    task: Literal["embed", "token_embed", "classify", "token_classify", "plugin"] | None = None
+    activation: bool | None = Field(None, description="vLLM's deprecated alias of use_activation")
 
 
 class JobBody(EmbedBody):

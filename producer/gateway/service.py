@@ -8,12 +8,16 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from pydantic import ValidationError as PydanticValidationError
+
 from common.protocol import keys, operations
-from common.errors import EmbedfleetError, ResultTimeoutError, ValidationError
-from common.request import normalize_inputs
+from common.capabilities import ModelCapabilities
+from common.errors import EmbedfleetError, ResultTimeoutError, ValidationError, invalid_request
+from common.params import PoolingParams
+from common.request import new_request_id, normalize_inputs
 from common.result import Result
 from producer import AsyncProducer
-from producer.client.core import redis_errors
+from producer.client.core import pick_model, redis_errors
 from producer.gateway.apikeys import KeyLimiter
 from producer.gateway.metrics import Metrics
 from producer.gateway.owners import may_see, no_such_job
@@ -47,6 +51,8 @@ class Gateway:
     async def run(self, body: EmbedBody) -> Result:
         """Submit and wait up to the request timeout; a request that timed out is cancelled if still queued,
         so that no worker spends time on an answer nobody reads."""
+        if body.truncate_prompt_tokens == 0:
+            return await self.no_inputs(body.model, body.param_fields())
         return await self.settle(await self.submit(body))
 
     async def run_task(self, inputs, model: str | None, task: str, fields: dict,
@@ -55,12 +61,32 @@ class Gateway:
         may hold `chat` (a conversation instead of `inputs`, which are None then: producer/gateway/chat.py)."""
         if fields.get("chat") is not None:
             return await self.settle(await self.producer.submit(None, model, task=task, **fields))
+        if fields.get("truncate_prompt_tokens") == 0:
+            return await self.no_inputs(model, {**fields, "task": task})
         inputs = normalize_inputs(inputs)
         if len(inputs) > self.settings.max_inputs:
             raise ValidationError(f"{len(inputs)} inputs in one request; this gateway allows at most "
                                   f"{self.settings.max_inputs} (split the request)", param="input")
         return await self.settle(await self.producer.submit(inputs, model, text_pair=text_pair, task=task,
                                                             **fields))
+
+    async def capabilities(self, model: str | None) -> ModelCapabilities:
+        """The served model `model` names (None: the only one), or the error Producer.submit would raise."""
+        served = await self.producer.models(refresh=False)
+        if model not in served:  # a worker may have come up since the cached read
+            served = await self.producer.models()
+        return pick_model(model, served, self.producer.known_models())
+
+    async def no_inputs(self, model: str | None, fields: dict) -> Result:
+        """vLLM's `truncate_prompt_tokens: 0`: every input cut to no tokens, which vLLM answers with no rows and
+        0 prompt tokens without running the model. The model and the other fields are still verified, so that
+        a mistake is not hidden by the 0; nothing is queued."""
+        caps = await self.capabilities(model)
+        try:
+            params = PoolingParams(**{k: v for k, v in fields.items() if k != "truncate_prompt_tokens"}).resolve(caps)
+        except PydanticValidationError as exc:
+            raise invalid_request(exc.errors()) from exc
+        return empty_result(caps, params)
 
     async def settle(self, request_id: str) -> Result:
         try:
@@ -114,6 +140,23 @@ class Gateway:
 
 
 DEFAULT_OPTIONS = {"encoding_format": "float", "explicit_layout": False}
+
+
+def empty_result(caps: ModelCapabilities, params: PoolingParams) -> Result:
+    """A result of no rows, laid out as `params.task` lays out its rows (common/result.py)."""
+    task = params.task
+    if task == "score":
+        shape: tuple[int, ...] = (0,)
+    elif task in ("classify", "token_classify"):
+        shape = (0, len(caps.labels))
+    else:
+        shape = (0, params.output_size(caps))
+    result = Result(id=new_request_id(), model=caps.name, shape=shape, embed_dtype=params.embed_dtype,
+                    endianness="little")
+    if task == "embed":
+        return result
+    return result.with_task(task, parts=() if task.startswith("token_") else None,
+                            labels=caps.labels if task in ("classify", "token_classify") else ())
 
 
 async def save_job_options(connection, request_id: str, options: str) -> None:

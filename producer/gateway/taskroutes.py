@@ -16,12 +16,18 @@ from pydantic import ValidationError as PydanticValidationError
 from common.errors import invalid_request
 from common.result import Result
 from producer.gateway.auth import admit, require_key
+from producer.gateway.errors import shape_errors, vllm_and_cohere_shape, vllm_shape
 from producer.gateway.service import Gateway, gateway
 from producer.gateway.taskschemas import (ClassifyBody, DetokenizeBody, RerankBody, ScoreBody, TeiDecodeBody,
                                           TeiRerankBody, TeiTokenizeBody, TokenizeBody, pick)
 from producer.client.tasks import check_rerank, rank, score_pairs
 
 router = APIRouter(dependencies=[Depends(require_key), Depends(admit)])  # every route here submits
+
+# vLLM's routes answer errors in vLLM's body (type BadRequestError, code 400); /v1/embeddings keeps OpenAI's.
+VLLM_PATHS = ("/pooling", "/score", "/v1/score", "/rerank", "/v1/rerank", "/classify", "/tokenize", "/detokenize")
+shape_errors(VLLM_PATHS, vllm_shape)
+shape_errors(("/v2/rerank",), vllm_and_cohere_shape)
 
 
 def _parse(cls: type[BaseModel], data):
@@ -63,7 +69,9 @@ async def rerank(data: Annotated[dict, Body()], gw: Gateway = Depends(gateway)) 
         return JSONResponse([{"index": r["index"], "score": r["relevance_score"],
                               **({"text": documents[r["index"]]} if body.return_text else {})}
                              for r in rank(result.scores, documents)])
-    return JSONResponse({"id": result.id, "model": result.model, "usage": {"total_tokens": result.usage.total_tokens},
+    # vLLM's RerankResponse usage: prompt and total tokens (clients typed on it require prompt_tokens)
+    usage = {"prompt_tokens": result.usage.prompt_tokens, "total_tokens": result.usage.total_tokens}
+    return JSONResponse({"id": result.id, "model": result.model, "usage": usage,
                          "results": rank(result.scores, documents, body.top_n, body.return_documents)})
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from common.bounds import INT32_MAX, TokenId, bounded_int, token_id_problem
-from common.params import TruncatePromptTokens
+from common.params import LEGACY_ACTIVATION, GatewayTruncation
 from producer.client.tasks import TOP_N_ALLOWED
 from producer.gateway.chat import ChatFields
 from producer.gateway.schemas import Input
@@ -29,30 +29,56 @@ class _Body(BaseModel):
         return tuple(cls.model_fields)
 
     def param_fields(self) -> dict:
-        """The PoolingParams fields that were sent (the producer verifies them)."""
-        return self.model_dump(include={"truncate_prompt_tokens", "use_activation", "add_special_tokens"},
-                               exclude_none=True)
+        """The PoolingParams fields that were sent (the producer verifies them; `activation` is vLLM's
+        deprecated name of `use_activation`, mapped by PoolingParams)."""
+        return self.model_dump(include={"truncate_prompt_tokens", "use_activation", "add_special_tokens",
+                                        *LEGACY_ACTIVATION}, exclude_none=True)
 
 
-class ScoreBody(_Body):
+class _Activation(_Body):
+    """The switch of the score and class activation, under its current name and vLLM's deprecated one."""
+
+    use_activation: bool | None = None
+    activation: bool | None = Field(None, description="vLLM's deprecated alias of use_activation")
+
+
+class ScoreBody(_Activation):
     """vLLM's /score: `text_1` against `text_2`, one against many or pairwise."""
 
-    # newer vLLM names the two sides `queries` / `documents` (`data_1` / `data_2` before): all are accepted
+    # newer vLLM names the two sides `queries` / `documents` or `items` (`data_1` / `data_2` before): all are
+    # accepted, one name per side
     text_1: Texts = Field(validation_alias=AliasChoices("text_1", "queries", "data_1"))
-    text_2: Texts = Field(validation_alias=AliasChoices("text_2", "documents", "data_2"))
-    truncate_prompt_tokens: TruncatePromptTokens | None = None
-    use_activation: bool | None = None
+    text_2: Texts = Field(validation_alias=AliasChoices("text_2", "documents", "items", "data_2"))
+    truncate_prompt_tokens: GatewayTruncation | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_name_per_side(cls, data):
+        """Two names of one side would silently drop one of them: refused, naming both."""
+        if isinstance(data, dict):
+            for names in SIDES:
+                sent = [name for name in names if name in data]
+                if len(sent) > 1:
+                    raise ValueError(f"{' and '.join(f'`{n}`' for n in sent)} name the same side of the pairs: "
+                                     "send one of them")
+        return data
+
+    @classmethod
+    def known_fields(cls) -> tuple[str, ...]:
+        return tuple(name for name in cls.model_fields if name not in ("text_1", "text_2")) + SIDES[0] + SIDES[1]
 
 
-class RerankBody(_Body):
+SIDES = (("text_1", "queries", "data_1"), ("text_2", "documents", "items", "data_2"))
+
+
+class RerankBody(_Activation):
     """vLLM's /rerank, Cohere's and Jina's /v1/rerank: documents best first for the query."""
 
     query: str
     documents: list[str]
     top_n: TopN | None = Field(None, description="keep the best n; 0 or omitted: all")
     return_documents: bool = True
-    truncate_prompt_tokens: TruncatePromptTokens | None = None
-    use_activation: bool | None = None
+    truncate_prompt_tokens: GatewayTruncation | None = None
 
 
 class TeiRerankBody(_Body):
@@ -65,16 +91,18 @@ class TeiRerankBody(_Body):
     truncate: bool | None = None
 
     def param_fields(self) -> dict:
-        return {"use_activation": not self.raw_scores,
+        # activation is the model's default: sent only to switch it off, so that a bi-encoder (whose score
+        # takes no activation) still answers TEI's body
+        return {**({"use_activation": False} if self.raw_scores else {}),
                 **({"truncate_prompt_tokens": -1} if self.truncate else {})}
 
 
-class ClassifyBody(ChatFields, _Body):
+class ClassifyBody(ChatFields, _Activation):
     """vLLM's /classify; chat `messages` instead of `input` as vLLM's ClassificationChatRequest."""
 
     input: Input = None
-    truncate_prompt_tokens: TruncatePromptTokens | None = None
-    use_activation: bool | None = None
+    truncate_prompt_tokens: GatewayTruncation | None = None
+    add_special_tokens: bool | None = None
 
 
 class TokenizeBody(_Body):

@@ -110,13 +110,13 @@ def prepare(model: LoadedModel, request: EmbedRequest) -> Prepared:
                     f"input {index} has {len(ids)} tokens, more than the max_embed_len {caps.max_embed_len} of "
                     f"model '{caps.name}' (inputs above its max length {caps.max_model_len} are embedded in "
                     "chunks up to that many tokens): shorten it, or send truncate_prompt_tokens=-1 to "
-                    "truncate to the max length", param="input")
+                    "truncate to the max length. Please reduce the length of the input prompt.", param="input")
             long[index] = ids
         elif keep is None and len(ids) > caps.max_model_len:
             raise InputTooLongError(
                 f"input {index} has {len(ids)} tokens, more than the maximum {caps.max_model_len} of "
                 f"model '{caps.name}': shorten it, or send truncate_prompt_tokens=-1 to truncate to "
-                "the maximum", param="input")
+                "the maximum. Please reduce the length of the input prompt.", param="input")
         if keep is not None and len(ids) > keep:  # token-id inputs, or a tokenizer that would not cut
             token_lists[index] = _truncate_ids(ids, keep, side)
     if late:  # late chunking reads each input whole: it was checked against the max length above

@@ -1,8 +1,9 @@
 """Sequence-classification models (cross-encoders, classifiers): loading and the forward pass to logits.
 
-A ClassifierModel has LoadedModel's duck type (`caps`, `tokenizer`, `module`, `device`, `embed`), so the
-engine batches it by the same token budget; its `embed` answers one row of logits per input (a text, or a
-pair tokenised as one row: the budget counts both sides).
+A ClassifierModel has LoadedModel's duck type (`caps`, `tokenizer`, `module`, `device`, `embed`,
+`token_embed`), so the engine batches it by the same token budget; its `embed` answers one row of logits per
+input (a text, or a pair tokenised as one row: the budget counts both sides), its `token_embed` one row of
+logits per token (task token_classify).
 """
 
 from __future__ import annotations
@@ -50,6 +51,20 @@ class ClassifierModel:
             inputs["token_type_ids"] = types
         return self.module(**inputs).logits.float().cpu()
 
+    @torch.inference_mode()
+    def token_embed(self, token_lists: list[list[int]]) -> list:
+        """The engine's per-token pass (head "tokens"), here for task token_classify: the classifier applied to
+        every real token's last hidden state, as vLLM's token_classify pools a sequence classifier (all
+        tokens, no CLS pooler, no activation here), float32 (tokens, labels) numpy arrays."""
+        inputs = pad_batch(token_lists, self.pad_token_id, self.padding_side, self.device)
+        if self.token_types:
+            inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
+        base = getattr(self.module, self.module.base_model_prefix)
+        hidden = base(**inputs).last_hidden_state
+        logits = self.module.classifier(hidden).float().cpu()
+        mask = inputs["attention_mask"].bool().cpu()
+        return [logits[row][mask[row]].numpy() for row in range(len(token_lists))]
+
 
 def _score_activation(folder: str, config, num_labels: int) -> nn.Module:
     """CrossEncoder's activation: the folder's `activation_fn` (sentence-transformers 6, 4-5 or older
@@ -71,6 +86,18 @@ def _score_activation(folder: str, config, num_labels: int) -> nn.Module:
     return nn.Sigmoid() if num_labels == 1 else nn.Identity()
 
 
+def _per_token_head(module: nn.Module) -> bool:
+    """True when the classification head is one linear layer over the hidden states (BERT's), which scores a
+    single token as well as the pooled sequence: token_classify is served only then. A head that pools inside
+    (RoBERTa's takes the first token itself) or adds layers of its own has no per-token meaning."""
+    prefix = getattr(module, "base_model_prefix", "")
+    head = getattr(module, "classifier", None)
+    # nothing else between the encoder and the layer (DistilBERT's pre_classifier would be skipped)
+    only = {name for name, _ in module.named_children()} <= {prefix, "dropout", "classifier"}
+    return only and isinstance(head, nn.Linear) and getattr(module, prefix, None) is not None \
+        and head.in_features == module.config.hidden_size
+
+
 def load_classifier(folder: str, st: STConfig, config, *, name: str, device: torch.device, dtype: str,
                     max_inputs: int, trust_request_chat_template: bool = False) -> ClassifierModel:
     """A cross-encoder (num_labels 1: tasks score and classify) or a classifier (classify)."""
@@ -90,7 +117,8 @@ def load_classifier(folder: str, st: STConfig, config, *, name: str, device: tor
         embedding_size=num_labels, vocab_size=module.get_input_embeddings().num_embeddings,
         pooling="classifier", normalize=True, max_inputs=max_inputs,
         truncation_side=getattr(tokenizer, "truncation_side", "right") or "right",
-        tasks=(("score", "classify") if num_labels == 1 else ("classify",)) + ("tokenize", "detokenize"),
+        tasks=(("score", "classify") if num_labels == 1 else ("classify",))
+        + (("token_classify",) if _per_token_head(module) else ()) + ("tokenize", "detokenize"),
         labels=labels, **chat_caps(tokenizer, trust_request_chat_template))
     model = ClassifierModel(
         tokenizer=tokenizer, module=module, caps=caps, device=device,

@@ -3,7 +3,8 @@
 score: a cross-encoder's logit through its activation (CrossEncoder.predict's), the cosine of two pooled
 embeddings (a bi-encoder), or MaxSim over token vectors (ColBERT); classify: softmax over the labels
 (sigmoid for one label), or the raw logits without activation; token_embed: each input's token vectors,
-normalised per token when use_activation, back to back with their row counts (Result.parts).
+normalised per token when use_activation, back to back with their row counts (Result.parts); token_classify:
+each token's labels through the same activation as classify, laid out as token_embed.
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ def finish_task(model, request: EmbedRequest, rows, prepared: Prepared) -> Resul
         stored = cast(np.concatenate(vectors) if vectors else np.zeros((0, 0), np.float32), params.embed_dtype)
         return Result.success(request.id, name, stored, params.embed_dtype, params.endianness,
                               prepared.prompt_tokens).with_task("token_embed", parts=[len(v) for v in vectors])
+    if params.task == "token_classify":  # vLLM's: the class activation over each token's labels
+        rows = [np.asarray(v, np.float32).reshape(len(v), -1) for v in rows]
+        values = [_classify_activation(v) if activate else v for v in rows]
+        stored = np.concatenate(values) if values else np.zeros((0, len(model.caps.labels)), np.float32)
+        return Result.success(request.id, name, stored, "float32", params.endianness,
+                              prepared.prompt_tokens).with_task("token_classify", parts=[len(v) for v in values],
+                                                                labels=model.caps.labels)
     if params.task == "classify":
         logits = np.asarray(rows, np.float32)
         values = _classify_activation(logits) if activate else logits

@@ -27,8 +27,9 @@ def prepare_task(model, request: EmbedRequest) -> Prepared | Result:
 
 
 def _with_head(model, prepared: Prepared, task: str) -> Prepared:
-    """token_embed, and score on a model that serves no pooled vectors (ColBERT): one vector per token."""
-    if task == "token_embed" or (task == "score" and "embed" not in model.caps.tasks):
+    """token_embed, token_classify, and score on a model that serves no pooled vectors (ColBERT): one row per
+    token."""
+    if task in ("token_embed", "token_classify") or (task == "score" and "embed" not in model.caps.tasks):
         prepared.head = "tokens"
     return prepared
 
@@ -48,7 +49,7 @@ def _pairs(model, request: EmbedRequest) -> Prepared:
             raise InputTooLongError(
                 f"pair {index} has {len(ids)} tokens, more than the maximum {caps.max_model_len} of "
                 f"model '{caps.name}': shorten it, or send truncate_prompt_tokens=-1 to truncate to "
-                "the maximum", param="input")
+                "the maximum. Please reduce the length of the input prompt.", param="input")
     types = encoded.get("token_type_ids")
     starts = [row.index(1) if 1 in row else 0 for row in types] if types is not None else None
     return Prepared(token_lists, pair_starts=starts)
