@@ -14,6 +14,9 @@ from common.errors import UnavailableError
 from common.redisclient import connect_async, redact
 from producer import AsyncProducer
 from producer.gateway import dashboard, errors, events, jobs, routes, taskroutes
+from producer.gateway.batches import routes as batchroutes
+from producer.gateway.batches.runner import Runner
+from producer.gateway.batches.store import Store
 from producer.gateway.limits import BodyLimitMiddleware
 from producer.gateway.metrics import Metrics, MetricsMiddleware
 from producer.gateway.service import Gateway
@@ -41,9 +44,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                         redact(settings.redis_url), err.message)
         for deliveries in gw.deliveries.values():
             deliveries.start()
+        # The Batch API's files and batches are on the default Redis; this replica drives batches too.
+        app.state.batch_store = Store(producer.connection_at(producer.redis_url))
+        app.state.batch_runner = runner = Runner(gw, app.state.batch_store)
+        runner.start()
         try:
             yield
         finally:
+            await runner.close()
             for deliveries in gw.deliveries.values():
                 await deliveries.close()
             await producer.close()
@@ -61,6 +69,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(events.router)  # before jobs.router, whose /v1/jobs/{job_id} would match "events"
     app.include_router(jobs.router)
     app.include_router(taskroutes.router)
+    app.include_router(batchroutes.router)
     dashboard.install(app)
     errors.install(app, settings.retry_after, metrics.error)
 
@@ -68,10 +77,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         return errors.error_response(err, settings.retry_after, metrics.error, path)
 
     # Added innermost first: the body limit, the metrics around it, the error boundary around all.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, reject=reject)
+    # an upload's multipart framing (boundaries, part headers) comes on top of the file's own limit
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, reject=reject,
+                       paths={batchroutes.FILES_PATH: settings.max_file_bytes + 64 * 1024})
     app.add_middleware(MetricsMiddleware, metrics=metrics,
                        routes=[*routes.public.routes, *routes.protected.routes, *events.router.routes,
-                               *jobs.router.routes, *taskroutes.router.routes, *dashboard.public.routes,
+                               *jobs.router.routes, *taskroutes.router.routes, *batchroutes.router.routes,
+                               *dashboard.public.routes,
                                *dashboard.protected.routes])
     app.add_middleware(errors.ErrorBoundary, retry_after=settings.retry_after, on_error=metrics.error)
     return app
