@@ -6,9 +6,6 @@ process) is SIGKILLed mid-batch and restarted: every line answered once, byte fo
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -20,10 +17,8 @@ from rq.suspension import resume, suspend
 
 from common.errors import DuplicateRequestError, ValidationError
 from common.protocol import keys
-from common.redisserver import RedisServer, free_port
 from producer import Producer
 from tests import gatewayserver
-from tests.commands import ROOT, clean_env
 from tests.tinymodels import sample_texts
 from worker.engine.engine import Engine
 from worker.engine.identity import folder_digest, model_identity
@@ -198,3 +193,157 @@ def test_small_batch_end_to_end(client, http, shared):
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(uploaded.id)
     assert client.batches.retrieve(batch.id).status == "completed"  # the batch kept its own copy
+
+
+# -- bad input ------------------------------------------------------------------------------------------------
+
+def test_bad_lines_fail_alone_with_the_routes_answer(client, http):
+    good = {"model": MODEL, "input": "a good line"}
+    bad = [{"model": MODEL, "input": []}, {"model": MODEL, "input": "x", "dimension": 8},
+           {"model": "no-such-model", "input": "x"}, {"model": MODEL, "input": "x", "dimensions": 8}]
+    bodies = [good, *bad, {"model": MODEL, "input": "x", "encoding_format": "bytes"}]
+    done = wait_status(client, run_batch(client, batch_file(bodies)).id, ("completed", "failed"))
+    assert done.status == "completed"
+    assert done.request_counts.model_dump() == {"total": 6, "completed": 1, "failed": 5}
+    out, errors = output_lines(client, done.output_file_id), output_lines(client, done.error_file_id)
+    assert [line["custom_id"] for line in out] == ["req-0"]
+    same_answer(http, out[0], good)
+    assert [line["custom_id"] for line in errors] == [f"req-{i}" for i in range(1, 6)]
+    for line, body in zip(errors, bad):  # the very status and body the route answers for that body
+        assert line["response"]["status_code"] in (400, 404)
+        same_answer(http, line, body)
+    assert "did you mean `dimensions`" in errors[1]["response"]["body"]["error"]["message"]
+    bytes_error = errors[4]["response"]["body"]["error"]
+    assert errors[4]["response"]["status_code"] == 400 and bytes_error["param"] == "encoding_format"
+    assert "not available in a batch" in bytes_error["message"]
+
+
+def test_a_file_that_is_no_batch_file_fails_the_batch(client):
+    content = batch_file([{"model": MODEL, "input": "fine"}]) + b"{not json\n" + \
+        batch_file([{"model": MODEL, "input": "again"}]) + \
+        b'{"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
+    done = wait_status(client, run_batch(client, content).id, ("completed", "failed"))
+    assert done.status == "failed" and done.failed_at and done.output_file_id is None
+    assert [(e.line, e.code) for e in done.errors.data] == [
+        (2, "invalid_json_line"), (3, "duplicate_custom_id"), (4, "invalid_url")]
+    assert "does not match the batch's endpoint /v1/embeddings" in done.errors.data[2].message
+
+
+def test_refusals_at_create(client, shared):
+    uploaded = client.files.create(file=("ok.jsonl", batch_file([{"model": MODEL, "input": "x"}])), purpose="batch")
+    with pytest.raises(openai.BadRequestError, match="runs embedding batches only"):
+        client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    with pytest.raises(openai.BadRequestError, match="only '24h'"):
+        client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="1h")
+    with pytest.raises(openai.NotFoundError, match="no file with id file-nothing"):
+        client.batches.create(input_file_id="file-nothing", endpoint="/v1/embeddings", completion_window="24h")
+    with pytest.raises(openai.BadRequestError, match="purpose=batch"):
+        client.files.create(file=("x.jsonl", b"{}"), purpose="fine-tune")
+    with pytest.raises(openai.BadRequestError, match="expires_after"):
+        client.files.create(file=("x.jsonl", b"{}"), purpose="batch",
+                            extra_body={"expires_after": {"anchor": "created_at", "seconds": 60}})
+    with pytest.raises(openai.APIStatusError, match="limit of 100000 bytes") as too_large:
+        client.files.create(file=("big.jsonl", b"x" * 100_001), purpose="batch")
+    assert too_large.value.status_code == 413
+    with pytest.raises(openai.NotFoundError, match="no batch with id batch_nothing"):
+        client.batches.retrieve("batch_nothing")
+
+
+# -- cancel and expiry ----------------------------------------------------------------------------------------
+
+def ran(connection: redis.Redis, request_ids: list[str]) -> list[bool]:
+    """Whether each request was computed: in the bulk queue's finished registry."""
+    finished = keys.rq_finished_key(BULK_QUEUE)
+    return [connection.zscore(finished, i) is not None for i in request_ids]
+
+
+def test_cancel_keeps_what_finished_and_cancels_what_is_queued(client, shared):
+    _, connection = shared
+    bodies = [{"model": MODEL, "input": text} for text in sample_texts(120, seed=3)]
+    batch = run_batch(client, batch_file(bodies))
+    wait_status(client, batch.id, ("completed",), until=lambda b: b.request_counts.completed >= 5)
+    suspend(connection)  # no worker takes more: what is queued now stays queued until the cancel
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
+    done = wait_status(client, batch.id, ("cancelled",))
+    counts = done.request_counts
+    assert counts.total == 120 and counts.completed >= 5 and counts.failed >= 1
+    assert counts.completed + counts.failed == 120 and done.cancelled_at
+    out, errors = output_lines(client, done.output_file_id), output_lines(client, done.error_file_id)
+    assert len(out) == counts.completed and len(errors) == counts.failed
+    assert all(line["response"]["status_code"] == 200 for line in out)
+    assert {line["error"]["code"] for line in errors} == {"batch_cancelled"}
+    assert all(line["response"] is None for line in errors)
+    assert all(ran(connection, [line["response"]["request_id"] for line in out]))
+    cancelled_ids = [keys.batch_line_request_id(batch.id, int(line["custom_id"].split("-")[1])) for line in errors]
+    assert not any(ran(connection, cancelled_ids))  # nothing cancelled was computed ...
+    assert connection.llen(keys.rq_queue_key(BULK_QUEUE)) == 0  # ... nor left in the queue
+    resume(connection)
+    assert client.batches.cancel(batch.id).status == "cancelled"  # again: the same answer
+    finished = wait_status(client, run_batch(client, batch_file(bodies[:1])).id, ("completed",))
+    with pytest.raises(openai.ConflictError, match="is completed"):
+        client.batches.cancel(finished.id)
+
+
+def test_expiry(shared, bert_mean):
+    _, connection = shared
+    server = gatewayserver.Server(gatewayserver.settings(shared[0].redis_url, batch_completion_seconds=1))
+    try:
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+            suspend(connection)  # nothing runs: the window closes on queued lines
+            batch = run_batch(client, batch_file([{"model": MODEL, "input": f"late {i}"} for i in range(5)]))
+            assert batch.expires_at == batch.created_at + 1
+            assert keys.BATCH_TTL - 10 <= connection.ttl(keys.batch_key(batch.id)) <= keys.BATCH_TTL
+            done = wait_status(client, batch.id, ("expired",))
+            assert done.expired_at and done.output_file_id is None
+            assert done.request_counts.model_dump() == {"total": 5, "completed": 0, "failed": 5}
+            errors = output_lines(client, done.error_file_id)
+            assert {line["error"]["code"] for line in errors} == {"batch_expired"}
+            assert connection.llen(keys.rq_queue_key(BULK_QUEUE)) == 0
+            error_file = client.files.retrieve(done.error_file_id)
+            assert error_file.expires_at == error_file.created_at + keys.FILE_TTL
+    finally:
+        resume(connection)
+        server.stop()
+
+
+def test_files_and_batches_belong_to_their_key(shared):
+    server = gatewayserver.Server(gatewayserver.settings(shared[0].redis_url,
+                                                         api_keys='{"key-a": {"name": "a"}, "key-b": {"name": "b"}}'))
+    try:
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="key-a", max_retries=0) as a, \
+                openai.OpenAI(base_url=server.url + "/v1", api_key="key-b", max_retries=0) as b:
+            uploaded = a.files.create(file=("a.jsonl", batch_file([{"model": MODEL, "input": "a's"}])),
+                                      purpose="batch")
+            batch = a.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+            with pytest.raises(openai.NotFoundError):
+                b.files.retrieve(uploaded.id)
+            with pytest.raises(openai.NotFoundError):
+                b.files.content(uploaded.id)
+            with pytest.raises(openai.NotFoundError):
+                b.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+            with pytest.raises(openai.NotFoundError):
+                b.batches.retrieve(batch.id)
+            with pytest.raises(openai.NotFoundError):
+                b.batches.cancel(batch.id)
+            assert uploaded.id not in [f.id for f in b.files.list()]
+            assert batch.id not in [x.id for x in b.batches.list()]
+            done = wait_status(a, batch.id, ("completed",))
+            assert a.files.content(done.output_file_id).content
+            with pytest.raises(openai.NotFoundError):
+                b.files.content(done.output_file_id)
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).batches.list()
+    finally:
+        server.stop()
+
+
+def test_listing_pages(client):
+    made = [run_batch(client, batch_file([{"model": MODEL, "input": f"page {i}"}])).id for i in range(3)]
+    first = client.batches.list(limit=2)
+    assert [b.id for b in first.data] == made[::-1][:2] and first.has_more
+    rest = client.batches.list(limit=2, after=first.data[-1].id)
+    assert rest.data[0].id == made[0]
+    assert [b.id for b in client.batches.list(limit=100).data][:3] == made[::-1]
+    for batch_id in made:
+        wait_status(client, batch_id, ("completed",))

@@ -23,7 +23,7 @@ from collections import deque
 
 import redis
 
-from common.errors import (DuplicateRequestError, EmbedfleetError, NoWorkerError, QueueFullError,
+from common.errors import (DuplicateRequestError, EmbedfleetError, NoWorkerError, NotFoundError, QueueFullError,
                            UnavailableError)
 from common.protocol import keys
 from producer.gateway import encoding
@@ -248,9 +248,10 @@ class Drive:
                 return refused
         if self.stopping is not None:  # settle: cancel it if queued; one never submitted never runs
             unrun = (line.index, False, 0, batchlines.unrun(line, request_id, self.stopping))
-            if await self.gw.producer.cancel(request_id):
-                return unrun
-            if await self.gw.producer.status(request_id) == "not_found":
+            try:
+                if await self.gw.producer.cancel(request_id):
+                    return unrun
+            except NotFoundError:  # never submitted
                 return unrun
         self.waiting.add(request_id)
         try:

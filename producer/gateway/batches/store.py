@@ -90,7 +90,7 @@ class Store:
         async with self.connection.pipeline(transaction=True) as pipe:
             pipe.hset(key, mapping={"meta": json.dumps(meta), "data": data})
             pipe.expire(key, ttl)
-            pipe.zadd(keys.FILES_KEY, {meta["id"]: int(meta["created_at"] * 1000)})
+            pipe.zadd(keys.FILES_KEY, {meta["id"]: _ms()})
             await pipe.execute()
 
     async def file_meta(self, file_id: str) -> dict | None:
@@ -112,7 +112,7 @@ class Store:
 
     # -- batches ----------------------------------------------------------------------------------
     async def create_batch(self, meta: dict, input_data: bytes) -> None:
-        batch_id, created = meta["id"], int(meta["created_at"] * 1000)
+        batch_id, created = meta["id"], _ms()  # created_at is whole seconds: the index orders by ms
         key = keys.batch_key(batch_id)
         async with self.connection.pipeline(transaction=True) as pipe:
             pipe.hset(key, mapping={"meta": json.dumps(meta), "status": "validating", "total": 0,
@@ -214,3 +214,7 @@ def _batch(raw: dict) -> dict:
 
 def now() -> int:
     return int(time.time())
+
+
+def _ms() -> int:
+    return int(time.time() * 1000)
