@@ -5,7 +5,11 @@ process) is SIGKILLed mid-batch and restarted: every line answered once, byte fo
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -17,8 +21,11 @@ from rq.suspension import resume, suspend
 
 from common.errors import DuplicateRequestError, ValidationError
 from common.protocol import keys
+from common.redisserver import RedisServer, free_port
 from producer import Producer
 from tests import gatewayserver
+from tests.commands import ROOT, clean_env
+from tests.test_keyspace import KeyRecorder, documented_patterns
 from tests.tinymodels import sample_texts
 from worker.engine.engine import Engine
 from worker.engine.identity import folder_digest, model_identity
@@ -347,3 +354,113 @@ def test_listing_pages(client):
     assert [b.id for b in client.batches.list(limit=100).data][:3] == made[::-1]
     for batch_id in made:
         wait_status(client, batch_id, ("completed",))
+
+
+# -- the Must show: a 2,000-line batch survives its gateway's SIGKILL -----------------------------------------
+
+class GatewayProcess:
+    """`python -m producer.gateway` as users run it, on a fixed port, its output in a log file."""
+
+    def __init__(self, redis_url: str, port: int, log_path, env: dict):
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "producer.gateway", "--redis-url", redis_url, "--port", str(port),
+                 "--batch-lease-seconds", "2", "--batch-poll-seconds", "0.2", "--log-level", "info"],
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert self.process.poll() is None, log_path.read_text()
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+
+    def kill(self):
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(30)
+
+
+async def one_by_one(url: str, bodies: list[dict]) -> list[httpx.Response]:
+    """Each body POSTed to /v1/embeddings on its own (32 at a time)."""
+    limit = asyncio.Semaphore(32)
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        async def post(body):
+            async with limit:
+                return await http.post("/v1/embeddings", json=body)
+        return await asyncio.gather(*(post(body) for body in bodies))
+
+
+def test_a_gateway_killed_mid_batch_loses_nothing_and_runs_nothing_twice(tmp_path, bert_mean):
+    # A Redis of its own: no other test's gateway may take the batch over; the restarted gateway must.
+    with RedisServer(tmp_path / "redis") as server:
+        connection = redis.Redis.from_url(server.url)
+        recorder = KeyRecorder(server.url)  # every key written, matched against keys.py's layout at the end
+        fleet = Fleet(bert_mean, connection)
+        port, env, log = free_port(), clean_env(tmp_path / "cache"), tmp_path / "gateway.log"
+        gateway = GatewayProcess(server.url, port, log, env)
+        try:
+            bodies = [{"model": MODEL, "input": text, **({"encoding_format": "base64"} if i % 10 == 0 else {})}
+                      for i, text in enumerate(sample_texts(2000, seed=7))]
+            with openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=3) as client:
+                batch = run_batch(client, batch_file(bodies))
+                wait_status(client, batch.id, ("completed",), until=lambda b: b.request_counts.completed >= 200)
+                gateway.kill()
+                # the gateway is gone: where the batch stood is read from Redis
+                counts = {k: int(v) for k, v in connection.hgetall(keys.batch_key(batch.id)).items()
+                          if k in (b"completed", b"failed")}
+                status = connection.hget(keys.batch_key(batch.id), "status")
+                assert status == b"in_progress" and counts[b"completed"] < 2000, (status, counts)
+                pipe = connection.pipeline()
+                for i in range(2000):
+                    pipe.exists(keys.rq_job_key(keys.batch_line_request_id(batch.id, i)))
+                submitted = sum(pipe.execute())
+                # lines submitted and not yet collected died with it: the new gateway must neither lose nor
+                # resubmit them (its submits with the same ids are refused as duplicates, and it waits)
+                assert submitted > counts[b"completed"] + counts[b"failed"], (submitted, counts)
+                gateway = GatewayProcess(server.url, port, log, env)
+                done = wait_status(client, batch.id, ("completed", "failed", "expired"), timeout=120)
+            assert done.status == "completed", done
+            assert done.request_counts.model_dump() == {"total": 2000, "completed": 2000, "failed": 0}
+            assert "of 2000 lines to run" in log.read_text()  # the restarted gateway took the batch over
+            lines = [json.loads(line) for line in httpx.get(
+                f"{gateway.url}/v1/files/{done.output_file_id}/content", timeout=30).content.splitlines()]
+            assert [line["custom_id"] for line in lines] == [f"req-{i}" for i in range(2000)]
+
+            # every line ran exactly once: 2,000 jobs, each finished, each taken by a worker once
+            ids = [keys.batch_line_request_id(batch.id, i) for i in range(2000)]
+            assert [line["response"]["request_id"] for line in lines] == ids
+            finished = {m.decode() for m in connection.zrange(keys.rq_finished_key(BULK_QUEUE), 0, -1)}
+            assert finished == set(ids)
+            pipe = connection.pipeline()
+            for request_id in ids:
+                pipe.hget(keys.rq_job_key(request_id), "deliveries")
+            assert set(pipe.execute()) == {b"1"}
+            assert connection.zcard(keys.rq_failed_key(BULK_QUEUE)) == 0
+
+            written, patterns = recorder.stop() - {"sentinel"}, documented_patterns()
+            assert {keys.batch_key(batch.id), keys.batch_lease_key(batch.id), keys.batch_lines_key(batch.id),
+                    keys.batch_input_key(batch.id), keys.file_key(done.output_file_id)} <= written
+            assert not {k for k in written if not any(p.fullmatch(k) for p in patterns)}
+
+            # byte for byte what /v1/embeddings answers for the same bodies sent one by one
+            answers = asyncio.run(one_by_one(gateway.url, bodies))
+            for line, answer in zip(lines, answers):
+                assert answer.status_code == 200
+                direct = answer.json()
+                direct.update(id=line["response"]["body"]["id"], created=line["response"]["body"]["created"])
+                assert json.dumps(line["response"]["body"], ensure_ascii=False, separators=(",", ":")) == \
+                    json.dumps(direct, ensure_ascii=False, separators=(",", ":"))
+        finally:
+            gateway.stop()
+            fleet.stop()
+            connection.close()
