@@ -22,7 +22,7 @@ from rq.suspension import resume, suspend
 from common.errors import DuplicateRequestError, ValidationError
 from common.protocol import keys
 from common.redisserver import RedisServer, free_port
-from producer import Producer
+from producer import AsyncProducer, Producer
 from tests import gatewayserver
 from tests.commands import ROOT, clean_env
 from tests.test_keyspace import KeyRecorder, documented_patterns
@@ -157,6 +157,16 @@ def test_a_chosen_request_id_runs_once_and_is_refused_again(gateway, shared):
         producer.submit(["x"], MODEL, request_id="no spaces")
     with pytest.raises(ValidationError, match="repeat"):
         producer.submit_many([["a"], ["b"]], MODEL, request_ids=["same", "same"])
+    assert connection.hget(keys.rq_job_key(first), "deliveries") == b"1"
+
+    async def again_async():
+        async with AsyncProducer(gateway.redis_url) as aproducer:
+            with pytest.raises(DuplicateRequestError):
+                await aproducer.submit(["chosen"], MODEL, request_id=first)
+            assert await aproducer.submit(["fresh"], MODEL, request_id="my-own-id-2") == "my-own-id-2"
+            assert (await aproducer.wait("my-own-id-2", 30)).embeddings.shape[0] == 1
+
+    asyncio.run(again_async())
     assert connection.hget(keys.rq_job_key(first), "deliveries") == b"1"
 
 

@@ -208,12 +208,19 @@ class Drive:
                                                                               line.error)))
                     else:
                         tasks.add(asyncio.get_running_loop().create_task(self.run_line(line)))
+                failure = None
                 if tasks:
                     finished, tasks = await asyncio.wait(tasks, timeout=CHECK_SECONDS,
                                                          return_when=asyncio.FIRST_COMPLETED)
-                    ready += [task.result() for task in finished]
+                    for task in finished:  # every answer is kept before a failure ends this pass
+                        if task.exception() is None:
+                            ready.append(task.result())
+                        else:
+                            failure = failure or task.exception()
                 if ready:
                     await self.store.collect(self.batch_id, self.token, ready)
+                if failure is not None:  # e.g. Redis away for longer than a wait rides out: retaken later
+                    raise failure
                 if self.stopping is None and time.monotonic() >= check:
                     check = time.monotonic() + CHECK_SECONDS
                     await self.check_stop()
