@@ -67,8 +67,9 @@ def shared(redis_server, bert_mean):
     connection = redis.Redis.from_url(redis_server.url)
     connection.flushall()
     fleet = Fleet(bert_mean, connection)
-    server = gatewayserver.Server(gatewayserver.settings(redis_server.url, max_file_bytes=100_000,
-                                                         batch_in_flight=8, batch_poll_seconds=0.2))
+    server = gatewayserver.Server(gatewayserver.settings(redis_server.url, max_file_bytes=300_000,
+                                                         max_body_bytes=50_000, batch_in_flight=8,
+                                                         batch_poll_seconds=0.2))
     yield server, connection
     server.stop()
     fleet.stop()
@@ -259,8 +260,11 @@ def test_refusals_at_create(client, shared):
     with pytest.raises(openai.BadRequestError, match="expires_after"):
         client.files.create(file=("x.jsonl", b"{}"), purpose="batch",
                             extra_body={"expires_after": {"anchor": "created_at", "seconds": 60}})
-    with pytest.raises(openai.APIStatusError, match="limit of 100000 bytes") as too_large:
-        client.files.create(file=("big.jsonl", b"x" * 100_001), purpose="batch")
+    # a file may be larger than a request body (--max-body-bytes is 50,000 here): the files route has its own
+    big = batch_file([{"model": MODEL, "input": "x" * 1000}] * 60)
+    assert 50_000 < len(big) < 300_000 and client.files.create(file=("big.jsonl", big), purpose="batch").bytes
+    with pytest.raises(openai.APIStatusError, match="limit of 300000 bytes") as too_large:
+        client.files.create(file=("big.jsonl", b"x" * 300_001), purpose="batch")
     assert too_large.value.status_code == 413
     with pytest.raises(openai.NotFoundError, match="no batch with id batch_nothing"):
         client.batches.retrieve("batch_nothing")
@@ -276,7 +280,8 @@ def ran(connection: redis.Redis, request_ids: list[str]) -> list[bool]:
 
 def test_cancel_keeps_what_finished_and_cancels_what_is_queued(client, shared):
     _, connection = shared
-    bodies = [{"model": MODEL, "input": text} for text in sample_texts(120, seed=3)]
+    # enough lines that the batch cannot end between two polls (8 in flight: about a second of work)
+    bodies = [{"model": MODEL, "input": text} for text in sample_texts(1000, seed=3)]
     batch = run_batch(client, batch_file(bodies))
     wait_status(client, batch.id, ("completed",), until=lambda b: b.request_counts.completed >= 5)
     suspend(connection)  # no worker takes more: what is queued now stays queued until the cancel
@@ -284,8 +289,8 @@ def test_cancel_keeps_what_finished_and_cancels_what_is_queued(client, shared):
     assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
     done = wait_status(client, batch.id, ("cancelled",))
     counts = done.request_counts
-    assert counts.total == 120 and counts.completed >= 5 and counts.failed >= 1
-    assert counts.completed + counts.failed == 120 and done.cancelled_at
+    assert counts.total == 1000 and counts.completed >= 5 and counts.failed >= 1
+    assert counts.completed + counts.failed == 1000 and done.cancelled_at
     out, errors = output_lines(client, done.output_file_id), output_lines(client, done.error_file_id)
     assert len(out) == counts.completed and len(errors) == counts.failed
     assert all(line["response"]["status_code"] == 200 for line in out)

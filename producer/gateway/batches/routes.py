@@ -19,7 +19,7 @@ from producer.gateway.auth import require_key
 from producer.gateway.batches import objects
 from producer.gateway.batches.lines import ENDPOINT
 from producer.gateway.batches.runner import Runner
-from producer.gateway.batches.store import Store, now
+from producer.gateway.batches.store import BatchGone, Store, now
 from producer.gateway.errors import JobNotCancellableError
 from producer.gateway.owners import may_see, owner_of
 from producer.gateway.service import Gateway, gateway
@@ -206,9 +206,12 @@ async def list_batches(request: Request, gw: Gateway = Depends(gateway), after: 
 @router.post("/v1/batches/{batch_id}/cancel")
 async def cancel_batch(batch_id: str, request: Request, gw: Gateway = Depends(gateway)) -> JSONResponse:
     await _batch(batch_id, request, gw)
-    with redis_errors():
-        found = await _store(request).transition(batch_id, ("validating", "in_progress"), "cancelling",
-                                                 cancelling_at=now())
+    try:
+        with redis_errors():
+            found = await _store(request).transition(batch_id, ("validating", "in_progress"), "cancelling",
+                                                     cancelling_at=now())
+    except BatchGone:  # it expired since the read above
+        raise _no_batch(batch_id) from None
     if found is not None and found not in ("cancelling", "cancelled"):
         raise JobNotCancellableError(f"batch {batch_id} is {found}: only a validating or in_progress batch can "
                                      "be cancelled", param="batch_id")
