@@ -12,17 +12,20 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 import httpx
 import openai
 import pytest
 import redis
+import redis.asyncio as aioredis
 from rq.suspension import resume, suspend
 
 from common.errors import DuplicateRequestError, ValidationError
 from common.protocol import keys
 from common.redisserver import RedisServer, free_port
 from producer import AsyncProducer, Producer
+from producer.gateway.batches.store import LeaseLost, Store, now
 from tests import gatewayserver
 from tests.commands import ROOT, clean_env
 from tests.test_keyspace import KeyRecorder, documented_patterns
@@ -479,3 +482,38 @@ def test_a_gateway_killed_mid_batch_loses_nothing_and_runs_nothing_twice(tmp_pat
             gateway.stop()
             fleet.stop()
             connection.close()
+
+
+# -- the lease fences a replica that lost it ------------------------------------------------------------------
+
+def test_a_lapsed_lease_writes_nothing_and_each_line_counts_once(redis_server):
+    batch_id = f"batch_{uuid.uuid4().hex}"  # the session's Redis, not flushed: the module's gateway keeps its state
+
+    async def scenario():
+        connection = aioredis.Redis.from_url(redis_server.url)
+        store = Store(connection)
+        meta = {"id": batch_id, "created_at": now(), "expires_at": now() + 60}
+        assert await store.claim(batch_id, "replica-a", 30)  # before it is listed: no runner may take it
+        await store.create_batch(meta, b"")
+        assert not await store.claim(batch_id, "replica-b", 30)  # one driver at a time
+        assert await store.collect(batch_id, "replica-a", [(0, True, 3, b"{}"), (1, False, 0, b"{}")]) == 2
+        await connection.delete(keys.batch_lease_key(batch_id))  # replica a's lease lapsed ...
+        assert await store.claim(batch_id, "replica-b", 30)  # ... and b took the batch over
+        with pytest.raises(LeaseLost):
+            await store.collect(batch_id, "replica-a", [(2, True, 1, b"{}")])
+        with pytest.raises(LeaseLost):
+            await store.transition(batch_id, ("validating",), "in_progress", token="replica-a")
+        assert not await store.renew(batch_id, "replica-a", 30)
+        # b collects line 1 again (it cannot know a did) and line 2: only line 2 is new
+        assert await store.collect(batch_id, "replica-b", [(1, False, 0, b"{}"), (2, True, 4, b"{}")]) == 1
+        batch = await store.batch(batch_id)
+        assert (batch["completed"], batch["failed"], batch["input_tokens"]) == ("2", "1", "7")
+        assert await store.transition(batch_id, ("validating",), "in_progress", token="replica-b") is None
+        assert await store.transition(batch_id, ("validating",), "failed", token="replica-b") == "in_progress"
+        await store.release(batch_id, "replica-a")  # not a's to give back: b keeps it
+        assert await connection.get(keys.batch_lease_key(batch_id)) == b"replica-b"
+        await store.transition(batch_id, ("in_progress",), "failed", token="replica-b", end=True)
+        assert batch_id not in await store.active() and not await connection.exists(keys.batch_lease_key(batch_id))
+        await connection.aclose()
+
+    asyncio.run(scenario())

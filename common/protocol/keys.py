@@ -57,7 +57,8 @@
                                             most the gateway's --max-file-bytes); TTL its `expires_after`
                                             (default FILE_TTL)
     embedfleet:files                ZSET    file id -> created_at (ms): GET /v1/files; a member whose file
-                                            expired is dropped by the next listing
+                                            expired is dropped by the next listing, one older than
+                                            FILE_TTL_MAX by the next upload
     embedfleet:batch:<batch_id>     HASH    one batch: `meta` (JSON: the Batch fields fixed at create), `status`,
                                             each `<status>_at`, `total`, `completed`, `failed`, `input_tokens`,
                                             `errors` (JSON), `output_file_id`, `error_file_id`; TTL BATCH_TTL
@@ -70,6 +71,7 @@
                                             replica's --batch-lease-seconds, renewed every third of it: a
                                             replica that dies frees its batches within a lease
     embedfleet:batches              ZSET    batch id -> created_at (ms): GET /v1/batches; pruned like files
+                                            (by listings, and past BATCH_TTL by the next create)
     embedfleet:batches:active       ZSET    batch id -> created_at (ms) of every batch not yet ended: what
                                             the replicas' runners claim; a member leaves when its batch ends
     A line of a batch runs as request `<batch_id>-<line index>` (batch_line_request_id): the id is known

@@ -58,7 +58,8 @@ class GatewaySettings(Settings):
     batch_lease_seconds: float = Field(keys.BATCH_LEASE, gt=0, description="a replica's claim on a batch it "
                                        "drives lasts this long without a renewal (renewed every third): a "
                                        "replica that dies frees its batches for another this soon")
-    batch_max_running: int = Field(4, ge=1, description="batches one gateway replica drives at once")
+    batch_max_running: int = Field(4, ge=0, description="batches one gateway replica drives at once (0: it "
+                                   "answers the batch routes and leaves the running to other replicas)")
     batch_poll_seconds: float = Field(1.0, gt=0, description="seconds between a replica's looks for batches "
                                       "to drive (a batch created on it is started at once)")
     batch_completion_seconds: float = Field(24 * 3600, gt=0, description="what completion_window '24h' grants: "

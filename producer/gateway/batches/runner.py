@@ -57,7 +57,8 @@ class Runner:
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="embedfleet batches")
+        if self.max_running > 0:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="embedfleet batches")
 
     def poke(self) -> None:
         """Look for batches now (a batch was created on this replica)."""

@@ -91,6 +91,8 @@ class Store:
             pipe.hset(key, mapping={"meta": json.dumps(meta), "data": data})
             pipe.expire(key, ttl)
             pipe.zadd(keys.FILES_KEY, {meta["id"]: _ms()})
+            # no file outlives FILE_TTL_MAX: older members are gone files (a listing only reads the newest)
+            pipe.zremrangebyscore(keys.FILES_KEY, "-inf", f"({_ms() - keys.FILE_TTL_MAX * 1000}")
             await pipe.execute()
 
     async def file_meta(self, file_id: str) -> dict | None:
@@ -121,6 +123,7 @@ class Store:
             pipe.set(keys.batch_input_key(batch_id), input_data, ex=keys.BATCH_TTL)
             pipe.zadd(keys.BATCHES_KEY, {batch_id: created})
             pipe.zadd(keys.ACTIVE_BATCHES_KEY, {batch_id: created})
+            pipe.zremrangebyscore(keys.BATCHES_KEY, "-inf", f"({created - keys.BATCH_TTL * 1000}")  # expired ones
             await pipe.execute()
 
     async def batch(self, batch_id: str) -> dict | None:
