@@ -202,7 +202,7 @@ class Drive:
         try:
             while pending or tasks:
                 ready: list[Collected] = []
-                while pending and len(tasks) < self.runner.in_flight:
+                while pending and len(tasks) + len(ready) < self.runner.in_flight:  # bad lines count too
                     line = pending.popleft()
                     if line.error is not None:
                         ready.append((line.index, False, 0, batchlines.failed(line, self.request_id(line),
