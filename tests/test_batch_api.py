@@ -25,6 +25,7 @@ from common.errors import DuplicateRequestError, ValidationError
 from common.protocol import keys
 from common.redisserver import RedisServer, free_port
 from producer import AsyncProducer, Producer
+from producer.gateway.batches import objects
 from producer.gateway.batches.store import LeaseLost, Store, now
 from tests import gatewayserver
 from tests.commands import ROOT, clean_env
@@ -517,3 +518,34 @@ def test_a_lapsed_lease_writes_nothing_and_each_line_counts_once(redis_server):
         await connection.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_batch_left_finalizing_by_a_dead_replica_is_finished_by_another(client, shared):
+    """A replica died after its last answer was collected, while writing the output files: the module's gateway
+    takes the batch over once the lease lapses and writes the same files (ids derived from the batch)."""
+    server, _ = shared
+    batch_id = f"batch_{uuid.uuid4().hex}"
+    content = batch_file([{"model": MODEL, "input": "one"}, {"model": MODEL, "input": "two"}])
+    uploaded = client.files.create(file=("dead.jsonl", content), purpose="batch")
+    ok_line, bad_line = b'{"custom_id":"req-0","answered":true}', b'{"custom_id":"req-1","answered":false}'
+
+    async def die_while_finalizing():
+        connection = aioredis.Redis.from_url(server.redis_url)
+        store = Store(connection)
+        meta = {"id": batch_id, "endpoint": "/v1/embeddings", "input_file_id": uploaded.id,
+                "completion_window": "24h", "created_at": now(), "expires_at": now() + 3600, "metadata": None,
+                "output_ttl": None}
+        assert await store.claim(batch_id, "dead-replica", 30)
+        await store.create_batch(meta, content)
+        await store.transition(batch_id, ("validating",), "in_progress", token="dead-replica", total=2)
+        await store.collect(batch_id, "dead-replica", [(0, True, 1, ok_line), (1, False, 0, bad_line)])
+        await store.transition(batch_id, ("in_progress",), "finalizing", token="dead-replica", finalizing_at=now())
+        await connection.delete(keys.batch_lease_key(batch_id))  # its lease lapses
+        await connection.aclose()
+
+    asyncio.run(die_while_finalizing())
+    done = wait_status(client, batch_id, ("completed",))
+    assert done.request_counts.model_dump() == {"total": 2, "completed": 1, "failed": 1}
+    assert raw_lines(client, done.output_file_id) == [ok_line]
+    assert raw_lines(client, done.error_file_id) == [bad_line]
+    assert done.output_file_id == objects.output_file_id(batch_id, "output")
