@@ -73,11 +73,17 @@ class Runner:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _loop(self) -> None:
+        failing = False  # a Redis outage is logged once, not once per look
         while True:
             try:
                 await self._claim()
+                if failing:
+                    log.info("batches: Redis answers again; looking for batches to run")
+                failing = False
             except (redis.RedisError, OSError, EmbedfleetError) as exc:
-                log.warning("batches: cannot look for batches to run (%s); trying again", exc)
+                if not failing:
+                    log.warning("batches: cannot look for batches to run (%s); trying every %g s", exc, self.poll)
+                failing = True
             except Exception:  # the loop must outlive any one bad pass, loudly
                 log.exception("batches: unexpected error while looking for batches to run")
             with contextlib.suppress(asyncio.TimeoutError):
