@@ -321,7 +321,8 @@ def test_expiry(shared, bert_mean):
     try:
         with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
             suspend(connection)  # nothing runs: the window closes on queued lines
-            batch = run_batch(client, batch_file([{"model": MODEL, "input": f"late {i}"} for i in range(5)]))
+            batch = run_batch(client, batch_file([{"model": MODEL, "input": f"late {i}"} for i in range(5)]),
+                              output_expires_after={"anchor": "created_at", "seconds": 7200})
             assert batch.expires_at == batch.created_at + 1
             assert keys.BATCH_TTL - 10 <= connection.ttl(keys.batch_key(batch.id)) <= keys.BATCH_TTL
             done = wait_status(client, batch.id, ("expired",))
@@ -331,7 +332,8 @@ def test_expiry(shared, bert_mean):
             assert {line["error"]["code"] for line in errors} == {"batch_expired"}
             assert connection.llen(keys.rq_queue_key(BULK_QUEUE)) == 0
             error_file = client.files.retrieve(done.error_file_id)
-            assert error_file.expires_at == error_file.created_at + keys.FILE_TTL
+            assert error_file.expires_at == error_file.created_at + 7200  # output_expires_after
+            assert 7190 <= connection.ttl(keys.file_key(error_file.id)) <= 7200
     finally:
         resume(connection)
         server.stop()
