@@ -51,8 +51,36 @@
                                             INFLIGHT_TTL, renewed by its worker's heartbeat, deleted once it
                                             is answered. On the queue's Redis (it is read with the results)
 
+    OpenAI's Batch API (producer/gateway/batches/), on the gateway's own Redis (--redis-url):
+    embedfleet:file:<file_id>       HASH    one file of /v1/files: `meta` (JSON: OpenAI's FileObject fields and,
+                                            with API keys, the owner's fingerprint) and `data` (its bytes, at
+                                            most the gateway's --max-file-bytes); TTL its `expires_after`
+                                            (default FILE_TTL)
+    embedfleet:files                ZSET    file id -> created_at (ms): GET /v1/files; a member whose file
+                                            expired is dropped by the next listing, one older than
+                                            FILE_TTL_MAX by the next upload
+    embedfleet:batch:<batch_id>     HASH    one batch: `meta` (JSON: the Batch fields fixed at create), `status`,
+                                            each `<status>_at`, `total`, `completed`, `failed`, `input_tokens`,
+                                            `errors` (JSON), `output_file_id`, `error_file_id`; TTL BATCH_TTL
+    embedfleet:batch:<batch_id>:input  STRING  the input file's bytes, copied at create (the file may be
+                                            deleted meanwhile); TTL BATCH_TTL, deleted once the batch ends
+    embedfleet:batch:<batch_id>:lines  HASH  line index -> its output or error line (JSON), written once
+                                            (HSETNX) and counted once as it is collected; TTL the batch's,
+                                            deleted once the output files are written
+    embedfleet:batch:<batch_id>:lease  STRING  the token of the gateway replica driving the batch; TTL the
+                                            replica's --batch-lease-seconds, renewed every third of it: a
+                                            replica that dies frees its batches within a lease
+    embedfleet:batches              ZSET    batch id -> created_at (ms): GET /v1/batches; pruned like files
+                                            (by listings, and past BATCH_TTL by the next create)
+    embedfleet:batches:active       ZSET    batch id -> created_at (ms) of every batch not yet ended: what
+                                            the replicas' runners claim; a member leaves when its batch ends
+    A line of a batch runs as request `<batch_id>-<line index>` (batch_line_request_id): the id is known
+    before the submit, so a replica that takes a batch over submits again with the same id and the enqueue
+    script refuses an id already in use: no line runs twice, none is lost.
+
     Every key above expires but embedfleet:webhooks. The only keys without a TTL are shared, one per model or
-    per fleet: embedfleet:models, embedfleet:webhooks, rq:queues, rq:queue:<queue>,
+    per fleet: embedfleet:models, embedfleet:webhooks, embedfleet:files, embedfleet:batches,
+    embedfleet:batches:active, rq:queues, rq:queue:<queue>,
     embedfleet:queued_tokens:<queue> and rq's registries.
 
     rq:queue:<queue>                LIST    pending job ids; <queue> = queue_name(model, priority): one queue
@@ -238,6 +266,42 @@ def cache_key(model_identity: str, input_digest: str) -> str:
 
 def inflight_key(request_digest: str) -> str:
     return f"{PREFIX}:inflight:{request_digest}"
+
+
+# OpenAI's Batch API (producer/gateway/batches/)
+FILES_KEY = f"{PREFIX}:files"
+BATCHES_KEY = f"{PREFIX}:batches"
+ACTIVE_BATCHES_KEY = f"{PREFIX}:batches:active"
+FILE_TTL = 30 * 24 * 3600  # a file without `expires_after` lives 30 days (OpenAI's default for batch files)
+FILE_TTL_MIN, FILE_TTL_MAX = 3600, 30 * 24 * 3600  # the range OpenAI allows for `expires_after.seconds`
+BATCH_TTL = 30 * 24 * 3600  # a batch object (and its work keys while it runs) is kept 30 days
+BATCH_LEASE = 10.0  # default --batch-lease-seconds: a replica's claim on a batch without a renewal
+MAX_BATCH_LINES = 50_000  # OpenAI's limit of requests per batch file
+
+
+def file_key(file_id: str) -> str:
+    return f"{PREFIX}:file:{file_id}"
+
+
+def batch_key(batch_id: str) -> str:
+    return f"{PREFIX}:batch:{batch_id}"
+
+
+def batch_input_key(batch_id: str) -> str:
+    return f"{PREFIX}:batch:{batch_id}:input"
+
+
+def batch_lines_key(batch_id: str) -> str:
+    return f"{PREFIX}:batch:{batch_id}:lines"
+
+
+def batch_lease_key(batch_id: str) -> str:
+    return f"{PREFIX}:batch:{batch_id}:lease"
+
+
+def batch_line_request_id(batch_id: str, index: int) -> str:
+    """The request id line `index` (0-based) of a batch runs as: fixed before its submit (see above)."""
+    return f"{batch_id}-{index}"
 
 
 # rq's keys (rq 3.0's layout; RQ_KEY_PREFIX is not supported: rq's own default, "rq")

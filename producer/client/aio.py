@@ -28,7 +28,8 @@ from common.redisclient import close_async, connect_async
 from common.result import Result
 from common.shards import ShardMap
 from producer.client import asubmit, fleetview, reads
-from producer.client.core import Placements, Served, build_request, read_result, redis_errors, resolve_target
+from producer.client.core import (Placements, Served, build_request, chosen_ids, read_result, redis_errors,
+                                  resolve_target)
 from producer.client.fleet import LevelStats, level_stats
 from producer.client.notify import NotifyListener
 from producer.client.replies import ReplyListener
@@ -156,16 +157,19 @@ class AsyncProducer:
         return await self._read(level_stats(self.shards, model))
 
     async def submit(self, inputs, model: str | None = None, *, params: PoolingParams | None = None,
-                     reply_to: str | None = None, text_pair: list[str] | None = None, **fields) -> str:
+                     reply_to: str | None = None, text_pair: list[str] | None = None,
+                     request_id: str | None = None, **fields) -> str:
         return (await self.submit_many([inputs], model, params=params, reply_to=reply_to, text_pair=text_pair,
-                                       **fields))[0]
+                                       request_ids=None if request_id is None else [request_id], **fields))[0]
 
     async def submit_many(self, batches: list, model: str | None = None, *,
                           params: PoolingParams | None = None, reply_to: str | None = None,
                           text_pair: list[str] | None = None, priority: str | int | None = None,
-                          deadline: float | None = None, timeout: float | None = None, **fields) -> list[str]:
+                          deadline: float | None = None, timeout: float | None = None,
+                          request_ids: list[str] | None = None, **fields) -> list[str]:
         """Enqueue one request per element of `batches` in one transaction; returns their ids (the
         keywords as in Producer.submit_many)."""
+        chosen = chosen_ids(request_ids, len(batches))
         served = await self.models(refresh=False)
         if model not in served:  # a worker may have come up since the cached read
             served = await self.models()
@@ -173,8 +177,8 @@ class AsyncProducer:
         name = caps if isinstance(caps, str) else caps.name
         url = self.shards.url_for(name)
         link = self._links[url]
-        requests = [build_request(inputs, caps, params, fields, reply_to or link.replies.stream, text_pair, when)
-                    for inputs in batches]
+        requests = [build_request(inputs, caps, params, fields, reply_to or link.replies.stream, text_pair, when,
+                                  request_id) for inputs, request_id in zip(batches, chosen)]
         ids = [r.id for r in requests]
         if reply_to is None:  # before the enqueue: a fast worker's reply may come before it returns
             link.hub.expect(ids)

@@ -17,8 +17,8 @@ from common.redisclient import block_for, check_access, connect
 from common.result import Result
 from common.shards import ShardMap
 from producer.client import fleetview, reads
-from producer.client.core import (PENDING, Placements, Served, build_request, enqueue_args, pick_model, queue_full,
-                                  read_result, redis_errors as _redis_errors, resolve_target)
+from producer.client.core import (PENDING, Placements, Served, build_request, chosen_ids, enqueue_args, pick_model,
+                                  queue_full, read_result, redis_errors as _redis_errors, resolve_target)
 from producer.client.fleet import LevelStats, level_stats
 from producer.client.rounds import run
 from producer.client.tasks import check_rerank, rank, score_pairs
@@ -115,8 +115,9 @@ class Producer:
 
     # -- submit ----------------------------------------------------------------------------------
     def submit(self, inputs, model: str | None = None, *, params: PoolingParams | None = None,
-               reply_to: str | None = None, text_pair: list[str] | None = None, **fields) -> str:
-        """Enqueue one request and return its id.
+               reply_to: str | None = None, text_pair: list[str] | None = None, request_id: str | None = None,
+               **fields) -> str:
+        """Enqueue one request and return its id (`request_id`: the caller's own, see submit_many).
 
         `inputs`: a text, a list of texts, a token-id list or a list of token-id lists. `fields` are
         PoolingParams fields (dimensions, use_activation, truncate_prompt_tokens, embed_dtype, ...), and
@@ -126,23 +127,28 @@ class Producer:
         `task` (a field) picks the request kind; task "score" pairs each input with `text_pair`'s text.
         """
         return self.submit_many([inputs], model, params=params, reply_to=reply_to, text_pair=text_pair,
-                                **fields)[0]
+                                request_ids=None if request_id is None else [request_id], **fields)[0]
 
     def submit_many(self, batches: list, model: str | None = None, *, params: PoolingParams | None = None,
                     reply_to: str | None = None, text_pair: list[str] | None = None,
                     priority: str | int | None = None, deadline: float | None = None, timeout: float | None = None,
-                    **fields) -> list[str]:
+                    request_ids: list[str] | None = None, **fields) -> list[str]:
         """Enqueue one request per element of `batches` in one round trip; returns their ids.
+
+        `request_ids`: the caller's own ids, one per request (core.chosen_ids): a submit repeated with the
+        same ids is refused with DuplicateRequestError and enqueues nothing, so it is safe to retry.
 
         `priority`: "interactive" (default), "bulk", or vLLM's integer (<= 0 interactive, >= 1 bulk).
         `deadline` (unix time) / `timeout` (seconds from now): a request still queued then is answered
         `expired` (ExpiredError) and never computed. See common/scheduling.py.
         """
+        chosen = chosen_ids(request_ids, len(batches))
         served = self.models(refresh=False)
         if model not in served:  # a worker may have come up since the cached read
             served = self.models()
         caps, level, when = resolve_target(model, served, self._served.known, priority, deadline, timeout)
-        requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when) for inputs in batches]
+        requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when, request_id)
+                    for inputs, request_id in zip(batches, chosen)]
         name = caps if isinstance(caps, str) else caps.name
         work = enqueue_args(keys.queue_name(name, level), requests, max_depth=self.max_queue_depth)
         with _redis_errors():

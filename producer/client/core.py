@@ -138,13 +138,14 @@ def resolve_target(model: str | None, served: dict[str, ModelCapabilities], know
 
 def build_request(inputs, caps: ModelCapabilities | str, params: PoolingParams | None, fields: dict,
                   reply_to: str | None = None, text_pair: list[str] | None = None,
-                  deadline: float | None = None) -> EmbedRequest:
+                  deadline: float | None = None, request_id: str | None = None) -> EmbedRequest:
     """A request checked against the advertised capabilities (the worker checks again).
 
     The request carries the params as the caller gave them, so the worker merges its own defaults.
     `caps` may be only a model's name (a bulk request for a model scaled to zero, whose capabilities no
     live worker advertises): then only the request's own shape is checked here, and the worker verifies
     the rest when it starts.
+    `request_id`: the caller's own id (checked by `chosen_ids`); None: a new random one.
     `fields` may hold `cache` (False: bypass the fleet's vector cache) and `chat` (a ChatInput, or its dict: one
     conversation the worker renders with the model's chat template; `inputs` None) besides the PoolingParams
     fields.
@@ -159,12 +160,33 @@ def build_request(inputs, caps: ModelCapabilities | str, params: PoolingParams |
             fields = {**params.model_dump(exclude_unset=True), **fields}
         request = EmbedRequest(model=caps if isinstance(caps, str) else caps.name, inputs=normalize_inputs(inputs),
                                params=PoolingParams(**fields), reply_to=reply_to, text_pair=text_pair,
-                               deadline=deadline, cache=cache, chat=chat)
+                               deadline=deadline, cache=cache, chat=chat,
+                               **({"id": request_id} if request_id else {}))
     except PydanticValidationError as exc:  # the gateway's schema errors meet the same formatter
         raise invalid_request(exc.errors()) from exc
     if not isinstance(caps, str):
         request.resolve(caps)
     return request
+
+
+def chosen_ids(request_ids: list[str] | None, count: int) -> list[str | None]:
+    """The caller's own ids for `count` requests (None each: new random ones), checked before any I/O.
+
+    A chosen id makes a submit idempotent: the enqueue script refuses an id that already names a job or a
+    result (DuplicateRequestError, nothing enqueued), so a caller that cannot know whether its earlier submit
+    reached Redis (it crashed, or the connection dropped) submits again with the same id and learns which."""
+    if request_ids is None:
+        return [None] * count
+    if len(request_ids) != count:
+        raise ValidationError(f"{len(request_ids)} request ids for {count} requests: give one id per request",
+                              param="request_ids")
+    bad = [i for i in request_ids if not keys.valid_request_id(i)]
+    if bad:
+        raise ValidationError(f"request id {bad[0]!r} is not valid: 1 to {keys.MAX_REQUEST_ID_LENGTH} letters, "
+                              "digits, '_' or '-'", param="request_ids")
+    if len(set(request_ids)) != count:
+        raise ValidationError("the request ids repeat: each request needs its own id", param="request_ids")
+    return list(request_ids)
 
 
 def enqueue_args(queue: str, requests: list[EmbedRequest], max_depth: int | None = None) -> operations.Enqueue:

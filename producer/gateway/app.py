@@ -14,6 +14,9 @@ from common.errors import UnavailableError
 from common.redisclient import connect_async, redact
 from producer import AsyncProducer
 from producer.gateway import cohere, dashboard, errors, events, invocations, jobs, routes, taskroutes, tei
+from producer.gateway.batches import routes as batchroutes
+from producer.gateway.batches.runner import Runner
+from producer.gateway.batches.store import Store
 from producer.gateway.limits import BodyLimitMiddleware
 from producer.gateway.metrics import Metrics, MetricsMiddleware
 from producer.gateway.service import Gateway
@@ -41,9 +44,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                         redact(settings.redis_url), err.message)
         for deliveries in gw.deliveries.values():
             deliveries.start()
+        # The Batch API's files and batches are on the default Redis; this replica drives batches too.
+        app.state.batch_store = Store(producer.connection_at(producer.redis_url))
+        app.state.batch_runner = runner = Runner(gw, app.state.batch_store)
+        runner.start()
         try:
             yield
         finally:
+            await runner.close()
             for deliveries in gw.deliveries.values():
                 await deliveries.close()
             await producer.close()
@@ -57,7 +65,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     if not settings.keys:
         _serve_docs(app)
     # events before jobs: jobs' /v1/jobs/{job_id} would match /v1/jobs/events.
-    routers = [routes.public, routes.protected, events.router, jobs.router, taskroutes.router,
+    routers = [routes.public, routes.protected, events.router, jobs.router, taskroutes.router, batchroutes.router,
                tei.router, cohere.router, invocations.router, invocations.public]
     for router in routers:
         app.include_router(router)
@@ -68,7 +76,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         return errors.error_response(err, settings.retry_after, metrics.error, path)
 
     # Added innermost first: the body limit, the metrics around it, the error boundary around all.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, reject=reject)
+    # an upload's multipart framing (boundaries, part headers) comes on top of the file's own limit
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, reject=reject,
+                       paths={batchroutes.FILES_PATH: settings.max_file_bytes + 64 * 1024})
     app.add_middleware(MetricsMiddleware, metrics=metrics,
                        routes=[route for router in [*routers, dashboard.public, dashboard.protected]
                                for route in router.routes])

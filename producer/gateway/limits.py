@@ -15,18 +15,21 @@ from common.errors import PayloadTooLargeError
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_bytes: int, reject: Callable[[PayloadTooLargeError, str], object]):
+    def __init__(self, app: ASGIApp, max_bytes: int, reject: Callable[[PayloadTooLargeError, str], object],
+                 paths: dict[str, int] | None = None):
         self.app = app
         self.max_bytes = max_bytes
         self.reject = reject  # builds the error answer (an ASGI app), so that the error table decides
+        self.paths = paths or {}  # exact path -> its own limit (a file upload's is larger than a request's)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS"):
             await self.app(scope, receive, send)
             return
+        limit = self.paths.get(scope.get("path", ""), self.max_bytes)
         declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            await self._too_large(scope, receive, send, f"{declared} bytes declared in Content-Length")
+        if declared is not None and declared > limit:
+            await self._too_large(scope, receive, send, f"{declared} bytes declared in Content-Length", limit)
             return
         chunks, size = [], 0
         while True:
@@ -35,8 +38,8 @@ class BodyLimitMiddleware:
                 return
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_bytes:
-                await self._too_large(scope, receive, send, f"more than {self.max_bytes} bytes sent")
+            if size > limit:
+                await self._too_large(scope, receive, send, f"more than {limit} bytes sent", limit)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -53,9 +56,9 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send, what: str) -> None:
-        err = PayloadTooLargeError(f"request body too large: {what}; the limit is {self.max_bytes} bytes "
-                                   "(send fewer or shorter inputs per request)")
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send, what: str, limit: int) -> None:
+        hint = "a smaller file" if scope.get("path", "") in self.paths else "fewer or shorter inputs per request"
+        err = PayloadTooLargeError(f"request body too large: {what}; the limit is {limit} bytes (send {hint})")
         await self.reject(err, scope.get("path", ""))(scope, receive, send)
 
 

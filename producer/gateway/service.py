@@ -37,16 +37,23 @@ class Gateway:
         if self.limiter is None:
             self.limiter = KeyLimiter(self.settings.keys, self.settings.max_in_flight)
 
-    async def submit(self, body: EmbedBody, reply_to: str | None = None) -> str:
-        """Enqueue the body's inputs (a fleet with no live worker raises NoWorkerError: a 503)."""
+    async def submit(self, body: EmbedBody, reply_to: str | None = None, *, request_id: str | None = None,
+                     priority: str | None = None) -> str:
+        """Enqueue the body's inputs (a fleet with no live worker raises NoWorkerError: a 503).
+
+        request_id: the caller's own id (a batch line's; a repeated id raises DuplicateRequestError);
+        priority: overrides the body's (a batch runs its lines at `bulk`)."""
+        fields = body.request_fields()
+        if priority is not None:
+            fields["priority"] = priority
         if body.messages is not None:  # one conversation, rendered by the worker (producer/gateway/chat.py)
-            return await self.producer.submit(None, body.model, reply_to=reply_to, **body.request_fields(),
-                                              **body.chat_fields())
+            return await self.producer.submit(None, body.model, reply_to=reply_to, request_id=request_id,
+                                              **fields, **body.chat_fields())
         inputs = normalize_inputs(body.input)
         if len(inputs) > self.settings.max_inputs:
             raise ValidationError(f"{len(inputs)} inputs in one request; this gateway allows at most "
                                   f"{self.settings.max_inputs} (split the request)", param="input")
-        return await self.producer.submit(inputs, body.model, reply_to=reply_to, **body.request_fields())
+        return await self.producer.submit(inputs, body.model, reply_to=reply_to, request_id=request_id, **fields)
 
     async def run(self, body: EmbedBody) -> Result:
         """Submit and wait up to the request timeout; a request that timed out is cancelled if still queued,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, PrivateAttr, model_validator
 
 from common.config import Settings
+from common.protocol import keys
 from producer.gateway.apikeys import ApiKey, parse_api_keys
 from producer.gateway.webhookurls import WebhookPolicy
 
@@ -49,6 +50,21 @@ class GatewaySettings(Settings):
     webhook_sweep_seconds: float = Field(5.0, gt=0, description="seconds between this replica's sweeps of the "
                                          "fleet's webhook delivery list (results no replica was woken for)")
     max_event_ids: int = Field(1000, ge=1, description="job ids one GET /v1/jobs/events stream may follow")
+    # The Batch API (producer/gateway/batches/, docs/batch-api.md): files and batches live in Redis.
+    max_file_bytes: int = Field(64 * 1024 * 1024, ge=1, description="largest file POST /v1/files accepts, in "
+                                "bytes (files are kept in Redis; a larger one is refused with 413)")
+    batch_in_flight: int = Field(256, ge=1, description="lines of one batch submitted and not yet answered, at "
+                                 "most (the rest wait in Redis, not in the queue)")
+    batch_lease_seconds: float = Field(keys.BATCH_LEASE, gt=0, description="a replica's claim on a batch it "
+                                       "drives lasts this long without a renewal (renewed every third): a "
+                                       "replica that dies frees its batches for another this soon")
+    batch_max_running: int = Field(4, ge=0, description="batches one gateway replica drives at once (0: it "
+                                   "answers the batch routes and leaves the running to other replicas)")
+    batch_poll_seconds: float = Field(1.0, gt=0, description="seconds between a replica's looks for batches "
+                                      "to drive (a batch created on it is started at once)")
+    batch_completion_seconds: float = Field(24 * 3600, gt=0, description="what completion_window '24h' grants: "
+                                            "a batch still running this long after its creation expires (lower "
+                                            "it only to test expiry)")
     _keys: dict[str, ApiKey] = PrivateAttr(default_factory=dict)
     _webhook_policy: WebhookPolicy = PrivateAttr(default_factory=WebhookPolicy)
 

@@ -1,0 +1,152 @@
+"""A batch's input file read into lines, and each line's answer written in OpenAI's batch output format.
+
+A file that cannot be read as a batch (not UTF-8, a line that is no JSON object, a missing or repeated
+`custom_id`, another endpoint or method) fails the whole batch at validation, with `errors` naming each
+bad line, as OpenAI does. A line whose `body` is no valid /v1/embeddings body fails alone: its error line
+carries the very 400 the route would answer for that body.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pydantic import ValidationError as PydanticValidationError
+
+from common.errors import EmbedfleetError, ValidationError, invalid_request
+from common.protocol import keys
+from producer.gateway.errors import error_response, status_of
+from producer.gateway.schemas import EmbedBody
+
+ENDPOINT = "/v1/embeddings"
+MAX_ERRORS = 100  # file errors reported in a failed batch's `errors` (the first ones)
+# OpenAI's wording for lines that never ran (its batch guide's error codes)
+UNRUN = {
+    "cancelled": ("batch_cancelled", "This request could not be executed before the batch was cancelled."),
+    "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
+}
+
+
+@dataclass(frozen=True)
+class Line:
+    """One request of a batch: its place, its custom_id and its body, or the error that body gets."""
+
+    index: int  # 0-based among the file's requests (blank lines are not requests)
+    custom_id: str
+    body: EmbedBody | None
+    error: EmbedfleetError | None = None
+
+
+@dataclass(frozen=True)
+class FileError:
+    """Why the file is no batch file: OpenAI's BatchError (code, line, message, param)."""
+
+    code: str
+    message: str
+    line: int | None = None
+    param: str | None = None
+
+    def as_dict(self) -> dict:
+        return {"code": self.code, "line": self.line, "message": self.message, "param": self.param}
+
+
+def parse(data: bytes, endpoint: str = ENDPOINT) -> tuple[list[Line], list[FileError]]:
+    """The file's requests, or (when the file cannot be run) the reasons, at most MAX_ERRORS of them."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return [], [FileError("invalid_file", f"the file is not UTF-8 text (byte {exc.start}); a batch file is "
+                                              "JSON lines, one request object per line")]
+    lines: list[Line] = []
+    errors: list[FileError] = []
+    seen: set[str] = set()
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        found = _request(raw, number, endpoint, seen)
+        if isinstance(found, FileError):
+            errors.append(found)
+            if len(errors) >= MAX_ERRORS:
+                break
+            continue
+        custom_id, body = found
+        seen.add(custom_id)
+        lines.append(_line(len(lines), custom_id, body))
+    if not lines and not errors:
+        errors.append(FileError("empty_file", "the file holds no requests: one JSON object per line, each with "
+                                              f"custom_id, method POST, url {endpoint} and body"))
+    if len(lines) > keys.MAX_BATCH_LINES:
+        errors.append(FileError("too_many_requests", f"the file holds {len(lines)} requests; a batch holds at "
+                                                     f"most {keys.MAX_BATCH_LINES}"))
+    return lines, errors
+
+
+def _request(raw: str, number: int, endpoint: str, seen: set[str]) -> tuple[str, dict] | FileError:
+    try:
+        item = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return FileError("invalid_json_line", f"line {number} is not valid JSON ({exc.msg}); each line is one "
+                                              "request object", number)
+    if not isinstance(item, dict):
+        return FileError("invalid_request", f"line {number} is not a JSON object", number)
+    custom_id = item.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return FileError("missing_required_parameter", f"line {number} has no text `custom_id`", number,
+                         "custom_id")
+    if custom_id in seen:
+        return FileError("duplicate_custom_id", f"custom_id {custom_id!r} on line {number} is used by an "
+                                                "earlier line: each request needs its own", number, "custom_id")
+    if item.get("method", "POST") != "POST":
+        return FileError("invalid_method", f"line {number}: method {item.get('method')!r} is not supported; "
+                                           "only POST", number, "method")
+    if item.get("url") != endpoint:
+        return FileError("invalid_url", f"line {number}: url {item.get('url')!r} does not match the batch's "
+                                        f"endpoint {endpoint}", number, "url")
+    if not isinstance(item.get("body"), dict):
+        return FileError("invalid_request", f"line {number}: `body` must be a JSON object (a {endpoint} "
+                                            "request body)", number, "body")
+    return custom_id, item["body"]
+
+
+def _line(index: int, custom_id: str, body: dict) -> Line:
+    """Validate the body as the route does (EmbedBody, the same message for the same mistake)."""
+    try:
+        parsed = EmbedBody.model_validate(body)
+    except PydanticValidationError as exc:
+        return Line(index, custom_id, None, invalid_request(exc.errors()))
+    if parsed.encoding_format in ("bytes", "bytes_only"):
+        return Line(index, custom_id, None, ValidationError(
+            f"encoding_format {parsed.encoding_format!r} is not available in a batch (each output line is JSON): "
+            "use 'float' or 'base64'", param="encoding_format"))
+    return Line(index, custom_id, parsed)
+
+
+# -- output lines ---------------------------------------------------------------------------------------
+
+def _dump(value) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def line_id(request_id: str) -> str:
+    return f"batch_req_{request_id.removeprefix('batch_')}"
+
+
+def answered(line: Line, request_id: str, status_code: int, body: bytes) -> bytes:
+    """The output line of an answered request; `body` is spliced in as the route's own bytes."""
+    return b"".join([b'{"id":', _dump(line_id(request_id)), b',"custom_id":', _dump(line.custom_id),
+                     b',"response":{"status_code":', str(status_code).encode(), b',"request_id":',
+                     _dump(request_id), b',"body":', body, b'},"error":null}'])
+
+
+def failed(line: Line, request_id: str, err: EmbedfleetError) -> bytes:
+    """The error line of a request the route would refuse or that failed: the route's status and body."""
+    response = error_response(err, 0, lambda code: None, ENDPOINT)
+    return answered(line, request_id, status_of(err.code), response.body)
+
+
+def unrun(line: Line, request_id: str, why: str) -> bytes:
+    """The error line of a request that never ran (the batch was cancelled or expired)."""
+    code, message = UNRUN[why]
+    return _dump({"id": line_id(request_id), "custom_id": line.custom_id, "response": None,
+                  "error": {"code": code, "message": message}})
+

@@ -1,0 +1,332 @@
+"""Running batches: every gateway replica runs a Runner that claims unfinished batches with a lease in Redis
+and drives each through its lifecycle (validating -> in_progress -> finalizing -> completed; failed;
+cancelling -> cancelled; expired).
+
+A line runs as request `<batch_id>-<index>` at `bulk` priority through the same queues as every request,
+at most --batch-in-flight lines of a batch at a time. Because the id is fixed before the submit and the
+enqueue script refuses an id already in use, a replica that takes a batch over (its driver died: the lease
+lapsed) simply submits every line not yet collected again: a line already queued, running or answered is
+refused as a duplicate and waited for, one never submitted is submitted now. Nothing runs twice, nothing is
+lost. Answers are collected into Redis as they land (store.collect, once per line), so a takeover redoes
+nothing but the waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections import deque
+
+import redis
+
+from common.errors import (DuplicateRequestError, EmbedfleetError, NoWorkerError, NotFoundError, QueueFullError,
+                           UnavailableError)
+from common.protocol import keys
+from producer.gateway import encoding
+from producer.gateway.batches import lines as batchlines, objects
+from producer.gateway.batches.lines import Line
+from producer.gateway.batches.store import BatchGone, LeaseLost, Store, now
+
+log = logging.getLogger(__name__)
+
+CHECK_SECONDS = 0.5  # how often a driver re-reads its batch's status (a cancel) and the clock (expiry)
+RETRY_SECONDS = 1.0  # pause before a line refused for now (queue full, no worker, Redis away) is tried again
+TRANSIENT = (QueueFullError, NoWorkerError, UnavailableError)
+Collected = tuple[int, bool, int, bytes]  # index, answered with a 2xx, prompt tokens, the output line
+
+
+class Runner:
+    """This replica's batch runner: claims batches (up to `max_running` at a time) and drives them."""
+
+    def __init__(self, gw, store: Store):
+        settings = gw.settings
+        self.gw = gw
+        self.store = store
+        self.token = uuid.uuid4().hex  # this replica's name on its leases
+        self.lease = settings.batch_lease_seconds
+        self.in_flight = settings.batch_in_flight
+        self.poll = settings.batch_poll_seconds
+        self.max_running = settings.batch_max_running
+        self.output_ttl = keys.FILE_TTL
+        self.driving: dict[str, asyncio.Task] = {}
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        if self.max_running > 0:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="embedfleet batches")
+
+    def poke(self) -> None:
+        """Look for batches now (a batch was created on this replica)."""
+        self._wakeup.set()
+
+    async def close(self) -> None:
+        """Stop driving; each lease is given back so that another replica (or this one restarted) takes the
+        batch over at once rather than after the lease."""
+        tasks = [t for t in [self._task, *self.driving.values()] if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        failing = False  # a Redis outage is logged once, not once per look
+        while True:
+            try:
+                await self._claim()
+                if failing:
+                    log.info("batches: Redis answers again; looking for batches to run")
+                failing = False
+            except (redis.RedisError, OSError, EmbedfleetError) as exc:
+                if not failing:
+                    log.warning("batches: cannot look for batches to run (%s); trying every %g s", exc, self.poll)
+                failing = True
+            except Exception:  # the loop must outlive any one bad pass, loudly
+                log.exception("batches: unexpected error while looking for batches to run")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), self.poll)
+            self._wakeup.clear()
+
+    async def _claim(self) -> None:
+        for batch_id in await self.store.active():
+            if len(self.driving) >= self.max_running:
+                return
+            if batch_id not in self.driving and await self.store.claim(batch_id, self.token, self.lease):
+                self.driving[batch_id] = asyncio.get_running_loop().create_task(
+                    self._drive(batch_id), name=f"embedfleet batch {batch_id}")
+
+    async def _drive(self, batch_id: str) -> None:
+        driver = asyncio.current_task()
+        renewer = asyncio.get_running_loop().create_task(self._renew(batch_id, driver))
+        try:
+            await Drive(self, batch_id).run()
+        except LeaseLost:
+            log.warning("batch %s: this replica's lease lapsed; another replica drives it now", batch_id)
+        except BatchGone:
+            await self.store.forget(batch_id)
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # logged; the lease is given back and the batch taken up again
+            log.exception("batch %s: driving it failed; it is taken up again on the next look", batch_id)
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.store.release(batch_id, self.token))
+            self.driving.pop(batch_id, None)
+
+    async def _renew(self, batch_id: str, driver: asyncio.Task) -> None:
+        """Renew the lease every third of it; stop the driver once it cannot be renewed in time."""
+        renewed = time.monotonic()
+        while True:
+            await asyncio.sleep(self.lease / 3)
+            try:
+                held = await self.store.renew(batch_id, self.token, self.lease)
+            except (redis.RedisError, OSError) as exc:
+                held = time.monotonic() - renewed < self.lease  # Redis away: the lease still runs
+                log.warning("batch %s: cannot renew the lease (%s)", batch_id, exc)
+            else:
+                renewed = time.monotonic() if held else renewed
+            if not held:
+                log.warning("batch %s: the lease is lost; stopping", batch_id)
+                driver.cancel()
+                return
+
+
+class Drive:
+    """One replica driving one batch, from whatever state it finds the batch in."""
+
+    def __init__(self, runner: Runner, batch_id: str):
+        self.runner = runner
+        self.store = runner.store
+        self.gw = runner.gw
+        self.batch_id = batch_id
+        self.token = runner.token
+        self.lines: list[Line] | None = None
+        self.stopping: str | None = None  # "cancelled" or "expired": queued lines are cancelled, none submitted
+        self.waiting: set[str] = set()  # request ids submitted and waited for
+
+    async def run(self) -> None:
+        while True:
+            batch = await self.store.batch(self.batch_id)
+            if batch is None:
+                raise BatchGone(self.batch_id)
+            status = batch["status"]
+            if status in objects.ENDED:
+                await self.store.forget(self.batch_id)
+                return
+            if status == "validating":
+                await self.validate()
+                continue
+            lines = await self.load()
+            if status == "finalizing":
+                await self.end(batch, lines, ("finalizing",), "completed")
+                continue
+            reason = "cancelled" if status == "cancelling" else "expired" if expired(batch) else None
+            reason = await self.process(lines, reason)
+            if reason is None:
+                await self.store.transition(self.batch_id, ("in_progress",), "finalizing", token=self.token,
+                                            finalizing_at=now())
+            else:
+                await self.end(batch, lines, ("cancelling",) if reason == "cancelled" else ("in_progress",), reason)
+
+    async def load(self) -> list[Line]:
+        if self.lines is None:
+            data = await self.store.input_data(self.batch_id)
+            if data is None:
+                raise BatchGone(self.batch_id)
+            self.lines, _ = batchlines.parse(data)
+        return self.lines
+
+    async def validate(self) -> None:
+        data = await self.store.input_data(self.batch_id)
+        found, errors = batchlines.parse(data) if data is not None else ([], [batchlines.FileError(
+            "file_missing", "the batch's input is gone (expired)")])
+        if errors:
+            await self.store.transition(self.batch_id, ("validating",), "failed", token=self.token, end=True,
+                                        failed_at=now(), errors=json.dumps([e.as_dict() for e in errors]))
+            return
+        models = {line.body.model for line in found if line.body is not None}
+        await self.store.transition(self.batch_id, ("validating",), "in_progress", token=self.token,
+                                    in_progress_at=now(), total=len(found),
+                                    model=models.pop() if len(models) == 1 and None not in models else "")
+        self.lines = found
+
+    # -- the lines ----------------------------------------------------------------------------------
+    async def process(self, lines: list[Line], stopping: str | None) -> str | None:
+        """Run (or, once stopping, settle) every line not collected yet; returns why it stopped early
+        ("cancelled" / "expired") or None when every line was answered."""
+        self.stopping = stopping
+        done = await self.store.collected(self.batch_id)
+        pending = deque(line for line in lines if line.index not in done)
+        if pending:
+            log.info("batch %s: %d of %d lines to run", self.batch_id, len(pending), len(lines))
+        tasks: set[asyncio.Task] = set()
+        check = time.monotonic() + CHECK_SECONDS
+        try:
+            while pending or tasks:
+                ready: list[Collected] = []
+                while pending and len(tasks) + len(ready) < self.runner.in_flight:  # bad lines count too
+                    line = pending.popleft()
+                    if line.error is not None:
+                        ready.append((line.index, False, 0, batchlines.failed(line, self.request_id(line),
+                                                                              line.error)))
+                    else:
+                        tasks.add(asyncio.get_running_loop().create_task(self.run_line(line)))
+                failure = None
+                if tasks:
+                    finished, tasks = await asyncio.wait(tasks, timeout=CHECK_SECONDS,
+                                                         return_when=asyncio.FIRST_COMPLETED)
+                    for task in finished:  # every answer is kept before a failure ends this pass
+                        if task.exception() is None:
+                            ready.append(task.result())
+                        else:
+                            failure = failure or task.exception()
+                if ready:
+                    await self.store.collect(self.batch_id, self.token, ready)
+                if failure is not None:  # e.g. Redis away for longer than a wait rides out: retaken later
+                    raise failure
+                if self.stopping is None and time.monotonic() >= check:
+                    check = time.monotonic() + CHECK_SECONDS
+                    await self.check_stop()
+        finally:
+            for task in tasks:
+                task.cancel()
+        return self.stopping
+
+    async def check_stop(self) -> None:
+        """Stop on a cancel or past the completion window: the lines waiting in a queue are cancelled (those
+        running finish and are kept), none is submitted any more."""
+        batch = await self.store.batch(self.batch_id)
+        if batch is None:
+            raise BatchGone(self.batch_id)
+        reason = "cancelled" if batch["status"] == "cancelling" else "expired" if expired(batch) else None
+        if reason is None:
+            return
+        log.info("batch %s: %s; cancelling its queued lines", self.batch_id, reason)
+        self.stopping = reason
+        for request_id in list(self.waiting):
+            with contextlib.suppress(EmbedfleetError):
+                await self.gw.producer.cancel(request_id)
+
+    def request_id(self, line: Line) -> str:
+        return keys.batch_line_request_id(self.batch_id, line.index)
+
+    async def run_line(self, line: Line) -> Collected:
+        request_id = self.request_id(line)
+        if self.stopping is None:
+            refused = await self.submit(line, request_id)
+            if refused is not None:
+                return refused
+        if self.stopping is not None:  # settle: cancel it if queued; one never submitted never runs
+            unrun = (line.index, False, 0, batchlines.unrun(line, request_id, self.stopping))
+            try:
+                if await self.gw.producer.cancel(request_id):
+                    return unrun
+            except NotFoundError:  # never submitted
+                return unrun
+        self.waiting.add(request_id)
+        try:
+            result = await self.result_of(request_id)
+        finally:
+            self.waiting.discard(request_id)
+        if result.ok:
+            body = encoding.embeddings_response(result, line.body.encoding_format, line.body.explicit_layout).body
+            return line.index, True, result.usage.prompt_tokens, batchlines.answered(line, request_id, 200, body)
+        try:
+            result.raise_for_error()
+        except EmbedfleetError as err:
+            if err.code == "cancelled" and self.stopping is not None:
+                return line.index, False, 0, batchlines.unrun(line, request_id, self.stopping)
+            return line.index, False, 0, batchlines.failed(line, request_id, err)
+        raise AssertionError("a result that is neither ok nor an error")  # pragma: no cover
+
+    async def submit(self, line: Line, request_id: str) -> Collected | None:
+        """Submit the line as `request_id` at bulk priority; None once it is in the fleet (now or before),
+        else its error line (the route's refusal). Refusals for now (queue full, no worker) are retried."""
+        while self.stopping is None:
+            try:
+                await self.gw.submit(line.body, request_id=request_id, priority="bulk")
+                return None
+            except DuplicateRequestError:
+                return None  # submitted before (by a replica that died, or by this one): wait for it
+            except TRANSIENT:
+                await asyncio.sleep(RETRY_SECONDS)
+            except EmbedfleetError as err:
+                return line.index, False, 0, batchlines.failed(line, request_id, err)
+        return None
+
+    async def result_of(self, request_id: str):
+        async for result in self.gw.producer.as_completed([request_id]):
+            return result
+
+    # -- the end ------------------------------------------------------------------------------------
+    async def end(self, batch: dict, lines: list[Line], before: tuple[str, ...], after: str) -> None:
+        """Write the output and error files (ids derived from the batch: a retry writes the same files) and
+        set the final status; the batch's work keys go."""
+        stored = await self.store.lines(self.batch_id)
+        meta = batch["meta"]
+        files = {}
+        for which, ok in (("output", True), ("error", False)):
+            content = b"".join(line + b"\n" for _, (good, line) in sorted(stored.items()) if good == ok)
+            if content:
+                files[f"{which}_file_id"] = await self.put_output(meta, which, content)
+        await self.store.transition(self.batch_id, before, after, token=self.token, end=True,
+                                    total=len(lines), **{f"{after}_at": now()}, **files)
+        log.info("batch %s: %s (%d lines)", self.batch_id, after, len(lines))
+
+    async def put_output(self, meta: dict, which: str, content: bytes) -> str:
+        file_id = objects.output_file_id(self.batch_id, which)
+        ttl = meta.get("output_ttl") or self.runner.output_ttl
+        created = now()
+        file_meta = {"id": file_id, "bytes": len(content), "created_at": created,
+                     "filename": f"{self.batch_id}_{which}.jsonl", "purpose": "batch_output",
+                     "expires_at": created + ttl, **({"owner": meta["owner"]} if meta.get("owner") else {})}
+        await self.store.put_file(file_meta, content, ttl)
+        return file_id
+
+
+def expired(batch: dict) -> bool:
+    return now() >= batch["meta"]["expires_at"]
