@@ -9,6 +9,7 @@ import socket
 import threading
 from collections.abc import Iterator
 
+import httpx
 import redis
 
 from tests import gatewayserver
@@ -41,6 +42,14 @@ def live_gateway(redis_url: str, engines: list, **fields) -> Iterator[str]:
         for thread in threads:
             thread.join(30)
         connection.close()
+
+
+@contextlib.contextmanager
+def live_fleet(redis_url: str, engines: dict, **fields) -> Iterator[httpx.Client]:
+    """`live_gateway` over `engines` (name -> Engine), yielding an httpx client on the gateway."""
+    with live_gateway(redis_url, list(engines.values()), **fields) as url, \
+            httpx.Client(base_url=url, timeout=60) as client:
+        yield client
 
 
 def forbid_internet(monkeypatch) -> list:

@@ -15,7 +15,7 @@ from common.chat import CHAT_INPUT, NO_TEMPLATE, UNTRUSTED_TEMPLATE
 from common.errors import DecodeError
 from common.request import EmbedRequest
 from producer import Producer
-from tests.livefleet import live_fleet
+from tests.livegateway import live_fleet
 from tests.tinymodels import save_tiny_bert, save_tiny_classifier, st_reference, wrap_sentence_transformers
 from worker.engine.engine import Engine
 from worker.engine.model import load_model

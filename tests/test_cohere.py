@@ -15,7 +15,7 @@ from sentence_transformers import CrossEncoder
 from sentence_transformers.util.quantization import quantize_embeddings
 from transformers import AutoTokenizer
 
-from tests.livefleet import live_fleet
+from tests.livegateway import live_fleet
 from tests.test_tasks import DOCS, QUERY
 from tests.tinymodels import save_tiny_bert, sample_texts, st_reference, wrap_sentence_transformers
 from worker.engine.engine import Engine

@@ -14,22 +14,19 @@ from __future__ import annotations
 import base64
 import json
 import random
-import threading
 
 import numpy as np
 import openai
 import pytest
-import redis
 import requests
 import torch
 import torch.nn.functional as F
 from sentence_transformers import CrossEncoder, SentenceTransformer
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from tests import gatewayserver
+from tests.livegateway import live_gateway
 from worker.engine.engine import Engine
 from worker.engine.model import load_model
-from worker.serving.pipeline import BatchWorker
 
 MINILM, CE, CLF = "minilm", "ce", "clf"
 MAX_LEN = 256  # all-MiniLM-L6-v2's max_seq_length; the tiny models' is 128
@@ -54,24 +51,11 @@ class Live:
 
 @pytest.fixture(scope="module")
 def live(redis_server, minilm_path, cross_encoder, classifier):
-    connection = redis.Redis.from_url(redis_server.url)
-    connection.flushall()
     engines = [Engine(load_model(minilm_path, served_name=MINILM, max_embed_len=10_000), max_batch_tokens=8192),
                Engine(load_model(cross_encoder, served_name=CE), max_batch_tokens=2048),
                Engine(load_model(classifier, served_name=CLF), max_batch_tokens=2048)]
-    workers = [BatchWorker(engine, connection, poll_timeout=1) for engine in engines]
-    threads = [threading.Thread(target=worker.work, daemon=True) for worker in workers]
-    for worker, thread in zip(workers, threads):
-        thread.start()
-        worker.advertiser.advertise()
-    server = gatewayserver.Server(gatewayserver.settings(redis_server.url))
-    yield Live(server.url)
-    server.stop()
-    for worker in workers:
-        worker.stop()
-    for thread in threads:
-        thread.join(30)
-    connection.close()
+    with live_gateway(redis_server.url, engines) as url:
+        yield Live(url)
 
 
 @pytest.fixture(scope="module")
