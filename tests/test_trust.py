@@ -162,6 +162,35 @@ def test_every_key_the_producer_side_creates_expires(redis_url, redis_client, pr
     assert longest <= keys.JOB_TTL + keys.RESULT_TTL
 
 
+def _batch_runs(gateway: Server, worker) -> dict:
+    """The Batch API as the recipe's producer user: upload, create, serve the lines with `worker` (a
+    BatchWorker not yet started), read the counts."""
+    import json
+    import threading
+
+    import openai
+
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    lines = "".join(json.dumps({"custom_id": str(i), "method": "POST", "url": "/v1/embeddings",
+                                "body": {"input": f"text {i}"}}) + "\n" for i in range(3))
+    uploaded = client.files.create(file=("in.jsonl", lines.encode()), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+    serving = threading.Thread(target=worker.work, daemon=True)
+    serving.start()
+    try:
+        for _ in range(1200):  # 60 s at most
+            if batch.status in ("completed", "failed", "expired", "cancelled"):
+                break
+            batch = client.batches.retrieve(batch.id, timeout=30)
+            threading.Event().wait(0.05)
+        assert batch.status == "completed", batch
+        assert len(client.files.content(batch.output_file_id).text.splitlines()) == 3
+    finally:
+        worker.stop()
+        serving.join(30)
+    return batch.request_counts.model_dump()
+
+
 def documented_acl(passwords: dict[str, str]) -> list[list[str]]:
     """The ACL SETUSER lines of docs/security.md, as commands, with the passwords filled in."""
     lines = [line for line in ACL_RECIPE.read_text().splitlines() if line.startswith("ACL SETUSER ")]
@@ -201,6 +230,8 @@ def test_the_documented_acl_recipe_runs_a_fleet(bert_mean):
                 assert asyncio.run(async_side()).ok and producer.wait(waited, timeout=30).ok
             answered = httpx.get(f"{gateway.url}/v1/jobs/{job}", timeout=30)
             assert answered.status_code == 200 and answered.json()["status"] == "finished"
+            serving = BatchWorker(engine_for(bert_mean), redis.Redis.from_url(as_worker), poll_timeout=1)
+            assert _batch_runs(gateway, serving) == {"total": 3, "completed": 3, "failed": 0}, admin.acl_log()
         finally:
             gateway.stop()
         assert admin.acl_log() == [], "Redis denied the recipe's users something they need"

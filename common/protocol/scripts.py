@@ -63,5 +63,7 @@ RECOVER, GIVE_BACK, CANCEL = Script("recover"), Script("giveback"), Script("canc
 JOIN, PUBLISH = Script("join"), Script("publish")
 SAVE_OPTIONS, WITHDRAW = Script("saveoptions"), Script("withdraw")
 INFLIGHT_ATTACH, INFLIGHT_RELEASE = Script("inflightattach"), Script("inflightrelease")
+# OpenAI's Batch API (producer/gateway/batches/store.py)
+BATCH_TRANSITION, BATCH_COLLECT, BATCH_LEASE = Script("batchtransition"), Script("batchcollect"), Script("batchlease")
 ALL = (ENQUEUE, TAKE, FINISH, REFRESH, RECOVER, GIVE_BACK, CANCEL, JOIN, PUBLISH, SAVE_OPTIONS, WITHDRAW,
-       INFLIGHT_ATTACH, INFLIGHT_RELEASE)
+       INFLIGHT_ATTACH, INFLIGHT_RELEASE, BATCH_TRANSITION, BATCH_COLLECT, BATCH_LEASE)

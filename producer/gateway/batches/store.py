@@ -1,8 +1,9 @@
 """Files and batches in Redis: every read and write of the Batch API's keys (common/protocol/keys.py).
 
-Status changes and collected lines go through two small Lua scripts, so that a change is checked against
-the state it changes (a cancel cannot be overwritten by a runner's `completed`; a line is counted once) and,
-for a runner, against its lease: a replica that lost its lease writes nothing.
+Status changes, collected lines and leases go through the protocol's Lua scripts (common/protocol/scripts/
+batch*.lua), so that a change is checked against the state it changes (a cancel cannot be overwritten by a
+runner's `completed`; a line is counted once) and, for a runner, against its lease: a replica that lost its
+lease writes nothing.
 """
 
 from __future__ import annotations
@@ -12,53 +13,7 @@ import time
 
 import redis.asyncio as aioredis
 
-from common.protocol import keys
-
-# KEYS[1] embedfleet:batch:<id> HASH (HGET status, HSET), KEYS[2] embedfleet:batches:active ZSET (ZREM on
-# an end), KEYS[3] embedfleet:batch:<id>:lease STRING (GET; DEL on an end), KEYS[4..] keys deleted on an end
-# ARGV: 1 batch id, 2 lease token ('' = no lease needed: a route), 3 the statuses it may change from (space-
-# separated), 4 the new status, 5 '1' = the batch ends, 6.. field/value pairs set with it
-# Returns {1} (changed), {0, status} (its status was another), {-1} (the lease is not ours), {-2} (no batch).
-_TRANSITION = """
-if ARGV[2] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[2] then return {-1} end
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return {-2} end
-if not string.find(' ' .. ARGV[3] .. ' ', ' ' .. status .. ' ', 1, true) then return {0, status} end
-redis.call('HSET', KEYS[1], 'status', ARGV[4], unpack(ARGV, 6))
-if ARGV[5] == '1' then
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  redis.call('DEL', unpack(KEYS, 3))
-end
-return {1}
-"""
-
-# KEYS[1] embedfleet:batch:<id>:lease STRING (GET), KEYS[2] embedfleet:batch:<id>:lines HASH (HSETNX,
-# PEXPIRE), KEYS[3] embedfleet:batch:<id> HASH (HINCRBY completed / failed / input_tokens, PTTL)
-# ARGV: 1 lease token, then per line: index, counter (`completed` or `failed`), prompt tokens, the line
-# (stored with a first byte '1' for a 2xx answer, bound for the output file, '0' for the error file)
-# Returns how many lines were new (each counted once), -1 (the lease is not ours) or -2 (no batch).
-_COLLECT = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-local ttl = redis.call('PTTL', KEYS[3])
-if ttl == -2 then return -2 end
-local added = 0
-for i = 2, #ARGV, 4 do
-  if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 3]) == 1 then
-    redis.call('HINCRBY', KEYS[3], ARGV[i + 1], 1)
-    redis.call('HINCRBY', KEYS[3], 'input_tokens', ARGV[i + 2])
-    added = added + 1
-  end
-end
-if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
-return added
-"""
-
-# KEYS[1] embedfleet:batch:<id>:lease STRING; ARGV: 1 token, 2 lease (ms), 3 '1' = renew, '0' = release
-_LEASE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if ARGV[3] == '1' then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return redis.call('DEL', KEYS[1])
-"""
+from common.protocol import keys, scripts
 
 MAX_LISTED = 10_000  # ids one listing reads (OpenAI's own cap on a file listing's page)
 
@@ -80,9 +35,6 @@ class Store:
 
     def __init__(self, connection: aioredis.Redis):
         self.connection = connection
-        self._transition = connection.register_script(_TRANSITION)
-        self._collect = connection.register_script(_COLLECT)
-        self._lease = connection.register_script(_LEASE)
 
     # -- files ------------------------------------------------------------------------------------
     async def put_file(self, meta: dict, data: bytes, ttl: int) -> None:
@@ -144,9 +96,10 @@ class Store:
         the active set and its work keys (input, lines, lease) go."""
         work = [keys.batch_input_key(batch_id), keys.batch_lines_key(batch_id)] if end else []
         pairs = [x for name, value in fields.items() for x in (name, value)]
-        reply = await self._transition(
-            keys=[keys.batch_key(batch_id), keys.ACTIVE_BATCHES_KEY, keys.batch_lease_key(batch_id), *work],
-            args=[batch_id, token, " ".join(before), after, "1" if end else "0", *pairs])
+        reply = await scripts.BATCH_TRANSITION.run_async(
+            self.connection, [keys.batch_key(batch_id), keys.ACTIVE_BATCHES_KEY, keys.batch_lease_key(batch_id),
+                              *work],
+            [batch_id, token, " ".join(before), after, "1" if end else "0", *pairs])
         code = int(reply[0])
         if code == -1:
             raise LeaseLost(batch_id)
@@ -167,10 +120,11 @@ class Store:
                                               px=int(lease * 1000)))
 
     async def renew(self, batch_id: str, token: str, lease: float) -> bool:
-        return bool(await self._lease(keys=[keys.batch_lease_key(batch_id)], args=[token, int(lease * 1000), "1"]))
+        return bool(await scripts.BATCH_LEASE.run_async(self.connection, [keys.batch_lease_key(batch_id)],
+                                                         [token, int(lease * 1000), "1"]))
 
     async def release(self, batch_id: str, token: str) -> None:
-        await self._lease(keys=[keys.batch_lease_key(batch_id)], args=[token, 0, "0"])
+        await scripts.BATCH_LEASE.run_async(self.connection, [keys.batch_lease_key(batch_id)], [token, 0, "0"])
 
     async def collect(self, batch_id: str, token: str, lines: list[tuple[int, bool, int, bytes]]) -> int:
         """Record lines (index, ok, prompt tokens, the output line) not recorded yet; returns how many were
@@ -178,8 +132,9 @@ class Store:
         args: list = [token]
         for index, ok, tokens, line in lines:
             args += [index, "completed" if ok else "failed", tokens, (b"1" if ok else b"0") + line]
-        added = int(await self._collect(keys=[keys.batch_lease_key(batch_id), keys.batch_lines_key(batch_id),
-                                              keys.batch_key(batch_id)], args=args))
+        added = int(await scripts.BATCH_COLLECT.run_async(
+            self.connection, [keys.batch_lease_key(batch_id), keys.batch_lines_key(batch_id), keys.batch_key(batch_id)],
+            args))
         if added == -1:
             raise LeaseLost(batch_id)
         if added == -2:
