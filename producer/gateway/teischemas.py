@@ -72,6 +72,15 @@ class TeiEmbedAllBody(_TeiBody, _Truncation):
     inputs: TeiInput
 
 
+class TeiEmbedSparseBody(_TeiBody, _Truncation):
+    """TEI's POST /embed_sparse: one sparse vector per input (a SPLADE model's, bge-m3's lexical weights), plus
+    the fleet's `sparse_top_k` and `sparse_threshold` (common/params.py) to keep fewer values."""
+
+    inputs: TeiInput
+    sparse_top_k: int | None = None
+    sparse_threshold: float | None = None
+
+
 class SimilarityInput(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
