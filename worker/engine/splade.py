@@ -43,18 +43,26 @@ class SpladeModel:
     @torch.inference_mode()
     def outputs(self, token_lists: list[list[int]], wanted: tuple[str, ...]) -> list[dict]:
         """One forward pass; per row {"sparse": (ids, weights)}: the pooled vector's non-zero entries."""
+        rows = []
+        for pooled in self.embed(token_lists).numpy():
+            ids = np.flatnonzero(pooled > 0)
+            rows.append({"sparse": (ids.astype(np.int32), pooled[ids].astype(np.float32))})
+        return rows
+
+    @torch.inference_mode()
+    def embed(self, token_lists: list[list[int]], prompt_lengths: list[int] | None = None) -> torch.Tensor:
+        """One forward pass to the pooled vocabulary-wide vectors, float32 (n, vocab) on the CPU (what the start-up
+        probe times; requests get `outputs`' sparse form)."""
         inputs = pad_batch(token_lists, self.pad_token_id, self.padding_side, self.device)
         logits = self.module(**inputs).logits
         mask = inputs["attention_mask"].bool()
-        rows = []
+        pooled = []
         for index in range(len(token_lists)):
             values = torch.log1p(torch.relu(logits[index][mask[index]].float()))  # (tokens, vocab), one row at a time
             if self.twice:
                 values = torch.log1p(values)
-            pooled = (values.amax(dim=0) if self.strategy == "max" else values.sum(dim=0)).cpu().numpy()
-            ids = np.flatnonzero(pooled > 0)
-            rows.append({"sparse": (ids.astype(np.int32), pooled[ids].astype(np.float32))})
-        return rows
+            pooled.append(values.amax(dim=0) if self.strategy == "max" else values.sum(dim=0))
+        return torch.stack(pooled).cpu()
 
 
 def load_splade(folder: str, st: STConfig, config, *, name: str, device: torch.device, dtype: str,
