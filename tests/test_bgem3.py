@@ -5,6 +5,7 @@ folder: dense, lexical weights and ColBERT vectors of one request, from one forw
 from __future__ import annotations
 
 import asyncio
+import base64
 import math
 import threading
 
@@ -261,3 +262,48 @@ def test_long_inputs_refused_for_sparse_and_colbert(m3):
     assert cut.ok and len(cut.sparse) == 1
 
 
+
+
+def test_pooling_outputs_and_sparse_embed(fleet, reference):
+    """/pooling with `outputs`: one object per input, a key per output; `task: sparse_embed`: {indices, values}."""
+    _, http, worker = fleet
+    expected = reference[1]
+    before = _passes(worker)
+    body = http.post("/pooling", json={"model": "m3", "input": TEXTS, "outputs": list(ALL), "cache": False})
+    assert body.status_code == 200, body.text
+    assert _passes(worker) - before == 1
+    data = body.json()["data"]
+    assert cosines([d["data"]["dense"] for d in data], expected["dense_vecs"]).min() >= 0.99999
+    for item, want_sparse, want_colbert in zip(data, expected["lexical_weights"], expected["colbert_vecs"]):
+        sparse = dict(zip(item["data"]["sparse"]["indices"], item["data"]["sparse"]["values"]))
+        assert sparse == pytest.approx({int(k): float(v) for k, v in want_sparse.items()}, abs=1e-5)
+        assert cosines(item["data"]["colbert"], want_colbert).min() >= 0.9999
+    encoded = http.post("/pooling", json={"model": "m3", "input": TEXTS[:2], "outputs": ["dense", "colbert"],
+                                          "encoding_format": "base64", "embed_dtype": "float16",
+                                          "endianness": "little"}).json()["data"]
+    for item, dense, colbert in zip(encoded, expected["dense_vecs"], expected["colbert_vecs"]):
+        got = np.frombuffer(base64.b64decode(item["data"]["colbert"]), "<f2").reshape(colbert.shape)
+        assert cosines(got, colbert).min() >= 0.999 and "sparse" not in item["data"]
+        assert cosines([np.frombuffer(base64.b64decode(item["data"]["dense"]), "<f2")], [dense])[0] >= 0.999
+    sparse = http.post("/pooling", json={"model": "m3", "input": TEXTS[:2], "task": "sparse_embed"}).json()["data"]
+    for item, want in zip(sparse, expected["lexical_weights"]):
+        assert dict(zip(item["data"]["indices"], item["data"]["values"])) == \
+            pytest.approx({int(k): float(v) for k, v in want.items()}, abs=1e-5)
+    refused = http.post("/v1/embeddings", json={"model": "m3", "input": "x", "outputs": ["dense", "sparse"]})
+    assert refused.status_code == 400 and "/pooling" in refused.json()["error"]["message"]
+    refused = http.post("/pooling", json={"model": "m3", "input": "x", "outputs": ["sparse"],
+                                          "encoding_format": "bytes"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "encoding_format"
+    refused = http.post("/pooling", json={"model": "m3", "input": "x", "outputs": ["lexical"]})
+    assert refused.status_code == 400 and "outputs" in refused.text
+
+
+def test_rerank_with_weights(fleet, reference):
+    producer, http, _ = fleet
+    query, docs = TEXTS[0], TEXTS[1:5]
+    expected = reference[0].compute_score([(query, d) for d in docs], weights_for_different_modes=[0.4, 0.2, 0.4])
+    order = list(np.argsort(-np.asarray(expected["colbert+sparse+dense"]), kind="stable"))
+    body = http.post("/rerank", json={"model": "m3", "query": query, "documents": docs,
+                                      "score_weights": [0.4, 0.2, 0.4]}).json()
+    assert [r["index"] for r in body["results"]] == order
+    assert [r["index"] for r in producer.rerank(query, docs, "m3", score_weights=[0.4, 0.2, 0.4])] == order
