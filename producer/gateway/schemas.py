@@ -10,7 +10,7 @@ from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, field_va
 from common.codec import unencodable
 from common.errors import ValidationError
 from common.params import (LEGACY_ACTIVATION, ChunkSize, ChunkSpans, Dimensions, EmbedDtype, Endianness,
-                           GatewayTruncation, Output, PoolingParams, check_embed_dtype)
+                           GatewayTruncation, Output, PoolingParams, SparseTopK, check_embed_dtype)
 from common.request import INPUT_SHAPES
 from common.scheduling import priority_level, resolve_deadline
 from producer.gateway.chat import ChatFields
@@ -74,7 +74,7 @@ class EmbedBody(ChatFields):
     outputs: list[Output] | None = Field(
         None, description="/pooling on a multi-head model (bge-m3): several of dense, sparse and colbert from one "
                           "forward pass, each input's answer an object with one key per output")
-    sparse_top_k: int | None = Field(None, description="sparse vectors: keep each input's k largest weights")
+    sparse_top_k: SparseTopK | None = Field(None, description="sparse vectors: keep each input's k largest weights")
     sparse_threshold: float | None = Field(None, description="sparse vectors: keep the weights above this only")
     score_weights: list[float] | None = Field(None, description="task score only (/score, /rerank)")
 

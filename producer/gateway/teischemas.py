@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from common.errors import ValidationError
-from common.params import Dimensions
+from common.params import Dimensions, SparseTopK
 
 # TEI's serde enum takes both spellings (`#[serde(alias = "left", alias = "Left")]`); huggingface_hub sends
 # the lowercase one.
@@ -77,7 +77,7 @@ class TeiEmbedSparseBody(_TeiBody, _Truncation):
     the fleet's `sparse_top_k` and `sparse_threshold` (common/params.py) to keep fewer values."""
 
     inputs: TeiInput
-    sparse_top_k: int | None = None
+    sparse_top_k: SparseTopK | None = None
     sparse_threshold: float | None = None
 
 
