@@ -174,6 +174,8 @@ class PoolingParams(BaseModel):
             "truncation_side": self.truncation_side or caps.truncation_side,
             "prompt_name": self.prompt_name if (self.prompt_name or self.prompt is not None)
             else caps.default_prompt_name,
+            # the dense part alone is what `embed` gives any embedding model: a plain embed answer (and cache entry)
+            "outputs": None if self.outputs == ("dense",) else self.outputs,
         })
         merged._verify(caps)
         return merged

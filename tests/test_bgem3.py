@@ -204,6 +204,8 @@ def test_http_routes(fleet, reference):
     expected = reference[1]
     body = http.post("/v1/embeddings", json={"model": "m3", "input": TEXTS}).json()
     assert cosines([d["embedding"] for d in body["data"]], expected["dense_vecs"]).min() >= 0.99999
+    same = http.post("/v1/embeddings", json={"model": "m3", "input": TEXTS, "outputs": ["dense"]}).json()
+    assert [d["embedding"] for d in same["data"]] == [d["embedding"] for d in body["data"]]
     pooled = http.post("/pooling", json={"model": "m3", "input": TEXTS}).json()
     np.testing.assert_allclose([d["data"] for d in pooled["data"]], expected["dense_vecs"], atol=1e-5)
     lexical = http.post("/pooling", json={"model": "m3", "input": TEXTS[:2], "task": "token_classify"})
@@ -307,3 +309,17 @@ def test_rerank_with_weights(fleet, reference):
                                       "score_weights": [0.4, 0.2, 0.4]}).json()
     assert [r["index"] for r in body["results"]] == order
     assert [r["index"] for r in producer.rerank(query, docs, "m3", score_weights=[0.4, 0.2, 0.4])] == order
+
+
+def test_a_malformed_version_2_blob_is_a_decode_error(fleet):
+    from common.errors import DecodeError
+    from common.result import Result
+
+    producer, _, _ = fleet
+    good = producer.encode(TEXTS[:2], "m3", outputs=["sparse"])
+    assert Result.decode(good.encode()).sparse[1].to_dict() == good.sparse[1].to_dict()
+    for broken in (good.encode()[:-4],  # bytes missing
+                   good.encode().replace(b"<i4", b"<f8", 1),  # a dtype no section may have
+                   good.encode().replace(b"<i4", b"<u2", 1)):  # sizes that no longer add up
+        with pytest.raises(DecodeError):
+            Result.decode(broken)

@@ -125,5 +125,4 @@ def combined_score(query: dict, document: dict, weights) -> float:
 
 
 def _unit(vectors) -> np.ndarray:
-    vectors = np.asarray(vectors, np.float32)
-    return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+    return finish(vectors, None, True)  # postprocess's L2 normalisation, along the last axis
