@@ -100,6 +100,7 @@ def test_tei_embed_sparse(fleet, folders):
     for items, row in zip(answer.json(), want):
         assert [i["index"] for i in items] == list(np.flatnonzero(row))
         np.testing.assert_allclose([i["value"] for i in items], row[row > 0], atol=1e-5)
+    assert http.get("/info", params={"model": "splade"}).json()["model_type"] == {"embedding": {"pooling": "splade"}}
     one = http.post("/embed_sparse", json={"inputs": TEXTS[0], "model": "splade", "sparse_top_k": 4}).json()
     assert len(one) == 1 and len(one[0]) == 4
 

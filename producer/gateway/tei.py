@@ -203,9 +203,12 @@ def _answer(content, result: Result, chars: int, started: float) -> JSONResponse
 
 
 def _model_type(caps: ModelCapabilities) -> dict:
-    """TEI's ModelType: embedding (with its pooling), reranker (a one-label cross-encoder) or classifier."""
+    """TEI's ModelType: embedding (with its pooling; SPLADE's is "splade"), reranker (a one-label cross-encoder) or
+    classifier."""
     if "embed" in caps.tasks:
         return {"embedding": {"pooling": caps.pooling}}
+    if "sparse_embed" in caps.tasks:  # a SPLADE model: TEI's embedding model with pooling "splade"
+        return {"embedding": {"pooling": "splade"}}
     labels = {str(i): label for i, label in enumerate(caps.labels)}
     kind = "reranker" if "score" in caps.tasks and len(caps.labels) <= 1 else "classifier"
     return {kind: {"id2label": labels, "label2id": {label: i for i, label in enumerate(caps.labels)}}}
