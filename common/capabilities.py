@@ -31,6 +31,9 @@ class ModelCapabilities(BaseModel):
     tasks: tuple[str, ...] = ("embed",)
     labels: tuple[str, ...] = ()  # a classifier's label names by index (its config's id2label)
     token_size: int | None = None  # width of a token_embed vector (the hidden size, or a ColBERT projection's)
+    # What one forward pass gives (common.params.OUTPUTS), for models with several heads: bge-m3 ("dense",
+    # "sparse", "colbert"), a SPLADE model ("sparse",); empty for the rest. Sparse vectors span `vocab_size`.
+    outputs: tuple[str, ...] = ()
     # Inputs longer than max_model_len and at most this many tokens are embedded in chunks (worker/engine/chunking.py);
     # None: they are refused (or truncated per request).
     max_embed_len: int | None = None

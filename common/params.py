@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -17,9 +18,17 @@ EmbedDtype = Literal["float32", "float16", "bfloat16", "int8", "uint8", "binary"
 Endianness = Literal["native", "little", "big"]
 EMBED_DTYPES: tuple[str, ...] = EmbedDtype.__args__
 # vLLM's pooling tasks (plus tokenize/detokenize, which need no forward pass): one request kind each.
-# token_classify: a classifier's labels scored at every token (vLLM's default /pooling task of a cross-encoder).
-Task = Literal["embed", "score", "classify", "token_embed", "token_classify", "tokenize", "detokenize"]
+# token_classify: a classifier's labels scored at every token (vLLM's default /pooling task of a cross-encoder);
+# on bge-m3 its lexical weight per token, as vLLM serves it. sparse_embed: one sparse vector over the vocabulary per
+# input (bge-m3's lexical weights, SPLADE), token ids + weights (common/result.py).
+Task = Literal["embed", "score", "classify", "token_embed", "token_classify", "tokenize", "detokenize",
+               "sparse_embed"]
 TASKS: tuple[str, ...] = Task.__args__
+# What one forward pass of a multi-head model (bge-m3) gives: the CLS vector, the lexical weights, the ColBERT
+# vectors. A request names several with `outputs` and gets them all from one pass, in one result.
+Output = Literal["dense", "sparse", "colbert"]
+OUTPUTS: tuple[str, ...] = Output.__args__
+SPARSE_TASKS = ("sparse_embed",)  # the tasks whose answer is sparse vectors
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 PACKED_DTYPES = ("binary", "ubinary")  # one bit per dimension, eight dimensions per byte
 MAX_CHUNK_SPANS = 4096  # late-chunking spans one request may ask for
@@ -62,6 +71,31 @@ GatewayTruncation = Annotated[int, AfterValidator(lambda value: value if value =
                               Field(json_schema_extra={"minimum": -1, "maximum": MAX_TOKENS})]
 ChunkSize = bounded_int("`chunk_size`", 1, MAX_TOKENS, f"a positive number of tokens, at most {MAX_TOKENS}")
 ChunkSpans = Annotated[tuple[tuple[int, int], ...], AfterValidator(_spans)]
+SparseTopK = bounded_int("`sparse_top_k`", 1, MAX_DIMENSIONS, f"a positive integer of at most {MAX_DIMENSIONS}")
+
+
+def _outputs(value):
+    if not value or len(set(value)) != len(value):
+        raise ValueError(f"`outputs` must name each of {list(OUTPUTS)} at most once, and at least one")
+    return value
+
+
+def _weights(value):
+    if any(not math.isfinite(w) or w < 0 for w in value) or not sum(value) > 0:
+        raise ValueError("`score_weights` must be 3 finite weights [dense, sparse, colbert], none negative, "
+                         f"with a positive sum; got {list(value)}")
+    return value
+
+
+def _threshold(value):
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"`sparse_threshold` must be a finite number >= 0, got {value}")
+    return value
+
+
+Outputs = Annotated[tuple[Output, ...], AfterValidator(_outputs)]
+ScoreWeights = Annotated[tuple[float, float, float], AfterValidator(_weights)]
+SparseThreshold = Annotated[float, AfterValidator(_threshold)]
 
 
 class PoolingParams(BaseModel):
@@ -84,6 +118,15 @@ class PoolingParams(BaseModel):
     # [start, end) character offsets into the request's one text input.
     chunk_size: ChunkSize | None = None
     chunk_spans: ChunkSpans | None = None
+    # Several outputs of one forward pass (a bge-m3 model: common.capabilities.outputs), task embed only.
+    outputs: Outputs | None = None
+    # Sparse vectors (task sparse_embed, or "sparse" in outputs): keep an input's `sparse_top_k` largest weights
+    # (sentence-transformers' max_active_dims) and only weights above `sparse_threshold` (default: above 0).
+    sparse_top_k: SparseTopK | None = None
+    sparse_threshold: SparseThreshold | None = None
+    # Task score on a bge-m3 model: FlagEmbedding's compute_score weights [dense, sparse, colbert]; the score is
+    # their weighted mean. None: the cosine of the dense vectors, as on any bi-encoder.
+    score_weights: ScoreWeights | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -131,6 +174,8 @@ class PoolingParams(BaseModel):
             "truncation_side": self.truncation_side or caps.truncation_side,
             "prompt_name": self.prompt_name if (self.prompt_name or self.prompt is not None)
             else caps.default_prompt_name,
+            # the dense part alone is what `embed` gives any embedding model: a plain embed answer (and cache entry)
+            "outputs": None if self.outputs == ("dense",) else self.outputs,
         })
         merged._verify(caps)
         return merged
@@ -140,6 +185,7 @@ class PoolingParams(BaseModel):
             raise ValidationError(unsupported_task(self.task, caps), param="task")
         if self.task != "embed":
             self._verify_task(caps)
+        self._verify_sparse(caps)
         if self.dimensions is not None:
             if not caps.is_matryoshka:
                 raise ValidationError(
@@ -187,6 +233,31 @@ class PoolingParams(BaseModel):
         if self.task != "token_embed" and self.embed_dtype != "float32":
             raise ValidationError(f"`embed_dtype` applies to tasks 'embed' and 'token_embed' only; task "
                                   f"'{self.task}' answers float32", param="embed_dtype")
+
+    def _verify_sparse(self, caps: ModelCapabilities) -> None:
+        """The multi-output and sparse options, against what the model's heads give."""
+        if self.outputs is not None:
+            if self.task != "embed":
+                raise ValidationError(f"`outputs` applies to task 'embed' only, not '{self.task}'", param="outputs")
+            unknown = [o for o in self.outputs if o not in caps.outputs]
+            if unknown:
+                given = f"gives {list(caps.outputs)} from one pass" if caps.outputs else \
+                    "has one output per task (outputs need a multi-head model such as bge-m3)"
+                raise ValidationError(f"`outputs` {unknown} not available: model '{caps.name}' {given}",
+                                      param="outputs")
+            if self.chunk_size is not None or self.chunk_spans is not None:
+                raise ValidationError("late chunking (`chunk_size`, `chunk_spans`) pools dense vectors only; "
+                                      "leave it out when asking for `outputs`", param="outputs")
+        sparse = self.task in SPARSE_TASKS or "sparse" in (self.outputs or ())
+        for name in ("sparse_top_k", "sparse_threshold"):
+            if getattr(self, name) is not None and not sparse:
+                raise ValidationError(f"`{name}` applies to sparse vectors only: task 'sparse_embed', or "
+                                      "'sparse' in `outputs`", param=name)
+        if self.score_weights is not None and (self.task != "score" or set(OUTPUTS) - set(caps.outputs)):
+            raise ValidationError(
+                "`score_weights` [dense, sparse, colbert] applies to task 'score' on a model that gives all three "
+                f"(bge-m3); model '{caps.name}' gives {list(caps.outputs) or 'one output per task'}",
+                param="score_weights")
 
     def output_size(self, caps: ModelCapabilities) -> int:
         if self.task == "token_embed" and caps.token_size:

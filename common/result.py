@@ -10,13 +10,30 @@ byte what it was and older readers still decode the rest (they ignore keys they 
 input's rows back to back, shape (sum(parts), d), d = labels for token_classify); `labels` (classify and
 token_classify: the label name of each column); `items` (tokenize and detokenize: one JSON-like value per
 input, no array). score answers shape (n,), classify (n, labels).
+
+Version 2 (written only for answers made of several arrays: task sparse_embed, and a request with `outputs`) adds
+`sections` to the header and lays several arrays back to back in the array bytes, in the header's order; `shape`
+is then (n inputs, 0). Each section is {"name", "dtype" (numpy's dtype string, byte order included: "<f4",
+">i4", "<u2"...), "shape", "parts" (optional: rows or values per input)}; section k's bytes start where section
+k-1's end (each is prod(shape) * itemsize long), so each decodes with
+`numpy.frombuffer(data, dtype, count=prod(shape), offset=start).reshape(shape)`:
+
+    dense           (n, d)        one vector per input, stored as `embed_dtype` (bfloat16 and fp8: their bits)
+    sparse_ids      (nnz,)  int32 the token ids of each input's non-zero weights, ascending; parts: per input
+    sparse_weights  (nnz,)  float32 the weights of those ids, aligned with sparse_ids; same parts
+    colbert         (t, d)        every input's ColBERT token vectors back to back (`embed_dtype`); parts: per input
+
+`vocab_size` (header) is the sparse vectors' dimension: ids run from 0 to vocab_size - 1. Version-1 readers
+refuse a version-2 blob instead of misreading its bytes.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 import time
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,7 +45,39 @@ from common.errors import DecodeError, EmbedfleetError, error_from_code
 
 MAGIC = b"EFR"
 VERSION = 1
+SECTIONS_VERSION = 2  # a blob with `sections` (several arrays)
 _PREFIX = struct.Struct(">3sBI")
+# The numpy kinds a section may hold: floats, ints and the storage of bfloat16 / fp8 bits (Redis is input).
+_SECTION_KINDS = {"f2", "f4", "i1", "u1", "u2", "i4"}
+
+
+class SparseVector(NamedTuple):
+    """One input's sparse vector: vocabulary ids (int32, ascending) and their weights (float32)."""
+
+    indices: np.ndarray
+    values: np.ndarray
+
+    def to_dict(self) -> dict[int, float]:
+        """{token id: weight}, FlagEmbedding's `lexical_weights` shape (its keys are strings of the ids)."""
+        return {int(i): float(v) for i, v in zip(self.indices, self.values)}
+
+
+@dataclass(frozen=True)
+class Section:
+    """One array of a version-2 blob (see the module docstring)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    parts: tuple[int, ...] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return np.dtype(self.dtype).itemsize * math.prod(self.shape)
+
+    def header(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape),
+                **({"parts": list(self.parts)} if self.parts is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -63,6 +112,8 @@ class Result:
     # Late chunking: per row (input index, token start, token end, char start, char end), ends exclusive;
     # char -1 for token-id inputs. None for one row per input.
     spans: tuple[tuple[int, int, int, int, int], ...] | None = None
+    sections: tuple[Section, ...] | None = None  # a version-2 blob's arrays, in the order of their bytes
+    vocab_size: int | None = None  # the dimension of sparse vectors
 
     @classmethod
     def success(cls, request_id: str, model: str, array: np.ndarray, embed_dtype: str,
@@ -77,6 +128,68 @@ class Result:
         """This result marked as an answer of `task`, with that task's header keys."""
         return replace(self, task=task, parts=None if parts is None else tuple(int(p) for p in parts),
                        labels=tuple(labels), items=items)
+
+    @classmethod
+    def of_sections(cls, request_id: str, model: str, task: str, count: int, arrays: list, embed_dtype: str,
+                    endianness: str, prompt_tokens: int, vocab_size: int | None = None) -> Result:
+        """A version-2 answer for `count` inputs: `arrays` holds (name, array, parts) in the storage type each is
+        kept as (dense and colbert: `embed_dtype`'s, common.dtypes), written in the requested byte order."""
+        order = resolve_endianness(endianness)
+        sections, chunks = [], []
+        for name, array, parts in arrays:
+            stored = np.ascontiguousarray(array)
+            if stored.dtype.itemsize > 1:
+                stored = stored.astype(stored.dtype.newbyteorder("<" if order == "little" else ">"), copy=False)
+            sections.append(Section(name, stored.dtype.str, tuple(int(d) for d in stored.shape),
+                                    None if parts is None else tuple(int(p) for p in parts)))
+            chunks.append(stored.tobytes())
+        return cls(id=request_id, model=model, embed_dtype=embed_dtype, endianness=order, shape=(count, 0),
+                   usage=Usage(prompt_tokens), data=b"".join(chunks), task=task, sections=tuple(sections),
+                   vocab_size=vocab_size)
+
+    def section(self, name: str) -> np.ndarray | None:
+        """A version-2 blob's array `name` in native byte order (bfloat16 / fp8 as their bits), or None."""
+        start = 0
+        for section in self.sections or ():
+            if section.name == name:
+                array = np.frombuffer(self.data, section.dtype, math.prod(section.shape), start)
+                array = array.reshape(section.shape)
+                return array.astype(array.dtype.newbyteorder("="), copy=False)
+            start += section.nbytes
+        return None
+
+    def _parts(self, name: str) -> tuple[int, ...]:
+        return next(s.parts for s in self.sections if s.name == name)
+
+    def _widened(self, stored: np.ndarray) -> np.ndarray:
+        if self.embed_dtype in FP8_DTYPES:
+            return fp8_bits_to_float32(stored, self.embed_dtype)
+        return bfloat16_bits_to_float32(stored) if self.embed_dtype == "bfloat16" else stored
+
+    @property
+    def sparse(self) -> list[SparseVector]:
+        """task sparse_embed, or "sparse" in `outputs`: one SparseVector per input."""
+        self.raise_for_error()
+        ids, weights = self.section("sparse_ids"), self.section("sparse_weights")
+        if ids is None or weights is None:
+            raise ValueError(f"this {self.task} result holds no sparse vectors")
+        ends = np.cumsum(self._parts("sparse_ids"))
+        return [SparseVector(ids[end - count:end], weights[end - count:end])
+                for end, count in zip(ends, self._parts("sparse_ids"))]
+
+    @property
+    def dense(self) -> np.ndarray:
+        """The dense vectors of a multi-output answer (as `embeddings`), shape (n, d)."""
+        self.raise_for_error()
+        stored = self.section("dense") if self.sections is not None else self.stored
+        if stored is None:
+            raise ValueError("this result holds no dense vectors: ask for outputs including 'dense'")
+        return self._widened(stored)
+
+    @property
+    def colbert(self) -> list[np.ndarray]:
+        """The ColBERT vectors of a multi-output answer: one (tokens, d) array per input."""
+        return self.multi_vectors
 
     @classmethod
     def failure(cls, request_id: str, model: str, error: EmbedfleetError) -> Result:
@@ -96,10 +209,9 @@ class Result:
     def embeddings(self) -> np.ndarray:
         """Shape (n, d) in native byte order; bfloat16 and fp8 widened to float32, packed bits left packed."""
         self.raise_for_error()
-        stored = self.stored
-        if self.embed_dtype in FP8_DTYPES:
-            return fp8_bits_to_float32(stored, self.embed_dtype)
-        return bfloat16_bits_to_float32(stored) if self.embed_dtype == "bfloat16" else stored
+        if self.sections is not None:  # a multi-output answer: its dense part
+            return self.dense
+        return self._widened(self.stored)
 
     @property
     def scores(self) -> np.ndarray:
@@ -108,7 +220,14 @@ class Result:
 
     @property
     def multi_vectors(self) -> list[np.ndarray]:
-        """token_embed: one (tokens, d) array per input."""
+        """token_embed (and a multi-output answer's colbert part): one (tokens, d) array per input."""
+        if self.sections is not None:
+            self.raise_for_error()
+            stored = self.section("colbert")
+            if stored is None:
+                raise ValueError("this result holds no ColBERT vectors: ask for outputs including 'colbert'")
+            rows, ends = self._widened(stored), np.cumsum(self._parts("colbert"))
+            return [rows[end - count:end] for end, count in zip(ends, self._parts("colbert"))]
         rows = self.embeddings
         if self.parts is None:
             return [rows]
@@ -136,8 +255,11 @@ class Result:
             "finished_at": self.finished_at,
             **self._task_header(),
             **({"spans": [list(span) for span in self.spans]} if self.spans is not None else {}),
+            **({"sections": [s.header() for s in self.sections]} if self.sections is not None else {}),
+            **({"vocab_size": self.vocab_size} if self.vocab_size is not None else {}),
         })
-        return _PREFIX.pack(MAGIC, VERSION, len(header)) + header + self.data
+        version = VERSION if self.sections is None else SECTIONS_VERSION
+        return _PREFIX.pack(MAGIC, version, len(header)) + header + self.data
 
     def _task_header(self) -> dict:
         header: dict = {}
@@ -155,8 +277,8 @@ class Result:
     def decode(cls, raw: bytes) -> Result:
         try:
             magic, version, size = _PREFIX.unpack_from(raw)
-            if magic != MAGIC or version != VERSION:
-                raise ValueError(f"not a version-{VERSION} result blob")
+            if magic != MAGIC or version not in (VERSION, SECTIONS_VERSION):
+                raise ValueError(f"not a version-{VERSION} or -{SECTIONS_VERSION} result blob")
             start = _PREFIX.size
             head = unpackb(raw[start:start + size])
             error = head["error"] or {}
@@ -168,14 +290,17 @@ class Result:
                 error_message=error.get("message"), error_param=error.get("param"),
                 finished_at=head["finished_at"], **_task_fields(head),
                 spans=None if head.get("spans") is None else tuple(tuple(int(v) for v in span)
-                                                                  for span in head["spans"]))
+                                                                  for span in head["spans"]),
+                **_section_fields(head, version))
             if result.parts is not None and (sum(result.parts) != result.shape[0] or min(result.parts, default=0) < 0):
                 raise ValueError(f"parts {list(result.parts)} do not add up to the {result.shape[0]} rows")
             _check_task_shapes(result)
             if result.spans is not None and (len(result.spans) != result.shape[0]
                                              or any(len(span) != 5 for span in result.spans)):
                 raise ValueError(f"{len(result.spans)} spans for {result.shape[0]} rows")
-            if result.ok:
+            if result.sections is not None:
+                _check_sections(result)
+            elif result.ok:
                 result.stored  # noqa: B018 - checks that the bytes fit the declared shape and dtype
             return result
         except Exception as exc:
@@ -196,6 +321,36 @@ def _task_fields(head: dict) -> dict:
         raise ValueError("items must be a list")
     return {"task": task, "parts": None if parts is None else tuple(parts), "labels": tuple(labels),
             "items": items}
+
+
+def _section_fields(head: dict, version: int) -> dict:
+    """A version-2 header's sections and vocab_size, checked for type (a version-1 blob has none)."""
+    sections, vocab = head.get("sections"), head.get("vocab_size")
+    if version == VERSION:
+        return {}
+    if not isinstance(sections, list) or not all(isinstance(s, dict) for s in sections):
+        raise ValueError("a version-2 blob needs its sections")
+    built = []
+    for s in sections:
+        name, dtype, shape, parts = s.get("name"), s.get("dtype"), s.get("shape"), s.get("parts")
+        if not (isinstance(name, str) and isinstance(dtype, str) and dtype[:1] in "<>|" and dtype[1:] in _SECTION_KINDS
+                and isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
+                and (parts is None or (isinstance(parts, list) and all(type(p) is int and p >= 0 for p in parts)))):
+            raise ValueError(f"section {s!r} is no (name, dtype, shape[, parts])")
+        built.append(Section(name, dtype, tuple(shape), None if parts is None else tuple(parts)))
+    if vocab is not None and type(vocab) is not int:
+        raise ValueError("vocab_size must be an integer")
+    return {"sections": tuple(built), "vocab_size": vocab}
+
+
+def _check_sections(result: Result) -> None:
+    """The sections fill the array bytes exactly; each one's parts cover its rows, one part per input."""
+    if sum(s.nbytes for s in result.sections) != len(result.data):
+        raise ValueError(f"sections of {sum(s.nbytes for s in result.sections)} bytes in {len(result.data)}")
+    for s in result.sections:
+        if s.parts is not None and (not s.shape or sum(s.parts) != s.shape[0] or len(s.parts) != result.shape[0]):
+            raise ValueError(f"section {s.name}: parts {list(s.parts)} do not cover its {s.shape} for "
+                             f"{result.shape[0]} inputs")
 
 
 def _check_task_shapes(result: Result) -> None:

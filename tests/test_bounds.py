@@ -30,6 +30,8 @@ CASES = [
     (PoolingParams, "chunk_size", 10**4000, "at most 1048576, got an integer of 13288 bits"),
     (PoolingParams, "chunk_spans", [[0, 5], [3, HUGE]], "`chunk_spans`[1] = [3, 18446744073709551616] must be "
                                                         "character offsets with 0 <= start < end <= 2147483647"),
+    (PoolingParams, "sparse_top_k", HUGE, "`sparse_top_k` must be a positive integer of at most 65536, got "
+                                          "18446744073709551616"),
     (EmbedRequest, "inputs", [[5], [1, HUGE]], "token id 18446744073709551616 (input 1, position 1) is out of "
                                                "range: allowed is 0 to 2147483647"),
     (EmbedRequest, "deadline", 1e15, "at most 253402300799 (the year 9999), got 1000000000000000.0"),
@@ -39,6 +41,7 @@ CASES = [
     (EmbedBody, "truncate_prompt_tokens", HUGE, "at most 1048576, got 18446744073709551616"),
     (EmbedBody, "chunk_size", 0, "a positive number of tokens, at most 1048576, got 0"),
     (EmbedBody, "chunk_spans", [[-1, 2]], "[-1, 2] must be character offsets"),
+    (EmbedBody, "sparse_top_k", 0, "`sparse_top_k` must be a positive integer of at most 65536, got 0"),
     (EmbedBody, "priority", HUGE, "`priority` must be an integer from -2147483648 to 2147483647"),
     (EmbedBody, "deadline", time.time() * 1000, "at most 253402300799 (the year 9999)"),  # milliseconds
     (EmbedBody, "timeout", 1e300, "`timeout` must be a positive number of seconds from submit, at most "

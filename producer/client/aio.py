@@ -25,7 +25,7 @@ from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
 from common.protocol import keys, operations
 from common.redisclient import close_async, connect_async
-from common.result import Result
+from common.result import Result, SparseVector
 from common.shards import ShardMap
 from producer.client import asubmit, fleetview, reads
 from producer.client.core import (Placements, Served, build_request, chosen_ids, read_result, redis_errors,
@@ -297,6 +297,14 @@ class AsyncProducer:
                           **fields) -> list[np.ndarray]:
         return (await self.wait(await self.submit(inputs, model, task="token_embed", **fields),
                                 timeout)).multi_vectors
+
+    async def sparse_embed(self, inputs, model: str | None = None, *, timeout: float = 60.0,
+                           **fields) -> list[SparseVector]:
+        return (await self.wait(await self.submit(inputs, model, task="sparse_embed", **fields), timeout)).sparse
+
+    async def encode(self, inputs, model: str | None = None, *, outputs=("dense", "sparse", "colbert"),
+                     timeout: float = 60.0, **fields) -> Result:
+        return await self.wait(await self.submit(inputs, model, outputs=list(outputs), **fields), timeout)
 
     async def tokenize(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> list[dict]:
         return (await self.wait(await self.submit(inputs, model, task="tokenize", **fields), timeout)).items

@@ -14,7 +14,7 @@ from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
 from common.protocol import keys, operations
 from common.redisclient import block_for, check_access, connect
-from common.result import Result
+from common.result import Result, SparseVector
 from common.shards import ShardMap
 from producer.client import fleetview, reads
 from producer.client.core import (PENDING, Placements, Served, build_request, chosen_ids, enqueue_args, pick_model,
@@ -247,6 +247,18 @@ class Producer:
                     **fields) -> list[np.ndarray]:
         """One (tokens, d) array per input: every token's vector (multi-vector, ColBERT-style)."""
         return self.wait(self.submit(inputs, model, task="token_embed", **fields), timeout).multi_vectors
+
+    def sparse_embed(self, inputs, model: str | None = None, *, timeout: float = 60.0,
+                     **fields) -> list[SparseVector]:
+        """One sparse vector per input (bge-m3's lexical weights, a SPLADE model's): `.indices` (vocabulary ids,
+        ascending) and `.values`; `sparse_top_k` and `sparse_threshold` keep fewer."""
+        return self.wait(self.submit(inputs, model, task="sparse_embed", **fields), timeout).sparse
+
+    def encode(self, inputs, model: str | None = None, *, outputs=("dense", "sparse", "colbert"),
+               timeout: float = 60.0, **fields) -> Result:
+        """Several outputs of one forward pass of a multi-head model (bge-m3), in one result: `.dense` (n, d),
+        `.sparse` (SparseVector per input), `.colbert` ((tokens, d) per input), as `outputs` asks."""
+        return self.wait(self.submit(inputs, model, outputs=list(outputs), **fields), timeout)
 
     def tokenize(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> list[dict]:
         """Per text, by the model's own tokenizer: {ids, tokens, offsets, special}."""

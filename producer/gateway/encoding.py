@@ -56,6 +56,35 @@ def _vectors(result: Result, encoding_format: str, openai_base64: bool) -> list:
     return [base64.b64encode(row).decode("ascii") for row in rows]
 
 
+def _parts(result: Result, encoding_format: str) -> list:
+    """A sparse or multi-output answer (common/result.py version 2): task sparse_embed gives {indices, values} per
+    input; `outputs` an object per input with a key per output asked (dense: a vector, sparse: {indices,
+    values}, colbert: a (tokens, d) array). base64 encodes the dense and ColBERT bytes as stored; sparse stays
+    JSON."""
+    names = {s.name for s in result.sections}
+    count = result.shape[0]
+    answer: list[dict] = [{} for _ in range(count)]
+    if "sparse_ids" in names:
+        for item, vector in zip(answer, result.sparse):
+            item["sparse"] = {"indices": vector.indices.tolist(), "values": vector.values.tolist()}
+    for name, rows in (("dense", lambda: list(result.dense)), ("colbert", lambda: result.colbert)):
+        if name not in names:
+            continue
+        if encoding_format == "float":
+            for item, row in zip(answer, rows()):
+                item[name] = row.tolist()
+        else:
+            stored = result.section(name)
+            stored = stored.astype(stored.dtype.newbyteorder("<" if result.endianness == "little" else ">"))
+            parts = next(s.parts for s in result.sections if s.name == name) or [1] * count
+            ends = np.cumsum(parts)
+            for item, end, size in zip(answer, ends, parts):
+                item[name] = base64.b64encode(stored[end - size:end].tobytes()).decode("ascii")
+    if result.task == "sparse_embed":
+        return [item["sparse"] for item in answer]
+    return answer
+
+
 def span_fields(result: Result, row: int) -> dict:
     """Late chunking: which input a row belongs to and the token / character range it pools (ends
     exclusive; no characters for token-id inputs). Nothing for one row per input."""
@@ -108,7 +137,8 @@ def pooling_response(result: Result, encoding_format: str) -> Response:
     """vLLM's PoolingResponse: `data[i].data` holds the vector (floats or base64 of the stored bytes)."""
     if encoding_format in ("bytes", "bytes_only"):
         return bytes_response(result, encoding_format)
-    vectors = _vectors(result, encoding_format, openai_base64=False)
+    vectors = _parts(result, encoding_format) if result.sections is not None else \
+        _vectors(result, encoding_format, openai_base64=False)
     return JSONResponse({
         "id": result.id, "object": "list", "created": int(result.finished_at), "model": result.model,
         "data": [{"object": "pooling", "index": i, "data": v, **span_fields(result, i)} for i, v in enumerate(vectors)],

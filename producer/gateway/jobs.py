@@ -42,6 +42,7 @@ def _job(job_id: str, status: str, code: int = 202) -> JSONResponse:
 
 @router.post("/v1/jobs", status_code=202, dependencies=[Depends(admit)])
 async def create_job(body: JobBody, request: Request, gw: Gateway = Depends(gateway)) -> JSONResponse:
+    body.dense_only("/v1/jobs")
     if body.webhook and not gw.settings.webhook_secret:
         raise ValidationError("this gateway signs webhooks and has no --webhook-secret (EMBEDFLEET_WEBHOOK_"
                               "SECRET): `webhook` is refused; poll GET /v1/jobs/{id} or follow GET "

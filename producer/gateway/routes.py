@@ -22,6 +22,7 @@ protected = APIRouter(dependencies=[Depends(require_key)])
 
 @protected.post("/v1/embeddings", dependencies=[Depends(admit)])
 async def create_embeddings(body: EmbedBody, gw: Gateway = Depends(gateway)) -> Response:
+    body.dense_only("/v1/embeddings")
     result = await gw.run(body)
     return encoding.embeddings_response(result, body.encoding_format, body.explicit_layout)
 
@@ -37,6 +38,9 @@ async def create_pooling(body: PoolingBody, gw: Gateway = Depends(gateway)) -> R
             body = body.model_copy(update={"task": default_task(await gw.capabilities(body.model))})
         except NoWorkerError:  # no live worker to say what the model does: submit decides (bulk work waits)
             pass
+    if (body.outputs is not None or body.task == "sparse_embed") and body.encoding_format in ("bytes", "bytes_only"):
+        raise ValidationError("`encoding_format` bytes frames one array per input; sparse and multi-output answers "
+                              "are JSON: send float or base64", param="encoding_format")
     result = await gw.run(body)
     return encoding.pooling_response(result, body.encoding_format)
 

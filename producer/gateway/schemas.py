@@ -10,7 +10,7 @@ from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, field_va
 from common.codec import unencodable
 from common.errors import ValidationError
 from common.params import (LEGACY_ACTIVATION, ChunkSize, ChunkSpans, Dimensions, EmbedDtype, Endianness,
-                           GatewayTruncation, PoolingParams, check_embed_dtype)
+                           GatewayTruncation, Output, PoolingParams, SparseTopK, check_embed_dtype)
 from common.request import INPUT_SHAPES
 from common.scheduling import priority_level, resolve_deadline
 from producer.gateway.chat import ChatFields
@@ -71,6 +71,12 @@ class EmbedBody(ChatFields):
                                                            "each input")
     chunk_spans: ChunkSpans | None = Field(
         None, description="late chunking: one vector per [start, end) character span of the one text input")
+    outputs: list[Output] | None = Field(
+        None, description="/pooling on a multi-head model (bge-m3): several of dense, sparse and colbert from one "
+                          "forward pass, each input's answer an object with one key per output")
+    sparse_top_k: SparseTopK | None = Field(None, description="sparse vectors: keep each input's k largest weights")
+    sparse_threshold: float | None = Field(None, description="sparse vectors: keep the weights above this only")
+    score_weights: list[float] | None = Field(None, description="task score only (/score, /rerank)")
 
     # Scheduling (common/scheduling.py): the level it is queued at, and when it stops being worth computing.
     priority: Priority | None = Field(None, description="`interactive` (default), `bulk`, or vLLM's integer "
@@ -113,6 +119,13 @@ class EmbedBody(ChatFields):
     def _known_dtype(cls, value):
         return check_embed_dtype(value)  # the message PoolingParams gives Producer.submit too
 
+    def dense_only(self, route: str) -> None:
+        """OpenAI's answer (/v1/embeddings, /v1/jobs) has room for dense vectors only: other outputs are
+        refused, pointing at /pooling, instead of being computed and dropped."""
+        if self.outputs is not None and self.outputs != ["dense"]:
+            raise ValidationError(f"{route} answers dense vectors only: send `outputs` with sparse or colbert to "
+                                  "/pooling (or omit it)", param="outputs")
+
     @property
     def explicit_layout(self) -> bool:
         """True when the client chose the bytes' dtype or order itself (vLLM semantics for base64)."""
@@ -124,11 +137,12 @@ PARAM_FIELDS = frozenset(PoolingParams.model_fields) | set(LEGACY_ACTIVATION)
 
 class PoolingBody(EmbedBody):
     """vLLM's /pooling body: the same fields; `encoding_format` also takes bytes and bytes_only; `task`
-    also token_embed (a 2-D array per input), classify (the label probabilities) and token_classify (the
-    label probabilities of every token); omitted: the model's default (producer/gateway/routes.py). `plugin`
+    also token_embed (a 2-D array per input), classify (the label probabilities), token_classify (the
+    label probabilities of every token; bge-m3's lexical weight of every token) and sparse_embed ({indices, values}
+    per input; ours: bge-m3, SPLADE); omitted: the model's default (producer/gateway/routes.py). `plugin`
     is vLLM's IO-processor task, refused with vLLM's words (no plugins here)."""
 
-    task: Literal["embed", "token_embed", "classify", "token_classify", "plugin"] | None = None
+    task: Literal["embed", "token_embed", "classify", "token_classify", "sparse_embed", "plugin"] | None = None
     activation: bool | None = Field(None, description="vLLM's deprecated alias of use_activation")
 
 

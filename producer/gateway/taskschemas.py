@@ -17,6 +17,10 @@ Texts = str | list[str]
 TopN = bounded_int("`top_n`", 0, INT32_MAX, TOP_N_ALLOWED)
 
 
+WEIGHTS = ("a bge-m3 model only: [dense, sparse, colbert] weights of FlagEmbedding's compute_score (their weighted "
+           "mean); omitted: the dense cosine")
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -32,7 +36,7 @@ class _Body(BaseModel):
         """The PoolingParams fields that were sent (the producer verifies them; `activation` is vLLM's
         deprecated name of `use_activation`, mapped by PoolingParams)."""
         return self.model_dump(include={"truncate_prompt_tokens", "use_activation", "add_special_tokens",
-                                        *LEGACY_ACTIVATION}, exclude_none=True)
+                                        "score_weights", *LEGACY_ACTIVATION}, exclude_none=True)
 
 
 class _Activation(_Body):
@@ -50,6 +54,7 @@ class ScoreBody(_Activation):
     text_1: Texts = Field(validation_alias=AliasChoices("text_1", "queries", "data_1"))
     text_2: Texts = Field(validation_alias=AliasChoices("text_2", "documents", "items", "data_2"))
     truncate_prompt_tokens: GatewayTruncation | None = None
+    score_weights: list[float] | None = Field(None, description=WEIGHTS)
 
     @model_validator(mode="before")
     @classmethod
@@ -79,6 +84,7 @@ class RerankBody(_Activation):
     top_n: TopN | None = Field(None, description="keep the best n; 0 or omitted: all")
     return_documents: bool = True
     truncate_prompt_tokens: GatewayTruncation | None = None
+    score_weights: list[float] | None = Field(None, description=WEIGHTS)
 
 
 class TeiRerankBody(_Body):

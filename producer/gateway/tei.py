@@ -28,12 +28,12 @@ from producer.gateway.auth import admit, require_key
 from producer.gateway.errors import shape_errors
 from producer.gateway.service import Gateway, gateway
 from producer.gateway.teischemas import (EmptyInputError, SimilarityParameters, TeiEmbedAllBody, TeiEmbedBody,
-                                         TeiSimilarityBody, tei_inputs)
+                                         TeiEmbedSparseBody, TeiSimilarityBody, tei_inputs)
 
 router = APIRouter(dependencies=[Depends(require_key)])
 SUBMITS = [Depends(admit)]  # the routes that hold a request against the key's rate and share
 
-PATHS = ("/", "/embed", "/embed_all", "/similarity", "/info")
+PATHS = ("/", "/embed", "/embed_all", "/embed_sparse", "/similarity", "/info")
 
 # Our error codes as TEI's ErrorType (serialised by TEI as the variant's name). TEI has no type for a refused
 # key (it answers a bare 401): "Unauthorized" is ours.
@@ -78,6 +78,19 @@ async def embed_all(body: TeiEmbedAllBody, gw: Gateway = Depends(gateway)) -> JS
     result = await gw.run_task(inputs, caps.name, "token_embed",
                                {**body.truncation_fields(), "use_activation": False})
     return _answer([rows.tolist() for rows in result.multi_vectors], result, _chars(inputs), started)
+
+
+@router.post("/embed_sparse", dependencies=SUBMITS)
+async def embed_sparse(body: TeiEmbedSparseBody, gw: Gateway = Depends(gateway)) -> JSONResponse:
+    """One sparse vector per input, as TEI shapes it: the non-zero values as [{index, value}], ids ascending."""
+    started = time.monotonic()
+    inputs = tei_inputs(body.inputs)
+    caps = await _model(gw, body.model, len(inputs))
+    options = {k: v for k, v in (("sparse_top_k", body.sparse_top_k), ("sparse_threshold", body.sparse_threshold))
+               if v is not None}
+    result = await gw.run_task(inputs, caps.name, "sparse_embed", {**body.truncation_fields(), **options})
+    vectors = [[{"index": int(i), "value": float(v)} for i, v in zip(*vector)] for vector in result.sparse]
+    return _answer(vectors, result, _chars(inputs), started)
 
 
 @router.post("/similarity", dependencies=SUBMITS)
@@ -190,9 +203,12 @@ def _answer(content, result: Result, chars: int, started: float) -> JSONResponse
 
 
 def _model_type(caps: ModelCapabilities) -> dict:
-    """TEI's ModelType: embedding (with its pooling), reranker (a one-label cross-encoder) or classifier."""
+    """TEI's ModelType: embedding (with its pooling; SPLADE's is "splade"), reranker (a one-label cross-encoder) or
+    classifier."""
     if "embed" in caps.tasks:
         return {"embedding": {"pooling": caps.pooling}}
+    if "sparse_embed" in caps.tasks:  # a SPLADE model: TEI's embedding model with pooling "splade"
+        return {"embedding": {"pooling": "splade"}}
     labels = {str(i): label for i, label in enumerate(caps.labels)}
     kind = "reranker" if "score" in caps.tasks and len(caps.labels) <= 1 else "classifier"
     return {kind: {"id2label": labels, "label2id": {label: i for i, label in enumerate(caps.labels)}}}

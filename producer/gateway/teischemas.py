@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from common.errors import ValidationError
-from common.params import Dimensions
+from common.params import Dimensions, SparseTopK
 
 # TEI's serde enum takes both spellings (`#[serde(alias = "left", alias = "Left")]`); huggingface_hub sends
 # the lowercase one.
@@ -70,6 +70,15 @@ class TeiEmbedAllBody(_TeiBody, _Truncation):
     """TEI's POST /embed_all: every token's vector, not pooled."""
 
     inputs: TeiInput
+
+
+class TeiEmbedSparseBody(_TeiBody, _Truncation):
+    """TEI's POST /embed_sparse: one sparse vector per input (a SPLADE model's, bge-m3's lexical weights), plus
+    the fleet's `sparse_top_k` and `sparse_threshold` (common/params.py) to keep fewer values."""
+
+    inputs: TeiInput
+    sparse_top_k: SparseTopK | None = None
+    sparse_threshold: float | None = None
 
 
 class SimilarityInput(BaseModel):

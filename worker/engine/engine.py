@@ -24,6 +24,7 @@ from worker.engine.postprocess import cast, finish
 from worker.engine.preprocess import Prepared, prepare
 from worker.engine.tasks.heads import finish_task
 from worker.engine.tasks.inputs import prepare_task
+from worker.engine.tasks.sparse import head_outputs
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,8 @@ class Engine:
     """Runs a loaded model over whole lists of requests; never raises for a bad request.
 
     model: a LoadedModel (worker.engine.model) or anything with its `caps`, `embed(token_lists, prompt_lengths)`
-        and, for `prepare`, a tokenizer (see worker.engine.nullmodel for one without).
+        and, for `prepare`, a tokenizer (see worker.engine.nullmodel for one without); `outputs(token_lists, heads)`
+        for a multi-head or sparse model (worker/engine/bgem3.py, splade.py).
     max_batch_tokens: padded-token budget of one forward pass (rows * longest row).
     max_batch_size: most rows in one forward pass.
     shaper: a worker.engine.shaper.Shaper that picks the shape per round and learns from every pass; None:
@@ -120,7 +122,7 @@ class Engine:
             try:
                 resolved = self._resolve(request)
                 work.resolved[index] = resolved
-                if resolved.params.task != "embed":
+                if resolved.params.task != "embed" or resolved.params.outputs is not None:
                     prepared = prepare_task(self.model, resolved)
                     if isinstance(prepared, Result):  # tokenize / detokenize: answered without a forward pass
                         work.results[index] = prepared
@@ -183,7 +185,7 @@ class Engine:
             count = len(prep.token_lists)
             if index not in work.failed:
                 work.rows[index] = [flat.ragged[p] for p in range(offset, offset + count)] \
-                    if prep.head == "tokens" else flat.vectors[offset:offset + count]
+                    if prep.head != "pool" else flat.vectors[offset:offset + count]
             offset += count
 
     @staticmethod
@@ -287,8 +289,11 @@ class Engine:
             self.forward_passes += 1
             self.forward_rows += len(positions)
             lists = [flat.token_lists[p] for p in positions]
-            if flat.heads[positions[0]] == "tokens":
-                for p, rows in zip(positions, self.model.token_embed(lists)):
+            head = flat.heads[positions[0]]
+            if head != "pool":  # per-token rows, or a multi-head model's parts (worker/engine/tasks/sparse.py)
+                ragged = self.model.token_embed(lists) if head == "tokens" \
+                    else self.model.outputs(lists, head_outputs(head))
+                for p, rows in zip(positions, ragged):
                     flat.ragged[int(p)] = rows
                 return True
             pairs = {"pair_starts": [flat.pair_starts[p] for p in positions]} \
@@ -316,7 +321,7 @@ class Engine:
     def _postprocess(self, request: EmbedRequest, vectors, prepared: Prepared) -> Result:
         params, prompt_tokens = request.params, prepared.prompt_tokens
         try:
-            if params.task != "embed":
+            if params.task != "embed" or params.outputs is not None:
                 return finish_task(self.model, request, vectors, prepared)
             final = finish(vectors, params.dimensions, bool(params.use_activation))
             stored = cast(final, params.embed_dtype)

@@ -93,6 +93,13 @@ def _served_name(path_or_id: str, served_name: str | None) -> str:
     return os.path.basename(os.path.normpath(path_or_id)) if os.path.isdir(path_or_id) else path_or_id
 
 
+def is_m3_folder(folder: str, transformer_path: str = "") -> bool:
+    """bge-m3's `sparse_linear.pt` and `colbert_linear.pt` saved beside the encoder (worker/engine/bgem3.py)."""
+    heads = ("sparse_linear.pt", "colbert_linear.pt")
+    return any(all(os.path.isfile(os.path.join(folder, where, name)) for name in heads)
+               for where in dict.fromkeys(("", transformer_path)))
+
+
 def is_classifier(config) -> bool:
     """A sequence-classification checkpoint (a cross-encoder, a classifier): served for score/classify."""
     return any(a.endswith("ForSequenceClassification") for a in getattr(config, "architectures", None) or [])
@@ -242,6 +249,11 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                               else os.cpu_count() or 1)
 
+    if st.splade is not None:  # a SPLADE SparseEncoder: sparse vectors only (worker/engine/splade.py)
+        from worker.engine.splade import load_splade  # noqa: PLC0415 - only for such folders
+
+        return load_splade(folder, st, hf_config, name=_served_name(path_or_id, served_name), device=device,
+                           dtype=dtype, max_inputs=max_inputs, trust_request_chat_template=trust_request_chat_template)
     if is_classifier(hf_config) and st.pooling is None and not st.dense_paths:  # a cross-encoder, a classifier
         from worker.engine.tasks.classifier import load_classifier  # noqa: PLC0415 - only for such folders
 
@@ -312,6 +324,10 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         _position_ids="position_ids" in inspect.signature(module.forward).parameters, folder=folder,
         token_dense=dense if colbert else None,
     )
+    if is_m3_folder(folder, st.transformer_path):  # bge-m3: sparse and ColBERT heads too (worker/engine/bgem3.py)
+        from worker.engine.bgem3 import load_m3  # noqa: PLC0415 - bgem3 builds on this module
+
+        loaded = load_m3(loaded, model_dir)
     if dtype != "float32":
         loaded.fidelity = cast_with_fidelity_check(loaded, _DTYPES[dtype])
     return loaded

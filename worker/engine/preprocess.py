@@ -20,7 +20,9 @@ class Prepared:
 
     token_lists: list[list[int]]
     prompt_length: int = 0  # tokens to leave out of pooling (only with ST's include_prompt=False)
-    head: str = "pool"  # what the forward pass returns: "pool" (one vector per row) or "tokens" (one per token)
+    # what the forward pass returns: "pool" (one vector per row), "tokens" (one per token), or "outputs:<heads>" (a
+    # multi-head or sparse model's parts, worker/engine/tasks/sparse.py)
+    head: str = "pool"
     pair_starts: list[int] | None = None  # a cross-encoder's pairs: where each row's second text starts
     owners: list[int] | None = None  # chunked inputs: the input each token list is a chunk of (ascending)
     spans: list[tuple[int, int, int, int, int]] | None = None  # late chunking: one output row per span

@@ -20,6 +20,7 @@ class STConfig:
     do_lower_case: bool = False
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    splade: dict | None = None  # a SparseEncoder's SpladePooling config (its transformer is an MLMTransformer)
 
 
 def _read_json(path: str) -> dict | list | None:
@@ -42,8 +43,10 @@ def read_st_config(folder: str) -> STConfig:
         config.present = True
         for module in sorted(modules, key=lambda m: m.get("idx", 0)):
             kind, path = _kind(module["type"]), module.get("path", "")
-            if kind == "Transformer":
+            if kind in ("Transformer", "MLMTransformer"):  # MLMTransformer: a SparseEncoder's masked LM
                 config.transformer_path = path
+            elif kind == "SpladePooling":
+                config.splade = _read_json(os.path.join(folder, path, "config.json")) or {}
             elif kind == "Pooling":
                 config.pooling = _read_json(os.path.join(folder, path, "config.json")) or {}
             elif kind == "Dense":
@@ -52,7 +55,8 @@ def read_st_config(folder: str) -> STConfig:
                 config.normalize = True
             else:
                 raise ValueError(f"unsupported sentence-transformers module {module['type']!r} in {folder}: "
-                                 "supported are Transformer, Pooling, Dense and Normalize")
+                                 "supported are Transformer, Pooling, Dense and Normalize (and a SparseEncoder's "
+                                 "MLMTransformer and SpladePooling)")
     bert = _read_json(os.path.join(folder, config.transformer_path, "sentence_bert_config.json")) or {}
     config.max_seq_length = bert.get("max_seq_length")
     config.do_lower_case = bool(bert.get("do_lower_case", False))

@@ -15,7 +15,8 @@ INPUT: .txt (a text a line; blank lines skipped), .json (a list of texts, or of 
 (a JSON text or an object a line: --field), .csv or .parquet (--column; an id column, --id-column or `id`,
 is kept), or an OpenAI batch file (.jsonl lines with custom_id and body, as vLLM's run-batch reads).
 OUTPUT: .npy (the vectors), .parquet (id + embedding), .jsonl ({"id", "embedding"} a line); a batch file
-gives an OpenAI batch output (.jsonl).
+gives an OpenAI batch output (.jsonl). With --sparse (a SPLADE or bge-m3 model): .parquet (id, token_ids,
+weights) or .jsonl ({"id", "token_ids", "weights"} a line).
 
 At most --window requests of --chunk texts are queued at a time, at priority --priority. Progress is
 logged to OUTPUT.embedfleet-checkpoint: after Ctrl-C or a crash, the same command resumes where it stopped
@@ -39,6 +40,10 @@ class EmbedFileSettings(Settings):
     column: str | None = Field(None, description="the .csv/.parquet column that holds the text (default: text)")
     id_column: str | None = Field(None, description="the column or field of ids kept in the output (default: "
                                                     "`id` where the input has one, else the row's position)")
+    sparse: bool = Field(False, description="write sparse vectors (task sparse_embed: a SPLADE or bge-m3 model) as "
+                                            "token_ids + weights, to .parquet or .jsonl")
+    sparse_top_k: int | None = Field(None, description="with --sparse: keep each text's k largest weights")
+    sparse_threshold: float | None = Field(None, description="with --sparse: keep weights above this only")
     resume: bool = Field(True, description="resume from OUTPUT's checkpoint when there is one (--no-resume: "
                                            "start over)")
     progress: bool | None = Field(None, description="show a progress bar (default: when stderr is a terminal)")
@@ -57,7 +62,15 @@ def main(argv: list[str]) -> int:
     source = sources.read_source(source_path, chunk=settings.chunk, column=column, id_column=settings.id_column)
     sinks.check_output(target, source.is_batch)
     fields = {k: v for k, v in {"embed_dtype": settings.embed_dtype, "dimensions": settings.dimensions,
-                                "truncate_prompt_tokens": settings.truncate_prompt_tokens}.items() if v is not None}
+                                "truncate_prompt_tokens": settings.truncate_prompt_tokens,
+                                "sparse_top_k": settings.sparse_top_k,
+                                "sparse_threshold": settings.sparse_threshold}.items() if v is not None}
+    if settings.sparse:
+        if source.is_batch:
+            raise sinks.ValidationError("--sparse embeds a file of texts, not an OpenAI batch file")
+        sinks.check_sparse_output(target)
+        fields = {**fields, "task": "sparse_embed"}
+        fields.pop("embed_dtype", None)  # sparse weights are float32
     fingerprinted = {"input_format": source_path.suffix.lower(), "output_format": target.suffix.lower(),
                      "chunk": settings.chunk, "column": column, "id_column": settings.id_column,
                      "fields": {} if source.is_batch else fields}

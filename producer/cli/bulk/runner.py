@@ -107,6 +107,11 @@ def _write(plan: Plan, checkpoint: Checkpoint) -> int:
         checkpoint.discard()
         print(f"answered {len(source.units)} batch requests ({failed} failed, {tokens} tokens) -> {plan.target}")
         return 0
+    if plan.fields.get("task") == "sparse_embed":
+        rows = sinks.write_sparse(plan.target, source.ids, counted())
+        checkpoint.discard()
+        print(f"embedded {rows} texts as sparse vectors ({tokens} tokens) -> {plan.target}")
+        return 0
     shape, dtype = sinks.write_texts(plan.target, source.ids, counted(), source.texts)
     checkpoint.discard()
     print(f"embedded {source.texts} texts ({tokens} tokens) -> {plan.target} {shape} {dtype}")

@@ -17,6 +17,7 @@ from common.errors import ValidationError
 from common.result import Result
 
 OUTPUT_FORMATS = (".npy", ".parquet", ".jsonl")
+SPARSE_FORMATS = (".parquet", ".jsonl")
 ROW_GROUP_ROWS = 65_536  # parquet rows per row group (a reader's unit of work)
 _STATUS = {"invalid_request": 400, "input_too_long": 400, "model_not_found": 404, "no_worker": 503}
 
@@ -58,6 +59,54 @@ def write_texts(path: Path, ids: list, results: Iterable[Result], rows: int) -> 
         else:
             shape, dtype = _jsonl(tmp, ids, arrays)
     return shape, dtype
+
+
+def check_sparse_output(path: Path) -> None:
+    """Sparse vectors have no fixed width: they go to Parquet or JSONL, not to one .npy array."""
+    if path.suffix.lower() not in SPARSE_FORMATS:
+        raise ValidationError(f"{path}: sparse vectors (--sparse) are written as {' or '.join(SPARSE_FORMATS)} "
+                              "(token_ids + weights per text), not as one .npy array")
+
+
+def write_sparse(path: Path, ids: list, results: Iterable[Result]) -> int:
+    """The sparse vectors of `results` (in order) with their `ids`: Parquet columns id, token_ids (list<int32>),
+    weights (list<float32>), or JSONL {"id", "token_ids", "weights"} a line. Returns the rows written."""
+    vectors = (vector for result in results for vector in result.sparse)
+    with atomic(path) as tmp:
+        if path.suffix.lower() == ".parquet":
+            return _sparse_parquet(tmp, ids, vectors)
+        row = 0
+        with tmp.open("w", encoding="utf-8") as handle:
+            for row, vector in enumerate(vectors, 1):
+                handle.write(json.dumps({"id": ids[row - 1], "token_ids": vector.indices.tolist(),
+                                         "weights": vector.values.tolist()}) + "\n")
+        return row
+
+
+def _sparse_parquet(tmp: Path, ids: list, vectors) -> int:
+    import pyarrow as pa  # noqa: PLC0415 - only parquet needs pyarrow (the [cli] extra)
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    id_type = pa.int64() if all(isinstance(i, int) for i in ids) else pa.string()
+    ids = ids if id_type == pa.int64() else [str(i) for i in ids]
+    schema = pa.schema([("id", id_type), ("token_ids", pa.list_(pa.int32())), ("weights", pa.list_(pa.float32()))])
+    done, pending = 0, []
+    with pq.ParquetWriter(tmp, schema) as writer:
+        def flush():
+            nonlocal done, pending
+            columns = [pa.array(ids[done:done + len(pending)], id_type),
+                       pa.array([v.indices for v in pending], pa.list_(pa.int32())),
+                       pa.array([v.values for v in pending], pa.list_(pa.float32()))]
+            writer.write_table(pa.table(columns, schema=schema))
+            done, pending = done + len(pending), []
+
+        for vector in vectors:
+            pending.append(vector)
+            if len(pending) >= ROW_GROUP_ROWS:
+                flush()
+        if pending:
+            flush()
+    return done
 
 
 def _npy(tmp: Path, arrays: Iterator[np.ndarray], rows: int) -> tuple[tuple[int, int], str]:

@@ -16,9 +16,12 @@ from common.request import EmbedRequest
 from common.result import Result
 from worker.engine.postprocess import cast
 from worker.engine.preprocess import Prepared
+from worker.engine.tasks.sparse import HEAD_PREFIX, finish_outputs
 
 
 def finish_task(model, request: EmbedRequest, rows, prepared: Prepared) -> Result:
+    if prepared.head.startswith(HEAD_PREFIX):  # a multi-head or sparse model's parts (worker/engine/tasks/sparse.py)
+        return finish_outputs(model, request, rows, prepared)
     params, name = request.params, model.caps.name
     activate = bool(params.use_activation)
     if params.task == "token_embed":

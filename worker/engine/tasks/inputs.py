@@ -9,10 +9,13 @@ from common.errors import InputTooLongError
 from common.request import EmbedRequest
 from common.result import Result
 from worker.engine.preprocess import Prepared, prepare
+from worker.engine.tasks.sparse import prepare_outputs, wanted
 
 
 def prepare_task(model, request: EmbedRequest) -> Prepared | Result:
     task = request.params.task
+    if heads := wanted(model, request):  # a multi-head or sparse model's heads (worker/engine/tasks/sparse.py)
+        return prepare_outputs(model, request, heads)
     if task == "tokenize":
         return tokenize(model, request)
     if task == "detokenize":
