@@ -8,6 +8,7 @@ never has to know them and one export serves every task.
 from __future__ import annotations
 
 import logging
+import warnings
 
 import torch
 
@@ -54,7 +55,10 @@ def export_onnx(model_dir: str, path: str, left_padding: bool) -> None:
     mask = (ids != 0).long()
     example = {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
     axes = {name: {0: "batch", 1: "sequence"} for name in (*names, "last_hidden_state")}
-    with torch.inference_mode(False), torch.no_grad():
+    with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+        # The TorchScript exporter (still the one that emits the plain graphs onnxruntime's optimizer fuses)
+        # warns about its own deprecation and about trace-time constants that hold for every padded batch.
+        warnings.simplefilter("ignore")
         torch.onnx.export(_LastHidden(module, names), tuple(example[n] for n in names), path,
                           input_names=list(names), output_names=["last_hidden_state"], dynamic_axes=axes,
                           opset_version=OPSET, dynamo=False)
