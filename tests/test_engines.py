@@ -30,6 +30,16 @@ ENGINES = [("onnx", None), ("onnx", "int8"), ("openvino", None), ("openvino", "i
 TEXTS = sample_texts(24, seed=3) + ["x", "Paris is the capital of France.", "def add(a, b):\n    return a + b"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _torch_threads():
+    """A CPU engine leaves torch one thread (worker/engine/backends attach); later test modules get theirs back."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def engine_cache(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("engine-cache"))

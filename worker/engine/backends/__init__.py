@@ -118,7 +118,7 @@ def attach(loaded, choice: EngineChoice, model_dir: str, hf_config) -> None:
             loaded.fidelity = engine_fidelity(loaded, backend, choice.min_cosine, choice.label)
         except StartupError as exc:
             refusal = exc
-            log.warning("engine %s: %s", choice.label, exc)
+            log.info("engine %s: int8 layout %s is below the gate; trying the next (%s)", choice.label, scheme, exc)
             continue
         break
     else:
@@ -126,6 +126,11 @@ def attach(loaded, choice: EngineChoice, model_dir: str, hf_config) -> None:
                                       f"serve it without --quantize")
     loaded.engine = choice.label
     loaded.module.to("meta")  # the backend holds its own weights; torch's are not needed any more
+    # torch now only pools and projects (tiny ops); its OpenMP threads would spin-wait after each of them
+    # on the cores the engine's own thread pool needs.
+    import torch  # noqa: PLC0415 - loaded already; kept out of the module's imports like the backends
+
+    torch.set_num_threads(1)
     log.info("engine %s: %s; probe cosine vs float32 torch %.6f (gate %s)", choice.label, backend.describe(),
              loaded.fidelity, choice.min_cosine)
 
