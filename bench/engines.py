@@ -121,9 +121,12 @@ def main() -> None:
                     seen[name] = max(seen[name], rate)
                 print(f"  [{repeat + 1}] {row}: corpus {rates['corpus']:.1f} texts/s, short {rates['short']:.1f} "
                       "texts/s", flush=True)
+    print("Forward passes alone, as each worker's start-up probe measured them (texts/s at 16, 64, 256 tokens):")
     for row in rows:
         line = started[row]
-        print(f"  {row}: {line[line.find('serving model'):][:260]}")
+        probe = line[line.find("best texts/s"):line.find(")", line.find("best texts/s"))]
+        cosine = line[line.find("probe cosine"):line.find(",", line.find("probe cosine"))]
+        print(f"  {row}: {probe}; {cosine}")
 
     ref = vectors["torch"]
     table_rows, figures = [], {"texts": len(sets["corpus"]), "short": len(sets["short"]), "chunk": args.chunk,
