@@ -118,7 +118,8 @@ def attach(loaded, choice: EngineChoice, model_dir: str, hf_config) -> None:
             loaded.fidelity = engine_fidelity(loaded, backend, choice.min_cosine, choice.label)
         except StartupError as exc:
             refusal = exc
-            log.info("engine %s: int8 layout %s is below the gate; trying the next (%s)", choice.label, scheme, exc)
+            if choice.quantize:
+                log.info("engine %s: int8 layout %s is below the gate (%s)", choice.label, scheme, exc)
             continue
         break
     else:
