@@ -76,7 +76,7 @@ def attach(loaded, choice: EngineChoice, model_dir: str, hf_config) -> None:
     """Give `loaded` (a float32 torch LoadedModel) the chosen engine's forward, or raise StartupError when it
     falls below the gate; its torch weights are then released (only the module's config is kept)."""
     from worker.engine.backends import cache  # noqa: PLC0415 - the backends load their runtimes lazily
-    from worker.engine.backends.calibration import CALIBRATION_TEXTS  # noqa: PLC0415
+    from worker.engine.backends.calibration import calibration_samples  # noqa: PLC0415
     from worker.engine.fidelity import engine_fidelity  # noqa: PLC0415
     from worker.engine.identity import folder_digest  # noqa: PLC0415
 
@@ -99,7 +99,7 @@ def attach(loaded, choice: EngineChoice, model_dir: str, hf_config) -> None:
             limit = loaded.caps.max_model_len
             return [pad_batch([loaded.tokenizer(text, truncation=True, max_length=limit)["input_ids"]],
                               loaded.pad_token_id, loaded.padding_side, "cpu", loaded._position_ids)
-                    for text in CALIBRATION_TEXTS]
+                    for text in calibration_samples()]
 
         def build(scheme: str):
             return openvino.load(

@@ -47,9 +47,23 @@ CALIBRATION_TEXTS = (
     "the market sells bread, cheese, apples and honey from the hills around it every Saturday morning.",
     "kubectl get pods --all-namespaces -o wide | grep CrashLoopBackOff",
     "Why is the sky blue? Rayleigh scattering of sunlight by the molecules of the atmosphere.",
+    # Structured text: tables, identifier lists and runs of punctuation drive activations far from prose's.
+    "+----------+---------+-------+\n| name     | type    | value |\n+==========+=========+=======+\n| timeout  "
+    "| float   | 30.0  |\n+----------+---------+-------+\n| retries  | int     | 3     |\n+----------+---------+"
+    "-------+\n| verbose  | bool    | False |\n+----------+---------+-------+",
+    "ERROR_INVALID_HANDLE ERROR_ACCESS_DENIED ERROR_FILE_NOT_FOUND ERROR_PATH_NOT_FOUND ERROR_TOO_MANY_OPEN_FILES "
+    "ERROR_NOT_ENOUGH_MEMORY ERROR_INVALID_PARAMETER ERROR_BROKEN_PIPE ERROR_SHARING_VIOLATION ERROR_LOCK_VIOLATION",
+    "==== ---- ==== ---- >>> ... ... >>> *** ### ### *** ~~~ ~~~ ((( ))) [[[ ]]] {{{ }}} <<< >>> ||| ||| :::: ::::",
+    "0x7f3a 0x0000 0xffff 0xdeadbeef 127.0.0.1:6379 2026-12-03T19:05:00Z 3.14159e-10 -42 +1.5E+300 1,234,567.89",
 )
+
+
+def calibration_samples(max_chars: int = 4000) -> list[str]:
+    """The texts, plus a few long inputs made of them (an int8 scale must also cover the longest positions)."""
+    joined = [" ".join(CALIBRATION_TEXTS[start::4])[:max_chars] for start in range(4)]
+    return list(CALIBRATION_TEXTS) + joined
 
 
 def calibration_digest() -> str:
     """Part of an int8 export's cache key: other calibration texts make another export."""
-    return hashlib.sha256("\0".join(CALIBRATION_TEXTS).encode()).hexdigest()[:16]
+    return hashlib.sha256("\0".join(calibration_samples()).encode()).hexdigest()[:16]
