@@ -6,6 +6,8 @@
 #   CUDA (default): --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128
 #   CPU only:       --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu   (~10x smaller image)
 # e.g. docker build --target worker --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu -t embedfleet-worker:cpu .
+# The worker's extras are a build arg too: the compose `cpu` profile adds [onnx] (ONNX Runtime, for
+# `embedfleet worker --engine onnx`); exports are cached under XDG_CACHE_HOME=/cache, the volume below.
 # Both run as the unprivileged user `embedfleet` (uid 10001). Other models than the bundled one are downloaded
 # into HF_HOME=/cache/huggingface: mount a volume there (compose: model-cache) so each is fetched once.
 # Healthchecks, per role (compose sets them): `embedfleet health --worker`, `embedfleet health --gateway`.
@@ -30,13 +32,14 @@ CMD ["embedfleet", "gateway", "--host", "0.0.0.0", "--port", "8000"]
 FROM base AS worker
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cu128
+ARG WORKER_EXTRAS=worker
 # torch first, from the chosen index, as a layer of its own; the project's own install then keeps it.
 RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
 COPY pyproject.toml README.md ./
 COPY common ./common
 COPY producer ./producer
 COPY worker ./worker
-RUN pip install ".[worker]"
+RUN pip install ".[${WORKER_EXTRAS}]"
 USER embedfleet
 VOLUME ["/cache"]
 CMD ["embedfleet", "worker"]

@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q -e ".[worker,gateway,cli,test]"
+	$(PY) -m pip install -q -e ".[worker,gateway,cli,test,onnx,openvino]"
 	# FlagEmbedding, the bge-m3 reference of tests/test_bgem3.py, without its pinned training dependencies
 	# (deepspeed, ir-datasets, ...): what its import needs beyond those (datasets, peft) is in the test extra.
 	$(PY) -m pip install -q --no-deps "FlagEmbedding==1.4.2"

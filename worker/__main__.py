@@ -49,7 +49,7 @@ def serve(argv: list[str]) -> int:
     if is_null(path):
         model = NullModel(path, name, settings.max_inputs)
         budget = Budget(settings.max_batch_tokens or 1 << 20, settings.max_batch_size or 4096, "null model")
-        device, dtype = "none", "none"
+        device, dtype, engine_label = "none", "none", "none"
     else:
         if not path:
             path, name = bundled_model_path(), name or BUNDLED_MODEL_NAME
@@ -58,11 +58,12 @@ def serve(argv: list[str]) -> int:
                               max_rows=settings.max_batch_size)
         device = str(model.device)
         dtype = str(next(model.module.parameters()).dtype).removeprefix("torch.")
+        engine_label = getattr(model, "engine", "torch")
     url = settings.shards.url_for(model.caps.name)  # a model mapped to a shard of its own is served there
     if url != settings.redis_url:
         connection = connect(url)
         check_access(connection, url)
-    cache = _cache(settings, connection, model, path, dtype)
+    cache = _cache(settings, connection, model, path, dtype, engine_label)
     shaper = None
     if not is_null(path) and settings.learn_shape:  # flags pin what they name; the rest is learned while serving
         most_tokens, most_rows = device_limits(model)
@@ -74,7 +75,8 @@ def serve(argv: list[str]) -> int:
                         source=budget.source)
     engine = Engine(model, max_batch_tokens=budget.max_batch_tokens, max_batch_size=budget.max_batch_size,
                     chunks_per_job=settings.chunks_per_job, shaper=shaper)
-    info = {"device": device, "dtype": dtype, "max_batch_tokens": budget.max_batch_tokens,
+    info = {"device": device, "dtype": dtype, "engine": engine_label, "fidelity": round(model.fidelity, 6),
+            "max_batch_tokens": budget.max_batch_tokens,
             "max_batch_size": budget.max_batch_size, "budget_source": budget.source, "max_jobs": settings.max_jobs,
             "host": socket.gethostname(), "pid": os.getpid(),  # `embedfleet health --worker` looks for its host
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
@@ -86,9 +88,10 @@ def serve(argv: list[str]) -> int:
                          lease=settings.lease_seconds, max_deliveries=settings.max_deliveries,
                          drain_timeout=settings.drain_timeout, watchdog=watchdog, name=settings.name, info=info)
     logging.getLogger("embedfleet.worker").info(
-        "serving model %s (%s, dim %d, max length %d, %s on %s, probe cosine vs float32 %.5f, batches of %s) "
+        "serving model %s (%s, dim %d, max length %d, %s on %s, engine %s, probe cosine vs float32 %.6f, batches "
+        "of %s) "
         "from queue %s on %s as %s; %s", model.caps.name, path, model.caps.embedding_size, model.caps.max_model_len,
-        dtype, device, model.fidelity, budget.describe(), worker.queue.name, redact(url), worker.name,
+        dtype, device, engine_label, model.fidelity, budget.describe(), worker.queue.name, redact(url), worker.name,
         "cache off" if cache is None else f"cache on {redact(settings.cache_url or url)}, model identity "
                                           f"{cache.identity}, entries live {settings.cache_ttl} s")
     worker.work(burst=settings.burst)
@@ -112,7 +115,7 @@ def _metrics(settings: WorkerSettings, model: str):
     return metrics
 
 
-def _cache(settings: WorkerSettings, queue, model, path: str, dtype: str):
+def _cache(settings: WorkerSettings, queue, model, path: str, dtype: str, engine: str):
     """The vector cache (worker/serving/cache.py), or None: off by flag, or the null model (it computes nothing).
     A cache on the queue's Redis is refused when that Redis may evict queue or result keys."""
     from worker.serving.cache import VectorCache, check_placement  # noqa: PLC0415
@@ -127,7 +130,7 @@ def _cache(settings: WorkerSettings, queue, model, path: str, dtype: str):
     if warning:
         log.warning("%s", warning)
     files = folder_digest(getattr(model, "folder", "") or path)
-    identity = model_identity(model.caps.name, files, dtype, str(model.device))
+    identity = model_identity(model.caps.name, files, dtype, str(model.device), engine)
     return VectorCache(store or queue, identity, model.caps.embedding_size, ttl=settings.cache_ttl,
                        max_memory=settings.cache_max_memory)
 
@@ -154,6 +157,7 @@ def _load(path: str, name: str | None, settings: WorkerSettings):
     """The model, or one line that says why not."""
     from transformers.utils import logging as hf_logging  # noqa: PLC0415 - torch loads after the flags
 
+    from worker.engine.backends import EngineChoice  # noqa: PLC0415
     from worker.engine.model import load_model  # noqa: PLC0415
 
     hf_logging.disable_progress_bar()  # a progress bar per start only clutters worker logs
@@ -163,7 +167,9 @@ def _load(path: str, name: str | None, settings: WorkerSettings):
         return load_model(path, served_name=name, device=settings.device, dtype=settings.dtype,
                           matryoshka_dims=settings.matryoshka_dims, max_inputs=settings.max_inputs,
                           max_embed_len=settings.max_embed_len,
-                          trust_request_chat_template=settings.trust_request_chat_template)
+                          trust_request_chat_template=settings.trust_request_chat_template,
+                          engine=EngineChoice(settings.engine, settings.quantize, settings.fidelity_gate,
+                                              settings.engine_cache_dir))
     except (OSError, ValueError) as exc:  # transformers and the hub say "not found" with both
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise StartupError(f"cannot load model '{path}': {type(exc).__name__}: {first}; pass --model with a "

@@ -1,13 +1,16 @@
-"""Reduced precision only where it holds: a model served in float16/bfloat16 must agree with float32.
+"""Reduced precision only where it holds: a model served in float16/bfloat16, or on another engine (ONNX
+Runtime, OpenVINO, int8), must agree with float32 torch.
 
 bfloat16 runs ~1.5x faster than float32 on CPUs with AVX512-BF16/AMX, and half precision is the norm on
 GPUs, but some checkpoints lose accuracy in it. The check embeds a few probe texts in float32, casts the
-transformer, embeds them again, and refuses to serve below MIN_COSINE.
+transformer (or hands it to the engine), embeds them again, and refuses to serve below the gate.
 """
 
 from __future__ import annotations
 
 import torch
+
+from common.errors import StartupError
 
 PROBE_TEXTS = (
     "The quick brown fox jumps over the lazy dog.",
@@ -27,8 +30,7 @@ def cast_with_fidelity_check(model, dtype: torch.dtype, min_cosine: float = MIN_
 
     Raises ValueError, leaving the module in float32, when reduced precision falls below `min_cosine`.
     """
-    limit = model.caps.max_model_len
-    ids = [model.tokenizer(text, truncation=True, max_length=limit)["input_ids"] for text in PROBE_TEXTS]
+    ids = probe_token_lists(model)
     reference = model.embed(ids)
     model.module.to(dtype)
     reduced = model.embed(ids)
@@ -38,4 +40,28 @@ def cast_with_fidelity_check(model, dtype: torch.dtype, min_cosine: float = MIN_
         raise ValueError(f"model '{model.caps.name}' in {str(dtype).removeprefix('torch.')} agrees with "
                          f"float32 only to cosine {cosine:.5f} on the probe texts (at least {min_cosine} is "
                          "required): serve it in float32 (--dtype float32)")
+    return cosine
+
+
+def probe_token_lists(model) -> list[list[int]]:
+    """The probe texts as the model's token ids (truncated to its max length)."""
+    limit = model.caps.max_model_len
+    return [model.tokenizer(text, truncation=True, max_length=limit)["input_ids"] for text in PROBE_TEXTS]
+
+
+def engine_fidelity(model, backend, min_cosine: float, engine: str) -> float:
+    """Hand `model` (a float32 torch LoadedModel) `backend` as its transformer; returns the lowest probe
+    cosine against float32 torch (pooled and projected, before normalisation).
+
+    Raises StartupError, leaving the model on torch, when the engine falls below `min_cosine`.
+    """
+    ids = probe_token_lists(model)
+    reference = model.embed(ids)
+    model.backend = backend
+    cosine = torch.nn.functional.cosine_similarity(reference, model.embed(ids)).min().item()
+    if cosine < min_cosine:
+        model.backend = None
+        raise StartupError(f"model '{model.caps.name}' on --engine {engine} agrees with float32 torch only to "
+                           f"cosine {cosine:.6f} on the probe texts (the gate is {min_cosine}; --fidelity-gate "
+                           "sets it): serve it with --engine torch, or delete a broken export")
     return cosine

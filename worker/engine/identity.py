@@ -29,8 +29,11 @@ def folder_digest(folder: str) -> str:
     return digest.hexdigest()
 
 
-def model_identity(name: str, files_digest: str, dtype: str, device: str) -> str:
-    """The cache's model key part: 32 hex digits of (name, files digest, dtype, device kind)."""
+def model_identity(name: str, files_digest: str, dtype: str, device: str, engine: str = "torch") -> str:
+    """The cache's model key part: 32 hex digits of (name, files digest, dtype, device kind, engine).
+    `engine` is the label of worker/engine/backends (onnx, onnx-int8, ...); torch adds nothing, so torch
+    workers keep the identities they had before there were engines."""
     kind = device.split(":", 1)[0]  # cuda:0 and cuda:1 compute alike
-    text = "\0".join((name, files_digest, dtype, kind))
+    parts = (name, files_digest, dtype, kind) + (() if engine == "torch" else (engine,))
+    text = "\0".join(parts)
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:32]

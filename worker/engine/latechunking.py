@@ -94,7 +94,7 @@ def embed_spans(model, token_lists: list[list[int]], spans: list[Span]) -> np.nd
     inputs = {"input_ids": input_ids.to(model.device), "attention_mask": attention.to(model.device)}
     if model._position_ids and model.padding_side == "left":
         inputs["position_ids"] = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-    hidden = model.module(**inputs).last_hidden_state
+    hidden = model.hidden_states(inputs)
     rows = torch.as_tensor([span[0] for span in spans], device=hidden.device)
     mask = torch.zeros((len(spans), longest), dtype=torch.long)
     for k, (row, start, end, _, _) in enumerate(spans):

@@ -13,6 +13,7 @@ import inspect
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +21,8 @@ from torch import nn
 
 from common.capabilities import MAX_EMBED_LEN, ModelCapabilities
 from common.errors import StartupError
+from worker.engine import backends
+from worker.engine.backends import EngineChoice
 from worker.engine.chat import chat_caps
 from worker.engine.fidelity import cast_with_fidelity_check
 from worker.engine.pooling import Pooler, modes_from_config
@@ -186,12 +189,21 @@ class LoadedModel:
     fidelity: float = 1.0  # lowest probe cosine of the serving dtype against float32 (worker/engine/fidelity.py)
     token_dense: nn.Module | None = None  # a ColBERT-style folder's projection of every token state
     folder: str = ""  # the folder it was loaded from (a hub id's snapshot): the cache digests its files
+    # --engine onnx/openvino (worker/engine/backends): runs the transformer in place of `module`
+    backend: Callable[[dict], torch.Tensor] | None = None
+    engine: str = "torch"  # the engine's label (torch, onnx, onnx-int8, ...): adverts, logs, cache identity
+
+    def hidden_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The transformer's last hidden state for pad_batch's inputs, on whichever engine serves."""
+        if self.backend is not None:
+            return self.backend(inputs)
+        return self.module(**inputs).last_hidden_state
 
     @torch.inference_mode()
     def embed(self, token_lists: list[list[int]], prompt_lengths: list[int] | None = None) -> torch.Tensor:
         """One forward pass: pad, run the transformer, pool, Dense. Float32 (n, d) on the CPU."""
         inputs = pad_batch(token_lists, self.pad_token_id, self.padding_side, self.device, self._position_ids)
-        hidden = self.module(**inputs).last_hidden_state
+        hidden = self.hidden_states(inputs)
         lengths = None if prompt_lengths is None else torch.as_tensor(prompt_lengths, device=self.device)
         pooled = self.pooler(hidden, inputs["attention_mask"], lengths)
         return self.dense(pooled).float().cpu()
@@ -201,7 +213,7 @@ class LoadedModel:
         """One forward pass for task token_embed: each row's real tokens' last hidden states (projected by
         `token_dense` where the folder has one), float32 (tokens, d) numpy arrays; padding left out."""
         inputs = pad_batch(token_lists, self.pad_token_id, self.padding_side, self.device, self._position_ids)
-        hidden = self.module(**inputs).last_hidden_state.float()
+        hidden = self.hidden_states(inputs).float()
         if self.token_dense is not None:
             hidden = self.token_dense(hidden)
         hidden, mask = hidden.cpu(), inputs["attention_mask"].bool().cpu()
@@ -220,7 +232,7 @@ class LoadedModel:
 def load_model(path_or_id: str, *, served_name: str | None = None, device: str | None = None,
                matryoshka_dims: list[int] | None = None, max_inputs: int = 2048,
                dtype: str | None = None, max_embed_len: int | None = None,
-               trust_request_chat_template: bool = False) -> LoadedModel:
+               trust_request_chat_template: bool = False, engine: EngineChoice | None = None) -> LoadedModel:
     """Load a HF or sentence-transformers model folder (or hub id) for serving.
 
     device: None picks "cuda" when available, else "cpu". dtype: "float32", "float16" or "bfloat16";
@@ -232,14 +244,19 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         it must exceed the model's max length.
     trust_request_chat_template: render a chat template sent with a request (--trust-request-chat-template);
         off, only the tokenizer's own renders `messages`.
+    engine: --engine/--quantize/--fidelity-gate (worker/engine/backends); None: torch. A CPU engine runs on
+        the CPU in float32 or int8 and must agree with float32 torch on the probe texts.
     """
     from transformers import AutoConfig, AutoModel, AutoTokenizer  # noqa: PLC0415 - slow import, kept lazy
 
     folder = _resolve_folder(path_or_id)
     st = read_st_config(folder)
     model_dir = os.path.join(folder, st.transformer_path)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    engine = engine or EngineChoice()
     hf_config = AutoConfig.from_pretrained(model_dir)
+    backends.check(engine, dtype=dtype, device=device, classifier=is_classifier(hf_config) and st.pooling is None
+                   and not st.dense_paths)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() and not engine.on_cpu else "cpu"))
     if dtype is None:
         saved = hf_config.to_dict()  # not the attributes: transformers 5 warns on `torch_dtype`
         checkpoint = saved.get("dtype") or saved.get("torch_dtype")
@@ -330,4 +347,6 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         loaded = load_m3(loaded, model_dir)
     if dtype != "float32":
         loaded.fidelity = cast_with_fidelity_check(loaded, _DTYPES[dtype])
+    if engine.on_cpu:
+        backends.attach(loaded, engine, model_dir, hf_config)
     return loaded

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from common.protocol import keys
 from common.config import Settings
@@ -20,6 +20,17 @@ class WorkerSettings(Settings):
         None, description="weights and activations; default: float16 (or a bfloat16 checkpoint's bfloat16) on "
                           "cuda, float32 on cpu; bfloat16 on a CPU with AVX512-BF16/AMX is ~1.5x faster. "
                           "Reduced precision must pass a fidelity check against float32")
+    engine: Literal["torch", "onnx", "openvino"] = Field(
+        "torch", description="what runs the transformer: torch, or on a CPU ONNX Runtime (extra [onnx]) or OpenVINO "
+                             "(extra [openvino]) from an export of the folder (its own onnx/model.onnx or "
+                             "openvino/openvino_model.xml, else made once and cached); it must agree with float32 "
+                             "torch on the probe texts (--fidelity-gate)")
+    quantize: Literal["int8"] | None = Field(None, description="int8 for --engine onnx (dynamic) or openvino (NNCF): "
+                                             "the most int8 layout that passes --fidelity-gate is served")
+    fidelity_gate: float | None = Field(None, gt=0, le=1, description="lowest probe cosine against float32 torch "
+                                        "an engine may serve at; default 0.99999, 0.99 with --quantize int8")
+    engine_cache_dir: str | None = Field(None, description="where exports are cached, one folder per model files "
+                                         "+ engine + versions; default ${XDG_CACHE_HOME:-~/.cache}/embedfleet/engines")
     max_batch_tokens: int | None = Field(None, ge=1, description="padded tokens per forward pass; default: "
                                                                "probed at start-up for this model and device")
     max_batch_size: int | None = Field(None, ge=1, description="rows per forward pass; default: probed at "
@@ -78,6 +89,12 @@ class WorkerSettings(Settings):
     cache_ttl: int = Field(keys.CACHE_TTL, ge=1, description="seconds a cached vector lives")
     cache_max_memory: float = Field(0.8, gt=0, le=1, description="cache writes pause while the cache's Redis "
                                                                  "uses more than this fraction of its maxmemory")
+
+    @field_validator("quantize", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value):
+        """docker compose passes an unset EMBEDFLEET_QUANTIZE as "": no quantisation."""
+        return None if value == "" else value
 
 
 def bundled_model_path() -> str:
