@@ -155,6 +155,19 @@ def _lowercase(tokenizer) -> None:
     backend.normalizer = Sequence([Lowercase()] + ([current] if current is not None else []))
 
 
+def load_transformer(folder: str, st: STConfig, auto_class, device) -> tuple:
+    """The folder's tokenizer (with ST's do_lower_case) and its transformer as `auto_class` (AutoModel,
+    AutoModelForMaskedLM, ...) loads it: float32 (a lower precision is cast after the fidelity check), in eval
+    mode, on `device`."""
+    from transformers import AutoTokenizer  # noqa: PLC0415 - slow import, kept lazy
+
+    model_dir = os.path.join(folder, st.transformer_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if st.do_lower_case:
+        _lowercase(tokenizer)
+    return tokenizer, auto_class.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+
+
 def pad_batch(token_lists: list[list[int]], pad_token_id: int, padding_side: str, device,
               position_ids: bool = False) -> dict[str, torch.Tensor]:
     """The model inputs of one batch: ids padded on `padding_side` and the attention mask, on `device`."""
@@ -247,7 +260,7 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
     engine: --engine/--quantize/--fidelity-gate (worker/engine/backends); None: torch. A CPU engine runs on
         the CPU in float32 or int8 and must agree with float32 torch on the probe texts.
     """
-    from transformers import AutoConfig, AutoModel, AutoTokenizer  # noqa: PLC0415 - slow import, kept lazy
+    from transformers import AutoConfig, AutoModel  # noqa: PLC0415 - slow import, kept lazy
 
     folder = _resolve_folder(path_or_id)
     st = read_st_config(folder)
@@ -277,11 +290,8 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         return load_classifier(folder, st, hf_config, name=_served_name(path_or_id, served_name), device=device,
                                dtype=dtype, max_inputs=max_inputs,
                                trust_request_chat_template=trust_request_chat_template)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if st.do_lower_case:
-        _lowercase(tokenizer)
     # Loaded in float32 and cast after the fidelity check below (worker/engine/fidelity.py).
-    module = AutoModel.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    tokenizer, module = load_transformer(folder, st, AutoModel, device)
     decoder = _is_decoder(hf_config)
 
     if st.pooling is not None:

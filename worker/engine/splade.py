@@ -6,7 +6,6 @@ sparse_embed); no dense vector exists, so `embed` is not served.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,7 +14,7 @@ from torch import nn
 
 from common.capabilities import ModelCapabilities
 from worker.engine.chat import chat_caps
-from worker.engine.model import _DTYPES, _lowercase, _max_len, pad_batch
+from worker.engine.model import _DTYPES, _max_len, load_transformer, pad_batch
 from worker.engine.pooling import Pooler
 from worker.engine.stconfig import STConfig
 
@@ -67,13 +66,9 @@ class SpladeModel:
 
 def load_splade(folder: str, st: STConfig, config, *, name: str, device: torch.device, dtype: str,
                 max_inputs: int, trust_request_chat_template: bool = False) -> SpladeModel:
-    from transformers import AutoModelForMaskedLM, AutoTokenizer  # noqa: PLC0415 - slow import, kept lazy
+    from transformers import AutoModelForMaskedLM  # noqa: PLC0415 - slow import, kept lazy
 
-    model_dir = os.path.join(folder, st.transformer_path)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if st.do_lower_case:
-        _lowercase(tokenizer)
-    module = AutoModelForMaskedLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    tokenizer, module = load_transformer(folder, st, AutoModelForMaskedLM, device)
     if dtype != "float32":
         module.to(_DTYPES[dtype])  # the logits are widened before the activation
     pooling = st.splade or {}

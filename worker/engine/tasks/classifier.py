@@ -18,7 +18,7 @@ from torch import nn
 
 from common.capabilities import ModelCapabilities
 from worker.engine.chat import chat_caps
-from worker.engine.model import _DTYPES, _lowercase, _max_len, pad_batch
+from worker.engine.model import _DTYPES, _max_len, load_transformer, pad_batch
 from worker.engine.stconfig import STConfig
 
 log = logging.getLogger(__name__)
@@ -101,13 +101,9 @@ def _per_token_head(module: nn.Module) -> bool:
 def load_classifier(folder: str, st: STConfig, config, *, name: str, device: torch.device, dtype: str,
                     max_inputs: int, trust_request_chat_template: bool = False) -> ClassifierModel:
     """A cross-encoder (num_labels 1: tasks score and classify) or a classifier (classify)."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoModelForSequenceClassification  # noqa: PLC0415
 
-    model_dir = os.path.join(folder, st.transformer_path)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if st.do_lower_case:
-        _lowercase(tokenizer)
-    module = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    tokenizer, module = load_transformer(folder, st, AutoModelForSequenceClassification, device)
     num_labels = int(config.num_labels)
     id2label = getattr(config, "id2label", None) or {}
     labels = tuple(str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(num_labels))
