@@ -18,6 +18,7 @@ from common.params import PoolingParams
 from common.request import EmbedRequest
 from common.result import Result
 from worker.engine.batcher import cuts, plan_passes
+from worker.engine.inputbounds import bound_inputs
 from worker.engine.shaper import Shape
 from worker.engine.latechunking import embed_spans
 from worker.engine.postprocess import cast, finish
@@ -120,7 +121,7 @@ class Engine:
         tokenize = getattr(self.model, "prepare", None)
         for index, request in enumerate(requests):
             try:
-                resolved = self._resolve(request)
+                resolved = bound_inputs(self.model, self._resolve(request))  # before any tokenizing
                 work.resolved[index] = resolved
                 if resolved.params.task != "embed" or resolved.params.outputs is not None:
                     prepared = prepare_task(self.model, resolved)
