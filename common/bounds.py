@@ -64,3 +64,31 @@ def token_id_problem(inputs) -> str | None:
 
 
 TokenId = bounded_int("a token id", 0, MAX_TOKEN_ID, f"0 to {MAX_TOKEN_ID}")
+
+
+# A text's length in characters says nothing exact about its tokens (a 50,000-character word is one WordPiece
+# [UNK]), but no tokenizer in use covers more than ~100 characters with one token (WordPiece's longest word):
+# a text of more characters than that per token of its limit is over the limit, or made of words too long to
+# read. The producer refuses such a text at submit when nothing may be cut; the worker reads at most that much
+# of any text (worker/engine/inputbounds.py), and tokenises whole any text of up to MIN_TEXT_WINDOW characters.
+CHARS_PER_TOKEN = 100
+MIN_TEXT_WINDOW = 16_384
+
+
+def most_chars(tokens: int) -> int:
+    """The most characters of one text read for a limit of `tokens` tokens."""
+    return max(CHARS_PER_TOKEN * tokens, MIN_TEXT_WINDOW)
+
+
+def text_limit(caps, params) -> int:
+    """The most tokens one text of a request may hold untruncated: the model's max length, or its max_embed_len
+    where long inputs are embedded in chunks (never for late chunking, nor a cross-encoder's pairs)."""
+    late = params.chunk_size is not None or params.chunk_spans is not None
+    pairs = params.task == "score" and caps.pooling == "classifier"
+    return caps.max_model_len if late or pairs or not caps.max_embed_len else caps.max_embed_len
+
+
+def long_text_problem(texts, tokens: int) -> tuple[int, int] | None:
+    """(the index, the length) of the first text longer than most_chars(tokens), for an input_too_long; else None."""
+    most = most_chars(tokens)
+    return next(((index, len(text)) for index, text in enumerate(texts or ()) if len(text) > most), None)

@@ -9,7 +9,8 @@ import uuid
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from common.protocol import keys
-from common.bounds import INT32_MAX, MAX_REQUEST_BYTES, MAX_UNIX_TIME, token_id_problem
+from common.bounds import (CHARS_PER_TOKEN, INT32_MAX, MAX_REQUEST_BYTES, MAX_UNIX_TIME, long_text_problem,
+                           most_chars, text_limit, token_id_problem)
 from common.capabilities import ModelCapabilities
 from common.chat import CHAT_INPUT, CHAT_TASKS, NO_TEMPLATE, UNTRUSTED_TEMPLATE, ChatInput
 from common.codec import check_text, packb, unpackb
@@ -120,11 +121,30 @@ class EmbedRequest(BaseModel):
                     f"{caps.max_embed_len} of model '{caps.name}': shorten it, or send truncate_prompt_tokens=-1 "
                     "to truncate to the max length. Please reduce the length of the input prompt.", param="input")
         params = self.params.resolve(caps)
+        self._check_text_lengths(caps, params)
         check_task_inputs(self, params.task)
         if self.chat is not None:
             self._check_chat(caps)
             params = params.model_copy(update={"prompt_name": None})  # a conversation gets no default prompt
         return self.model_copy(update={"params": params})
+
+    def _check_text_lengths(self, caps: ModelCapabilities, params) -> None:
+        """A text too long in characters alone to fit (common/bounds.py) fails before the worker reads it; the
+        worker judges the rest by tokens (worker/engine/inputbounds.py)."""
+        if self.is_tokens or self.chat is not None or params.truncate_prompt_tokens is not None \
+                or params.task == "detokenize":
+            return
+        limit = text_limit(caps, params)
+        for texts in (self.inputs, self.text_pair):
+            if problem := long_text_problem(texts, limit):
+                index, chars = problem
+                hint = " (/tokenize too): shorten it" if params.task == "tokenize" else \
+                    ": shorten it, or send truncate_prompt_tokens=-1 to truncate to the maximum"
+                raise InputTooLongError(
+                    f"input {index} has {chars:,} characters: model '{caps.name}' reads at most {limit} tokens of one "
+                    f"input, and a text of more than {most_chars(limit):,} characters ({CHARS_PER_TOKEN} per token) "
+                    f"holds more, or words too long to read{hint}. Please reduce the length of the input prompt.",
+                    param="input")
 
     def _check_chat(self, caps: ModelCapabilities) -> None:
         """A conversation against what the model's worker can render (vLLM's messages for each refusal)."""

@@ -2,14 +2,15 @@
 
 A text's tokens cannot be counted from its characters alone (a 50,000-character word is one WordPiece [UNK]; one
 CJK character is up to three byte-level BPE tokens), so the tokenizer reads a window of the text: 8 characters
-per token of the limit first (MIN_WINDOW at least), four times that while the window still reads as no more than the limit, up to
-CHARS_PER_TOKEN per token. The window is cut at a run of whitespace, where every tokenizer in use (WordPiece,
-byte-level BPE, SentencePiece's Metaspace) ends a word, so its tokens are the text's first tokens exactly:
-more than the limit there is more than the limit in the whole text (refused), and a truncation of the window
-equals the truncation of the whole text (embedded from the window). A text of more than CHARS_PER_TOKEN
-characters per token of its limit that still reads as no more than the limit is made of overlong words or
-whitespace: refused without truncation, cut to that many characters with it. So a refused or truncated input
-costs at most ~CHARS_PER_TOKEN x its limit in characters of tokenizing, whatever its size.
+per token of the limit first (MIN_TEXT_WINDOW at least), four times that while the window still reads as no
+more than the limit, up to CHARS_PER_TOKEN per token (common/bounds.py). The window is cut at a run of
+whitespace, where every tokenizer in use (WordPiece, byte-level BPE, SentencePiece's Metaspace) ends a word, so
+its tokens are the text's first tokens exactly: more than the limit there is more than the limit in the whole
+text (refused), and a truncation of the window equals the truncation of the whole text (embedded from the
+window). A text of more than CHARS_PER_TOKEN characters per token of its limit that still reads as no more than
+the limit is made of overlong words or whitespace: refused without truncation, cut to that many characters with
+it. So a refused or truncated input costs at most ~CHARS_PER_TOKEN x its limit in characters of tokenizing,
+whatever its size.
 
 Also here: a text read mostly as the tokenizer's unknown token (a word over WordPiece's 100 characters, or
 characters outside the vocabulary) is refused with a word, not embedded as the [UNK] vector that every such
@@ -23,15 +24,12 @@ import copy
 import re
 import weakref
 
+from common.bounds import CHARS_PER_TOKEN, MIN_TEXT_WINDOW, most_chars, text_limit
 from common.errors import InputTooLongError, ValidationError
 from common.request import EmbedRequest
 
 FIRST_CHARS_PER_TOKEN = 8  # English averages 4-5 characters per token: most long texts are judged at once
 GROWTH = 4
-# WordPiece reads a word of more characters as one [UNK]; no tokenizer in use covers more with one token.
-CHARS_PER_TOKEN = 100
-# Below this many characters a text is simply tokenised whole (milliseconds), so its error quotes its exact count.
-MIN_WINDOW = 16_384
 MARGIN = 16  # tokens past the limit the window must hold: a window cut inside a word may count that word apart
 UNKNOWN_SHARE = 0.5  # refused when unknown tokens cover more than this share of a text's non-space characters
 _LONG_WORD = re.compile(rf"\S{{{CHARS_PER_TOKEN}}}")  # only such texts can read as mostly [UNK] from one word
@@ -51,13 +49,11 @@ def bound_inputs(model, request: EmbedRequest) -> EmbedRequest:
     late = params.chunk_size is not None or params.chunk_spans is not None
     if keep == 0 or (late and keep is not None):  # late chunking maps character spans: its text is read whole
         return request
-    pairs = params.task == "score" and caps.pooling == "classifier"
     if keep is not None:
         limit, what = keep, None
-    elif late or pairs or not caps.max_embed_len:
-        limit, what = caps.max_model_len, f"the maximum {caps.max_model_len}"
     else:
-        limit, what = caps.max_embed_len, f"the max_embed_len {caps.max_embed_len}"
+        limit = text_limit(caps, params)
+        what = f"the maximum {limit}" if limit == caps.max_model_len else f"the max_embed_len {limit}"
     side = (params.truncation_side or caps.truncation_side) if keep is not None else "right"
     check_unknown = params.task != "tokenize" and model.tokenizer.unk_token_id is not None
     update = {}
@@ -75,8 +71,8 @@ def bound_inputs(model, request: EmbedRequest) -> EmbedRequest:
 def _bounded(model, text: str, limit: int, side: str, what: str | None, index: int, check_unknown: bool,
              task: str) -> str:
     """`text`, or the window a truncation to `limit` tokens reads it from; raises when it is known too long."""
-    most = max(CHARS_PER_TOKEN * limit, MIN_WINDOW)
-    window = max(FIRST_CHARS_PER_TOKEN * (limit + MARGIN), MIN_WINDOW)
+    most = most_chars(limit)
+    window = max(FIRST_CHARS_PER_TOKEN * (limit + MARGIN), MIN_TEXT_WINDOW)  # below it: whole, exact counts
     while len(text) > window:
         piece = _window(text, window, side)
         count = len(_encode(model.tokenizer, piece).ids)
