@@ -36,7 +36,7 @@ def parse_models(names: list[str], raw_caps: list[bytes | None]) -> dict[str, Mo
 @dataclass
 class Served:
     """A client's last read of the adverts (its `models()`): the models served then, every name ever
-    advertised, and when it was read (trusted for CAPS_CACHE_SECONDS)."""
+    advertised (in Redis, or seen by this client), and when it was read (trusted for CAPS_CACHE_SECONDS)."""
 
     models: dict[str, ModelCapabilities] = field(default_factory=dict)
     known: set[str] = field(default_factory=set)
@@ -46,7 +46,12 @@ class Served:
         return refresh or time.monotonic() - self.read_at > CAPS_CACHE_SECONDS
 
     def update(self, found: tuple[dict[str, ModelCapabilities], set[str]]) -> None:
-        self.models, self.known = found
+        # Names seen before stay known: a Redis restarted empty (or failed over) has lost its registry until
+        # the workers advertise again, and a model served a moment ago is then 503 no_worker (retry), never
+        # 404 unknown (a client's mistake, not retried).
+        models, known = found
+        self.known = set(known) | self.known | set(self.models) | set(models)
+        self.models = models
         self.read_at = time.monotonic()
 
 
@@ -165,10 +170,16 @@ def build_request(inputs, caps: ModelCapabilities | str, params: PoolingParams |
                                deadline=deadline, cache=cache, chat=chat,
                                **({"id": request_id} if request_id else {}))
     except PydanticValidationError as exc:  # the gateway's schema errors meet the same formatter
-        raise invalid_request(exc.errors()) from exc
+        raise invalid_request(_public_names(exc.errors())) from exc
     if not isinstance(caps, str):
         request.resolve(caps)
     return request
+
+
+def _public_names(errors: list[dict]) -> list[dict]:
+    """EmbedRequest's `inputs` is the `input` of the routes (OpenAI's name, and our input_too_long's param)."""
+    return [{**err, "loc": ("input", *err["loc"][1:])} if tuple(err.get("loc", ()))[:1] == ("inputs",) else err
+            for err in errors]
 
 
 def chosen_ids(request_ids: list[str] | None, count: int) -> list[str | None]:

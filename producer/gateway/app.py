@@ -13,6 +13,7 @@ from fastapi.staticfiles import StaticFiles
 from common.errors import UnavailableError
 from common.redisclient import connect_async, redact
 from producer import AsyncProducer
+from producer.gateway.teimodels import TeiModelPaths
 from producer.gateway import cohere, dashboard, errors, events, invocations, jobs, routes, taskroutes, tei
 from producer.gateway.batches import routes as batchroutes
 from producer.gateway.batches.runner import Runner
@@ -83,6 +84,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                        routes=[route for router in [*routers, dashboard.public, dashboard.protected]
                                for route in router.routes])
     app.add_middleware(errors.ErrorBoundary, retry_after=settings.retry_after, on_error=metrics.error)
+    app.add_middleware(TeiModelPaths)  # outermost: /tei/<model>/<route> is routed as /<route> for <model>
     return app
 
 

@@ -26,6 +26,8 @@ class GatewaySettings(Settings):
                                "new ones get 429 rate_limited (with API keys: each key past its weighted share)")
     max_inputs: int = Field(2048, ge=1, description="inputs allowed in one request (the model's own limit "
                                                     "also applies)")
+    tei_model: str | None = Field(None, description="the served model that TEI's routes (/embed, /rerank, /info, "
+                                  "...) use when a request names none; each model is also at /tei/<model>/")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1, description="largest request body accepted, in bytes")
     max_queue_depth: int | None = Field(10_000, ge=1, description="refuse new requests (429) while a model's "
                                                                   "queue holds this many")

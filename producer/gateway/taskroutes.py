@@ -18,6 +18,7 @@ from common.result import Result
 from producer.gateway.auth import admit, require_key
 from producer.gateway.errors import shape_errors, vllm_and_cohere_shape, vllm_shape
 from producer.gateway.service import Gateway, gateway
+from producer.gateway.teimodels import tei_model
 from producer.gateway.taskschemas import (ClassifyBody, DetokenizeBody, RerankBody, ScoreBody, TeiDecodeBody,
                                           TeiRerankBody, TeiTokenizeBody, TokenizeBody, pick)
 from producer.client.tasks import check_rerank, rank, score_pairs
@@ -63,7 +64,8 @@ async def rerank(data: Annotated[dict, Body()], gw: Gateway = Depends(gateway)) 
     body = _parse(pick(data, "texts", RerankBody, TeiRerankBody), data)
     tei = isinstance(body, TeiRerankBody)
     documents = check_rerank(body.query, body.texts if tei else body.documents, None if tei else body.top_n)
-    result = await gw.run_task([body.query] * len(documents), body.model, "score", body.param_fields(),
+    model = tei_model(body.model, gw.settings.tei_model) if tei else body.model
+    result = await gw.run_task([body.query] * len(documents), model, "score", body.param_fields(),
                                text_pair=documents)
     if tei:
         return JSONResponse([{"index": r["index"], "score": r["relevance_score"],
@@ -90,7 +92,8 @@ async def tokenize(data: Annotated[dict, Body()], gw: Gateway = Depends(gateway)
     body = _parse(pick(data, "inputs", TokenizeBody, TeiTokenizeBody), data)
     if isinstance(body, TeiTokenizeBody):
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        result = await gw.run_task(texts, body.model, "tokenize", body.param_fields())
+        result = await gw.run_task(texts, tei_model(body.model, gw.settings.tei_model), "tokenize",
+                                   body.param_fields())
         return JSONResponse([[{"id": i, "text": t, "special": s, "start": o[0] if o else None,
                                "stop": o[1] if o else None}
                               for i, t, s, o in zip(item["ids"], item["tokens"], item["special"],
@@ -113,5 +116,5 @@ async def detokenize(body: DetokenizeBody, gw: Gateway = Depends(gateway)) -> JS
 async def decode(body: TeiDecodeBody, gw: Gateway = Depends(gateway)) -> JSONResponse:
     """TEI's /decode: a list of texts, one per id list."""
     ids = [body.ids] if body.ids and isinstance(body.ids[0], int) else body.ids
-    result = await gw.run_task(ids, body.model, "detokenize", body.param_fields())
+    result = await gw.run_task(ids, tei_model(body.model, gw.settings.tei_model), "detokenize", body.param_fields())
     return JSONResponse(result.items)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from common.bounds import INT32_MAX, TokenId, bounded_int, token_id_problem
 from common.params import LEGACY_ACTIVATION, GatewayTruncation
@@ -92,9 +92,9 @@ class TeiRerankBody(_Body):
 
     query: str
     texts: list[str]
-    raw_scores: bool = False
-    return_text: bool = False
-    truncate: bool | None = None
+    raw_scores: StrictBool = False  # TEI's serde booleans: true or false only
+    return_text: StrictBool = False
+    truncate: StrictBool | None = None
 
     def param_fields(self) -> dict:
         # activation is the model's default: sent only to switch it off, so that a bi-encoder (whose score
@@ -123,7 +123,7 @@ class TeiTokenizeBody(_Body):
     """TEI's /tokenize: `inputs`, one text or many; answers a list of tokens per text."""
 
     inputs: Texts
-    add_special_tokens: bool = True
+    add_special_tokens: StrictBool = True
 
 
 class DetokenizeBody(_Body):
@@ -136,7 +136,7 @@ class TeiDecodeBody(_Body):
     """TEI's /decode: one id list or many; special tokens left out unless skip_special_tokens is false."""
 
     ids: list[int] | list[list[int]]
-    skip_special_tokens: bool = True
+    skip_special_tokens: StrictBool = True
 
     @field_validator("ids")
     @classmethod

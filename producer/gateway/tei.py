@@ -27,6 +27,7 @@ from producer.client.core import pick_model
 from producer.gateway.auth import admit, require_key
 from producer.gateway.errors import shape_errors
 from producer.gateway.service import Gateway, gateway
+from producer.gateway.teimodels import tei_model
 from producer.gateway.teischemas import (EmptyInputError, SimilarityParameters, TeiEmbedAllBody, TeiEmbedBody,
                                          TeiEmbedSparseBody, TeiSimilarityBody, tei_inputs)
 
@@ -120,7 +121,8 @@ async def info(model: str | None = Query(None, description="the served model to 
                gw: Gateway = Depends(gateway)) -> JSONResponse:
     """TEI's Info, filled from the model's capability advert and its live workers' adverts (the facts behind
     /v1/models). model_sha, sha and docker_label are always null; model_id is the served name."""
-    caps = pick_model(model, await gw.producer.models(), gw.producer.known_models())
+    caps = pick_model(tei_model(model, gw.settings.tei_model), await gw.producer.models(),
+                      gw.producer.known_models())
     workers = await gw.producer.workers(caps.name)
     dtypes = sorted({w["dtype"] for w in workers if "dtype" in w})
     return JSONResponse({
@@ -174,8 +176,10 @@ async def _similarity(gw: Gateway, body: TeiSimilarityBody) -> tuple[list[float]
 
 
 async def _model(gw: Gateway, model: str | None, count: int) -> ModelCapabilities:
-    """The model asked for (or the only one served), with TEI's check of the batch size."""
-    caps = pick_model(model, await gw.producer.models(), gw.producer.known_models())
+    """The model asked for (by the body, the path or --tei-model; else the only one served), with TEI's check of
+    the batch size."""
+    caps = pick_model(tei_model(model, gw.settings.tei_model), await gw.producer.models(),
+                      gw.producer.known_models())
     limit = min(gw.settings.max_inputs, caps.max_inputs)
     if count > limit:
         raise ValidationError(f"batch size {count} > maximum allowed batch size {limit}", param="inputs")

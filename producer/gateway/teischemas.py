@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema
 
 from common.errors import ValidationError
 from common.params import Dimensions, SparseTopK
 
+# TEI's booleans are serde's: true or false only ("yes", 1 or "true" are refused), hence StrictBool below.
 # TEI's serde enum takes both spellings (`#[serde(alias = "left", alias = "Left")]`); huggingface_hub sends
 # the lowercase one.
 TruncationDirection = Literal["Left", "Right", "left", "right"]
@@ -39,7 +40,7 @@ class _TeiBody(BaseModel):
 
 
 class _Truncation(BaseModel):
-    truncate: bool | None = Field(None, description="true: cut inputs longer than the model's max length; "
+    truncate: StrictBool | None = Field(None, description="true: cut inputs longer than the model's max length; "
                                                     "false or omitted: such an input is an error")
     truncation_direction: TruncationDirection = Field("Right", description="which end `truncate` cuts")
     prompt_name: str | None = Field(None, description="a key of the model's sentence-transformers `prompts`")
@@ -58,7 +59,7 @@ class TeiEmbedBody(_TeiBody, _Truncation):
     """TEI's POST /embed."""
 
     inputs: TeiInput
-    normalize: bool = Field(True, description="scale each vector to unit length (after `dimensions`)")
+    normalize: StrictBool = Field(True, description="scale each vector to unit length (after `dimensions`)")
     dimensions: Dimensions | None = Field(None, description="keep the first n dimensions (any model, as TEI)")
     # huggingface_hub's feature_extraction sends it when asked (it is meant for OpenAI-style servers); TEI
     # ignores it and answers floats, which the client reads either way.
