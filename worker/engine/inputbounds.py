@@ -106,7 +106,7 @@ def _window(text: str, size: int, side: str) -> str:
         if text[i].isspace():
             while i > 0 and text[i - 1].isspace():
                 i -= 1
-            return text[:i]
+            return text[:i] if i else text[:size]  # nothing but whitespace before it: no word to cut at
     return text[:size]
 
 
