@@ -11,7 +11,7 @@ from common.request import EmbedRequest
 from worker.engine.chat import render
 from worker.engine.chunking import Specials, combine, find_specials, split
 from worker.engine.latechunking import plan_spans
-from worker.engine.model import LoadedModel
+from worker.engine.models.base import LoadedModel
 
 
 @dataclass

@@ -93,7 +93,7 @@ def attach(loaded, choice: EngineChoice, model_dir: str, hf_config) -> None:
         schemes = onnx.SCHEMES
     else:
         from worker.engine.backends import onnx, openvino  # noqa: PLC0415
-        from worker.engine.model import pad_batch  # noqa: PLC0415 - model imports this package lazily too
+        from worker.engine.models.base import pad_batch  # noqa: PLC0415 - model imports this package lazily too
 
         def calibration() -> list:
             limit = loaded.caps.max_model_len

@@ -26,7 +26,7 @@ from worker.engine.backends import EngineChoice
 from worker.engine.chat import chat_caps
 from worker.engine.fidelity import cast_with_fidelity_check
 from worker.engine.pooling import Pooler, modes_from_config
-from worker.engine.stconfig import STConfig, read_st_config
+from worker.engine.models.stconfig import STConfig, read_st_config
 
 log = logging.getLogger(__name__)
 
@@ -280,12 +280,12 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
                               else os.cpu_count() or 1)
 
     if st.splade is not None:  # a SPLADE SparseEncoder: sparse vectors only (worker/engine/splade.py)
-        from worker.engine.splade import load_splade  # noqa: PLC0415 - only for such folders
+        from worker.engine.models.splade import load_splade  # noqa: PLC0415 - only for such folders
 
         return load_splade(folder, st, hf_config, name=_served_name(path_or_id, served_name), device=device,
                            dtype=dtype, max_inputs=max_inputs, trust_request_chat_template=trust_request_chat_template)
     if is_classifier(hf_config) and st.pooling is None and not st.dense_paths:  # a cross-encoder, a classifier
-        from worker.engine.tasks.classifier import load_classifier  # noqa: PLC0415 - only for such folders
+        from worker.engine.models.classifier import load_classifier  # noqa: PLC0415 - only for such folders
 
         return load_classifier(folder, st, hf_config, name=_served_name(path_or_id, served_name), device=device,
                                dtype=dtype, max_inputs=max_inputs,
@@ -352,7 +352,7 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         token_dense=dense if colbert else None,
     )
     if is_m3_folder(folder, st.transformer_path):  # bge-m3: sparse and ColBERT heads too (worker/engine/bgem3.py)
-        from worker.engine.bgem3 import load_m3  # noqa: PLC0415 - bgem3 builds on this module
+        from worker.engine.models.bgem3 import load_m3  # noqa: PLC0415 - bgem3 builds on this module
 
         loaded = load_m3(loaded, model_dir)
     if dtype != "float32":

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from worker.engine.model import LoadedModel, pad_batch
+from worker.engine.models.base import LoadedModel, pad_batch
 
 M3_OUTPUTS = ("dense", "sparse", "colbert")
 M3_TASKS = ("embed", "sparse_embed", "token_embed", "token_classify", "score", "tokenize", "detokenize")

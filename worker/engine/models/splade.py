@@ -14,9 +14,9 @@ from torch import nn
 
 from common.capabilities import ModelCapabilities
 from worker.engine.chat import chat_caps
-from worker.engine.model import _DTYPES, _max_len, load_transformer, pad_batch
+from worker.engine.models.base import _DTYPES, _max_len, load_transformer, pad_batch
 from worker.engine.pooling import Pooler
-from worker.engine.stconfig import STConfig
+from worker.engine.models.stconfig import STConfig
 
 SPLADE_TASKS = ("sparse_embed", "tokenize", "detokenize")
 

@@ -18,8 +18,8 @@ from torch import nn
 
 from common.capabilities import ModelCapabilities
 from worker.engine.chat import chat_caps
-from worker.engine.model import _DTYPES, _max_len, load_transformer, pad_batch
-from worker.engine.stconfig import STConfig
+from worker.engine.models.base import _DTYPES, _max_len, load_transformer, pad_batch
+from worker.engine.models.stconfig import STConfig
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class ClassifierModel:
 def _score_activation(folder: str, config, num_labels: int) -> nn.Module:
     """CrossEncoder's activation: the folder's `activation_fn` (sentence-transformers 6, 4-5 or older
     layouts), only torch.nn classes as ST allows without trust_remote_code; else Sigmoid for one label."""
-    from worker.engine.model import _activation  # noqa: PLC0415 - the same torch.nn-only builder as Dense
+    from worker.engine.models.base import _activation  # noqa: PLC0415 - the same torch.nn-only builder as Dense
 
     path = None
     st_file = os.path.join(folder, "config_sentence_transformers.json")

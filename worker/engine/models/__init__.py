@@ -1,0 +1,1 @@
+"""Model loading (moved whole from worker/engine; split into one module per kind next)."""
