@@ -155,7 +155,9 @@ FAMILIES: dict[str, tuple] = {
     "t5_full": ("t5_full", "mean", {"max_seq_length": 64}, None),
     "chat_bert_flat": ("bert", "mean", {"max_seq_length": 48}, FLAT_TEMPLATE),
     "chat_bert_structured": ("bert", "cls", {"prompts": {"query": "find: "}}, STRUCTURED_TEMPLATE),
-    "chat_qwen3_last": ("qwen3", "lasttoken", {"normalize": True, "max_seq_length": 48}, QWEN_TEMPLATE),
+    "chat_qwen3_last": ("qwen3", "lasttoken", {"normalize": True, "max_seq_length": 48, "default_prompt_name": "query",
+                                                "prompts": {"query": "Instruct: find the passage\nQuery: "}},
+                        QWEN_TEMPLATE),
 }
 
 

@@ -42,8 +42,11 @@ ENGINE_MATRIX = [("bert_cls_mean", "onnx"), ("roberta", "onnx"), ("distilbert", 
 
 
 def _params(name: str) -> dict:
-    """The request's fields: truncation as ST's encode, and the folder's prompt where it has one."""
-    return {"truncate_prompt_tokens": -1, **({"prompt_name": "query"} if "prompts" in FAMILIES[name][2] else {})}
+    """The request's fields: truncation as ST's encode, and the folder's prompt where it has one (a default
+    prompt is left to the folder, on both sides)."""
+    options = FAMILIES[name][2]
+    named = "prompts" in options and not options.get("default_prompt_name")
+    return {"truncate_prompt_tokens": -1, **({"prompt_name": "query"} if named else {})}
 
 
 @pytest.fixture(scope="module")
