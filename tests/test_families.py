@@ -176,7 +176,7 @@ def _edit_json(path: str, **changes) -> None:
 
 def _broken(folders: dict, tmp_path, how: str) -> str:
     """A copy of a family folder made unservable in one way."""
-    source = folders["chat_bert_flat" if how == "no_template" else "bert_mean"]
+    source = folders["chat_bert_flat" if how in ("no_template", "bad_template") else "bert_mean"]
     folder = str(tmp_path / how)
     shutil.copytree(source, folder)
     bert = os.path.join(folder, "sentence_bert_config.json")
@@ -192,6 +192,9 @@ def _broken(folders: dict, tmp_path, how: str) -> str:
         _edit_json(bert, processing_kwargs={"text": {"max_length": 8}})
     elif how == "no_template":
         os.remove(os.path.join(folder, "chat_template.jinja"))
+    elif how == "bad_template":
+        with open(os.path.join(folder, "chat_template.jinja"), "w", encoding="utf-8") as handle:
+            handle.write("{{ raise_exception('this template takes no plain text') }}")
     elif how == "audio":
         _edit_json(os.path.join(folder, "config.json"), model_type="whisper")
     return folder
@@ -203,6 +206,7 @@ def _broken(folders: dict, tmp_path, how: str) -> str:
     ("processing", "processing_kwargs ['text']"),
     ("no_template", "its tokenizer has no chat template"),
     ("audio", "model type 'whisper' is not served"),
+    ("bad_template", "fails on a test input: ValidationError: the model's chat template cannot render"),
 ])
 def test_a_folder_that_cannot_be_served_exactly_is_refused_in_one_line(folders, tmp_path, how, words):
     folder = _broken(folders, tmp_path, how)

@@ -18,7 +18,7 @@ import torch
 from common.errors import StartupError
 from worker.engine import backends
 from worker.engine.backends import EngineChoice
-from worker.engine.models import bgem3, classifier, embedding, splade
+from worker.engine.models import bgem3, classifier, embedding, plaintext, splade
 from worker.engine.models.base import NOT_TEXT_ENCODERS, LoadedModel, LoadOptions
 from worker.engine.models.stconfig import read_st_config
 
@@ -112,9 +112,12 @@ def _smoke(folder: str, loaded) -> None:
     """One short text through the forward pass, so that a folder whose model cannot run (a missing input, an
     unsupported layer) is refused now in one line, not by the start-up probe as an unexpected error."""
     tokenizer = loaded.tokenizer
-    ids = tokenizer("embedfleet start-up check", add_special_tokens=True)["input_ids"][:8] or [0]
+    spec = getattr(loaded, "plain_text", None)
     try:
-        loaded.embed([ids])
+        # a folder that renders plain text through its template must render this one (models/plaintext.py)
+        ids = plaintext.render_ids(tokenizer, spec, ["embedfleet start-up check"], None)[0] if spec \
+            else tokenizer("embedfleet start-up check", add_special_tokens=True)["input_ids"]
+        loaded.embed([ids[:8] or [0]])
     except Exception as exc:  # any failure of the model's own code is the folder's refusal
         raise _refusal(folder, "fails on a test input", exc) from exc
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.errors import StartupError
+from common.errors import StartupError, ValidationError
 
 # InputFormatter's model types whose templates want flat content, and the template fragments that mean
 # structured content (a list of {"type": "text", "text": ...} parts).
@@ -74,8 +74,13 @@ def conversation(spec: MessageText, text: str, prompt: str | None) -> list[dict]
 def render_ids(tokenizer, spec: MessageText, texts: list[str], prompt: str | None) -> list[list[int]]:
     """Each string rendered through the template and tokenised without added special tokens (the template
     writes its own), untruncated: the caller judges the length."""
-    rendered = [tokenizer.apply_chat_template(conversation(spec, text, prompt), tokenize=False,
-                                              **spec.template_kwargs) for text in texts]
+    try:
+        rendered = [tokenizer.apply_chat_template(conversation(spec, text, prompt), tokenize=False,
+                                                  **spec.template_kwargs) for text in texts]
+    except Exception as exc:  # Jinja and transformers raise many kinds for a template that refuses an input
+        raise ValidationError(f"the model's chat template cannot render this input as a user message (the "
+                              f"folder renders plain text through it): {type(exc).__name__}: {exc}",
+                              param="input") from exc
     return tokenizer(rendered, add_special_tokens=False)["input_ids"]
 
 
