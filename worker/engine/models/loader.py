@@ -11,6 +11,7 @@ A folder the worker cannot serve exactly is refused here, in one line that names
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -21,6 +22,8 @@ from worker.engine.backends import EngineChoice
 from worker.engine.models import bgem3, classifier, embedding, plaintext, splade
 from worker.engine.models.base import NOT_TEXT_ENCODERS, LoadedModel, LoadOptions
 from worker.engine.models.stconfig import read_st_config
+
+log = logging.getLogger(__name__)
 
 # First match wins; embedding (plain Hugging Face / sentence-transformers) matches any folder, so it is last.
 KINDS = (splade, classifier, bgem3, embedding)
@@ -90,6 +93,9 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         # transformers, tokenizers and torch refuse a folder with all of these
         raise _refusal(folder, "cannot be loaded", exc) from exc
     _smoke(folder, loaded)
+    if getattr(loaded, "plain_text", None) is not None:
+        log.info("model folder %s: plain text is rendered as a user message through the chat template, as "
+                 "sentence-transformers does for its modality_config (--raw-text tokenises it as is)", folder)
     return loaded
 
 
