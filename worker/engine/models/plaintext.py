@@ -75,8 +75,9 @@ def render_ids(tokenizer, spec: MessageText, texts: list[str], prompt: str | Non
     """Each string rendered through the template and tokenised without added special tokens (the template
     writes its own), untruncated: the caller judges the length."""
     try:
-        rendered = [tokenizer.apply_chat_template(conversation(spec, text, prompt), tokenize=False,
-                                                  **spec.template_kwargs) for text in texts]
+        # one call for the whole list: transformers renders each conversation, the per-call set-up once
+        rendered = tokenizer.apply_chat_template([conversation(spec, text, prompt) for text in texts],
+                                                 tokenize=False, **spec.template_kwargs)
     except Exception as exc:  # Jinja and transformers raise many kinds for a template that refuses an input
         raise ValidationError(f"the model's chat template cannot render this input as a user message (the "
                               f"folder renders plain text through it): {type(exc).__name__}: {exc}",
