@@ -34,6 +34,7 @@ def matches(folder: str, st: STConfig, hf_config) -> bool:
 
 
 def is_decoder(config) -> bool:
+    """A causal LM (GPT-2, Qwen, ...): a folder without ST files pools its last token, as vLLM does."""
     from transformers.models.auto.modeling_auto import (  # noqa: PLC0415 - transformers loads lazily
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
@@ -56,7 +57,7 @@ def _matryoshka(config, dims: list[int] | None) -> tuple[bool, tuple[int, ...] |
 
 def build(folder: str, st: STConfig, hf_config, options: LoadOptions) -> LoadedModel:
     """The folder's tokenizer, transformer (float32, on the device), pooling, Dense layers and capabilities."""
-    # Loaded in float32 and cast after the fidelity check below (worker/engine/fidelity.py).
+    # Loaded in float32; `finish` casts it after the fidelity check (worker/engine/fidelity.py).
     tokenizer, module = load_transformer(folder, st, feature_class(hf_config), options.device)
     decoder = is_decoder(hf_config)
 

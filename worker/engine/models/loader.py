@@ -89,8 +89,9 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         loaded = kind.load(folder, st, hf_config, options)
     except StartupError:
         raise
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as exc:
-        # transformers, tokenizers and torch refuse a folder with all of these
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, ImportError) as exc:
+        # transformers, tokenizers and torch refuse a folder with all of these (ImportError: a model class
+        # that needs a package this install lacks)
         raise _refusal(folder, "cannot be loaded", exc) from exc
     _smoke(folder, loaded)
     if getattr(loaded, "plain_text", None) is not None:
