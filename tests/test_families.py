@@ -174,9 +174,9 @@ def _edit_json(path: str, **changes) -> None:
         json.dump({k: v for k, v in data.items() if v is not None}, handle)
 
 
-def _broken(folders: dict, tmp_path, how: str) -> str:
+def _broken(folders: dict, tmp_path, how: str, classifier: str = "") -> str:
     """A copy of a family folder made unservable in one way."""
-    source = folders["chat_bert_flat" if how in ("no_template", "bad_template") else "bert_mean"]
+    source = classifier or folders["chat_bert_flat" if how in ("no_template", "bad_template") else "bert_mean"]
     folder = str(tmp_path / how)
     shutil.copytree(source, folder)
     bert = os.path.join(folder, "sentence_bert_config.json")
@@ -195,6 +195,12 @@ def _broken(folders: dict, tmp_path, how: str) -> str:
     elif how == "bad_template":
         with open(os.path.join(folder, "chat_template.jinja"), "w", encoding="utf-8") as handle:
             handle.write("{{ raise_exception('this template takes no plain text') }}")
+    elif how == "chat_classifier":
+        forward = {"method": "forward", "method_output_name": "logits"}
+        with open(bert, "w", encoding="utf-8") as handle:
+            json.dump({"transformer_task": "sequence-classification",
+                       "modality_config": {"text": forward, "message": {**forward, "format": "flat"}}}, handle)
+        with_template(folder, FLAT_TEMPLATE)
     elif how == "audio":
         _edit_json(os.path.join(folder, "config.json"), model_type="whisper")
     return folder
@@ -206,10 +212,12 @@ def _broken(folders: dict, tmp_path, how: str) -> str:
     ("processing", "processing_kwargs ['text']"),
     ("no_template", "its tokenizer has no chat template"),
     ("audio", "model type 'whisper' is not served"),
+    ("chat_classifier", "renders its inputs as chat messages is not served exactly"),
     ("bad_template", "fails on a test input: ValidationError: the model's chat template cannot render"),
 ])
-def test_a_folder_that_cannot_be_served_exactly_is_refused_in_one_line(folders, tmp_path, how, words):
-    folder = _broken(folders, tmp_path, how)
+def test_a_folder_that_cannot_be_served_exactly_is_refused_in_one_line(folders, cross_encoder, tmp_path, how,
+                                                                       words):
+    folder = _broken(folders, tmp_path, how, cross_encoder if how == "chat_classifier" else "")
     with pytest.raises(StartupError) as refused:
         load_model(folder)
     message = str(refused.value)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from common.capabilities import ModelCapabilities
+from common.errors import StartupError
 from worker.engine.chat import chat_caps
 from worker.engine.models.base import DTYPES, LoadOptions, activation, load_transformer, max_len, pad_batch
 from worker.engine.models.stconfig import STConfig
@@ -107,6 +108,12 @@ def matches(folder: str, st: STConfig, hf_config) -> bool:
 
 
 def load(folder: str, st: STConfig, config, options: LoadOptions) -> ClassifierModel:
+    if (st.modality_config or {}).get("message") is not None and not options.raw_text:
+        # sentence-transformers 6 renders such a folder's (query, document) pairs through the chat template,
+        # which this loader's pair tokenising does not do: refused rather than scored otherwise
+        raise StartupError(f"model folder {folder}: a cross-encoder or classifier whose modality_config renders "
+                           "its inputs as chat messages is not served exactly; serve it with --raw-text for "
+                           "vLLM's raw pairs")
     return load_classifier(folder, st, config, name=options.name, device=options.device, dtype=options.dtype,
                            max_inputs=options.max_inputs,
                            trust_request_chat_template=options.trust_request_chat_template)
