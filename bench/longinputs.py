@@ -29,7 +29,7 @@ import redis
 from common.redisserver import RedisServer
 from producer import Producer
 from worker.engine.engine import Engine
-from worker.engine.model import load_model
+from worker.engine.models.loader import load_model
 from worker.serving.pipeline import BatchWorker
 
 

@@ -27,7 +27,7 @@ from common.protocol.keys import queue_name
 from common.redisserver import RedisServer
 from producer import Producer
 from worker.engine.engine import Engine
-from worker.engine.model import load_model
+from worker.engine.models.loader import load_model
 from worker.serving.pipeline import BatchWorker
 
 

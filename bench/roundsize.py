@@ -14,7 +14,7 @@ import argparse
 from bench._common import Timer, add_corpus_flags, describe_machine, load_corpus, model_path, ratio, table
 from common.request import EmbedRequest
 from worker.engine.engine import Engine
-from worker.engine.model import load_model
+from worker.engine.models.loader import load_model
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from common.redisserver import RedisServer
 from common.request import EmbedRequest
 from common.serializer import MsgpackSerializer
 from worker.engine.engine import Engine
-from worker.engine.nullmodel import NullModel
+from worker.engine.models.nullmodel import NullModel
 from worker.serving.pipeline import BatchWorker
 
 

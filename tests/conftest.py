@@ -57,6 +57,6 @@ def minilm_path() -> str:
 def minilm_engine(minilm_path):
     """The real Engine on the bundled model, loaded once per session and served as "minilm"."""
     from worker.engine.engine import Engine
-    from worker.engine.model import load_model
+    from worker.engine.models.loader import load_model
 
     return Engine(load_model(minilm_path, served_name="minilm"), max_batch_tokens=8192)

@@ -19,7 +19,7 @@ import numpy as np
 from common.redisclient import connect
 from common.request import EmbedRequest
 from worker.engine.engine import Engine
-from worker.engine.nullmodel import NullModel
+from worker.engine.models.nullmodel import NullModel
 from worker.engine.preprocess import Prepared
 from worker.serving.pipeline import BatchWorker
 

@@ -9,7 +9,7 @@ import threading
 import redis
 
 from worker.engine.engine import Engine
-from worker.engine.nullmodel import NullModel
+from worker.engine.models.nullmodel import NullModel
 from worker.serving.pipeline import BatchWorker
 
 NULL = "null"

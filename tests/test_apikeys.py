@@ -17,7 +17,7 @@ from producer.gateway.errors import RateLimitedError
 from tests.commands import assert_one_line_error, clean_env, embedfleet
 from tests.gatewayserver import Server, settings
 from worker.engine.engine import Engine
-from worker.engine.nullmodel import NullModel
+from worker.engine.models.nullmodel import NullModel
 from worker.serving.pipeline import BatchWorker
 
 MODEL = "keyed"

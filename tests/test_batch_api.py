@@ -33,7 +33,7 @@ from tests.test_keyspace import KeyRecorder, documented_patterns
 from tests.tinymodels import sample_texts
 from worker.engine.engine import Engine
 from worker.engine.identity import folder_digest, model_identity
-from worker.engine.model import load_model
+from worker.engine.models.loader import load_model
 from worker.serving.cache import VectorCache
 from worker.serving.pipeline import BatchWorker
 

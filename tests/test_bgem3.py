@@ -23,7 +23,7 @@ from tests.sparsemodels import M3_COLBERT_DIM, save_tiny_m3
 from tests.tinymodels import cosines, sample_texts
 from worker.engine.engine import Engine
 from worker.engine.identity import folder_digest, model_identity
-from worker.engine.model import load_model
+from worker.engine.models.loader import load_model
 from worker.serving.cache import VectorCache
 from worker.serving.inflight import request_digest
 from worker.serving.metrics import WorkerMetrics

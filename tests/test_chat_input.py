@@ -18,7 +18,7 @@ from producer import Producer
 from tests.livegateway import live_fleet
 from tests.tinymodels import save_tiny_bert, save_tiny_classifier, st_reference, wrap_sentence_transformers
 from worker.engine.engine import Engine
-from worker.engine.model import load_model
+from worker.engine.models.loader import load_model
 
 TEMPLATE = ("{% for m in messages %}"
             "{% if m['role'] not in ['system', 'user', 'assistant'] %}{{ raise_exception('unknown role ' + m['role'])"

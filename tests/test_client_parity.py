@@ -28,7 +28,7 @@ from producer import AsyncProducer, Producer
 from producer.client.fleet import LevelStats
 from tests.test_longinputs import MAX_LEN, _one_round, long_model, words  # noqa: F401 - `long_model` is a fixture
 from worker.engine.engine import Engine
-from worker.engine.nullmodel import NullModel
+from worker.engine.models.nullmodel import NullModel
 from worker.serving.pipeline import BatchWorker
 
 LONG_TEXT = words(7 * MAX_LEN, seed=3)  # 8 chunks of the tiny BERT: 4 parts, spread over the fleet

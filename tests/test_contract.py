@@ -148,7 +148,7 @@ MAX_LEN = 32
 def long_model(tmp_path_factory):
     """Tiny BERT, max length 32, inputs up to 8x that embedded in chunks (spread over the fleet past 2)."""
     from tests.tinymodels import save_tiny_bert, wrap_sentence_transformers
-    from worker.engine.model import load_model
+    from worker.engine.models.loader import load_model
 
     folder = wrap_sentence_transformers(save_tiny_bert(str(tmp_path_factory.mktemp("contract"))), "mean",
                                         normalize=True, max_seq_length=MAX_LEN)

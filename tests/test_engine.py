@@ -19,7 +19,7 @@ from common.result import Result
 from tests.tinymodels import cosines, embed, engine_for, sample_texts, st_reference
 from worker.engine.engine import Engine
 from worker.engine.fidelity import cast_with_fidelity_check
-from worker.engine.model import load_model
+from worker.engine.models.loader import load_model
 from worker.engine.postprocess import cast
 
 logging.getLogger("sentence_transformers").setLevel(logging.ERROR)
@@ -334,7 +334,7 @@ def test_the_engine_runs_with_no_redis_at_all(tmp_path):
         "builtins.__import__ = guard\n"
         "from common.request import EmbedRequest\n"
         "from worker.engine.engine import Engine\n"
-        "from worker.engine.model import load_model\n"
+        "from worker.engine.models.loader import load_model\n"
         f"engine = Engine(load_model({folder!r}, served_name='m'))\n"
         "results = engine.run([EmbedRequest(model='m', inputs=['no redis here', 'none at all'])])\n"
         "assert results[0].ok and results[0].embeddings.shape == (2, 32), results\n"

@@ -21,7 +21,7 @@ from tests.tinymodels import cosines, sample_texts, save_tiny_bert, st_reference
 from worker.engine.backends import GATES, EngineChoice, export
 from worker.engine.engine import Engine
 from worker.engine.identity import folder_digest, model_identity
-from worker.engine.model import load_model
+from worker.engine.models.loader import load_model
 
 # `make install` installs the [onnx] and [openvino] extras: a missing one is an install defect, not a skip
 import onnxruntime  # noqa: F401

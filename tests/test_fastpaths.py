@@ -11,7 +11,7 @@ from transformers import AutoModel
 from common.request import EmbedRequest
 from tests.test_producer import corpus_texts
 from worker.engine.engine import Engine
-from worker.engine.model import load_model
+from worker.engine.models.loader import load_model
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -21,7 +21,7 @@ from tests.test_queue import wait_for
 from tests.tinymodels import bert_mean, engine_for  # noqa: F401 - `bert_mean` is a fixture
 from worker.engine.engine import Engine
 from worker.serving.metrics import WorkerMetrics
-from worker.engine.nullmodel import NullModel
+from worker.engine.models.nullmodel import NullModel
 from worker.serving.pipeline import BatchWorker
 
 

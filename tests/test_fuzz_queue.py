@@ -18,7 +18,7 @@ from common.result import Result
 from producer import Producer
 from tests.test_queue import enqueue, rq_queue
 from worker.engine.engine import Engine
-from worker.engine.nullmodel import NullModel
+from worker.engine.models.nullmodel import NullModel
 from worker.serving.pipeline import BatchWorker
 
 MODEL = "fuzz"

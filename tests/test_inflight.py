@@ -16,7 +16,7 @@ from worker.serving.cache import VectorCache
 from worker.engine.engine import Engine
 from worker.engine.identity import folder_digest, model_identity
 from worker.serving.inflight import request_digest
-from worker.engine.model import load_model
+from worker.engine.models.loader import load_model
 from worker.serving.pipeline import BatchWorker
 
 TEXTS = sample_texts(6, seed=21)

@@ -17,7 +17,7 @@ from common.serializer import MsgpackSerializer
 from tests.nullworker import NULL
 from tests.test_queue import enqueue, rq_queue, texts
 from worker.engine.engine import Engine
-from worker.engine.nullmodel import NullModel
+from worker.engine.models.nullmodel import NullModel
 from common.protocol.jobdata import MAX_JOB_DATA
 from worker.serving.pipeline import BatchWorker
 

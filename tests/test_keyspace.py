@@ -83,7 +83,7 @@ def test_every_key_written_in_a_full_scenario_is_described_in_keys_py(long_folde
     from tests.tinymodels import WORDS
     from worker.engine.engine import Engine
     from worker.engine.identity import folder_digest, model_identity
-    from worker.engine.model import load_model
+    from worker.engine.models.loader import load_model
     from worker.serving.cache import VectorCache
 
     with RedisServer() as server:

@@ -23,7 +23,7 @@ from tests.commands import ROOT, clean_env, embedfleet
 from tests.crashworker import token, vector
 from tests.test_queue import enqueue, rq_queue, wait_for
 from worker.engine.engine import Engine
-from worker.engine.nullmodel import NullModel
+from worker.engine.models.nullmodel import NullModel
 from worker.serving.pipeline import BatchWorker
 from common.protocol.operations import RqSchema
 

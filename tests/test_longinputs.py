@@ -16,7 +16,7 @@ from common.result import Result
 from producer import Producer
 from tests.tinymodels import WORDS, save_tiny_bert, st_reference, wrap_sentence_transformers
 from worker.engine.engine import Engine
-from worker.engine.model import load_model
+from worker.engine.models.loader import load_model
 from worker.serving.pipeline import BatchWorker
 
 MAX_LEN = 32  # the tiny model's max length: 7x of it is still a fast test

@@ -22,8 +22,8 @@ from common.result import Result
 from tests.test_queue import GatedEngine, enqueue, rq_queue, wait_for
 from tests.tinymodels import sample_texts
 from worker.engine.engine import Engine
-from worker.engine.model import load_model
-from worker.engine.nullmodel import NullModel
+from worker.engine.models.loader import load_model
+from worker.engine.models.nullmodel import NullModel
 from worker.engine.probe import choose, probe_budget
 from worker.serving.pipeline import BatchWorker
 

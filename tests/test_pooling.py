@@ -12,7 +12,7 @@ from common.request import EmbedRequest
 from tests.tinymodels import (cosines, embed, engine_for, sample_texts, save_tiny_bert, save_tiny_decoder,
                               st_reference)
 from worker.engine.engine import Engine
-from worker.engine.model import load_model
+from worker.engine.models.loader import load_model
 from worker.engine.pooling import STRATEGIES, Pooler, modes_from_config
 
 logging.getLogger("sentence_transformers").setLevel(logging.ERROR)

@@ -21,7 +21,7 @@ from common.serializer import MsgpackSerializer
 from producer import Producer
 from tests.test_queue import wait_for
 from worker.engine.engine import Engine
-from worker.engine.nullmodel import NullModel
+from worker.engine.models.nullmodel import NullModel
 from worker.serving import levels as levels_module
 from worker.serving.pipeline import BatchWorker
 from common.protocol.records import rq_time

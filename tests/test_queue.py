@@ -22,7 +22,8 @@ from tests.tinymodels import engine_for
 from worker.serving.advertise import Advertiser
 from worker.serving.config import WorkerSettings
 from worker.engine.engine import Engine
-from worker.engine.model import LoadedModel, load_model
+from worker.engine.models.base import LoadedModel
+from worker.engine.models.loader import load_model
 from worker.serving.pipeline import BatchWorker
 
 

@@ -19,7 +19,7 @@ from tests.commands import clean_env, embedfleet
 from tests.sparsemodels import save_tiny_splade
 from tests.tinymodels import sample_texts
 from worker.engine.engine import Engine
-from worker.engine.model import load_model
+from worker.engine.models.loader import load_model
 from worker.serving.pipeline import BatchWorker
 
 TEXTS = sample_texts(7, seed=11, max_words=25)

@@ -21,7 +21,7 @@ from common.result import Result
 from producer import AsyncProducer, Producer
 from tests.tinymodels import cosines, sample_texts
 from worker.engine.engine import Engine
-from worker.engine.model import load_model
+from worker.engine.models.loader import load_model
 from worker.serving.pipeline import BatchWorker
 
 QUERY = "weather in paris today"

@@ -25,7 +25,7 @@ from common.serializer import MsgpackSerializer
 from tests.nullworker import NULL
 from tests.test_queue import enqueue, rq_queue
 from worker.engine.engine import Engine
-from worker.engine.nullmodel import NullModel
+from worker.engine.models.nullmodel import NullModel
 from worker.serving.pipeline import BatchWorker
 
 ROOT = Path(__file__).resolve().parents[1]

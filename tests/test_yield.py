@@ -17,7 +17,7 @@ from common.protocol import keys
 from producer import Producer
 from tests.commands import clean_env, embedfleet
 from worker.engine.engine import Engine
-from worker.engine.model import load_model
+from worker.engine.models.loader import load_model
 from worker.engine.shaper import Shape, Shaper
 from worker.serving.pipeline import BatchWorker
 

@@ -194,7 +194,7 @@ def st_reference(folder: str, *, drop_normalize: bool = False):
 @functools.cache
 def engine_for(folder: str):
     from worker.engine.engine import Engine
-    from worker.engine.model import load_model
+    from worker.engine.models.loader import load_model
 
     return Engine(load_model(folder))
 

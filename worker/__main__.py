@@ -39,7 +39,7 @@ def serve(argv: list[str]) -> int:
         ids = gpus.visible_gpus(settings.gpus, dict(os.environ))
         return gpus.run(ids, argv, settings.name, dict(os.environ), settings.metrics_port)
     from worker.engine.engine import Engine  # noqa: PLC0415 - torch loads after the flags
-    from worker.engine.nullmodel import NullModel, is_null  # noqa: PLC0415 - the null model needs no transformers
+    from worker.engine.models.nullmodel import NullModel, is_null  # noqa: PLC0415 - the null model needs no transformers
     from worker.engine.probe import Budget, device_limits, probe_budget  # noqa: PLC0415
     from worker.engine.shaper import Shape, Shaper  # noqa: PLC0415
     from worker.serving.pipeline import BatchWorker  # noqa: PLC0415
@@ -120,7 +120,7 @@ def _cache(settings: WorkerSettings, queue, model, path: str, dtype: str, engine
     A cache on the queue's Redis is refused when that Redis may evict queue or result keys."""
     from worker.serving.cache import VectorCache, check_placement  # noqa: PLC0415
     from worker.engine.identity import folder_digest, model_identity  # noqa: PLC0415
-    from worker.engine.nullmodel import is_null  # noqa: PLC0415
+    from worker.engine.models.nullmodel import is_null  # noqa: PLC0415
 
     log = logging.getLogger("embedfleet.worker")
     if not settings.cache or is_null(path):
@@ -130,7 +130,9 @@ def _cache(settings: WorkerSettings, queue, model, path: str, dtype: str, engine
     if warning:
         log.warning("%s", warning)
     files = folder_digest(getattr(model, "folder", "") or path)
-    identity = model_identity(model.caps.name, files, dtype, str(model.device), engine)
+    # --raw-text tokenises plain strings otherwise on a chat-template folder: other vectors, another identity
+    identity = model_identity(model.caps.name, files, dtype, str(model.device),
+                              engine + ("+raw-text" if settings.raw_text else ""))
     return VectorCache(store or queue, identity, model.caps.embedding_size, ttl=settings.cache_ttl,
                        max_memory=settings.cache_max_memory)
 
@@ -158,7 +160,7 @@ def _load(path: str, name: str | None, settings: WorkerSettings):
     from transformers.utils import logging as hf_logging  # noqa: PLC0415 - torch loads after the flags
 
     from worker.engine.backends import EngineChoice  # noqa: PLC0415
-    from worker.engine.model import load_model  # noqa: PLC0415
+    from worker.engine.models.loader import load_model  # noqa: PLC0415
 
     hf_logging.disable_progress_bar()  # a progress bar per start only clutters worker logs
     if looks_like_path(path) and not os.path.isdir(path):
@@ -168,6 +170,7 @@ def _load(path: str, name: str | None, settings: WorkerSettings):
                           matryoshka_dims=settings.matryoshka_dims, max_inputs=settings.max_inputs,
                           max_embed_len=settings.max_embed_len,
                           trust_request_chat_template=settings.trust_request_chat_template,
+                          raw_text=settings.raw_text,
                           engine=EngineChoice(settings.engine, settings.quantize, settings.fidelity_gate,
                                               settings.engine_cache_dir))
     except (OSError, ValueError) as exc:  # transformers and the hub say "not found" with both

@@ -83,9 +83,9 @@ class _Flat:
 class Engine:
     """Runs a loaded model over whole lists of requests; never raises for a bad request.
 
-    model: a LoadedModel (worker.engine.model) or anything with its `caps`, `embed(token_lists, prompt_lengths)`
-        and, for `prepare`, a tokenizer (see worker.engine.nullmodel for one without); `outputs(token_lists, heads)`
-        for a multi-head or sparse model (worker/engine/bgem3.py, splade.py).
+    model: a LoadedModel (worker/engine/models/base.py) or anything with its `caps`, `embed(token_lists,
+        prompt_lengths)` and, for `prepare`, a tokenizer (see worker.engine.models.nullmodel for one without);
+        `outputs(token_lists, heads)` for a multi-head or sparse model (worker/engine/models/bgem3.py, splade.py).
     max_batch_tokens: padded-token budget of one forward pass (rows * longest row).
     max_batch_size: most rows in one forward pass.
     shaper: a worker.engine.shaper.Shaper that picks the shape per round and learns from every pass; None:

@@ -11,7 +11,8 @@ from common.request import EmbedRequest
 from worker.engine.chat import render
 from worker.engine.chunking import Specials, combine, find_specials, split
 from worker.engine.latechunking import plan_spans
-from worker.engine.model import LoadedModel
+from worker.engine.models import plaintext
+from worker.engine.models.base import LoadedModel
 
 
 @dataclass
@@ -72,6 +73,18 @@ def _tokenize(model: LoadedModel, texts: list[str], add_special_tokens: bool, ke
     return tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
 
 
+def _as_messages(model, spec, inputs: list[str], prompt: str | None, keep: int | None,
+                 side: str) -> list[list[int]]:
+    """Each string rendered as a user message (the prompt as a system message) and tokenised as ST does; cut
+    to `keep` with the template's tail restored (worker/engine/models/plaintext.py). The prompt is never
+    left out of pooling here: ST does not track it for messages either."""
+    rows = plaintext.render_ids(model.tokenizer, spec, inputs, prompt)
+    if keep is None or not any(len(ids) > keep for ids in rows):
+        return rows
+    suffix = plaintext.suffix_ids(model.tokenizer, spec, prompt) if spec.restore_suffix else []
+    return [plaintext.truncate(ids, keep, side, suffix) for ids in rows]
+
+
 def _truncate_ids(ids: list[int], keep: int, side: str) -> list[int]:
     return list(ids[-keep:]) if side == "left" else list(ids[:keep])
 
@@ -96,8 +109,13 @@ def prepare(model: LoadedModel, request: EmbedRequest) -> Prepared:
     else:
         prompt = _prompt_text(model, request)
         inputs = [render(model.tokenizer, request.chat)] if request.chat is not None else list(request.inputs)
-        texts = [prompt + text for text in inputs] if prompt else inputs
-        token_lists = _tokenize(model, texts, params.add_special_tokens, keep, side)
+        as_message = getattr(model, "plain_text", None) if request.chat is None else None
+        if as_message is not None:  # sentence-transformers 6's plain text on a chat-template folder
+            token_lists = _as_messages(model, as_message, inputs, prompt, keep, side)
+            prompt = texts = inputs = None  # from here on the rendered rows are token ids (chunks, spans)
+        else:
+            texts = [prompt + text for text in inputs] if prompt else inputs
+            token_lists = _tokenize(model, texts, params.add_special_tokens, keep, side)
         if prompt and not model.pooler.include_prompt:
             prompt_length = model.prompt_length(prompt, params.add_special_tokens)
 

@@ -52,6 +52,9 @@ class WorkerSettings(Settings):
     trust_request_chat_template: bool = Field(False, description="render a `chat_template` sent with a request's "
                                               "`messages` (vLLM's flag; sandboxed Jinja, but any client's template "
                                               "runs here); default: only the tokenizer's own template")
+    raw_text: bool = Field(False, description="tokenise plain-text inputs as they are (vLLM's handling) even on a "
+                           "folder whose sentence-transformers modality_config renders them as a chat message "
+                           "(docs/models.md); default: as sentence-transformers encodes them")
     matryoshka_dims: list[int] | None = Field(None, description="Matryoshka dimensions the model supports, "
                                                                 "when its config does not declare them")
     result_ttl: int = Field(keys.RESULT_TTL, ge=1, description="seconds a result is kept in Redis (at least 1)")

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 from common.errors import StartupError
+from worker.engine.models.base import pad_batch
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,6 @@ def attach(loaded, choice: EngineChoice, model_dir: str, hf_config) -> None:
         schemes = onnx.SCHEMES
     else:
         from worker.engine.backends import onnx, openvino  # noqa: PLC0415
-        from worker.engine.model import pad_batch  # noqa: PLC0415 - model imports this package lazily too
 
         def calibration() -> list:
             limit = loaded.caps.max_model_len

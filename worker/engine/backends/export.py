@@ -12,6 +12,8 @@ import warnings
 
 import torch
 
+from worker.engine.models.base import feature_class
+
 log = logging.getLogger(__name__)
 
 OPSET = 17
@@ -34,7 +36,7 @@ class _LastHidden(torch.nn.Module):
 
 def input_names(module: torch.nn.Module, left_padding: bool) -> tuple[str, ...]:
     """input_ids and attention_mask; position_ids too for a left-padded model that takes them (left padding
-    must not shift positions, worker/engine/model.py pad_batch). BERT's token_type_ids stay at their zeros."""
+    must not shift positions, worker/engine/models/base.py pad_batch). BERT's token_type_ids stay at their zeros."""
     import inspect  # noqa: PLC0415 - only here
 
     names = ("input_ids", "attention_mask")
@@ -45,11 +47,13 @@ def input_names(module: torch.nn.Module, left_padding: bool) -> tuple[str, ...]:
 
 def export_onnx(model_dir: str, path: str, left_padding: bool) -> None:
     """Write `model_dir`'s transformer (float32, eager attention) as ONNX with dynamic batch and length."""
-    from transformers import AutoModel  # noqa: PLC0415 - slow import, kept lazy
+    from transformers import AutoConfig  # noqa: PLC0415 - slow import, kept lazy
 
     # Eager attention: the exporter traces plain matmuls that onnxruntime's optimizer can fuse again,
-    # where SDPA would leave a graph of masks built per call.
-    module = AutoModel.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    # where SDPA would leave a graph of masks built per call. The class is the one torch serves (T5: the
+    # encoder alone, as sentence-transformers loads it).
+    module = feature_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager").eval()
     names = input_names(module, left_padding)
     ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12], [5, 6, 7, 8, 9, 10, 0, 0]], dtype=torch.long)
     mask = (ids != 0).long()

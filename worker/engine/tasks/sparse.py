@@ -1,4 +1,4 @@
-"""The tasks of multi-head and sparse models (bge-m3: worker/engine/bgem3.py, SPLADE: worker/engine/splade.py):
+"""The tasks of multi-head and sparse models (bge-m3: worker/engine/models/bgem3.py, SPLADE: models/splade.py):
 which heads a request's forward pass computes, and how their rows become its Result.
 
 A request is routed here when the model gives several outputs from one pass (caps.outputs) and the request asks

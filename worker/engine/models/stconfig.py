@@ -6,6 +6,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from common.errors import StartupError
+
 
 @dataclass
 class STConfig:
@@ -21,6 +23,10 @@ class STConfig:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     splade: dict | None = None  # a SparseEncoder's SpladePooling config (its transformer is an MLMTransformer)
+    # sentence_bert_config.json of sentence-transformers 6: which inputs the Transformer takes ("text", "message":
+    # plain strings rendered through the chat template, worker/engine/models/plaintext.py) and its kwargs
+    modality_config: dict | None = None
+    processing_kwargs: dict = field(default_factory=dict)
 
 
 def _read_json(path: str) -> dict | list | None:
@@ -54,13 +60,43 @@ def read_st_config(folder: str) -> STConfig:
             elif kind == "Normalize":
                 config.normalize = True
             else:
-                raise ValueError(f"unsupported sentence-transformers module {module['type']!r} in {folder}: "
-                                 "supported are Transformer, Pooling, Dense and Normalize (and a SparseEncoder's "
-                                 "MLMTransformer and SpladePooling)")
+                raise StartupError(f"model folder {folder}: sentence-transformers module {module['type']!r} cannot be "
+                                   "served; supported are Transformer, Pooling, Dense and Normalize (and a "
+                                   "SparseEncoder's MLMTransformer and SpladePooling)")
     bert = _read_json(os.path.join(folder, config.transformer_path, "sentence_bert_config.json")) or {}
     config.max_seq_length = bert.get("max_seq_length")
     config.do_lower_case = bool(bert.get("do_lower_case", False))
+    config.modality_config = bert.get("modality_config")
+    config.processing_kwargs = bert.get("processing_kwargs") or {}
+    _refuse_unserved(folder, bert)
     st = _read_json(os.path.join(folder, "config_sentence_transformers.json")) or {}
     config.prompts = {k: v for k, v in (st.get("prompts") or {}).items() if v is not None}
     config.default_prompt_name = st.get("default_prompt_name")
     return config
+
+
+# What the worker's tokenising does not do (it tokenises to the max length, renders `message` with the template
+# kwargs of plaintext.py): a folder that asks for more is refused rather than served with other vectors.
+_HONOURED_PROCESSING = {"chat_template"}
+_OUTPUTS = {"last_hidden_state", "token_embeddings", "logits"}  # logits: a SparseEncoder's MLM
+
+
+def _refuse_unserved(folder: str, bert: dict) -> None:
+    """sentence_bert_config.json settings the worker cannot reproduce, refused in one line."""
+    def refuse(what: str) -> None:
+        raise StartupError(f"model folder {folder}: {what} in sentence_bert_config.json is not served exactly "
+                           "by embedfleet; serve it with sentence-transformers")
+    extra = set(bert.get("processing_kwargs") or {}) - _HONOURED_PROCESSING
+    if extra:
+        refuse(f"processing_kwargs {sorted(extra)}")
+    for key in ("query_expansion", "query_length", "document_length"):
+        if bert.get(key) is not None:
+            refuse(f"{key} (a multi-vector encoder's query handling)")
+    modalities = bert.get("modality_config")
+    if modalities is not None:
+        if not {"text", "message"} & set(modalities):
+            refuse(f"modality_config {sorted(modalities)} (no text input)")
+        for name in {"text", "message"} & set(modalities):
+            entry = modalities[name] or {}
+            if entry.get("method", "forward") != "forward" or entry.get("method_output_name") not in _OUTPUTS:
+                refuse(f"modality_config {name!r} entry {entry}")

@@ -8,7 +8,8 @@ forward pass gives three representations (FlagEmbedding's BGEM3FlagModel, read, 
              normalised per token in postprocess
 
 `M3Model.outputs(token_lists, head)` runs the encoder once and computes the heads the pass's head names
-(worker/engine/tasks/sparse.py); `embed` (the dense task alone) is LoadedModel's.
+(worker/engine/tasks/sparse.py); `embed` (the dense task alone) is LoadedModel's. The folder is first built
+as any embedding folder (models/embedding.py), then the heads are added.
 """
 
 from __future__ import annotations
@@ -20,10 +21,29 @@ import numpy as np
 import torch
 from torch import nn
 
-from worker.engine.model import LoadedModel, pad_batch
+from worker.engine.models import embedding
+from worker.engine.models.base import LoadedModel, LoadOptions, pad_batch
+from worker.engine.models.stconfig import STConfig
 
 M3_OUTPUTS = ("dense", "sparse", "colbert")
 M3_TASKS = ("embed", "sparse_embed", "token_embed", "token_classify", "score", "tokenize", "detokenize")
+
+
+def is_m3_folder(folder: str, transformer_path: str = "") -> bool:
+    """bge-m3's `sparse_linear.pt` and `colbert_linear.pt` saved beside the encoder."""
+    heads = ("sparse_linear.pt", "colbert_linear.pt")
+    return any(all(os.path.isfile(os.path.join(folder, where, name)) for name in heads)
+               for where in dict.fromkeys(("", transformer_path)))
+
+
+def matches(folder: str, st: STConfig, hf_config) -> bool:
+    return is_m3_folder(folder, st.transformer_path)
+
+
+def load(folder: str, st: STConfig, hf_config, options: LoadOptions) -> M3Model:
+    """The dense path as any embedding folder, the two heads added, then the dtype cast or CPU engine."""
+    loaded = load_m3(embedding.build(folder, st, hf_config, options), os.path.join(folder, st.transformer_path))
+    return embedding.finish(loaded, st, hf_config, options)
 
 
 def _linear(path: str) -> nn.Linear:

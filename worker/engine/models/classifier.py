@@ -17,9 +17,10 @@ import torch
 from torch import nn
 
 from common.capabilities import ModelCapabilities
+from common.errors import StartupError
 from worker.engine.chat import chat_caps
-from worker.engine.model import _DTYPES, _max_len, load_transformer, pad_batch
-from worker.engine.stconfig import STConfig
+from worker.engine.models.base import DTYPES, LoadOptions, activation, load_transformer, max_len, pad_batch
+from worker.engine.models.stconfig import STConfig
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +70,6 @@ class ClassifierModel:
 def _score_activation(folder: str, config, num_labels: int) -> nn.Module:
     """CrossEncoder's activation: the folder's `activation_fn` (sentence-transformers 6, 4-5 or older
     layouts), only torch.nn classes as ST allows without trust_remote_code; else Sigmoid for one label."""
-    from worker.engine.model import _activation  # noqa: PLC0415 - the same torch.nn-only builder as Dense
-
     path = None
     st_file = os.path.join(folder, "config_sentence_transformers.json")
     if os.path.isfile(st_file):
@@ -81,7 +80,7 @@ def _score_activation(folder: str, config, num_labels: int) -> nn.Module:
         path = saved.get("activation_fn")
     path = path or getattr(config, "sbert_ce_default_activation_function", None)
     if path:
-        return _activation(path) if path.startswith("torch.") else nn.Sigmoid() if num_labels == 1 \
+        return activation(path) if path.startswith("torch.") else nn.Sigmoid() if num_labels == 1 \
             else nn.Identity()
     return nn.Sigmoid() if num_labels == 1 else nn.Identity()
 
@@ -98,6 +97,28 @@ def _per_token_head(module: nn.Module) -> bool:
         and head.in_features == module.config.hidden_size
 
 
+def is_classifier(config) -> bool:
+    """A sequence-classification checkpoint (a cross-encoder, a classifier): served for score/classify."""
+    return any(a.endswith("ForSequenceClassification") for a in getattr(config, "architectures", None) or [])
+
+
+def matches(folder: str, st: STConfig, hf_config) -> bool:
+    """A classifier checkpoint with no sentence-transformers pooling or Dense of its own."""
+    return is_classifier(hf_config) and st.pooling is None and not st.dense_paths
+
+
+def load(folder: str, st: STConfig, config, options: LoadOptions) -> ClassifierModel:
+    if (st.modality_config or {}).get("message") is not None and not options.raw_text:
+        # sentence-transformers 6 renders such a folder's (query, document) pairs through the chat template,
+        # which this loader's pair tokenising does not do: refused rather than scored otherwise
+        raise StartupError(f"model folder {folder}: a cross-encoder or classifier whose modality_config renders "
+                           "its inputs as chat messages is not served exactly; serve it with --raw-text for "
+                           "vLLM's raw pairs")
+    return load_classifier(folder, st, config, name=options.name, device=options.device, dtype=options.dtype,
+                           max_inputs=options.max_inputs,
+                           trust_request_chat_template=options.trust_request_chat_template)
+
+
 def load_classifier(folder: str, st: STConfig, config, *, name: str, device: torch.device, dtype: str,
                     max_inputs: int, trust_request_chat_template: bool = False) -> ClassifierModel:
     """A cross-encoder (num_labels 1: tasks score and classify) or a classifier (classify)."""
@@ -109,7 +130,7 @@ def load_classifier(folder: str, st: STConfig, config, *, name: str, device: tor
     labels = tuple(str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(num_labels))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     caps = ModelCapabilities(
-        name=name, max_model_len=_max_len(st, tokenizer, config),
+        name=name, max_model_len=max_len(st, tokenizer, config),
         embedding_size=num_labels, vocab_size=module.get_input_embeddings().num_embeddings,
         pooling="classifier", normalize=True, max_inputs=max_inputs,
         truncation_side=getattr(tokenizer, "truncation_side", "right") or "right",
@@ -122,6 +143,6 @@ def load_classifier(folder: str, st: STConfig, config, *, name: str, device: tor
         padding_side=getattr(tokenizer, "padding_side", "right") or "right", pad_token_id=pad,
         token_types="token_type_ids" in tokenizer.model_input_names and getattr(config, "type_vocab_size", 2) > 1)
     if dtype != "float32":
-        module.to(_DTYPES[dtype])  # logits have no cosine to check; the cast is what vLLM serves too
+        module.to(DTYPES[dtype])  # logits have no cosine to check; the cast is what vLLM serves too
         log.info("classifier %s serves in %s", name, dtype)
     return model

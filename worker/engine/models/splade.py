@@ -14,9 +14,10 @@ from torch import nn
 
 from common.capabilities import ModelCapabilities
 from worker.engine.chat import chat_caps
-from worker.engine.model import _DTYPES, _max_len, load_transformer, pad_batch
+from worker.engine.models.base import DTYPES, LoadOptions, load_transformer, max_len, pad_batch
+from worker.engine.models.plaintext import MessageText, message_text
+from worker.engine.models.stconfig import STConfig
 from worker.engine.pooling import Pooler
-from worker.engine.stconfig import STConfig
 
 SPLADE_TASKS = ("sparse_embed", "tokenize", "detokenize")
 
@@ -35,6 +36,7 @@ class SpladeModel:
     folder: str = ""
     pooler: Pooler = field(default_factory=lambda: Pooler(("max",)))  # preprocess asks it about prompts only
     _position_ids: bool = False
+    plain_text: MessageText | None = None  # as LoadedModel's (worker/engine/models/plaintext.py)
 
     def prompt_length(self, prompt: str, add_special_tokens: bool) -> int:
         return 0  # SpladePooling pools every token, the prompt's included
@@ -64,19 +66,29 @@ class SpladeModel:
         return torch.stack(pooled).cpu()
 
 
+def matches(folder: str, st: STConfig, hf_config) -> bool:
+    return st.splade is not None
+
+
+def load(folder: str, st: STConfig, config, options: LoadOptions) -> SpladeModel:
+    return load_splade(folder, st, config, name=options.name, device=options.device, dtype=options.dtype,
+                       max_inputs=options.max_inputs, trust_request_chat_template=options.trust_request_chat_template,
+                       raw_text=options.raw_text)
+
+
 def load_splade(folder: str, st: STConfig, config, *, name: str, device: torch.device, dtype: str,
-                max_inputs: int, trust_request_chat_template: bool = False) -> SpladeModel:
+                max_inputs: int, trust_request_chat_template: bool = False, raw_text: bool = False) -> SpladeModel:
     from transformers import AutoModelForMaskedLM  # noqa: PLC0415 - slow import, kept lazy
 
     tokenizer, module = load_transformer(folder, st, AutoModelForMaskedLM, device)
     if dtype != "float32":
-        module.to(_DTYPES[dtype])  # the logits are widened before the activation
+        module.to(DTYPES[dtype])  # the logits are widened before the activation
     pooling = st.splade or {}
     strategy = pooling.get("pooling_strategy", "max")
     vocab = module.get_output_embeddings().out_features
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     caps = ModelCapabilities(
-        name=name, max_model_len=_max_len(st, tokenizer, config), embedding_size=vocab,
+        name=name, max_model_len=max_len(st, tokenizer, config), embedding_size=vocab,
         vocab_size=module.get_input_embeddings().num_embeddings, pooling=f"splade-{strategy}",
         normalize=False, max_inputs=max_inputs, prompts=st.prompts, default_prompt_name=st.default_prompt_name,
         truncation_side=getattr(tokenizer, "truncation_side", "right") or "right",
@@ -85,4 +97,6 @@ def load_splade(folder: str, st: STConfig, config, *, name: str, device: torch.d
                        strategy=strategy,
                        twice=pooling.get("activation_function", "relu") == "log1p_relu",
                        padding_side=getattr(tokenizer, "padding_side", "right") or "right", pad_token_id=pad,
-                       folder=folder)
+                       folder=folder,
+                       plain_text=None if raw_text else message_text(
+                           folder, st.modality_config, st.processing_kwargs, tokenizer, config.model_type))
