@@ -31,7 +31,7 @@ from _common import REPO, Process, describe_machine, model_path, table, wait_adv
 from common.redisserver import RedisServer, free_port
 from common.request import EmbedRequest
 from worker.engine.inputbounds import bound_inputs
-from worker.engine.model import load_model
+from worker.engine.models.loader import load_model
 from worker.engine.preprocess import prepare
 from worker.engine.tasks.inputs import prepare_task
 

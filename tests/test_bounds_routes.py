@@ -17,7 +17,7 @@ from common.redisserver import RedisServer
 from tests import gatewayserver
 from tests.livegateway import forbid_internet, live_gateway
 from worker.engine.engine import Engine
-from worker.engine.model import load_model
+from worker.engine.models.loader import load_model
 
 HUGE = "word " * 1_400_000  # 7 MB, 1.4M tokens
 
