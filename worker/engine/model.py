@@ -275,9 +275,6 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         checkpoint = saved.get("dtype") or saved.get("torch_dtype")
         dtype = "float32" if device.type == "cpu" else \
             ("bfloat16" if str(checkpoint).endswith("bfloat16") else "float16")
-    if device.type == "cpu":
-        torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                              else os.cpu_count() or 1)
 
     if st.splade is not None:  # a SPLADE SparseEncoder: sparse vectors only (worker/engine/splade.py)
         from worker.engine.splade import load_splade  # noqa: PLC0415 - only for such folders
