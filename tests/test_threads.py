@@ -122,6 +122,7 @@ def test_a_worker_advertises_its_threads_and_status_shows_them(tmp_path, redis_u
             [info] = producer.workers("tiny")
         assert info["threads"] == 1 and info["threads_source"] == "--threads"
         assert info["omp_wait_policy"] == "PASSIVE"
+        assert info["max_batch_tokens"] >= 2048 and info["max_batch_size"] >= 16  # the CPU floor (probe.py)
         shown = embedfleet("status", "--redis-url", redis_url, env=clean_env(tmp_path / "xdg", COLUMNS="400"))
         assert shown.returncode == 0 and "cpu, 1 thread (--threads)" in shown.stdout, shown.stdout
     finally:

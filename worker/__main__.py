@@ -43,7 +43,7 @@ def serve(argv: list[str]) -> int:
         return gpus.run(ids, argv, settings.name, dict(os.environ), settings.metrics_port)
     from worker.engine.engine import Engine  # noqa: PLC0415 - torch loads after the flags
     from worker.engine.nullmodel import NullModel, is_null  # noqa: PLC0415 - the null model needs no transformers
-    from worker.engine.probe import Budget, device_limits, probe_budget  # noqa: PLC0415
+    from worker.engine.probe import Budget, device_floor, device_limits, probe_budget  # noqa: PLC0415
     from worker.engine.shaper import Shape, Shaper  # noqa: PLC0415
     from worker.serving.pipeline import BatchWorker  # noqa: PLC0415
 
@@ -57,8 +57,9 @@ def serve(argv: list[str]) -> int:
         if not path:
             path, name = bundled_model_path(), name or BUNDLED_MODEL_NAME
         model = _load(path, name, settings, threads)
+        floor = device_floor(model, device_limits(model))  # the probe may raise the shape above it, not under
         budget = probe_budget(model, seconds=settings.probe_seconds, max_tokens=settings.max_batch_tokens,
-                              max_rows=settings.max_batch_size)
+                              max_rows=settings.max_batch_size, floor=floor)
         device = str(model.device)
         dtype = str(next(model.module.parameters()).dtype).removeprefix("torch.")
         engine_label = getattr(model, "engine", "torch")
@@ -71,7 +72,7 @@ def serve(argv: list[str]) -> int:
     if not is_null(path) and settings.learn_shape:  # flags pin what they name; the rest is learned while serving
         most_tokens, most_rows = device_limits(model)
         shaper = Shaper(Shape(budget.max_batch_tokens, budget.max_batch_size),
-                        min_tokens=min(model.caps.max_model_len, most_tokens),
+                        min_tokens=floor[0], min_rows=floor[1],
                         max_tokens=max(most_tokens, budget.max_batch_tokens),
                         max_rows=max(most_rows, budget.max_batch_size),
                         pin_tokens=settings.max_batch_tokens is not None, pin_rows=settings.max_batch_size is not None,
