@@ -102,7 +102,8 @@ def run_one(label: str, tree: str | None, texts: list[str], args, hog_count: int
     with RedisServer() as server:
         busy = hogs(hog_count, prefix)
         try:
-            worker = Process([*prefix, sys.executable, "-m", "worker", "--redis-url", server.url, "--model",
+            # -P: the working directory (this checkout) does not come before PYTHONPATH's older tree.
+            worker = Process([*prefix, sys.executable, "-P", "-m", "worker", "--redis-url", server.url, "--model",
                               model_path(), "--served-model-name", NAME, "--no-cache"], f"worker-{NAME}",
                              pythonpath=(tree,) if tree else ())
             try:
