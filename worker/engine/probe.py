@@ -128,10 +128,10 @@ def probe_budget(model, *, seconds: float = 5.0, max_tokens: int | None = None, 
                     max_rows or limit_rows, max_tokens or limit_tokens)
     measured = choose(rates, max_tokens, max_rows)
     budget, cap = floored(*measured, floor, max_tokens, max_rows)
-    budget = max(budget, max(lengths))  # a batch of one longest input must always fit
     source = "probe+flags" if (max_tokens or max_rows) else "probe"
     if (budget, cap) != measured:
         source += f", floor {floor[0]} tok / {floor[1]} rows"
+    budget = max(budget, max(lengths))  # a batch of one longest input must always fit
     result = Budget(budget, cap, source,
                     {length: max(curve.values()) for length, curve in rates.items() if curve})
     log.info("batch budget probe (%.1f s): %s; texts/s by rows: %s", time.monotonic() - began,
