@@ -134,6 +134,12 @@ def run_one(label: str, tree: str | None, texts: list[str], args, hog_count: int
     return row
 
 
+def times(value: float, quiet: float) -> str:
+    """value as x the quiet row's; "-" where either is unknown (a request past its timeout, nothing served)."""
+    finite = all(0 < v < float("inf") for v in (value, quiet))
+    return f"{ratio(value, quiet):.2f}" if finite else "-"
+
+
 def before_tree(rev: str, folder: str) -> str:
     """`rev`'s common/, producer/ and worker/ extracted into `folder` (what a worker process imports)."""
     archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "common", "producer", "worker"],
@@ -171,9 +177,8 @@ def main() -> None:
     for label, row in rows.items():
         quiet = rows[f"quiet, {label.rsplit(', ', 1)[1]}"]
         took = f"> {args.timeout:g}" if row["request_s"] == float("inf") else f"{row['request_s']:.1f}"
-        out.append([label, row["threads"], row["start"], row["end"], took,
-                    f"{ratio(row['request_s'], quiet['request_s']):.2f}", f"{row['texts_per_s']:.1f}",
-                    f"{ratio(row['texts_per_s'], quiet['texts_per_s']):.2f}"])
+        out.append([label, row["threads"], row["start"], row["end"], took, times(row["request_s"], quiet["request_s"]),
+                    f"{row['texts_per_s']:.1f}", times(row["texts_per_s"], quiet["texts_per_s"])])
     print(table(["worker", "threads", "shape at start", "shape at the end", f"{args.request}-text request s",
                  "x quiet", "texts/s", "x quiet"], out,
                 f"a worker on a shared CPU ({args.seconds:g} s window, {args.texts} texts/request)"))
