@@ -33,7 +33,7 @@ class Threads:
 
     count: int
     source: str  # "--threads", "affinity 2", "cgroup quota 1.5 CPUs of affinity 2"
-    wait_policy: str = PASSIVE  # OMP_WAIT_POLICY as the worker runs with it ("default": unset by the user's choice)
+    wait_policy: str = PASSIVE  # OMP_WAIT_POLICY as the worker runs with it (ours, or the user's own value)
 
     @property
     def spinning(self) -> bool:
