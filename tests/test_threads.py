@@ -31,6 +31,17 @@ def test_the_count_is_the_affinity_without_a_quota():
     assert decide(0, 1, None).count == 1  # 0 is auto too
 
 
+def test_the_count_follows_the_real_affinity_mask():
+    """A process pinned to one CPU (as `taskset -c 0` does) counts one, whatever the host has."""
+    from tests.commands import ROOT
+
+    code = ("import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
+            "from worker.engine import cpus; t = cpus.plan(None, {}, root='/nonexistent'); print(t.count, t.source)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.split("\n")[0] == "1 affinity 1", done.stderr
+
+
 def test_a_quota_below_the_affinity_caps_the_count_rounded_up():
     assert decide(None, 8, 2.0).count == 2
     assert decide(None, 8, 1.5) == Threads(2, "cgroup quota 1.5 CPUs of affinity 8", "PASSIVE")
