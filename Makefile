@@ -45,7 +45,7 @@ tools:
 	else SUDO=none; fi; \
 	apt="apt-get -o DPkg::Lock::Timeout=$(APT_LOCK_WAIT) -qq"; \
 	if command -v apt-get >/dev/null && [ "$$SUDO" != none ] && $$SUDO $$apt update \
-	   && DEBIAN_FRONTEND=noninteractive $$SUDO $$apt install -y $$missing; then exit 0; fi; \
+	   && DEBIAN_FRONTEND=noninteractive $$SUDO $$apt install -y --no-install-recommends $$missing; then exit 0; fi; \
 	echo "make: WARNING: could not install $$missing (needs apt-get as root, and apt's lock); the tests that need them will skip"; \
 	[ -z "$(REQUIRE_TOOLS)" ]
 

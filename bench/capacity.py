@@ -68,7 +68,7 @@ def row(requests: int, texts: int, seconds: float) -> dict:
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             queue_key = f"rq:queue:{keys.queue_name(NAME)}"
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + seconds  # a bound against a broken worker: its first take is the event
             while conn.llen(queue_key) == len(ids):
                 if worker.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit("the null worker took no job; run `python -m worker --model null:384` "
@@ -85,7 +85,7 @@ def row(requests: int, texts: int, seconds: float) -> dict:
             cpu, cmds = redis_cpu(conn) - cpu1, redis_commands(conn) - cmd1 - polls - 4
         finally:
             worker.terminate()
-            worker.wait(30)
+            worker.wait()  # its drain ends with the round on the device; --drain-timeout bounds that
             conn.close()
     if not served:
         raise SystemExit(f"the queue was not drained within {seconds:g} s; pass --seconds")

@@ -1,17 +1,23 @@
-"""A worker started while the machine is busy, then the load ends: does its speed come back? Side by side in
-one run, all-MiniLM-L6-v2 workers (real processes, real Redis), each measured alone afterwards:
+"""A worker on a shared CPU: beside busy loops that run for the whole window, and pinned to one core while it
+sees two, before and after issue 30 (threads sized to the CPU, PASSIVE OpenMP waits, a shape floor), side by
+side in one run. all-MiniLM-L6-v2 workers (real processes, real Redis), one at a time:
 
-    loaded, learning   started while two CPU hogs run (its start-up probe sees a busy machine), the hogs
-                       stop, then `--seconds` of texts/s under a full queue (the shape keeps being learned)
-    loaded, fixed      the same start, `--no-learn-shape`: the probe's guess kept for life (the old way)
-    quiet              started on a quiet machine: the reference
+    quiet              nothing else of ours running
+    N hogs             `--hogs` `python -c "while True: pass"` loops, started before the worker and running
+                       until its row is measured (its start-up probe and every pass see them)
+    taskset -c 0       the worker pinned to core 0 of the two it sees (a container's CPU limit below its
+                       visible cores), with one hog on that core too
 
-    PYTHONPATH=. .venv/bin/python bench/shaping.py [--seconds 60] [--hogs 2] [--texts 8]
+"before" runs the worker of an older tree (`--before REV`, default the commit before issue 30, extracted with
+`git archive`), i.e. threads = all CPUs of the affinity, OpenMP's default spinning waits, the probe's shape
+however small; "after" runs this tree's defaults.
 
-Load: requests of `--texts` corpus texts (truncated to the model's 256 tokens) kept queued by a feeder, so
-the worker never waits for work; texts/s counts the texts answered in the window. Printed per worker: the
-shape it started with, the shape it ends with, texts/s over the window and over its last third, and the
-ratio to the quiet start (the target: >= 0.9 within 60 s after the load ends).
+    PYTHONPATH=. .venv/bin/python bench/shaping.py [--seconds 20] [--hogs 2] [--texts 8] [--before bb06e1a]
+
+Per row: the seconds one request of `--request` corpus texts takes (after one warm-up request), texts/s over
+`--seconds` with a feeder keeping requests of `--texts` texts queued, the shape at start and at the end, and
+both as x the same tree's quiet row. Targets (issue 30): under two hogs, the request <= 3x its quiet time and
+texts/s >= 0.5x quiet.
 """
 
 from __future__ import annotations
@@ -20,22 +26,26 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 import redis
 
-from bench._common import (RedisServer, add_corpus_flags, describe_machine, load_corpus, model_path, ratio,
-                           start_worker, table)
+from bench._common import (REPO, Process, RedisServer, add_corpus_flags, describe_machine, load_corpus,
+                           model_path, ratio, table, wait_advertised)
 from common.protocol import keys
 from producer import Producer
 
+NAME = "shaping"
+BEFORE = "bb06e1a"  # the tree before issue 30
 
-def hogs(count: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+def hogs(count: int, prefix: list[str]) -> list[subprocess.Popen]:
+    return [subprocess.Popen([*prefix, sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
 
-def advert(conn, worker_name_prefix: str = "") -> dict:
+def advert(conn) -> dict:
     from producer.client.core import parse_worker_info
 
     for key in conn.scan_iter(match=keys.worker_info_key("*")):
@@ -45,81 +55,136 @@ def advert(conn, worker_name_prefix: str = "") -> dict:
     return {}
 
 
-def measure(url: str, name: str, texts: list[str], per_request: int, seconds: float) -> dict:
-    """texts/s answered while a feeder keeps the queue full, over `seconds` (and its last third)."""
+def shape(info: dict) -> str:
+    return f"{info.get('max_batch_tokens')} tok / {info.get('max_batch_size')} rows"
+
+
+def one_request(url: str, texts: list[str], timeout: float) -> float:
+    """Seconds for one request of `texts` (a warm-up request first)."""
+    with Producer(url) as producer:
+        try:
+            producer.embed(texts[:8], NAME, truncate_prompt_tokens=-1, timeout=timeout)
+        except TimeoutError:
+            return float("inf")
+        began = time.monotonic()
+        try:
+            producer.embed(texts, NAME, truncate_prompt_tokens=-1, timeout=timeout)
+        except TimeoutError:  # the issue's symptom: reported as "> timeout", the row goes on
+            return float("inf")
+        return time.monotonic() - began
+
+
+def throughput(url: str, texts: list[str], per_request: int, seconds: float) -> float:
+    """texts/s answered while a feeder keeps the queue full, over `seconds`."""
     conn = redis.Redis.from_url(url)
-    queue = keys.queue_name(name)
+    queue = keys.queue_name(NAME)
     stop = threading.Event()
 
     def feed(producer: Producer) -> None:
         k = 0
         while not stop.is_set():
-            if conn.llen(keys.rq_queue_key(queue)) < 64:
+            if conn.llen(keys.rq_queue_key(queue)) < 32:
                 batch = [[texts[(k + j) % len(texts)] for j in range(per_request)] for k in range(k, k + 16)]
-                producer.submit_many(batch, name, truncate_prompt_tokens=-1)
+                producer.submit_many(batch, NAME, truncate_prompt_tokens=-1)
                 k += 16
             else:
                 time.sleep(0.01)
 
-    points: list[tuple[float, int]] = []
     with Producer(url) as producer:
-        start = advert(conn)
         feeder = threading.Thread(target=feed, args=(producer,), daemon=True)
         feeder.start()
-        began, base = time.monotonic(), conn.zcard(keys.rq_finished_key(queue))
-        while (now := time.monotonic() - began) < seconds:
-            time.sleep(0.5)
-            points.append((now, (conn.zcard(keys.rq_finished_key(queue)) - base) * per_request))
+        time.sleep(min(2.0, seconds / 5))  # the queue fills, a round is under way
+        base, began = conn.zcard(keys.rq_finished_key(queue)), time.monotonic()
+        time.sleep(seconds)
+        done, took = conn.zcard(keys.rq_finished_key(queue)) - base, time.monotonic() - began
         stop.set()
         feeder.join(10)
-        end = advert(conn)
     conn.close()
-    third = [point for point in points if point[0] >= seconds * 2 / 3]
-    late = (third[-1][1] - third[0][1]) / max(third[-1][0] - third[0][0], 1e-9) if len(third) > 1 else 0.0
-    return {"start": f"{start.get('max_batch_tokens')} tok / {start.get('max_batch_size')} rows",
-            "end": f"{end.get('max_batch_tokens')} tok / {end.get('max_batch_size')} rows",
-            "texts_per_s": points[-1][1] / points[-1][0] if points else 0.0, "late_texts_per_s": late}
+    return done * per_request / took
 
 
-def run_one(label: str, texts: list[str], args, loaded: bool, learn: bool) -> dict:
+def run_one(label: str, tree: str | None, texts: list[str], args, hog_count: int, pinned: bool) -> dict:
+    prefix = ["taskset", "-c", "0"] if pinned else []
     with RedisServer() as server:
-        busy = hogs(args.hogs) if loaded else []
+        busy = hogs(hog_count, prefix)
         try:
-            extra = [] if learn else ["--no-learn-shape"]
-            worker = start_worker(server.url, model_path(), "shaping", "--no-cache", *extra)
+            # -P: the working directory (this checkout) does not come before PYTHONPATH's older tree.
+            worker = Process([*prefix, sys.executable, "-P", "-m", "worker", "--redis-url", server.url, "--model",
+                              model_path(), "--served-model-name", NAME, "--no-cache"], f"worker-{NAME}",
+                             pythonpath=(tree,) if tree else ())
+            try:
+                wait_advertised(worker, server.url, NAME, timeout=600)
+                conn = redis.Redis.from_url(server.url)
+                start = advert(conn)
+                request = one_request(server.url, texts[:args.request], args.timeout)
+                rate = throughput(server.url, texts, args.texts, args.seconds)
+                end = advert(conn)
+                conn.close()
+                threads = [line.split("engine torch, ")[1].split(")")[0] + ")" for line in worker.lines("serving model")
+                           if "engine torch, " in line and "thread" in line]
+            finally:
+                worker.stop()
         finally:
             for hog in busy:
                 hog.kill()
                 hog.wait()
-        try:
-            print(f"  {label}: started", flush=True)
-            return measure(server.url, "shaping", texts, args.texts, args.seconds)
-        finally:
-            worker.stop()
+    row = {"start": shape(start), "end": shape(end), "request_s": request, "texts_per_s": rate,
+           "threads": threads[0] if threads else "affinity's CPUs, OpenMP default waits"}
+    print(f"  {label}: {json.dumps(row)}", flush=True)
+    return row
+
+
+def times(value: float, quiet: float) -> str:
+    """value as x the quiet row's; "-" where either is unknown (a request past its timeout, nothing served)."""
+    finite = all(0 < v < float("inf") for v in (value, quiet))
+    return f"{ratio(value, quiet):.2f}" if finite else "-"
+
+
+def before_tree(rev: str, folder: str) -> str:
+    """`rev`'s common/, producer/ and worker/ extracted into `folder` (what a worker process imports)."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "common", "producer", "worker"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+    return folder
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=60.0, help="measured window after the load ends")
-    parser.add_argument("--hogs", type=int, default=2, help="busy processes while the loaded workers start")
-    parser.add_argument("--texts", type=int, default=8, help="texts per request")
+    parser.add_argument("--seconds", type=float, default=20.0, help="texts/s window per row")
+    parser.add_argument("--hogs", type=int, default=2, help="busy loops beside the loaded rows")
+    parser.add_argument("--texts", type=int, default=8, help="texts per request of the texts/s window")
+    parser.add_argument("--request", type=int, default=300, help="texts in the one timed request")
+    parser.add_argument("--timeout", type=float, default=120.0, help="the timed request's wait, seconds")
+    parser.add_argument("--before", default=BEFORE, help="the older tree's git revision; '' skips its rows")
     parser.add_argument("--json", help="write the figures here too")
     add_corpus_flags(parser, None)
     args = parser.parse_args()
     texts = load_corpus(args.corpus, args.limit)
     print(describe_machine(), flush=True)
-    rows = {}
-    for label, loaded, learn in (("quiet", False, True), ("loaded, learning", True, True),
-                                 ("loaded, fixed (--no-learn-shape)", True, False)):
-        rows[label] = run_one(label, texts, args, loaded, learn)
-    quiet = rows["quiet"]["texts_per_s"]
-    print(table(["worker", "shape at start", "shape at the end", "texts/s", "last third", "x quiet"],
-                [[label, r["start"], r["end"], f"{r['texts_per_s']:.1f}", f"{r['late_texts_per_s']:.1f}",
-                  f"{ratio(r['texts_per_s'], quiet):.2f}"] for label, r in rows.items()],
-                f"worker speed after a loaded start ({args.seconds:g} s window, {args.texts} texts/request)"))
+    cases = [("quiet", 0, False), (f"{args.hogs} hogs", args.hogs, False), ("taskset -c 0, 1 hog", 1, True)]
+    rows: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-before-") as folder:
+        trees = [("after", None)]
+        if args.before:
+            try:
+                trees.append(("before", before_tree(args.before, folder)))
+            except (subprocess.CalledProcessError, OSError) as exc:  # no git checkout (a device machine's copy)
+                print(f"  no 'before' rows: cannot extract {args.before}: {exc}", flush=True)
+        for case, hog_count, pinned in cases:
+            for when, tree in trees:  # before and after of a case back to back: the same machine
+                rows[f"{case}, {when}"] = run_one(f"{case}, {when}", tree, texts, args, hog_count, pinned)
+    out = []
+    for label, row in rows.items():
+        quiet = rows[f"quiet, {label.rsplit(', ', 1)[1]}"]
+        took = f"> {args.timeout:g}" if row["request_s"] == float("inf") else f"{row['request_s']:.1f}"
+        out.append([label, row["threads"], row["start"], row["end"], took, times(row["request_s"], quiet["request_s"]),
+                    f"{row['texts_per_s']:.1f}", times(row["texts_per_s"], quiet["texts_per_s"])])
+    print(table(["worker", "threads", "shape at start", "shape at the end", f"{args.request}-text request s",
+                 "x quiet", "texts/s", "x quiet"], out,
+                f"a worker on a shared CPU ({args.seconds:g} s window, {args.texts} texts/request)"))
     if args.json:
-        with open(args.json, "w") as out:
-            json.dump(rows, out, indent=2)
+        with open(args.json, "w") as file:
+            json.dump(rows, file, indent=2)
 
 
 if __name__ == "__main__":

@@ -57,8 +57,7 @@ def fleet(redis_client, long):
         yield SimpleNamespace(null=null, idle=idle, long=long_worker, parts=parts, redis=redis_client)
     finally:
         null.stop()
-        serving.join(30)
-        assert not serving.is_alive()
+        serving.join()  # the event is the thread's end (it notices within a poll): pytest-timeout bounds a hang
 
 
 class Face:

@@ -137,6 +137,7 @@ def test_sentinel_url_finds_the_master_for_a_worker_and_a_producer(tmp_path):
                         f"sentinel auth-pass fleet {DEFAULT_PASSWORD}\n")
         sentinel = embedfleet_sentinel(conf)
         try:
+            wait_sentinel_knows(sentinel, sentinel_port, "fleet", master.port)  # it listens after it starts
             url = f"redis+sentinel://:{DEFAULT_PASSWORD}@127.0.0.1:{sentinel_port}/fleet/0"
             worker = embedfleet_process("worker", "--redis-url", url, "--model", "null:4", "--served-model-name",
                                         MODEL, env=clean_env(tmp_path))
@@ -160,6 +161,27 @@ def embedfleet_sentinel(conf):
     process = subprocess.Popen([find_redis_server(), str(conf), "--sentinel"], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True)
     return process
+
+
+def wait_sentinel_knows(process, port: int, name: str, master_port: int, timeout: float = 120) -> None:
+    """Until the Sentinel on `port` answers and names the master `name` (it reads its config, then listens)."""
+    import time
+
+    deadline = time.monotonic() + timeout  # a bound for a broken Sentinel, not a guess at its speed
+    client = redis.Redis(port=port, socket_connect_timeout=5)
+    try:
+        while True:
+            assert process.poll() is None, f"the sentinel exited with {process.returncode}"
+            try:
+                address = client.sentinel_get_master_addr_by_name(name)  # (b"host", port) once it knows
+                if address and int(address[1]) == master_port:
+                    return
+            except redis.ConnectionError:
+                pass  # not listening yet
+            assert time.monotonic() < deadline, "the sentinel never named the master"
+            time.sleep(0.05)
+    finally:
+        client.close()
 
 
 def wait_for_model(producer: Producer, worker, timeout: float = 60) -> None:

@@ -133,3 +133,61 @@ def test_a_trial_is_judged_on_its_own_passes_only():
 def test_bounds_out_of_order_are_refused():
     with pytest.raises(ValueError, match="out of order"):
         Shaper(Shape(512, 8), min_tokens=1024, max_tokens=512, max_rows=8)
+
+
+def by_rows(best_rows: int, seed: int = 1, noise: float = 0.05):
+    """A device whose padded tokens per second grow with the rows of a pass up to `best_rows`, then fall."""
+    rng = random.Random(seed)
+
+    def seconds(shape: Shape) -> float:
+        rate = 100_000 * min(shape.rows, best_rows) / best_rows / (1 + max(0, shape.rows - best_rows) / best_rows)
+        return shape.tokens / rate * (1 + rng.uniform(-noise, noise))
+
+    return seconds
+
+
+def test_a_start_below_the_floor_is_raised_to_it():
+    shaper = Shaper(Shape(256, 1), min_tokens=2048, min_rows=16, max_tokens=65536, max_rows=1024)
+    assert shaper.shape() == Shape(2048, 16)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 1000), noise=st.floats(0, 0.9))
+def test_the_floor_holds_when_the_rates_are_absurd(seed, noise):
+    """Passes under the floor would look ever faster (a starved start, a clock gone wrong): the shaper never
+    tries one, whatever the noise; the floor is where it settles when smaller would be better."""
+    clock = Clock()
+    shaper = Shaper(Shape(1, 1), min_tokens=2048, min_rows=16, max_tokens=65536, max_rows=1024, clock=clock)
+    rng = random.Random(seed)
+
+    def absurd(shape: Shape) -> float:  # per padded token, the fewer rows and tokens the (absurdly) faster
+        return shape.tokens ** 2 * shape.rows ** 2 / 1e15 * (1 + rng.uniform(-noise, noise))
+
+    used = serve(shaper, absurd, 600, clock)
+    assert all(shape.tokens >= 2048 and shape.rows >= 16 for shape in used)
+    if noise < 0.2:
+        assert shaper.current == Shape(2048, 16)  # at the floor, not under it
+
+
+def test_a_bad_first_guess_is_left_within_a_few_dozen_passes():
+    """From 1 row to 64: a winning move is repeated farther (x2, x4, x8), a clear trial is judged after two
+    passes; before issue 30 this took six accepted trials of 28 passes each (hundreds of passes)."""
+    clock = Clock()
+    shaper = Shaper(Shape(16384, 1), min_tokens=256, max_tokens=65536, max_rows=1024, pin_tokens=True, clock=clock)
+    used = serve(shaper, by_rows(best_rows=64), 300, clock)
+    reached = next(number for number, shape in enumerate(used) if shape.rows >= 64)
+    assert reached <= 60, reached
+    assert shaper.current.rows == 64, shaper.current  # and it settles at the best, not past it
+
+
+def test_the_probe_cannot_lower_the_shape_under_the_floor():
+    """A probe beside busy neighbours: one row looks a thousand times faster than more. Its pick is raised to
+    the floor; a flag stays the user's."""
+    from worker.engine.probe import choose, floored
+
+    absurd = {16: {1: 1e6, 2: 1e3, 4: 1e3}, 64: {1: 1e6, 2: 1e3}, 256: {1: 1e6}}
+    measured = choose(absurd)
+    assert measured[1] == 1  # what the probe alone would serve: 1-row passes
+    assert floored(*measured, (2048, 16)) == (2048, 16)
+    assert floored(4096, 64, (2048, 16)) == (4096, 64)  # above the floor: the probe's
+    assert floored(*measured, (2048, 16), max_tokens=512, max_rows=2) == (512, 2)  # flags: the user's

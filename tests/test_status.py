@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -97,9 +98,17 @@ def test_watch_redraws_until_ctrl_c(fleet, env):
     fleet()
     watch = subprocess.Popen([sys.executable, "-m", "producer.cli", "status", "--watch", "0.2"], cwd=ROOT,
                              env={**env, "COLUMNS": "250"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(4)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(watch.stdout), daemon=True)
+    reader.start()
+    # Ctrl-C once three refreshes are out (the event), not after a guess at how fast it starts on this machine.
+    while sum("models and queues" in line for line in list(lines)) < 3:
+        assert watch.poll() is None, watch.stderr.read()
+        time.sleep(0.05)
     watch.send_signal(signal.SIGINT)
-    out, err = watch.communicate(timeout=30)
+    watch.wait()
+    reader.join()
+    out, err = "".join(lines), watch.stderr.read()
     assert watch.returncode == 130, err
     assert out.count("models and queues") >= 3 and MODEL in out and "Traceback" not in err  # one per refresh
 

@@ -44,6 +44,9 @@ def folders(bert_mean, cross_encoder, classifier, colbert) -> dict[str, str]:
     return {"emb": bert_mean, "ce": cross_encoder, "clf": classifier, "colbert": colbert}
 
 
+HANG = 240  # seconds after which a wait reports a hang (pytest-timeout's 300 s bounds the whole test)
+
+
 @pytest.fixture
 def fleet(folders, redis_client, redis_url):
     """One serving worker per model, in threads, and a Producer."""
@@ -56,9 +59,8 @@ def fleet(folders, redis_client, redis_url):
         yield producer
     for worker in workers:
         worker.stop()
-    for thread in threads:
-        thread.join(30)
-        assert not thread.is_alive()
+    for thread in threads:  # the event is the thread's end (its round done): pytest-timeout bounds a hang
+        thread.join()
 
 
 def test_tasks_are_advertised(fleet):
@@ -222,11 +224,12 @@ def test_tasks_share_rounds_and_the_token_budget(fleet, bert_mean):
     score_id = fleet.submit([QUERY] * 3, "emb", task="score", text_pair=DOCS[:3])
     count_id = fleet.submit(TEXTS, "emb", task="tokenize")
     reference = SentenceTransformer(bert_mean, device="cpu")
-    np.testing.assert_allclose(fleet.wait(embed_id).embeddings, reference.encode(TEXTS), atol=2e-5)
-    tokens = fleet.wait(tokens_id)
+    # Waits bounded only against a hang (the rounds of four workers share a CPU that may be busy).
+    np.testing.assert_allclose(fleet.wait(embed_id, HANG).embeddings, reference.encode(TEXTS), atol=2e-5)
+    tokens = fleet.wait(tokens_id, HANG)
     assert tokens.task == "token_embed" and sum(tokens.parts) == tokens.shape[0]
-    assert tokens.usage.prompt_tokens == tokens.shape[0] == sum(len(i["ids"]) for i in fleet.wait(count_id).items)
-    assert fleet.wait(score_id).scores.shape == (3,)
+    assert tokens.usage.prompt_tokens == tokens.shape[0] == sum(len(i["ids"]) for i in fleet.wait(count_id, HANG).items)
+    assert fleet.wait(score_id, HANG).scores.shape == (3,)
 
 
 def test_a_queued_score_request_is_cancelled_like_any(redis_client, redis_url, cross_encoder):

@@ -15,6 +15,7 @@ from common import console
 from common.errors import StartupError
 from common.ports import looks_like_path
 from common.redisclient import check_access, connect, redact
+from worker.engine import cpus
 from worker.serving.config import BUNDLED_MODEL_NAME, WorkerSettings, bundled_model_path
 
 
@@ -24,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(argv: list[str]) -> int:
     settings = WorkerSettings.from_args(argv, "embedfleet worker", __doc__)
+    # Before torch loads: libgomp reads OMP_WAIT_POLICY once, at `import torch` (--gpus children inherit it).
+    threads = cpus.plan(settings.threads, os.environ)
     connection = connect(settings.redis_url)
     # A Redis that is down, a wrong password, a missing ACL permission or a certificate that does not
     # verify fails now, in one line, not after the model has loaded.
@@ -40,7 +43,7 @@ def serve(argv: list[str]) -> int:
         return gpus.run(ids, argv, settings.name, dict(os.environ), settings.metrics_port)
     from worker.engine.engine import Engine  # noqa: PLC0415 - torch loads after the flags
     from worker.engine.models.nullmodel import NullModel, is_null  # noqa: PLC0415 - the null model needs no transformers
-    from worker.engine.probe import Budget, device_limits, probe_budget  # noqa: PLC0415
+    from worker.engine.probe import Budget, device_floor, device_limits, probe_budget  # noqa: PLC0415
     from worker.engine.shaper import Shape, Shaper  # noqa: PLC0415
     from worker.serving.pipeline import BatchWorker  # noqa: PLC0415
 
@@ -53,9 +56,10 @@ def serve(argv: list[str]) -> int:
     else:
         if not path:
             path, name = bundled_model_path(), name or BUNDLED_MODEL_NAME
-        model = _load(path, name, settings)
+        model = _load(path, name, settings, threads)
+        floor = device_floor(model, device_limits(model))  # the probe may raise the shape above it, not under
         budget = probe_budget(model, seconds=settings.probe_seconds, max_tokens=settings.max_batch_tokens,
-                              max_rows=settings.max_batch_size)
+                              max_rows=settings.max_batch_size, floor=floor)
         device = str(model.device)
         dtype = str(next(model.module.parameters()).dtype).removeprefix("torch.")
         engine_label = getattr(model, "engine", "torch")
@@ -68,7 +72,7 @@ def serve(argv: list[str]) -> int:
     if not is_null(path) and settings.learn_shape:  # flags pin what they name; the rest is learned while serving
         most_tokens, most_rows = device_limits(model)
         shaper = Shaper(Shape(budget.max_batch_tokens, budget.max_batch_size),
-                        min_tokens=min(model.caps.max_model_len, most_tokens),
+                        min_tokens=floor[0], min_rows=floor[1],
                         max_tokens=max(most_tokens, budget.max_batch_tokens),
                         max_rows=max(most_rows, budget.max_batch_size),
                         pin_tokens=settings.max_batch_tokens is not None, pin_rows=settings.max_batch_size is not None,
@@ -79,7 +83,7 @@ def serve(argv: list[str]) -> int:
             "max_batch_tokens": budget.max_batch_tokens,
             "max_batch_size": budget.max_batch_size, "budget_source": budget.source, "max_jobs": settings.max_jobs,
             "host": socket.gethostname(), "pid": os.getpid(),  # `embedfleet health --worker` looks for its host
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), **threads.facts()}
     watchdog = (settings.watchdog_seconds, _per_token(settings.watchdog_per_token, budget))
     metrics = _metrics(settings, model.caps.name)
     worker = BatchWorker(engine, connection, cache=cache, max_jobs=settings.max_jobs, bulk_share=settings.bulk_share,
@@ -88,10 +92,11 @@ def serve(argv: list[str]) -> int:
                          lease=settings.lease_seconds, max_deliveries=settings.max_deliveries,
                          drain_timeout=settings.drain_timeout, watchdog=watchdog, name=settings.name, info=info)
     logging.getLogger("embedfleet.worker").info(
-        "serving model %s (%s, dim %d, max length %d, %s on %s, engine %s, probe cosine vs float32 %.6f, batches "
-        "of %s) "
+        "serving model %s (%s, dim %d, max length %d, %s on %s, engine %s, %s, probe cosine vs float32 %.6f, "
+        "batches of %s) "
         "from queue %s on %s as %s; %s", model.caps.name, path, model.caps.embedding_size, model.caps.max_model_len,
-        dtype, device, engine_label, model.fidelity, budget.describe(), worker.queue.name, redact(url), worker.name,
+        dtype, device, engine_label, threads.describe(), model.fidelity, budget.describe(), worker.queue.name,
+        redact(url), worker.name,
         "cache off" if cache is None else f"cache on {redact(settings.cache_url or url)}, model identity "
                                           f"{cache.identity}, entries live {settings.cache_ttl} s")
     worker.work(burst=settings.burst)
@@ -155,9 +160,12 @@ def _per_token(flag: float | None, budget) -> float:
     return 10.0 / min(rates) if rates else 0.01
 
 
-def _load(path: str, name: str | None, settings: WorkerSettings):
+def _load(path: str, name: str | None, settings: WorkerSettings, threads: cpus.Threads):
     """The model, or one line that says why not."""
-    from transformers.utils import logging as hf_logging  # noqa: PLC0415 - torch loads after the flags
+    import torch  # noqa: PLC0415 - torch loads after the flags and the wait policy
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415
+
+    torch.set_num_threads(threads.count)  # worker/engine/cpus.py: the CPU this process has, not the host's
 
     from worker.engine.backends import EngineChoice  # noqa: PLC0415
     from worker.engine.models.loader import load_model  # noqa: PLC0415
@@ -172,7 +180,7 @@ def _load(path: str, name: str | None, settings: WorkerSettings):
                           trust_request_chat_template=settings.trust_request_chat_template,
                           raw_text=settings.raw_text,
                           engine=EngineChoice(settings.engine, settings.quantize, settings.fidelity_gate,
-                                              settings.engine_cache_dir))
+                                              settings.engine_cache_dir, threads.count, threads.spinning))
     except (OSError, ValueError) as exc:  # transformers and the hub say "not found" with both
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise StartupError(f"cannot load model '{path}': {type(exc).__name__}: {first}; pass --model with a "

@@ -15,8 +15,8 @@ from common.config import Settings
 from common.redisclient import redact
 
 DOC = """Served models and their queues per priority (depth, oldest job's age, in progress), live workers (host,
-device, dtype, batch budget, state, the round on the device, texts/s over the last minute, last beat),
-failures of the last hour by error code, and the cache hit rate where workers count one."""
+device and its CPU threads, dtype, batch budget, state, the round on the device, texts/s over the last minute,
+last beat), failures of the last hour by error code, and the cache hit rate where workers count one."""
 
 
 class StatusSettings(Settings):
@@ -98,9 +98,13 @@ def _workers(fleet: dict) -> Table:
         budget = f"{worker.get('max_batch_tokens', '?')} tok / {worker.get('max_batch_size', '?')} rows"
         if "pass_tokens_per_s" in worker:  # the learned shape's measured rate
             budget += f" @ {worker['pass_tokens_per_s']:,.0f} tok/s"
+        device = worker.get("device", "?")
+        if "threads" in worker:  # the CPU threads of its forward pass and why that many (worker/engine/cpus.py)
+            count = worker["threads"]
+            device += f", {count} thread{'s' * (count != 1)} ({worker.get('threads_source', '?')})"
         current = f"{worker['current_texts']} texts" if worker.get("current_texts") else "-"
         rate = f"{worker['texts_per_s']:.1f}" if "texts_per_s" in worker else "?"
-        table.add_row(worker["name"], worker.get("model", "?"), worker.get("host", "?"), worker.get("device", "?"),
+        table.add_row(worker["name"], worker.get("model", "?"), worker.get("host", "?"), device,
                       worker.get("dtype", "?"), budget, worker.get("state", "?"), current, rate,
                       _seconds(worker["last_beat_s"]) + " ago")
     return table

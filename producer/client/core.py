@@ -84,7 +84,9 @@ WORKER_FIELDS = {"model": str, "device": str, "dtype": str, "max_batch_tokens": 
                  "state": str, "current_requests": int, "current_texts": int, "texts_per_s": (int, float),
                  "texts_history": list, "history_bucket_s": int, "rounds": int, "texts_done": int,
                  "started_at": (int, float), "cache_hits": int, "cache_misses": int,
-                 "pass_tokens_per_s": (int, float)}  # the learned shape's measured rate (worker/engine/shaper.py)
+                 "pass_tokens_per_s": (int, float),  # the learned shape's measured rate (worker/engine/shaper.py)
+                 # the forward pass's CPU threads, why that many, and how they wait (worker/engine/cpus.py)
+                 "threads": int, "threads_source": str, "omp_wait_policy": str}
 
 
 def parse_worker_info(name: str, raw: bytes | None) -> dict | None:

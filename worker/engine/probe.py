@@ -6,6 +6,11 @@ texts/s has clearly peaked or the time is spent, then scores every (budget, cap)
 suggest; a pair's cost is the time to embed one text of each probed length at the rates measured (a batch
 of a length gets min(cap, budget // length) rows). The cheapest pair wins; between equals the smaller (lower
 latency). Bounded by `seconds`; logged.
+
+Whatever it measured, the shape is never below the device's floor (`device_floor`, TEI's max_batch_tokens
+idea): a probe run while neighbours hold the cores sees small passes win by noise or starvation and would
+otherwise serve 1-row passes for life. The probe (and the learner, worker/engine/shaper.py) may raise the
+shape above the floor, never lower it under; a flag is the user's and stays as given.
 """
 
 from __future__ import annotations
@@ -17,6 +22,11 @@ from dataclasses import dataclass, field
 log = logging.getLogger(__name__)
 
 TOLERANCE = 1e-6  # relative cost within which two shapes count as equally fast (then the smaller wins)
+# The floor: (padded tokens, rows) per pass a round fills when it has the inputs. On a CPU 16 short rows cost
+# about 3x one row's time for 16x its texts (MiniLM, BENCHMARKS.md table 14), so the floor costs an
+# interactive request little and a starved probe's 1-row guess much; a GPU's is TEI's default budget.
+CPU_FLOOR = (2048, 16)
+GPU_FLOOR = (16384, 64)
 
 
 @dataclass(frozen=True)
@@ -99,9 +109,16 @@ def choose(rates: dict[int, dict[int, float]], max_tokens: int | None = None,
     return pick
 
 
+def floored(budget: int, cap: int, floor: tuple[int, int], max_tokens: int | None = None,
+             max_rows: int | None = None) -> tuple[int, int]:
+    """(budget, cap) raised to the floor; a dimension a flag fixed stays as the flag has it."""
+    return (max_tokens or max(budget, floor[0]), max_rows or max(cap, floor[1]))
+
+
 def probe_budget(model, *, seconds: float = 5.0, max_tokens: int | None = None, max_rows: int | None = None,
-                 limit_tokens: int = 131072, limit_rows: int = 1024) -> Budget:
-    """Probe `model` (a LoadedModel) unless both flags are given; flags win over the probe."""
+                 limit_tokens: int = 131072, limit_rows: int = 1024, floor: tuple[int, int] = (1, 1)) -> Budget:
+    """Probe `model` (a LoadedModel) unless both flags are given; flags win over the probe, the floor
+    (`device_floor`) over what the probe measured."""
     if max_tokens and max_rows:
         return Budget(max_tokens, max_rows, "flags")
     token_id = _ordinary_token(model)
@@ -109,9 +126,13 @@ def probe_budget(model, *, seconds: float = 5.0, max_tokens: int | None = None, 
     began = time.monotonic()
     rates = measure(lambda ids: model.embed(ids), token_id, lengths, seconds,
                     max_rows or limit_rows, max_tokens or limit_tokens)
-    budget, cap = choose(rates, max_tokens, max_rows)
+    measured = choose(rates, max_tokens, max_rows)
+    budget, cap = floored(*measured, floor, max_tokens, max_rows)
+    source = "probe+flags" if (max_tokens or max_rows) else "probe"
+    if (budget, cap) != measured:
+        source += f", floor {floor[0]} tok / {floor[1]} rows"
     budget = max(budget, max(lengths))  # a batch of one longest input must always fit
-    result = Budget(budget, cap, "probe+flags" if (max_tokens or max_rows) else "probe",
+    result = Budget(budget, cap, source,
                     {length: max(curve.values()) for length, curve in rates.items() if curve})
     log.info("batch budget probe (%.1f s): %s; texts/s by rows: %s", time.monotonic() - began,
              result.describe(), {length: {r: round(v) for r, v in curve.items()} for length, curve in rates.items()})
@@ -126,6 +147,14 @@ def _ordinary_token(model) -> int:
     ids = tokenizer("embedding probe", add_special_tokens=False)["input_ids"]
     return ids[0] if ids else max(0, min(1000, model.caps.vocab_size - 1))
 
+
+
+def device_floor(model, limits: tuple[int, int]) -> tuple[int, int]:
+    """The least (padded tokens, rows) per pass this device runs when a round has the inputs (see above),
+    within the device's `limits` (device_limits) and at least one pass of the model's longest input."""
+    device = getattr(model, "device", None)
+    tokens, rows = GPU_FLOOR if getattr(device, "type", str(device)) == "cuda" else CPU_FLOOR
+    return max(min(tokens, limits[0]), min(model.caps.max_model_len, limits[0])), min(rows, limits[1])
 
 
 def device_limits(model) -> tuple[int, int]:

@@ -31,6 +31,10 @@ class WorkerSettings(Settings):
                                         "an engine may serve at; default 0.99999, 0.99 with --quantize int8")
     engine_cache_dir: str | None = Field(None, description="where exports are cached, one folder per model files "
                                          "+ engine + versions; default ${XDG_CACHE_HOME:-~/.cache}/embedfleet/engines")
+    threads: int | None = Field(None, ge=0, description="CPU threads of the forward pass (torch, ONNX Runtime, "
+                                "OpenVINO); 0 or unset: the CPUs of the process's affinity, capped by its cgroup "
+                                "CPU quota rounded up (worker/engine/cpus.py). OpenMP waits PASSIVE (sleeps, does "
+                                "not spin on a shared core) unless OMP_WAIT_POLICY is set")
     max_batch_tokens: int | None = Field(None, ge=1, description="padded tokens per forward pass; default: "
                                                                "probed at start-up for this model and device")
     max_batch_size: int | None = Field(None, ge=1, description="rows per forward pass; default: probed at "

@@ -8,7 +8,6 @@ Tokeniser, pooling, Dense, normalisation, Matryoshka and every task stay in work
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 from common.errors import StartupError
@@ -31,6 +30,8 @@ class EngineChoice:
     quantize: str | None = None
     gate: float | None = None  # None: GATES[quantize]
     cache_dir: str | None = None  # None: worker/engine/backends/cache.py default_root()
+    threads: int | None = None  # the engine's intra-op threads (worker/engine/cpus.py); None: the affinity's CPUs
+    spinning: bool = False  # waiting threads may spin (OMP_WAIT_POLICY=ACTIVE): ONNX Runtime's allow_spinning
 
     @property
     def label(self) -> str:
@@ -76,6 +77,7 @@ def check(choice: EngineChoice, *, dtype: str | None, device: str | None, classi
 def attach(loaded, choice: EngineChoice, model_dir: str, hf_config) -> None:
     """Give `loaded` (a float32 torch LoadedModel) the chosen engine's forward, or raise StartupError when it
     falls below the gate; its torch weights are then released (only the module's config is kept)."""
+    from worker.engine import cpus  # noqa: PLC0415
     from worker.engine.backends import cache  # noqa: PLC0415 - the backends load their runtimes lazily
     from worker.engine.backends.calibration import calibration_samples  # noqa: PLC0415
     from worker.engine.fidelity import engine_fidelity  # noqa: PLC0415
@@ -83,14 +85,14 @@ def attach(loaded, choice: EngineChoice, model_dir: str, hf_config) -> None:
 
     root = choice.cache_dir or cache.default_root()
     digest = folder_digest(loaded.folder)
-    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = choice.threads or cpus.affinity()
     left = loaded.padding_side == "left"
     if choice.engine == "onnx":
         from worker.engine.backends import onnx  # noqa: PLC0415
 
         def build(scheme: str):
             return onnx.load(model_dir, hf_config, quantize=choice.quantize, files_digest=digest, root=root,
-                             threads=threads, left_padding=left, scheme=scheme)
+                             threads=threads, left_padding=left, scheme=scheme, spinning=choice.spinning)
         schemes = onnx.SCHEMES
     else:
         from worker.engine.backends import onnx, openvino  # noqa: PLC0415

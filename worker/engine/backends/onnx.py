@@ -24,13 +24,16 @@ class OnnxBackend:
 
     engine = "onnx"
 
-    def __init__(self, path: str, threads: int, quantize: str | None = None, source: str = ""):
+    def __init__(self, path: str, threads: int, quantize: str | None = None, source: str = "",
+                 spinning: bool = False):
         import onnxruntime as ort  # noqa: PLC0415 - the [onnx] extra
 
         options = ort.SessionOptions()
-        # One pass at a time per worker: all cores inside the operators, none between them.
+        # One pass at a time per worker: all its threads inside the operators, none between them.
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+        # Threads that spin while they wait hold a shared core from its neighbours (worker/engine/cpus.py).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3  # its warnings about unused initialisers are noise in a worker's log
@@ -87,7 +90,7 @@ SCHEMES = export.SCHEMES
 
 
 def load(model_dir: str, hf_config, *, quantize: str | None, files_digest: str, root: str, threads: int,
-         left_padding: bool, scheme: str = "all") -> OnnxBackend:
+         left_padding: bool, scheme: str = "all", spinning: bool = False) -> OnnxBackend:
     """The folder's shipped export (onnx/model.onnx) or ours from the cache; --quantize int8 quantises
     either once per scheme (export.SCHEMES), into a cache folder of its own."""
     shipped = os.path.join(model_dir, SHIPPED)
@@ -100,12 +103,12 @@ def load(model_dir: str, hf_config, *, quantize: str | None, files_digest: str, 
             # float32 runs the unfused graph: measured here (MiniLM, 2 AVX-512 cores) the session's own
             # fusions beat the optimizer's (1.08x vs 0.92x torch on 32 short texts); int8 quantises the fused
             # graph, whose single Attention operator is what its "attention" layout quantises.
-            return OnnxBackend(os.path.join(folder, "raw.onnx"), threads, None, what)
+            return OnnxBackend(os.path.join(folder, "raw.onnx"), threads, None, what, spinning)
     if not quantize:
-        return OnnxBackend(source, threads, None, what)
+        return OnnxBackend(source, threads, None, what, spinning)
     engine = f"onnx{'-shipped' if source == shipped else ''}-{scheme}"
     folder = cache.cached(root, cache.export_key(files_digest, engine, quantize, export.versions()),
                           lambda out: export.quantize_int8(source, os.path.join(out, "model_int8.onnx"), scheme),
                           "model_int8.onnx")
     return OnnxBackend(os.path.join(folder, "model_int8.onnx"), threads, quantize,
-                       f"{what}, int8 ({scheme}) in {folder}")
+                       f"{what}, int8 ({scheme}) in {folder}", spinning)

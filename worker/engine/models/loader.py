@@ -77,9 +77,6 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         checkpoint = saved.get("dtype") or saved.get("torch_dtype")
         dtype = "float32" if device.type == "cpu" else \
             ("bfloat16" if str(checkpoint).endswith("bfloat16") else "float16")
-    if device.type == "cpu":
-        torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                              else os.cpu_count() or 1)
 
     options = LoadOptions(name=_served_name(path_or_id, served_name), device=device, dtype=dtype,
                           max_inputs=max_inputs, matryoshka_dims=matryoshka_dims, max_embed_len=max_embed_len,
