@@ -158,11 +158,15 @@ class Drive:
                 await self.store.forget(self.batch_id)
                 return
             if status == "validating":
-                await self.validate()
+                if expired(batch):  # past its window whatever its state: never validated, nothing to write
+                    await self.store.transition(self.batch_id, ("validating",), "expired", token=self.token,
+                                                end=True, expired_at=now())
+                else:
+                    await self.validate()
                 continue
             lines = await self.load()
             if status == "finalizing":
-                await self.end(batch, lines, ("finalizing",), "completed")
+                await self.end(batch, lines, ("finalizing",), "expired" if expired(batch) else "completed")
                 continue
             reason = "cancelled" if status == "cancelling" else "expired" if expired(batch) else None
             reason = await self.process(lines, reason)
@@ -172,18 +176,25 @@ class Drive:
             else:
                 await self.end(batch, lines, ("cancelling",) if reason == "cancelled" else ("in_progress",), reason)
 
+    async def read_input(self) -> tuple[list[Line], list[batchlines.FileError]]:
+        """The input file's lines, read part by part (a missing input is the file's error)."""
+        reader = batchlines.Reader(max_body_bytes=self.gw.settings.max_body_bytes)
+        try:
+            async for part in self.store.input_parts(self.batch_id):
+                reader.feed(part)
+        except FileNotFoundError:
+            return [], [batchlines.FileError("file_missing", "the batch's input is gone (expired)")]
+        return reader.finish()
+
     async def load(self) -> list[Line]:
         if self.lines is None:
-            data = await self.store.input_data(self.batch_id)
-            if data is None:
+            self.lines, errors = await self.read_input()
+            if errors and errors[0].code == "file_missing":
                 raise BatchGone(self.batch_id)
-            self.lines, _ = batchlines.parse(data)
         return self.lines
 
     async def validate(self) -> None:
-        data = await self.store.input_data(self.batch_id)
-        found, errors = batchlines.parse(data) if data is not None else ([], [batchlines.FileError(
-            "file_missing", "the batch's input is gone (expired)")])
+        found, errors = await self.read_input()
         if errors:
             await self.store.transition(self.batch_id, ("validating",), "failed", token=self.token, end=True,
                                         failed_at=now(), errors=json.dumps([e.as_dict() for e in errors]))
@@ -256,6 +267,12 @@ class Drive:
 
     async def run_line(self, line: Line) -> Collected:
         request_id = self.request_id(line)
+        if line.body.truncate_prompt_tokens == 0:  # the route's answer: no rows, nothing queued (service.run)
+            try:
+                result = await self.gw.no_inputs(line.body.model, line.body.param_fields())
+            except EmbedfleetError as err:
+                return line.index, False, 0, batchlines.failed(line, request_id, err)
+            return self.answered(line, request_id, result)
         if self.stopping is None:
             refused = await self.submit(line, request_id)
             if refused is not None:
@@ -273,8 +290,7 @@ class Drive:
         finally:
             self.waiting.discard(request_id)
         if result.ok:
-            body = encoding.embeddings_response(result, line.body.encoding_format, line.body.explicit_layout).body
-            return line.index, True, result.usage.prompt_tokens, batchlines.answered(line, request_id, 200, body)
+            return self.answered(line, request_id, result)
         try:
             result.raise_for_error()
         except EmbedfleetError as err:
@@ -282,6 +298,11 @@ class Drive:
                 return line.index, False, 0, batchlines.unrun(line, request_id, self.stopping)
             return line.index, False, 0, batchlines.failed(line, request_id, err)
         raise AssertionError("a result that is neither ok nor an error")  # pragma: no cover
+
+    @staticmethod
+    def answered(line: Line, request_id: str, result) -> Collected:
+        body = encoding.embeddings_response(result, line.body.encoding_format, line.body.explicit_layout).body
+        return line.index, True, result.usage.prompt_tokens, batchlines.answered(line, request_id, 200, body)
 
     async def submit(self, line: Line, request_id: str) -> Collected | None:
         """Submit the line as `request_id` at bulk priority; None once it is in the fleet (now or before),
@@ -305,27 +326,54 @@ class Drive:
     # -- the end ------------------------------------------------------------------------------------
     async def end(self, batch: dict, lines: list[Line], before: tuple[str, ...], after: str) -> None:
         """Write the output and error files (ids derived from the batch: a retry writes the same files) and
-        set the final status; the batch's work keys go."""
-        stored = await self.store.lines(self.batch_id)
-        meta = batch["meta"]
-        files = {}
-        for which, ok in (("output", True), ("error", False)):
-            content = b"".join(line + b"\n" for _, (good, line) in sorted(stored.items()) if good == ok)
-            if content:
-                files[f"{which}_file_id"] = await self.put_output(meta, which, content)
+        set the final status; the batch's work keys go. Files that Redis refuses while it answers (a part
+        over its proto-max-bulk-len, out of memory) cannot be stored by trying again: the batch fails with
+        the reason, rather than staying `finalizing` until it expires."""
+        try:
+            files = await self.write_outputs(batch["meta"], len(lines))
+        except (redis.RedisError, OSError) as exc:
+            if not await self.store.answers():
+                raise  # Redis away: retried once it is back (the driver is taken up again)
+            log.error("batch %s: its output files cannot be stored (%s); the batch fails", self.batch_id, exc)
+            reason = batchlines.FileError("output_not_stored", f"the batch's output files could not be stored in "
+                                          f"Redis ({exc}); its answers are lost. Split the batch into smaller "
+                                          "ones, or ask the operator to lower --file-part-bytes below Redis's "
+                                          "proto-max-bulk-len or give Redis more memory")
+            await self.store.transition(self.batch_id, before, "failed", token=self.token, end=True,
+                                        total=len(lines), failed_at=now(), errors=json.dumps([reason.as_dict()]))
+            return
         await self.store.transition(self.batch_id, before, after, token=self.token, end=True,
                                     total=len(lines), **{f"{after}_at": now()}, **files)
         log.info("batch %s: %s (%d lines)", self.batch_id, after, len(lines))
 
-    async def put_output(self, meta: dict, which: str, content: bytes) -> str:
-        file_id = objects.output_file_id(self.batch_id, which)
-        ttl = meta.get("output_ttl") or self.runner.output_ttl
-        created = now()
-        file_meta = {"id": file_id, "bytes": len(content), "created_at": created,
-                     "filename": f"{self.batch_id}_{which}.jsonl", "purpose": "batch_output",
-                     "expires_at": created + ttl, **({"owner": meta["owner"]} if meta.get("owner") else {})}
-        await self.store.put_file(file_meta, content, ttl)
-        return file_id
+    async def write_outputs(self, meta: dict, total: int) -> dict[str, str]:
+        """The output and error files, written part by part from the collected lines in order (no more than
+        a part of each and one read of lines in memory); their ids by field name (only files with lines)."""
+        part_bytes = self.gw.settings.file_part_bytes
+        writers = {ok: await self.store.file_writer(objects.output_file_id(self.batch_id, which),
+                                                   part_bytes).start()
+                   for ok, which in ((True, "output"), (False, "error"))}
+        try:
+            async for ok, line in self.store.lines(self.batch_id, total):
+                await writers[ok].write(line + b"\n")
+            files = {}
+            ttl = meta.get("output_ttl") or self.runner.output_ttl
+            for ok, which in ((True, "output"), (False, "error")):
+                writer = writers.pop(ok)
+                if writer.size == 0:
+                    await self.store.discard(writer)
+                    continue
+                created = now()
+                file_meta = {"id": objects.output_file_id(self.batch_id, which), "created_at": created,
+                             "filename": f"{self.batch_id}_{which}.jsonl", "purpose": "batch_output",
+                             "expires_at": created + ttl, **({"owner": meta["owner"]} if meta.get("owner") else {})}
+                await self.store.commit_file(file_meta, writer, ttl)
+                files[f"{which}_file_id"] = file_meta["id"]
+            return files
+        finally:
+            for writer in writers.values():  # a failed write leaves no staging key behind for long
+                with contextlib.suppress(redis.RedisError, OSError):
+                    await self.store.discard(writer)
 
 
 def expired(batch: dict) -> bool:
