@@ -41,10 +41,10 @@ def run_one(tree: Path, model: str, lines: int, texts: list[str], in_flight: int
     import openai
 
     with RedisServer() as server:
-        worker = Process([sys.executable, "-m", "worker", "--redis-url", server.url, "--model", model,
+        worker = Process([sys.executable, "-P", "-m", "worker", "--redis-url", server.url, "--model", model,
                           "--served-model-name", SERVED], "worker", pythonpath=(tree,))
         port = free_port()
-        gateway = Process([sys.executable, "-m", "producer.gateway", "--redis-url", server.url, "--port",
+        gateway = Process([sys.executable, "-P", "-m", "producer.gateway", "--redis-url", server.url, "--port",
                            str(port), "--log-level", "warning", "--max-queue-depth", "1000000",
                            "--batch-in-flight", str(in_flight), "--batch-poll-seconds", "0.2"],
                           "gateway", pythonpath=(tree,))
