@@ -4,12 +4,14 @@
         [--model null:384] [--in-flight 256] [--timeout 1800] [--json OUT] [--corpus PATH]
 
 For each tree (a checkout: `/work/main` is "before", `.` this one) and each line count, a private
-redis-server, one `python -m worker --model MODEL` and one `python -m producer.gateway`, both run from that
-tree, then one batch of N lines (short corpus texts, one per line) through the `openai` client's
-files.create + batches.create. The batch's request_counts are polled every 0.25 s; each quarter's rate is
-its lines over the time from the first poll at or past its start to the first poll at or past its end. The
-ratio last/first quarter is what the issue targets (>= 0.7). The null model (`null:<dim>`) keeps the worker
-cheap, so what is measured is the queue and the gateway's runner; `--model PATH` runs a real model.
+redis-server, one `python -P -m worker --model MODEL` and one `python -P -m producer.gateway`, both run from
+that tree (-P: the checkout in the current directory is not put first), then one batch of N lines through
+the `openai` client's files.create + batches.create (line i: a short corpus text and i, so that each is new
+to the worker's vector cache and the quarters hold the same mix of lengths). The batch's request_counts
+are polled every 0.25 s; each quarter's rate is its lines over the time from the first poll at or past its
+start to the first poll at or past its end. The ratio last/first quarter is what the issue targets
+(>= 0.7). The null model (`null:<dim>`) keeps the worker cheap, so what is measured is the queue and the
+gateway's runner; `--model PATH` runs a real model.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ SERVED = "bench"
 def batch_file(texts: list[str], lines: int) -> bytes:
     out = io.BytesIO()
     for i in range(lines):
-        body = {"model": SERVED, "input": texts[i % len(texts)]}
+        body = {"model": SERVED, "input": f"{texts[i % len(texts)]} {i}"}  # unique: the vector cache never answers
         out.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/embeddings",
                               "body": body}).encode() + b"\n")
     return out.getvalue()

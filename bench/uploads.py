@@ -39,9 +39,9 @@ def run_one(tree: Path, content: bytes, concurrent: int) -> dict:
 
     with RedisServer() as server:
         port = free_port()
-        gateway = Process([sys.executable, "-P", "-m", "producer.gateway", "--redis-url", server.url, "--port", str(port),
-                           "--log-level", "warning", "--batch-max-running", "0"], "gateway", pythonpath=(tree,),
-                          env={"EMBEDFLEET_MAX_CONCURRENT_UPLOADS": str(concurrent)})
+        gateway = Process([sys.executable, "-P", "-m", "producer.gateway", "--redis-url", server.url, "--port",
+                           str(port), "--log-level", "warning", "--batch-max-running", "0"], "gateway",
+                          pythonpath=(tree,), env={"EMBEDFLEET_MAX_CONCURRENT_UPLOADS": str(concurrent)})
         with gateway:
             base = f"http://127.0.0.1:{port}"
             wait_http(gateway, base + "/health", 60, any_status=True)
