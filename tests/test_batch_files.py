@@ -135,6 +135,22 @@ def test_an_output_redis_refuses_fails_the_batch_with_a_reason_in_one_drive(flee
         connection.close()
 
 
+def test_an_answer_redis_refuses_fails_the_batch_with_a_reason(fleet):
+    """One line's answer (150 inputs x 1024 floats as JSON: ~1.2 MB) is over what this Redis takes in one
+    value: collecting it is refused twice while Redis answers, and the batch fails saying so."""
+    content = batch_file([{"model": NULL, "input": "a"}, {"model": NULL, "input": ["b"] * 150}])
+    server = gateway_on(fleet.url, file_part_bytes=PART)
+    try:
+        client = client_of(server)
+        uploaded = client.files.create(file=("huge.jsonl", content), purpose="batch")
+        batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+        done = wait_ended(client, batch.id)
+        assert done.status == "failed" and [e.code for e in done.errors.data] == ["output_not_stored"], done
+        assert done.errors.data[0].message.startswith("the batch's answers could not be stored in Redis (")
+    finally:
+        server.stop()
+
+
 def test_past_its_window_a_batch_expires_from_any_state(fleet):
     """A batch left `finalizing` (every line answered) or `validating` by a replica that died, found past
     its completion window: it expires (the answers it has are kept in its files), never stays as it was."""

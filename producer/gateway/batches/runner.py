@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -37,6 +38,15 @@ CHECK_SECONDS = 0.5  # how often a driver re-reads its batch's status (a cancel)
 RETRY_SECONDS = 1.0  # pause before a line refused for now (queue full, no worker, Redis away) is tried again
 TRANSIENT = (QueueFullError, NoWorkerError, UnavailableError)
 Collected = tuple[int, bool, int, bytes]  # index, answered with a 2xx, prompt tokens, the output line
+
+
+class Unstorable(Exception):
+    """Redis refuses what a batch must store while it answers (Drive.stored): the batch fails."""
+
+    def __init__(self, what: str, error: Exception):
+        super().__init__(what, error)
+        self.what = what
+        self.error = error
 
 
 class Runner:
@@ -165,16 +175,51 @@ class Drive:
                     await self.validate()
                 continue
             lines = await self.load()
-            if status == "finalizing":
-                await self.end(batch, lines, ("finalizing",), "expired" if expired(batch) else "completed")
-                continue
-            reason = "cancelled" if status == "cancelling" else "expired" if expired(batch) else None
-            reason = await self.process(lines, reason)
-            if reason is None:
-                await self.store.transition(self.batch_id, ("in_progress",), "finalizing", token=self.token,
-                                            finalizing_at=now())
-            else:
-                await self.end(batch, lines, ("cancelling",) if reason == "cancelled" else ("in_progress",), reason)
+            try:
+                await self.advance(batch, lines)
+            except Unstorable as refused:
+                await self.fail_unstorable(len(lines), refused)
+
+    async def advance(self, batch: dict, lines: list[Line]) -> None:
+        """Run the lines of an in_progress or cancelling batch, or write the files of a finalizing one."""
+        if batch["status"] == "finalizing":
+            await self.end(batch, lines, ("finalizing",), "expired" if expired(batch) else "completed")
+            return
+        reason = "cancelled" if batch["status"] == "cancelling" else "expired" if expired(batch) else None
+        reason = await self.process(lines, reason)
+        if reason is None:
+            await self.store.transition(self.batch_id, ("in_progress",), "finalizing", token=self.token,
+                                        finalizing_at=now())
+        else:
+            await self.end(batch, lines, ("cancelling",) if reason == "cancelled" else ("in_progress",), reason)
+
+    async def stored(self, write, what: str):
+        """`write()`'s result. A write that Redis refuses while it answers (a value over its proto-max-bulk-len,
+        out of memory) is tried once more, then raises Unstorable: trying again later would not help, and the
+        batch fails with the reason instead of being retaken forever. Redis not answering is an outage: the
+        error goes up and the batch is taken up again once Redis is back."""
+        for attempt in (1, 2):
+            try:
+                return await write()
+            except (redis.RedisError, OSError) as exc:
+                if not await self.store.answers():
+                    raise
+                if attempt == 2:
+                    raise Unstorable(what, exc) from exc
+                log.warning("batch %s: storing %s failed while Redis answers (%s); trying once more", self.batch_id,
+                            what, exc)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def fail_unstorable(self, total: int, refused: Unstorable) -> None:
+        log.error("batch %s: %s cannot be stored (%s); the batch fails", self.batch_id, refused.what,
+                  refused.error)
+        reason = batchlines.FileError("output_not_stored", f"the batch's {refused.what} could not be stored in "
+                                      f"Redis ({refused.error}); its answers are lost. Split the batch into "
+                                      "smaller ones, or ask the operator to lower --file-part-bytes below "
+                                      "Redis's proto-max-bulk-len or give Redis more memory")
+        await self.store.transition(self.batch_id, ("in_progress", "finalizing", "cancelling"), "failed",
+                                    token=self.token, end=True, total=total, failed_at=now(),
+                                    errors=json.dumps([reason.as_dict()]))
 
     async def read_input(self) -> tuple[list[Line], list[batchlines.FileError]]:
         """The input file's lines, read part by part (a missing input is the file's error)."""
@@ -236,7 +281,8 @@ class Drive:
                         else:
                             failure = failure or task.exception()
                 if ready:
-                    await self.store.collect(self.batch_id, self.token, ready)
+                    collect = functools.partial(self.store.collect, self.batch_id, self.token, ready)
+                    await self.stored(collect, "answers")
                 if failure is not None:  # e.g. Redis away for longer than a wait rides out: retaken later
                     raise failure
                 if self.stopping is None and time.monotonic() >= check:
@@ -328,20 +374,8 @@ class Drive:
         """Write the output and error files (ids derived from the batch: a retry writes the same files) and
         set the final status; the batch's work keys go. Files that Redis refuses while it answers (a part
         over its proto-max-bulk-len, out of memory) cannot be stored by trying again: the batch fails with
-        the reason, rather than staying `finalizing` until it expires."""
-        try:
-            files = await self.write_outputs(batch["meta"], len(lines))
-        except (redis.RedisError, OSError) as exc:
-            if not await self.store.answers():
-                raise  # Redis away: retried once it is back (the driver is taken up again)
-            log.error("batch %s: its output files cannot be stored (%s); the batch fails", self.batch_id, exc)
-            reason = batchlines.FileError("output_not_stored", f"the batch's output files could not be stored in "
-                                          f"Redis ({exc}); its answers are lost. Split the batch into smaller "
-                                          "ones, or ask the operator to lower --file-part-bytes below Redis's "
-                                          "proto-max-bulk-len or give Redis more memory")
-            await self.store.transition(self.batch_id, before, "failed", token=self.token, end=True,
-                                        total=len(lines), failed_at=now(), errors=json.dumps([reason.as_dict()]))
-            return
+        the reason (Drive.stored), rather than staying `finalizing` until it expires."""
+        files = await self.stored(functools.partial(self.write_outputs, batch["meta"], len(lines)), "output files")
         await self.store.transition(self.batch_id, before, after, token=self.token, end=True,
                                     total=len(lines), **{f"{after}_at": now()}, **files)
         log.info("batch %s: %s (%d lines)", self.batch_id, after, len(lines))
