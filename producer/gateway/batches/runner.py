@@ -30,6 +30,7 @@ from common.protocol import keys
 from producer.gateway import encoding
 from producer.gateway.batches import lines as batchlines, objects
 from producer.gateway.batches.lines import Line
+from producer.gateway.batches.output import write_outputs
 from producer.gateway.batches.store import BatchGone, LeaseLost, Store, now
 
 log = logging.getLogger(__name__)
@@ -375,39 +376,12 @@ class Drive:
         set the final status; the batch's work keys go. Files that Redis refuses while it answers (a part
         over its proto-max-bulk-len, out of memory) cannot be stored by trying again: the batch fails with
         the reason (Drive.stored), rather than staying `finalizing` until it expires."""
-        files = await self.stored(functools.partial(self.write_outputs, batch["meta"], len(lines)), "output files")
+        write = functools.partial(write_outputs, self.store, self.batch_id, batch["meta"], len(lines),
+                                  self.gw.settings.file_part_bytes, self.runner.output_ttl)
+        files = await self.stored(write, "output files")
         await self.store.transition(self.batch_id, before, after, token=self.token, end=True,
                                     total=len(lines), **{f"{after}_at": now()}, **files)
         log.info("batch %s: %s (%d lines)", self.batch_id, after, len(lines))
-
-    async def write_outputs(self, meta: dict, total: int) -> dict[str, str]:
-        """The output and error files, written part by part from the collected lines in order (no more than
-        a part of each and one read of lines in memory); their ids by field name (only files with lines)."""
-        part_bytes = self.gw.settings.file_part_bytes
-        writers = {ok: await self.store.file_writer(objects.output_file_id(self.batch_id, which),
-                                                   part_bytes).start()
-                   for ok, which in ((True, "output"), (False, "error"))}
-        try:
-            async for ok, line in self.store.lines(self.batch_id, total):
-                await writers[ok].write(line + b"\n")
-            files = {}
-            ttl = meta.get("output_ttl") or self.runner.output_ttl
-            for ok, which in ((True, "output"), (False, "error")):
-                writer = writers.pop(ok)
-                if writer.size == 0:
-                    await self.store.discard(writer)
-                    continue
-                created = now()
-                file_meta = {"id": objects.output_file_id(self.batch_id, which), "created_at": created,
-                             "filename": f"{self.batch_id}_{which}.jsonl", "purpose": "batch_output",
-                             "expires_at": created + ttl, **({"owner": meta["owner"]} if meta.get("owner") else {})}
-                await self.store.commit_file(file_meta, writer, ttl)
-                files[f"{which}_file_id"] = file_meta["id"]
-            return files
-        finally:
-            for writer in writers.values():  # a failed write leaves no staging key behind for long
-                with contextlib.suppress(redis.RedisError, OSError):
-                    await self.store.discard(writer)
 
 
 def expired(batch: dict) -> bool:
