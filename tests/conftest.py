@@ -30,6 +30,24 @@ def restartable_redis(tmp_path):
 
 
 @pytest.fixture
+def configured_redis(tmp_path):
+    """Start a redis-server of the test's own with extra config lines, e.g.
+    `configured_redis("proto-max-bulk-len 1mb")` (a Redis that refuses any value over 1 MB)."""
+    servers = []
+
+    def start(*lines: str) -> RedisServer:
+        folder = tmp_path / f"redis-{len(servers)}"
+        folder.mkdir()
+        (folder / "redis.conf").write_text("".join(f"{line}\n" for line in lines))
+        servers.append(RedisServer(folder / "data", config_file=folder / "redis.conf").start())
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
 def redis_url(redis_server) -> str:
     """URL of the session's redis-server, flushed so each test starts empty."""
     client = redis.Redis.from_url(redis_server.url)

@@ -495,9 +495,11 @@ def test_a_lapsed_lease_writes_nothing_and_each_line_counts_once(redis_server):
     async def scenario():
         connection = aioredis.Redis.from_url(redis_server.url)
         store = Store(connection)
-        meta = {"id": batch_id, "created_at": now(), "expires_at": now() + 60}
+        file_id = f"file-{uuid.uuid4().hex[:24]}"
+        await store.commit_file({"id": file_id, "created_at": now()}, store.file_writer(file_id, 1024), 60)
+        meta = {"id": batch_id, "created_at": now(), "expires_at": now() + 60, "input_file_id": file_id}
         assert await store.claim(batch_id, "replica-a", 30)  # before it is listed: no runner may take it
-        await store.create_batch(meta, b"")
+        assert await store.create_batch(meta)
         assert not await store.claim(batch_id, "replica-b", 30)  # one driver at a time
         assert await store.collect(batch_id, "replica-a", [(0, True, 3, b"{}"), (1, False, 0, b"{}")]) == 2
         await connection.delete(keys.batch_lease_key(batch_id))  # replica a's lease lapsed ...
@@ -538,7 +540,7 @@ def test_a_batch_left_finalizing_by_a_dead_replica_is_finished_by_another(client
                 "completion_window": "24h", "created_at": now(), "expires_at": now() + 3600, "metadata": None,
                 "output_ttl": None}
         assert await store.claim(batch_id, "dead-replica", 30)
-        await store.create_batch(meta, content)
+        assert await store.create_batch(meta)
         await store.transition(batch_id, ("validating",), "in_progress", token="dead-replica", total=2)
         await store.collect(batch_id, "dead-replica", [(0, True, 1, ok_line), (1, False, 0, bad_line)])
         await store.transition(batch_id, ("in_progress",), "finalizing", token="dead-replica", finalizing_at=now())

@@ -52,18 +52,24 @@
                                             is answered. On the queue's Redis (it is read with the results)
 
     OpenAI's Batch API (producer/gateway/batches/), on the gateway's own Redis (--redis-url):
-    embedfleet:file:<file_id>       HASH    one file of /v1/files: `meta` (JSON: OpenAI's FileObject fields and,
-                                            with API keys, the owner's fingerprint) and `data` (its bytes, at
-                                            most the gateway's --max-file-bytes); TTL its `expires_after`
-                                            (default FILE_TTL)
+    embedfleet:file:<file_id>       HASH    one file of /v1/files: `meta` (JSON: OpenAI's FileObject fields,
+                                            `parts` and, with API keys, the owner's fingerprint) and its bytes
+                                            in `part:0` .. `part:<parts - 1>`, each at most the gateway's
+                                            --file-part-bytes (no value near Redis's proto-max-bulk-len; a
+                                            file of before parts has one `data` field); TTL its
+                                            `expires_after` (default FILE_TTL)
+    embedfleet:file:<file_id>:upload  HASH  a file being written (an upload, or a batch's output file), part
+                                            by part; RENAMEd to embedfleet:file:<file_id> once whole; TTL
+                                            FILE_UPLOAD_TTL (an upload that died leaves nothing for long)
     embedfleet:files                ZSET    file id -> created_at (ms): GET /v1/files; a member whose file
                                             expired is dropped by the next listing, one older than
                                             FILE_TTL_MAX by the next upload
     embedfleet:batch:<batch_id>     HASH    one batch: `meta` (JSON: the Batch fields fixed at create), `status`,
                                             each `<status>_at`, `total`, `completed`, `failed`, `input_tokens`,
                                             `errors` (JSON), `output_file_id`, `error_file_id`; TTL BATCH_TTL
-    embedfleet:batch:<batch_id>:input  STRING  the input file's bytes, copied at create (the file may be
-                                            deleted meanwhile); TTL BATCH_TTL, deleted once the batch ends
+    embedfleet:batch:<batch_id>:input  HASH  the input file's hash (meta and parts), COPYed at create (the
+                                            file may be deleted meanwhile); TTL BATCH_TTL, deleted once the
+                                            batch ends
     embedfleet:batch:<batch_id>:lines  HASH  line index -> its output or error line (JSON), written once
                                             (HSETNX) and counted once as it is collected; TTL the batch's,
                                             deleted once the output files are written
@@ -277,10 +283,20 @@ FILE_TTL_MIN, FILE_TTL_MAX = 3600, 30 * 24 * 3600  # the range OpenAI allows for
 BATCH_TTL = 30 * 24 * 3600  # a batch object (and its work keys while it runs) is kept 30 days
 BATCH_LEASE = 10.0  # default --batch-lease-seconds: a replica's claim on a batch without a renewal
 MAX_BATCH_LINES = 50_000  # OpenAI's limit of requests per batch file
+FILE_UPLOAD_TTL = 3600  # a file being written, part by part, that is never completed goes after this
 
 
 def file_key(file_id: str) -> str:
     return f"{PREFIX}:file:{file_id}"
+
+
+def file_upload_key(file_id: str) -> str:
+    return f"{PREFIX}:file:{file_id}:upload"
+
+
+def file_part_field(index: int) -> str:
+    """The field of a file's hash holding part `index` (0-based) of its bytes."""
+    return f"part:{index}"
 
 
 def batch_key(batch_id: str) -> str:

@@ -2,7 +2,8 @@
 
 A client can lie in Content-Length or send a chunked body without one, so the body is read here, up to
 the limit, before any route sees it; the route then reads the buffered copy. Bodies are JSON that the
-route must read whole anyway, so buffering costs nothing extra.
+route must read whole anyway, so buffering costs nothing extra. An upload (a path in `paths`) is the
+exception: its route streams it into Redis, so its bytes are only counted here as the route reads them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class BodyLimitMiddleware:
         if declared is not None and declared > limit:
             await self._too_large(scope, receive, send, f"{declared} bytes declared in Content-Length", limit)
             return
+        if scope.get("path", "") in self.paths:  # an upload: streamed by its route, never held here whole
+            await self.app(scope, self._counted(receive, limit), send)
+            return
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -55,6 +59,22 @@ class BodyLimitMiddleware:
             return await receive()  # later calls wait for the disconnect, as with the real receive
 
         await self.app(scope, replay, send)
+
+    @staticmethod
+    def _counted(receive: Receive, limit: int) -> Receive:
+        """`receive`, raising 413's error once more than `limit` bytes came (the route's reading stops)."""
+        size = 0
+
+        async def counted() -> Message:
+            nonlocal size
+            message = await receive()
+            size += len(message.get("body", b""))
+            if size > limit:
+                raise PayloadTooLargeError(f"request body too large: more than {limit} bytes sent; the limit is "
+                                           f"{limit} bytes (send a smaller file)")
+            return message
+
+        return counted
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send, what: str, limit: int) -> None:
         hint = "a smaller file" if scope.get("path", "") in self.paths else "fewer or shorter inputs per request"

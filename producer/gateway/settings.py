@@ -55,6 +55,12 @@ class GatewaySettings(Settings):
     # The Batch API (producer/gateway/batches/, docs/batch-api.md): files and batches live in Redis.
     max_file_bytes: int = Field(64 * 1024 * 1024, ge=1, description="largest file POST /v1/files accepts, in "
                                 "bytes (files are kept in Redis; a larger one is refused with 413)")
+    file_part_bytes: int = Field(1024 * 1024, ge=1024, description="a file is kept in Redis in parts of at "
+                                 "most this many bytes (uploads and batch output files alike): keep it below "
+                                 "Redis's proto-max-bulk-len (512 MB by default, 1 MB at its lowest)")
+    max_concurrent_uploads: int = Field(4, ge=1, description="POST /v1/files uploads this replica takes at once; "
+                                        "past it: 429 rate_limited with Retry-After (each holds about two parts "
+                                        "in memory while it streams into Redis)")
     batch_in_flight: int = Field(256, ge=1, description="lines of one batch submitted and not yet answered, at "
                                  "most (the rest wait in Redis, not in the queue)")
     batch_lease_seconds: float = Field(keys.BATCH_LEASE, gt=0, description="a replica's claim on a batch it "

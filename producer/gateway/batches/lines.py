@@ -1,6 +1,6 @@
 """A batch's input file read into lines, and each line's answer written in OpenAI's batch output format.
 
-A file that cannot be read as a batch (not UTF-8, a line that is no JSON object, a missing or repeated
+A file that cannot be read as a batch (a line not UTF-8, a line that is no JSON object, a missing or repeated
 `custom_id`, another endpoint or method) fails the whole batch at validation, with `errors` naming each
 bad line, as OpenAI does. A line whose `body` is no valid /v1/embeddings body fails alone: its error line
 carries the very 400 the route would answer for that body.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError as PydanticValidationError
 
-from common.errors import EmbedfleetError, ValidationError, invalid_request
+from common.errors import EmbedfleetError, PayloadTooLargeError, ValidationError, invalid_request
 from common.protocol import keys
 from producer.gateway.errors import error_response, status_of
 from producer.gateway.schemas import EmbedBody
@@ -50,35 +50,73 @@ class FileError:
         return {"code": self.code, "line": self.line, "message": self.message, "param": self.param}
 
 
-def parse(data: bytes, endpoint: str = ENDPOINT) -> tuple[list[Line], list[FileError]]:
-    """The file's requests, or (when the file cannot be run) the reasons, at most MAX_ERRORS of them."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return [], [FileError("invalid_file", f"the file is not UTF-8 text (byte {exc.start}); a batch file is "
-                                              "JSON lines, one request object per line")]
-    lines: list[Line] = []
-    errors: list[FileError] = []
-    seen: set[str] = set()
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        found = _request(raw, number, endpoint, seen)
+class Reader:
+    """A batch file's requests, from its bytes fed in pieces of any size (its parts, as they are read).
+
+    Lines end at b"\n" only, as OpenAI splits a batch file: U+2028, U+0085 and the other characters
+    `str.splitlines` also breaks at are legal inside a JSON string and stay in their line. A line's body is
+    held to the route's body limit (`max_body_bytes`): a longer one fails alone with the route's 413.
+    """
+
+    def __init__(self, endpoint: str = ENDPOINT, max_body_bytes: int | None = None):
+        self.endpoint = endpoint
+        self.max_body_bytes = max_body_bytes
+        self.lines: list[Line] = []
+        self.errors: list[FileError] = []
+        self._seen: set[str] = set()
+        self._carry = b""  # the start of a line whose end is in a later piece
+        self._number = 0  # lines read so far (1-based numbers, blank lines counted, as an editor shows them)
+        self._offset = 0  # bytes read before the current line (for a UTF-8 error's position)
+
+    def feed(self, data: bytes) -> None:
+        pieces = (self._carry + data).split(b"\n")
+        self._carry = pieces.pop()
+        for raw in pieces:
+            self._read(raw)
+
+    def finish(self) -> tuple[list[Line], list[FileError]]:
+        """The file's requests, or (when the file cannot be run) the reasons, at most MAX_ERRORS of them."""
+        if self._carry:
+            self._read(self._carry)
+            self._carry = b""
+        if not self.lines and not self.errors:
+            self.errors.append(FileError("empty_file", "the file holds no requests: one JSON object per line, "
+                                                       f"each with custom_id, method POST, url {self.endpoint} "
+                                                       "and body"))
+        if len(self.lines) > keys.MAX_BATCH_LINES:
+            self.errors.append(FileError("too_many_requests", f"the file holds {len(self.lines)} requests; a batch "
+                                                              f"holds at most {keys.MAX_BATCH_LINES}"))
+        return self.lines, self.errors
+
+    def _read(self, raw: bytes) -> None:
+        self._number += 1
+        start, self._offset = self._offset, self._offset + len(raw) + 1
+        if len(self.errors) >= MAX_ERRORS:
+            return
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            self.errors.append(FileError("invalid_file", f"the file is not UTF-8 text (byte {start + exc.start}, "
+                                                         f"line {self._number}); a batch file is JSON lines, one "
+                                                         "request object per line", self._number))
+            return
+        if not text.strip():
+            return
+        found = _request(text, self._number, self.endpoint, self._seen)
         if isinstance(found, FileError):
-            errors.append(found)
-            if len(errors) >= MAX_ERRORS:
-                break
-            continue
+            self.errors.append(found)
+            return
         custom_id, body = found
-        seen.add(custom_id)
-        lines.append(_line(len(lines), custom_id, body))
-    if not lines and not errors:
-        errors.append(FileError("empty_file", "the file holds no requests: one JSON object per line, each with "
-                                              f"custom_id, method POST, url {endpoint} and body"))
-    if len(lines) > keys.MAX_BATCH_LINES:
-        errors.append(FileError("too_many_requests", f"the file holds {len(lines)} requests; a batch holds at "
-                                                     f"most {keys.MAX_BATCH_LINES}"))
-    return lines, errors
+        self._seen.add(custom_id)
+        self.lines.append(_line(len(self.lines), custom_id, body, len(raw), self.max_body_bytes))
+
+
+def parse(data: bytes, endpoint: str = ENDPOINT, max_body_bytes: int | None = None
+          ) -> tuple[list[Line], list[FileError]]:
+    """The requests of a whole file in memory (Reader, in one piece)."""
+    reader = Reader(endpoint, max_body_bytes)
+    reader.feed(data)
+    return reader.finish()
 
 
 def _request(raw: str, number: int, endpoint: str, seen: set[str]) -> tuple[str, dict] | FileError:
@@ -108,8 +146,15 @@ def _request(raw: str, number: int, endpoint: str, seen: set[str]) -> tuple[str,
     return custom_id, item["body"]
 
 
-def _line(index: int, custom_id: str, body: dict) -> Line:
-    """Validate the body as the route does (EmbedBody, the same message for the same mistake)."""
+def _line(index: int, custom_id: str, body: dict, raw_bytes: int, max_body_bytes: int | None) -> Line:
+    """Validate the body as the route does (EmbedBody, the same message for the same mistake), its size
+    first: the body as its shortest JSON is what a client would send the route at least."""
+    if max_body_bytes is not None and raw_bytes > max_body_bytes:  # else the body, inside the line, is shorter
+        size = len(_dump(body))
+        if size > max_body_bytes:
+            return Line(index, custom_id, None, PayloadTooLargeError(
+                f"request body too large: this line's body is {size} bytes as JSON; the limit is {max_body_bytes} "
+                "bytes, as on the route (send fewer or shorter inputs per request)", param="body"))
     try:
         parsed = EmbedBody.model_validate(body)
     except PydanticValidationError as exc:

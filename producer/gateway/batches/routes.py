@@ -6,13 +6,17 @@ producer/gateway/owners.py): another key's file or batch is answered exactly as 
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
-from fastapi.responses import JSONResponse, Response
+import redis
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.errors import NotFoundError, PayloadTooLargeError, ValidationError
+from common.errors import NotFoundError, ValidationError
 from common.protocol import keys
 from producer.client.core import redis_errors
 from producer.gateway.auth import require_key
@@ -20,10 +24,12 @@ from producer.gateway.batches import objects
 from producer.gateway.batches.lines import ENDPOINT
 from producer.gateway.batches.runner import Runner
 from producer.gateway.batches.store import BatchGone, Store, now
-from producer.gateway.errors import JobNotCancellableError
+from producer.gateway.batches.upload import UploadReader
+from producer.gateway.errors import JobNotCancellableError, RateLimitedError
 from producer.gateway.owners import may_see, owner_of
 from producer.gateway.service import Gateway, gateway
 
+log = logging.getLogger(__name__)
 router = APIRouter(dependencies=[Depends(require_key)])
 
 PURPOSE = "batch"  # the only purpose this gateway keeps files for
@@ -73,35 +79,72 @@ def _no_batch(batch_id: str) -> NotFoundError:
 
 # -- files ---------------------------------------------------------------------------------------------
 
-@router.post(FILES_PATH)
-async def create_file(request: Request, file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()],
-                      anchor: Annotated[str | None, Form(alias="expires_after[anchor]")] = None,
-                      seconds: Annotated[int | None, Form(alias="expires_after[seconds]")] = None,
-                      gw: Gateway = Depends(gateway)) -> JSONResponse:
+@router.post(FILES_PATH, openapi_extra={"requestBody": {"content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["file", "purpose"],
+    "properties": {"file": {"type": "string", "format": "binary"}, "purpose": {"type": "string"},
+                   "expires_after[anchor]": {"type": "string"}, "expires_after[seconds]": {"type": "integer"}}}}}}})
+async def create_file(request: Request, gw: Gateway = Depends(gateway)) -> JSONResponse:
+    """The body is read as it arrives and the file streamed into Redis part by part (upload.py), at most
+    --max-concurrent-uploads at once on this replica (429 past them, before a byte is read)."""
+    state = request.app.state
+    active = getattr(state, "uploads_active", 0)
+    if active >= gw.settings.max_concurrent_uploads:
+        raise RateLimitedError(f"{active} uploads are in progress on this gateway, its limit "
+                               "(--max-concurrent-uploads): retry after a moment", retry_after=1)
+    state.uploads_active = active + 1
+    try:
+        return await _upload(request, gw)
+    finally:
+        state.uploads_active -= 1
+
+
+async def _upload(request: Request, gw: Gateway) -> JSONResponse:
+    file_id = objects.new_file_id()
+    store = _store(request)
+    writer = store.file_writer(file_id, gw.settings.file_part_bytes)
+    committed = False
+    try:
+        reader = UploadReader(request.headers.get("content-type", ""), writer, gw.settings.max_file_bytes)
+        with redis_errors():
+            async for chunk in request.stream():
+                await reader.feed(chunk)
+        reader.finish()
+        ttl = _upload_ttl(reader.fields)
+        created = now()
+        meta = {"id": file_id, "created_at": created, "filename": reader.filename, "purpose": PURPOSE,
+                "expires_at": created + ttl}
+        if owner_of(request) is not None:
+            meta["owner"] = owner_of(request)
+        with redis_errors():
+            await store.commit_file(meta, writer, ttl)
+        committed = True
+    finally:
+        if not committed:
+            with contextlib.suppress(redis.RedisError, OSError):
+                await store.discard(writer)
+    return JSONResponse(objects.file_object({**meta, "bytes": writer.size}))
+
+
+def _upload_ttl(fields: dict[str, str]) -> int:
+    """The upload's form fields checked (OpenAI's purpose and expires_after); the file's TTL."""
+    purpose = fields.get("purpose")
+    if purpose is None:
+        raise ValidationError("the upload has no `purpose` field: send purpose=batch", param="purpose")
     if purpose != PURPOSE:
         raise ValidationError(f"purpose {purpose!r} is not served here: this gateway keeps files for the Batch "
                               "API only (purpose=batch)", param="purpose")
-    ttl = keys.FILE_TTL
-    if anchor is not None or seconds is not None:
-        if anchor != "created_at" or seconds is None or not keys.FILE_TTL_MIN <= seconds <= keys.FILE_TTL_MAX:
-            raise ValidationError(f"expires_after needs anchor 'created_at' and seconds from {keys.FILE_TTL_MIN} "
-                                  f"to {keys.FILE_TTL_MAX}, got anchor {anchor!r}, seconds {seconds!r}",
-                                  param="expires_after")
-        ttl = seconds
-    limit = gw.settings.max_file_bytes
-    data = await file.read(limit + 1)
-    if len(data) > limit:
-        raise PayloadTooLargeError(f"the file is larger than this gateway's limit of {limit} bytes (files are kept "
-                                   "in Redis; --max-file-bytes): split the batch into several files",
-                                   param="file")
-    created = now()
-    meta = {"id": objects.new_file_id(), "bytes": len(data), "created_at": created,
-            "filename": file.filename or "upload.jsonl", "purpose": PURPOSE, "expires_at": created + ttl}
-    if owner_of(request) is not None:
-        meta["owner"] = owner_of(request)
-    with redis_errors():
-        await _store(request).put_file(meta, data, ttl)
-    return JSONResponse(objects.file_object(meta))
+    anchor, seconds = fields.get("expires_after[anchor]"), fields.get("expires_after[seconds]")
+    if anchor is None and seconds is None:
+        return keys.FILE_TTL
+    try:
+        ttl = int(seconds) if seconds is not None else None
+    except ValueError:
+        ttl = None
+    if anchor != "created_at" or ttl is None or not keys.FILE_TTL_MIN <= ttl <= keys.FILE_TTL_MAX:
+        raise ValidationError(f"expires_after needs anchor 'created_at' and seconds from {keys.FILE_TTL_MIN} "
+                              f"to {keys.FILE_TTL_MAX}, got anchor {anchor!r}, seconds {seconds!r}",
+                              param="expires_after")
+    return ttl
 
 
 @router.get(FILES_PATH)
@@ -131,13 +174,28 @@ async def retrieve_file(file_id: str, request: Request, gw: Gateway = Depends(ga
 
 
 @router.get(FILES_PATH + "/{file_id}/content")
-async def file_content(file_id: str, request: Request, gw: Gateway = Depends(gateway)) -> Response:
-    await _file(file_id, request, gw)
-    with redis_errors():
-        data = await _store(request).file_data(file_id)
-    if data is None:  # it expired between the two reads
-        raise _no_file(file_id)
-    return Response(data, media_type="application/octet-stream")
+async def file_content(file_id: str, request: Request, gw: Gateway = Depends(gateway)) -> StreamingResponse:
+    meta = await _file(file_id, request, gw)
+    parts = _store(request).file_parts(file_id)
+    try:
+        with redis_errors():
+            first = await anext(parts, b"")
+    except FileNotFoundError:  # it expired between the two reads
+        raise _no_file(file_id) from None
+    return StreamingResponse(_rest(first, parts), media_type="application/octet-stream",
+                             headers={"Content-Length": str(meta["bytes"])})
+
+
+async def _rest(first: bytes, parts: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The file's bytes, one part in memory at a time. Past the first part the status is sent: a file that
+    goes meanwhile (deleted, expired) or a Redis gone away ends the body short of its Content-Length, which
+    a client sees as a broken download, not as a good file."""
+    yield first
+    try:
+        async for part in parts:
+            yield part
+    except (FileNotFoundError, redis.RedisError, OSError) as exc:
+        log.warning("a file's content was cut short: %r", exc)
 
 
 @router.delete(FILES_PATH + "/{file_id}")
@@ -163,10 +221,6 @@ async def create_batch(body: BatchBody, request: Request, gw: Gateway = Depends(
         raise ValidationError(f"file {body.input_file_id} has purpose {source['purpose']!r}: a batch's input "
                               "file is one uploaded with purpose=batch", param="input_file_id")
     store = _store(request)
-    with redis_errors():
-        data = await store.file_data(body.input_file_id)
-    if data is None:
-        raise _no_file(body.input_file_id)
     created = now()
     meta = {"id": objects.new_batch_id(), "endpoint": body.endpoint, "input_file_id": body.input_file_id,
             "completion_window": body.completion_window, "created_at": created,
@@ -175,7 +229,8 @@ async def create_batch(body: BatchBody, request: Request, gw: Gateway = Depends(
     if owner_of(request) is not None:
         meta["owner"] = owner_of(request)
     with redis_errors():
-        await store.create_batch(meta, data)
+        if not await store.create_batch(meta):  # the input file went since it was read
+            raise _no_file(body.input_file_id)
         batch = await store.batch(meta["id"])
     _runner(request).poke()
     return JSONResponse(objects.batch_object(batch))

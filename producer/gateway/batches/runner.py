@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -29,6 +30,7 @@ from common.protocol import keys
 from producer.gateway import encoding
 from producer.gateway.batches import lines as batchlines, objects
 from producer.gateway.batches.lines import Line
+from producer.gateway.batches.output import write_outputs
 from producer.gateway.batches.store import BatchGone, LeaseLost, Store, now
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,15 @@ CHECK_SECONDS = 0.5  # how often a driver re-reads its batch's status (a cancel)
 RETRY_SECONDS = 1.0  # pause before a line refused for now (queue full, no worker, Redis away) is tried again
 TRANSIENT = (QueueFullError, NoWorkerError, UnavailableError)
 Collected = tuple[int, bool, int, bytes]  # index, answered with a 2xx, prompt tokens, the output line
+
+
+class Unstorable(Exception):
+    """Redis refuses what a batch must store while it answers (Drive.stored): the batch fails."""
+
+    def __init__(self, what: str, error: Exception):
+        super().__init__(what, error)
+        self.what = what
+        self.error = error
 
 
 class Runner:
@@ -158,32 +169,78 @@ class Drive:
                 await self.store.forget(self.batch_id)
                 return
             if status == "validating":
-                await self.validate()
+                if expired(batch):  # past its window whatever its state: never validated, nothing to write
+                    await self.store.transition(self.batch_id, ("validating",), "expired", token=self.token,
+                                                end=True, expired_at=now())
+                else:
+                    await self.validate()
                 continue
             lines = await self.load()
-            if status == "finalizing":
-                await self.end(batch, lines, ("finalizing",), "completed")
-                continue
-            reason = "cancelled" if status == "cancelling" else "expired" if expired(batch) else None
-            reason = await self.process(lines, reason)
-            if reason is None:
-                await self.store.transition(self.batch_id, ("in_progress",), "finalizing", token=self.token,
-                                            finalizing_at=now())
-            else:
-                await self.end(batch, lines, ("cancelling",) if reason == "cancelled" else ("in_progress",), reason)
+            try:
+                await self.advance(batch, lines)
+            except Unstorable as refused:
+                await self.fail_unstorable(len(lines), refused)
+
+    async def advance(self, batch: dict, lines: list[Line]) -> None:
+        """Run the lines of an in_progress or cancelling batch, or write the files of a finalizing one."""
+        if batch["status"] == "finalizing":
+            await self.end(batch, lines, ("finalizing",), "expired" if expired(batch) else "completed")
+            return
+        reason = "cancelled" if batch["status"] == "cancelling" else "expired" if expired(batch) else None
+        reason = await self.process(lines, reason)
+        if reason is None:
+            await self.store.transition(self.batch_id, ("in_progress",), "finalizing", token=self.token,
+                                        finalizing_at=now())
+        else:
+            await self.end(batch, lines, ("cancelling",) if reason == "cancelled" else ("in_progress",), reason)
+
+    async def stored(self, write, what: str):
+        """`write()`'s result. A write that Redis refuses while it answers (a value over its proto-max-bulk-len,
+        out of memory) is tried once more, then raises Unstorable: trying again later would not help, and the
+        batch fails with the reason instead of being retaken forever. Redis not answering is an outage: the
+        error goes up and the batch is taken up again once Redis is back."""
+        for attempt in (1, 2):
+            try:
+                return await write()
+            except (redis.RedisError, OSError) as exc:
+                if not await self.store.answers():
+                    raise
+                if attempt == 2:
+                    raise Unstorable(what, exc) from exc
+                log.warning("batch %s: storing %s failed while Redis answers (%s); trying once more", self.batch_id,
+                            what, exc)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def fail_unstorable(self, total: int, refused: Unstorable) -> None:
+        log.error("batch %s: %s cannot be stored (%s); the batch fails", self.batch_id, refused.what,
+                  refused.error)
+        reason = batchlines.FileError("output_not_stored", f"the batch's {refused.what} could not be stored in "
+                                      f"Redis ({refused.error}); its answers are lost. Split the batch into "
+                                      "smaller ones, or ask the operator to lower --file-part-bytes below "
+                                      "Redis's proto-max-bulk-len or give Redis more memory")
+        await self.store.transition(self.batch_id, ("in_progress", "finalizing", "cancelling"), "failed",
+                                    token=self.token, end=True, total=total, failed_at=now(),
+                                    errors=json.dumps([reason.as_dict()]))
+
+    async def read_input(self) -> tuple[list[Line], list[batchlines.FileError]]:
+        """The input file's lines, read part by part (a missing input is the file's error)."""
+        reader = batchlines.Reader(max_body_bytes=self.gw.settings.max_body_bytes)
+        try:
+            async for part in self.store.input_parts(self.batch_id):
+                reader.feed(part)
+        except FileNotFoundError:
+            return [], [batchlines.FileError("file_missing", "the batch's input is gone (expired)")]
+        return reader.finish()
 
     async def load(self) -> list[Line]:
         if self.lines is None:
-            data = await self.store.input_data(self.batch_id)
-            if data is None:
+            self.lines, errors = await self.read_input()
+            if errors and errors[0].code == "file_missing":
                 raise BatchGone(self.batch_id)
-            self.lines, _ = batchlines.parse(data)
         return self.lines
 
     async def validate(self) -> None:
-        data = await self.store.input_data(self.batch_id)
-        found, errors = batchlines.parse(data) if data is not None else ([], [batchlines.FileError(
-            "file_missing", "the batch's input is gone (expired)")])
+        found, errors = await self.read_input()
         if errors:
             await self.store.transition(self.batch_id, ("validating",), "failed", token=self.token, end=True,
                                         failed_at=now(), errors=json.dumps([e.as_dict() for e in errors]))
@@ -225,7 +282,8 @@ class Drive:
                         else:
                             failure = failure or task.exception()
                 if ready:
-                    await self.store.collect(self.batch_id, self.token, ready)
+                    collect = functools.partial(self.store.collect, self.batch_id, self.token, ready)
+                    await self.stored(collect, "answers")
                 if failure is not None:  # e.g. Redis away for longer than a wait rides out: retaken later
                     raise failure
                 if self.stopping is None and time.monotonic() >= check:
@@ -256,6 +314,12 @@ class Drive:
 
     async def run_line(self, line: Line) -> Collected:
         request_id = self.request_id(line)
+        if line.body.truncate_prompt_tokens == 0:  # the route's answer: no rows, nothing queued (service.run)
+            try:
+                result = await self.gw.no_inputs(line.body.model, line.body.param_fields())
+            except EmbedfleetError as err:
+                return line.index, False, 0, batchlines.failed(line, request_id, err)
+            return self.answered(line, request_id, result)
         if self.stopping is None:
             refused = await self.submit(line, request_id)
             if refused is not None:
@@ -273,8 +337,7 @@ class Drive:
         finally:
             self.waiting.discard(request_id)
         if result.ok:
-            body = encoding.embeddings_response(result, line.body.encoding_format, line.body.explicit_layout).body
-            return line.index, True, result.usage.prompt_tokens, batchlines.answered(line, request_id, 200, body)
+            return self.answered(line, request_id, result)
         try:
             result.raise_for_error()
         except EmbedfleetError as err:
@@ -282,6 +345,11 @@ class Drive:
                 return line.index, False, 0, batchlines.unrun(line, request_id, self.stopping)
             return line.index, False, 0, batchlines.failed(line, request_id, err)
         raise AssertionError("a result that is neither ok nor an error")  # pragma: no cover
+
+    @staticmethod
+    def answered(line: Line, request_id: str, result) -> Collected:
+        body = encoding.embeddings_response(result, line.body.encoding_format, line.body.explicit_layout).body
+        return line.index, True, result.usage.prompt_tokens, batchlines.answered(line, request_id, 200, body)
 
     async def submit(self, line: Line, request_id: str) -> Collected | None:
         """Submit the line as `request_id` at bulk priority; None once it is in the fleet (now or before),
@@ -305,27 +373,15 @@ class Drive:
     # -- the end ------------------------------------------------------------------------------------
     async def end(self, batch: dict, lines: list[Line], before: tuple[str, ...], after: str) -> None:
         """Write the output and error files (ids derived from the batch: a retry writes the same files) and
-        set the final status; the batch's work keys go."""
-        stored = await self.store.lines(self.batch_id)
-        meta = batch["meta"]
-        files = {}
-        for which, ok in (("output", True), ("error", False)):
-            content = b"".join(line + b"\n" for _, (good, line) in sorted(stored.items()) if good == ok)
-            if content:
-                files[f"{which}_file_id"] = await self.put_output(meta, which, content)
+        set the final status; the batch's work keys go. Files that Redis refuses while it answers (a part
+        over its proto-max-bulk-len, out of memory) cannot be stored by trying again: the batch fails with
+        the reason (Drive.stored), rather than staying `finalizing` until it expires."""
+        write = functools.partial(write_outputs, self.store, self.batch_id, batch["meta"], len(lines),
+                                  self.gw.settings.file_part_bytes, self.runner.output_ttl)
+        files = await self.stored(write, "output files")
         await self.store.transition(self.batch_id, before, after, token=self.token, end=True,
                                     total=len(lines), **{f"{after}_at": now()}, **files)
         log.info("batch %s: %s (%d lines)", self.batch_id, after, len(lines))
-
-    async def put_output(self, meta: dict, which: str, content: bytes) -> str:
-        file_id = objects.output_file_id(self.batch_id, which)
-        ttl = meta.get("output_ttl") or self.runner.output_ttl
-        created = now()
-        file_meta = {"id": file_id, "bytes": len(content), "created_at": created,
-                     "filename": f"{self.batch_id}_{which}.jsonl", "purpose": "batch_output",
-                     "expires_at": created + ttl, **({"owner": meta["owner"]} if meta.get("owner") else {})}
-        await self.store.put_file(file_meta, content, ttl)
-        return file_id
 
 
 def expired(batch: dict) -> bool:

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 
+import redis
 import redis.asyncio as aioredis
 
 from common.protocol import keys, scripts
+from producer.gateway.batches.parts import PartWriter, read_parts
 
 MAX_LISTED = 10_000  # ids one listing reads (OpenAI's own cap on a file listing's page)
+LINES_PER_READ = 256  # collected lines one read of an output file takes (a few MB at most)
 
 
 class LeaseLost(Exception):
@@ -37,22 +41,34 @@ class Store:
         self.connection = connection
 
     # -- files ------------------------------------------------------------------------------------
-    async def put_file(self, meta: dict, data: bytes, ttl: int) -> None:
+    def file_writer(self, file_id: str, part_bytes: int) -> PartWriter:
+        """A writer of the file's bytes, part by part, under its staging key (commit_file puts it in place)."""
+        return PartWriter(self.connection, keys.file_upload_key(file_id), part_bytes)
+
+    async def commit_file(self, meta: dict, writer: PartWriter, ttl: int) -> None:
+        """The written file in place with its meta (`bytes` and `parts` from the writer), listed."""
+        await writer.close()
+        meta = {**meta, "bytes": writer.size, "parts": writer.parts}
         key = keys.file_key(meta["id"])
         async with self.connection.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping={"meta": json.dumps(meta), "data": data})
+            pipe.hset(writer.key, "meta", json.dumps(meta))
+            pipe.rename(writer.key, key)
             pipe.expire(key, ttl)
             pipe.zadd(keys.FILES_KEY, {meta["id"]: _ms()})
             # no file outlives FILE_TTL_MAX: older members are gone files (a listing only reads the newest)
             pipe.zremrangebyscore(keys.FILES_KEY, "-inf", f"({_ms() - keys.FILE_TTL_MAX * 1000}")
             await pipe.execute()
 
+    async def discard(self, writer: PartWriter) -> None:
+        await self.connection.delete(writer.key)
+
+    def file_parts(self, file_id: str) -> AsyncIterator[bytes]:
+        """The file's bytes part by part (parts.read_parts: FileNotFoundError once it is gone)."""
+        return read_parts(self.connection, keys.file_key(file_id))
+
     async def file_meta(self, file_id: str) -> dict | None:
         raw = await self.connection.hget(keys.file_key(file_id), "meta")
         return json.loads(raw) if raw else None
-
-    async def file_data(self, file_id: str) -> bytes | None:
-        return await self.connection.hget(keys.file_key(file_id), "data")
 
     async def delete_file(self, file_id: str) -> None:
         async with self.connection.pipeline(transaction=True) as pipe:
@@ -65,18 +81,24 @@ class Store:
         return await self._listed(keys.FILES_KEY, keys.file_key, "meta")
 
     # -- batches ----------------------------------------------------------------------------------
-    async def create_batch(self, meta: dict, input_data: bytes) -> None:
+    async def create_batch(self, meta: dict) -> bool:
+        """The batch, with a copy of its input file made in Redis (no byte of it passes through here);
+        False when the input file is gone."""
         batch_id, created = meta["id"], _ms()  # created_at is whole seconds: the index orders by ms
         key = keys.batch_key(batch_id)
+        if not await self.connection.copy(keys.file_key(meta["input_file_id"]), keys.batch_input_key(batch_id),
+                                          replace=True):
+            return False
         async with self.connection.pipeline(transaction=True) as pipe:
             pipe.hset(key, mapping={"meta": json.dumps(meta), "status": "validating", "total": 0,
                                     "completed": 0, "failed": 0, "input_tokens": 0})
             pipe.expire(key, keys.BATCH_TTL)
-            pipe.set(keys.batch_input_key(batch_id), input_data, ex=keys.BATCH_TTL)
+            pipe.expire(keys.batch_input_key(batch_id), keys.BATCH_TTL)
             pipe.zadd(keys.BATCHES_KEY, {batch_id: created})
             pipe.zadd(keys.ACTIVE_BATCHES_KEY, {batch_id: created})
             pipe.zremrangebyscore(keys.BATCHES_KEY, "-inf", f"({created - keys.BATCH_TTL * 1000}")  # expired ones
             await pipe.execute()
+        return True
 
     async def batch(self, batch_id: str) -> dict | None:
         """The batch's hash as text fields (`meta` parsed), or None."""
@@ -86,8 +108,9 @@ class Store:
     async def list_batches(self) -> list[dict]:
         return await self._listed(keys.BATCHES_KEY, keys.batch_key, None)
 
-    async def input_data(self, batch_id: str) -> bytes | None:
-        return await self.connection.get(keys.batch_input_key(batch_id))
+    def input_parts(self, batch_id: str) -> AsyncIterator[bytes]:
+        """The batch's input file, part by part (FileNotFoundError once it is gone)."""
+        return read_parts(self.connection, keys.batch_input_key(batch_id))
 
     async def transition(self, batch_id: str, before: tuple[str, ...], after: str, *, token: str = "",
                          end: bool = False, **fields) -> str | None:
@@ -144,10 +167,22 @@ class Store:
     async def collected(self, batch_id: str) -> set[int]:
         return {int(i) for i in await self.connection.hkeys(keys.batch_lines_key(batch_id))}
 
-    async def lines(self, batch_id: str) -> dict[int, tuple[bool, bytes]]:
-        """Each collected line: whether it was answered with a 2xx (the output file) or not (the error file)."""
-        stored = await self.connection.hgetall(keys.batch_lines_key(batch_id))
-        return {int(i): (value[:1] == b"1", value[1:]) for i, value in stored.items()}
+    async def lines(self, batch_id: str, total: int) -> AsyncIterator[tuple[bool, bytes]]:
+        """Each collected line in order, a few hundred per read: whether it was answered with a 2xx (the output
+        file) or not (the error file), and the line."""
+        for start in range(0, total, LINES_PER_READ):
+            found = await self.connection.hmget(keys.batch_lines_key(batch_id),
+                                                list(range(start, min(start + LINES_PER_READ, total))))
+            for value in found:
+                if value is not None:
+                    yield value[:1] == b"1", value[1:]
+
+    async def answers(self) -> bool:
+        """Whether Redis answers now (a write that failed while it does failed for what it wrote)."""
+        try:
+            return bool(await self.connection.ping())
+        except (redis.RedisError, OSError):
+            return False
 
     # -- listings ---------------------------------------------------------------------------------
     async def _listed(self, index: str, key_of, field: str | None) -> list[dict]:
