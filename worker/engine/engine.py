@@ -17,6 +17,7 @@ from common.errors import EmbedfleetError, InternalError
 from common.params import PoolingParams
 from common.request import EmbedRequest
 from common.result import Result
+from worker.engine import stageclock
 from worker.engine.batcher import cuts, plan_passes
 from worker.engine.shaper import Shape
 from worker.engine.latechunking import embed_spans
@@ -118,10 +119,12 @@ class Engine:
         """Verify each request against the model and tokenise it; a bad one gets its error result here."""
         work = Work(list(requests), [None] * len(requests))
         tokenize = getattr(self.model, "prepare", None)
+        stageclock.lap("other")
         for index, request in enumerate(requests):
             try:
                 resolved = self._resolve(request)
                 work.resolved[index] = resolved
+                stageclock.lap("verify")
                 if resolved.params.task != "embed" or resolved.params.outputs is not None:
                     prepared = prepare_task(self.model, resolved)
                     if isinstance(prepared, Result):  # tokenize / detokenize: answered without a forward pass
@@ -131,6 +134,7 @@ class Engine:
                 else:
                     prepared = tokenize(resolved) if tokenize else prepare(self.model, resolved)
                     (work.spread if self._spreads(resolved, prepared) else work.prepared)[index] = prepared
+                stageclock.lap("tokenise")
             except EmbedfleetError as exc:
                 work.results[index] = Result.failure(request.id, self.caps.name, exc)
             except Exception as exc:  # a tokenizer crash on one request must not sink the others
@@ -148,6 +152,7 @@ class Engine:
         A late-chunking request (spans) gets a pass of its own: its rows are spans, not inputs.
         `between()` is called between two passes: the serving side runs higher-priority work there, and
         this round goes on where it paused."""
+        stageclock.lap("other")
         shape = self.shape()
         for index, prep in work.prepared.items():
             if prep.spans is not None:
@@ -159,6 +164,7 @@ class Engine:
         plan = plan_passes(flat.token_lists, flat.prompt_lengths, list(zip(flat.heads, flat.pair_starts)), known,
                            shape.tokens, shape.rows)
         flat.sharers = plan.sharers
+        stageclock.lap("plan")
         for number, positions in enumerate(plan.passes):
             if number and between is not None:
                 between()
@@ -169,6 +175,7 @@ class Engine:
             began = time.perf_counter()
             if self._pass(positions, flat, work) and self.shaper is not None:
                 self.shaper.observe(shape, len(batch), len(batch) * max(batch), time.perf_counter() - began)
+            stageclock.lap("scatter")
         if known:
             flat.allocate(len(next(iter(known.values()))))
             for position, vector in known.items():
@@ -187,6 +194,7 @@ class Engine:
                 work.rows[index] = [flat.ragged[p] for p in range(offset, offset + count)] \
                     if prep.head != "pool" else flat.vectors[offset:offset + count]
             offset += count
+        stageclock.lap("scatter")
 
     @staticmethod
     def _flatten(work: Work) -> _Flat | None:
@@ -209,6 +217,7 @@ class Engine:
 
     def finish(self, work: Work) -> list[Result]:
         """Post-process every request that reached the forward pass; returns all results in input order."""
+        stageclock.lap("other")
         for index, request in work.resolved.items():
             if work.results[index] is not None or index in work.spread:
                 continue
@@ -220,6 +229,7 @@ class Engine:
                 if prep.spans is not None and result.ok:
                     result = dataclasses.replace(result, spans=tuple(prep.spans))
                 work.results[index] = result
+        stageclock.lap("cast")
         return work.results
 
     # -- internals --------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from torch import nn
 
 from common.capabilities import MAX_EMBED_LEN, ModelCapabilities
 from common.errors import StartupError
-from worker.engine import backends
+from worker.engine import backends, stageclock
 from worker.engine.backends import EngineChoice
 from worker.engine.chat import chat_caps
 from worker.engine.fidelity import cast_with_fidelity_check
@@ -178,10 +178,12 @@ def pad_batch(token_lists: list[list[int]], pad_token_id: int, padding_side: str
         span = slice(longest - len(ids), longest) if padding_side == "left" else slice(0, len(ids))
         input_ids[row, span] = torch.as_tensor(ids, dtype=torch.long)
         attention[row, span] = 1
+    stageclock.lap("collate")
     inputs = {"input_ids": input_ids.to(device), "attention_mask": attention.to(device)}
     if position_ids and padding_side == "left":
         # Left padding must not shift positions: each text counts from 0 at its first real token.
         inputs["position_ids"] = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    stageclock.lap("h2d")
     return inputs
 
 
@@ -215,11 +217,16 @@ class LoadedModel:
     @torch.inference_mode()
     def embed(self, token_lists: list[list[int]], prompt_lengths: list[int] | None = None) -> torch.Tensor:
         """One forward pass: pad, run the transformer, pool, Dense. Float32 (n, d) on the CPU."""
+        stageclock.lap("other")
         inputs = pad_batch(token_lists, self.pad_token_id, self.padding_side, self.device, self._position_ids)
         hidden = self.hidden_states(inputs)
+        stageclock.lap("forward")
         lengths = None if prompt_lengths is None else torch.as_tensor(prompt_lengths, device=self.device)
-        pooled = self.pooler(hidden, inputs["attention_mask"], lengths)
-        return self.dense(pooled).float().cpu()
+        pooled = self.dense(self.pooler(hidden, inputs["attention_mask"], lengths)).float()
+        stageclock.lap("pooling")
+        vectors = pooled.cpu()
+        stageclock.lap("d2h")
+        return vectors
 
     @torch.inference_mode()
     def token_embed(self, token_lists: list[list[int]]) -> list:

@@ -71,6 +71,7 @@ from worker.serving.inflight import InFlight
 from worker.serving import answers
 from worker.serving.levels import BULK_SHARE, Levels
 from worker.serving.livestats import LiveStats
+from worker.engine import stageclock
 from common.protocol.records import Outcome, Taken
 from worker.serving.rqjob import SafeJob
 
@@ -151,6 +152,9 @@ class BatchWorker(SimpleWorker):
                              lease=lease, share=bulk_share)
         self.metrics = metrics  # worker/serving/metrics.py's WorkerMetrics, or None
         self.live = LiveStats()
+        self.stages = stageclock.Stages()  # seconds per thread and stage (worker/engine/stageclock.py)
+        if metrics is not None:
+            metrics.watch_stages(self.stages)
         self.advertiser = Advertiser(connection, engine.caps, self.name, info=info, live=self._live_facts,
                                      stats=self.steps.stats)  # cache hits and misses
         self.chunk_jobs = ChunkJobs(connection, [q.name for q in self.queues], engine.caps.name, result_ttl=result_ttl,
@@ -282,6 +286,7 @@ class BatchWorker(SimpleWorker):
         self._stop_requested = True
 
     def _stage(self, name: str, loop, *args) -> None:
+        stageclock.bind(self.stages, name)
         try:
             loop(*args)
         except BaseException:
@@ -292,6 +297,7 @@ class BatchWorker(SimpleWorker):
 
     def _forward_loop(self, prepared: stdqueue.Queue, forwarded: stdqueue.Queue, stages) -> None:
         """The device stage, on the calling thread. Ends when the take stage closes its hand-off."""
+        stageclock.bind(self.stages, "forward")
         while True:
             if self._deferred is not None:  # a share's round set aside for interactive work: its turn now
                 round_, self._deferred = self._deferred, None
@@ -299,9 +305,11 @@ class BatchWorker(SimpleWorker):
                 continue
             if self._drainer is not None:  # draining: the drain's thread takes the waiting rounds back
                 self._drainer.join()
+            stageclock.lap("other")
             try:
                 round_ = prepared.get(timeout=1.0)
             except stdqueue.Empty:
+                stageclock.lap("wait: for a round")
                 self.heartbeat_thread.ensure_alive()
                 if not all(stage.is_alive() for stage in stages):
                     log.error("worker %s: a stage thread is gone; stopping", self.name)
@@ -310,6 +318,7 @@ class BatchWorker(SimpleWorker):
                         forwarded.put_nowait(_END)
                     return
                 continue
+            stageclock.lap("wait: for a round")
             if round_ is _END:
                 if self._drainer is not None and self._drainer.is_alive():
                     # a drain's thread collects the rounds handed over until this end: let it have it, and
@@ -459,10 +468,12 @@ class BatchWorker(SimpleWorker):
 
     def _hand_off(self, forwarded: stdqueue.Queue, item, stages) -> None:
         """Put, unless the finish stage is gone (its jobs stay started and are recovered)."""
+        stageclock.lap("other")
         while True:
             try:
                 return forwarded.put(item, timeout=1.0)
             except stdqueue.Full:
+                stageclock.lap("wait: hand-off full")
                 if not all(stage.is_alive() for stage in stages):
                     self._stop_requested = True
                     return
@@ -473,9 +484,13 @@ class BatchWorker(SimpleWorker):
         backoff, idle_since = 1.0, time.monotonic()
         try:
             while not self._stop_requested:
+                stageclock.lap("other")
                 if not self._slot.acquire(timeout=0.5):
+                    stageclock.lap("wait: device busy")
                     continue
+                stageclock.lap("wait: device busy")
                 self._await_gathering()
+                stageclock.lap("wait: gathering")
                 try:
                     if self.should_run_maintenance_tasks:
                         self.run_maintenance_tasks()
@@ -498,7 +513,9 @@ class BatchWorker(SimpleWorker):
                     continue
                 if round_ is not None:
                     idle_since = time.monotonic()
+                    stageclock.lap("other")
                     prepared.put(round_)
+                    stageclock.lap("wait: hand-off full")
                     continue
                 self._slot.release()
                 if self._burst and self._drained():
@@ -557,7 +574,9 @@ class BatchWorker(SimpleWorker):
 
         if self.inflight is not None:
             block = self.inflight.block(block)
+        stageclock.lap("other")
         suspended, taken = self.schema.take(self.max_jobs, block, before=idle, max_tokens=self._round_tokens())
+        stageclock.lap("take")
         if suspended:
             self.check_for_suspension(self._burst)  # waits (logged) until `rq resume`
             return None
@@ -587,8 +606,10 @@ class BatchWorker(SimpleWorker):
         model = self.engine.caps.name
         for job, request, result in answered:
             round_.answers.append(answers.served(job, result, request.reply_to, model))
+        stageclock.lap("other")
         requests = rounds.triage(round_, taken, model, self.max_deliveries, time.time(),
                                  self.metrics.waited if self.metrics is not None else None)
+        stageclock.lap("decode")
         if self.inflight is not None:  # requests identical to one in flight elsewhere park (inflight.py)
             round_.runnable, requests = self.inflight.attach(round_.runnable, requests)
             for job, request in resumed:
@@ -600,7 +621,12 @@ class BatchWorker(SimpleWorker):
     # -- finish stage -----------------------------------------------------------------------------------
 
     def _finish_loop(self, forwarded: stdqueue.Queue) -> None:
-        while (round_ := forwarded.get()) is not _END:
+        while True:
+            stageclock.lap("other")
+            round_ = forwarded.get()
+            stageclock.lap("wait: for a round")
+            if round_ is _END:
+                break
             try:
                 self.finish_round(round_)
             except Exception:  # its jobs stay started and are recovered by maintenance
@@ -610,10 +636,13 @@ class BatchWorker(SimpleWorker):
 
     def finish_round(self, round_: Round) -> None:
         """Answers for every job of the round, then one script that stores and acknowledges them all."""
+        stageclock.lap("other")
         found = rounds.results(round_, self.steps.finish, self.engine.caps.name)
         written = rounds.answers_of(round_, found, self.engine.caps.name)
         written = self.chunk_jobs.settle(round_, written)  # long requests spread, parts of them joined
+        stageclock.lap("answers")
         done = self._with_retries(lambda: self.schema.finish(written, time.time() - round_.began))
+        stageclock.lap("publish")
         self._release(round_)
         if self.metrics is not None:
             self.metrics.answered([answer.code for answer in written])
