@@ -5,6 +5,7 @@ steps and hands them in as a round's `hits`."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -22,7 +23,7 @@ from worker.engine.batcher import cuts, plan_passes
 from worker.engine.shaper import Shape
 from worker.engine.latechunking import embed_spans
 from worker.engine.postprocess import cast, finish
-from worker.engine.preprocess import Prepared, prepare
+from worker.engine.preprocess import Prepared, prepare_many
 from worker.engine.tasks.heads import finish_task
 from worker.engine.tasks.inputs import prepare_task
 from worker.engine.tasks.sparse import head_outputs
@@ -116,32 +117,54 @@ class Engine:
     # -- the three steps --------------------------------------------------------------------------------
 
     def prepare(self, requests: list[EmbedRequest]) -> Work:
-        """Verify each request against the model and tokenise it; a bad one gets its error result here."""
+        """Verify each request against the model and tokenise it; a bad one gets its error result here.
+        Plain embed requests are tokenised together (preprocess.prepare_many: one tokenizer call per round)."""
         work = Work(list(requests), [None] * len(requests))
-        tokenize = getattr(self.model, "prepare", None)
+        tokenize = getattr(self.model, "prepare", None)  # a model that tokenises its own way (the null model)
+        embeds: list[int] = []
         stageclock.lap("other")
         for index, request in enumerate(requests):
-            try:
+            with self._failing_alone(work, index, request):
                 resolved = self._resolve(request)
                 work.resolved[index] = resolved
-                stageclock.lap("verify")
                 if resolved.params.task != "embed" or resolved.params.outputs is not None:
+                    stageclock.lap("verify")
                     prepared = prepare_task(self.model, resolved)
                     if isinstance(prepared, Result):  # tokenize / detokenize: answered without a forward pass
                         work.results[index] = prepared
-                        continue
-                    work.prepared[index] = prepared
+                    else:
+                        work.prepared[index] = prepared
+                    stageclock.lap("tokenise")
+                elif tokenize is not None:
+                    self._place(work, index, resolved, tokenize(resolved))
                 else:
-                    prepared = tokenize(resolved) if tokenize else prepare(self.model, resolved)
-                    (work.spread if self._spreads(resolved, prepared) else work.prepared)[index] = prepared
-                stageclock.lap("tokenise")
-            except EmbedfleetError as exc:
-                work.results[index] = Result.failure(request.id, self.caps.name, exc)
-            except Exception as exc:  # a tokenizer crash on one request must not sink the others
-                log.exception("preprocessing request %s failed", request.id)
-                work.results[index] = Result.failure(request.id, self.caps.name, InternalError(
-                    f"preprocessing failed: {type(exc).__name__}: {exc}"))
+                    embeds.append(index)
+        stageclock.lap("verify")
+        if embeds:
+            for index, prepared in zip(embeds, prepare_many(self.model, [work.resolved[i] for i in embeds])):
+                with self._failing_alone(work, index, requests[index]):
+                    if isinstance(prepared, Exception):
+                        raise prepared
+                    self._place(work, index, work.resolved[index], prepared)
+            # request order, as if prepared one by one (tasks came first above): flat positions follow it
+            work.prepared, work.spread = dict(sorted(work.prepared.items())), dict(sorted(work.spread.items()))
+            stageclock.lap("tokenise")
         return work
+
+    def _place(self, work: Work, index: int, resolved: EmbedRequest, prepared: Prepared) -> None:
+        (work.spread if self._spreads(resolved, prepared) else work.prepared)[index] = prepared
+
+    @contextlib.contextmanager
+    def _failing_alone(self, work: Work, index: int, request: EmbedRequest):
+        """A request whose preparing raises gets its error result; the round goes on."""
+        try:
+            yield
+        except EmbedfleetError as exc:
+            work.results[index] = Result.failure(request.id, self.caps.name, exc)
+        except Exception as exc:  # a tokenizer crash on one request must not sink the others
+            log.exception("preprocessing request %s failed", request.id, exc_info=exc)
+            work.results[index] = Result.failure(request.id, self.caps.name, InternalError(
+                f"preprocessing failed: {type(exc).__name__}: {exc}"))
 
     def shape(self) -> Shape:
         """The forward-pass shape the next round runs at (the shaper's, or the fixed one)."""

@@ -183,6 +183,7 @@ class BatchWorker(SimpleWorker):
         self._wanted = threading.Event()  # a paused bulk round wants interactive work taken (burst mode's _drained)
         self._deferred: Round | None = None  # the share's bulk round, set aside for interactive work (_between)
         self._seconds_per_text = 0.0
+        self._prepare_seconds = 0.0  # a round's take and prepare, smoothed (_await_gathering)
         self._burst = False
         self.batches = 0
         self.served = 0
@@ -543,13 +544,21 @@ class BatchWorker(SimpleWorker):
             prepared.put(round_, timeout=30)
 
     def _await_gathering(self) -> None:
-        """While the device is busy, take the next round only near the end of the current one (by the
-        device's measured time per text): requests that arrive meanwhile join it, so a closed loop of small
-        requests still fills whole batches, and what is taken is prepared before the device is free.
-        The wait ends as soon as the device is free, however wrong the estimate (a stall or a paused
-        process inflates it)."""
-        began, free_at = self._device_busy
-        take_at = free_at - max(GATHER_LEAD, 0.25 * (free_at - began))  # a quarter of the round to prepare
+        """While the device is busy and fewer jobs than a round are queued, take the next round only as late
+        as still lets it be taken and prepared before the device is free (by the device's measured time per
+        text and this stage's measured time per round): requests that arrive meanwhile join it, so a closed
+        loop of small requests still fills whole batches. With a round's worth queued there is nothing to
+        gather: it is taken at once, so the device never waits for the tokenizer. The wait ends as soon as
+        the device is free, however wrong the estimate (a stall or a paused process inflates it)."""
+        if self._take_now.is_set() or self._stop_requested:
+            return
+        try:
+            if self.schema.queued() >= self.max_jobs:
+                return
+        except (redis.ConnectionError, redis.TimeoutError):
+            return  # the take that follows meets the outage and rides it out
+        _began, free_at = self._device_busy
+        take_at = free_at - max(GATHER_LEAD, 2 * self._prepare_seconds)  # twice the time it takes: a margin
         while (wait := take_at - time.monotonic()) > 0 and not self._stop_requested:
             if self._take_now.wait(min(wait, 0.1)):
                 break
@@ -577,6 +586,7 @@ class BatchWorker(SimpleWorker):
         stageclock.lap("other")
         suspended, taken = self.schema.take(self.max_jobs, block, before=idle, max_tokens=self._round_tokens())
         stageclock.lap("take")
+        began = time.monotonic()  # after the (maybe blocking) read: what is measured is the work
         if suspended:
             self.check_for_suspension(self._burst)  # waits (logged) until `rq resume`
             return None
@@ -597,6 +607,7 @@ class BatchWorker(SimpleWorker):
             followers = [job for job, *_ in answered + resumed]
             round_.answers = [answers.failed(job, error, Outcome.RETRY, None, self.engine.caps.name)
                              for job in taken + followers if job.claimed]
+        self._prepare_seconds = 0.7 * self._prepare_seconds + 0.3 * (time.monotonic() - began)
         return round_ if round_.size else None  # all it took was parked (followers of requests in flight)
 
     def _prepare_round(self, round_: Round, taken: list[Taken], answered=(), resumed=()) -> None:
