@@ -2,7 +2,7 @@
 tokenising the same texts alone and the bare loop on the same model, with where each round's time goes.
 
     PYTHONPATH=. .venv/bin/python bench/cpuside.py [--limit N] [--chunk 16] [--repeat 3]
-        [--batch-sizes 64,128,256,512] [--corpus FILE] [--json OUT]
+        [--batch-sizes 64,128,256,512] [--baseline CHECKOUT] [--corpus FILE] [--json OUT]
 
 The model is built on the fly: a random 1-layer, hidden-32 BERT with the real all-MiniLM-L6-v2 tokenizer and
 sentence-transformers files (mean pooling, Normalize), so tokenising costs what it costs for MiniLM while the
@@ -10,7 +10,8 @@ forward pass costs ~1/100 of it, as on a GPU. Rows, side by side, alternating --
   tokenise  the corpus in one batched tokenizer call (truncation to the max length): the CPU side's own limit
   bare      the bare transformers loop (bench/throughput.py's) at its best batch size
   fleet     `python -m worker` on a private redis-server, Producer.submit_many of --chunk-text requests, then
-            Producer.wait on every id (as bench/throughput.py)
+            Producer.wait on every id (as bench/throughput.py); with --baseline, that checkout's worker too,
+            in the same run, alternating with this one's
 The stage table comes from the worker's own `embedfleet_worker_stage_seconds_total` metric (per thread and
 stage, waits included; worker/engine/stageclock.py), scraped before and after the fleet row's timed window:
 milliseconds per round, and the share of each thread's time. OMP_WAIT_POLICY is PASSIVE unless set.
@@ -33,8 +34,8 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (RedisServer, Timer, add_corpus_flags, describe_machine, free_port, load_corpus, model_path,
-                     ratio, start_worker, table)
+from _common import (Process, RedisServer, Timer, add_corpus_flags, describe_machine, free_port, load_corpus,
+                     model_path, ratio, table, wait_advertised)
 from throughput import BareLoop, max_seq_length, sweep
 
 # the stage threads of worker/serving/pipeline.py and the stages they lap, in the order a round meets them
@@ -72,6 +73,15 @@ class Tokenise:
             self.tokenizer(texts, truncation=True, max_length=self.max_length)
         return len(texts) / timer.seconds
 
+    def run_backend(self, texts: list[str]) -> float:
+        """The same ids from the Rust tokenizer alone (no conversion of each encoding to Python dicts)."""
+        backend = self.tokenizer.backend_tokenizer
+        backend.enable_truncation(self.max_length)
+        backend.no_padding()
+        with Timer() as timer:
+            _ = [encoding.ids for encoding in backend.encode_batch(texts)]
+        return len(texts) / timer.seconds
+
 
 def scrape(url: str) -> dict[tuple[str, str], float]:
     """(thread, stage) -> seconds, and ("rounds", "") -> rounds, from the worker's /metrics."""
@@ -89,14 +99,17 @@ def scrape(url: str) -> dict[tuple[str, str], float]:
     return found
 
 
-def fleet(path: str, texts: list[str], chunk: int) -> tuple[float, dict]:
-    """Texts/s end to end, and the stage seconds (and rounds) of the timed window."""
+def fleet(path: str, texts: list[str], chunk: int, shape: list[str], code: Path | None = None) -> tuple[float, dict]:
+    """Texts/s end to end, and the stage seconds (and rounds) of the timed window. `shape`: the worker's batch
+    shape flags; `code`: a checkout whose worker runs instead of this one's (first on its PYTHONPATH)."""
     from producer import Producer
 
     port = free_port()
-    with RedisServer() as server, start_worker(server.url, path, "tiny", "--metrics-port", str(port),
-                                               "--metrics-host", "127.0.0.1") as worker, \
-            Producer(server.url) as producer:
+    with RedisServer() as server, Process(
+            [sys.executable, "-m", "worker", "--redis-url", server.url, "--model", path, "--served-model-name", "tiny",
+             "--metrics-port", str(port), "--metrics-host", "127.0.0.1", *shape], "worker-tiny",
+            pythonpath=(code,) if code else ()) as worker, Producer(server.url) as producer:
+        wait_advertised(worker, server.url, "tiny")
         for line in worker.lines("batch budget probe"):
             print("    worker: " + line.split(": ", 1)[-1][:200], flush=True)
         producer.embed(texts[:chunk], "tiny", timeout=300, truncate_prompt_tokens=-1)  # warm-up
@@ -133,6 +146,10 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=16, help="texts per embedfleet request")
     parser.add_argument("--batch-sizes", default="64,128,256,512", help="batch sizes the bare loop sweeps")
     parser.add_argument("--repeat", type=int, default=3, help="alternating runs; each row keeps its best")
+    parser.add_argument("--shape", default="16384,512", help="the worker's --max-batch-tokens,--max-batch-size: "
+                        "pinned, as the start-up probe's pick on a busy box varies from run to run; '' to probe")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="another checkout (e.g. a worktree of main) whose worker runs as one more row")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
 
@@ -143,6 +160,8 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     texts = load_corpus(args.corpus, args.limit)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    shape = ["--max-batch-tokens", args.shape.split(",")[0], "--max-batch-size", args.shape.split(",")[1]] \
+        if args.shape else []
     print(f"{len(texts)} texts, {sum(map(len, texts)) / len(texts):.0f} chars on average; {describe_machine()}",
           flush=True)
     with tempfile.TemporaryDirectory(prefix="cpuside-") as folder:
@@ -151,32 +170,42 @@ def main() -> None:
         tokenise.run(texts[:256])  # warm-up
         best: dict[str, float] = {}
         sweeps: dict[int, float] = {}
-        stages: dict = {}
+        stages: dict[str, dict] = {}
+        fleets = {"fleet": None, **({"baseline": args.baseline} if args.baseline else {})}
         for repeat in range(args.repeat):  # rows alternate, and each keeps its best: the machine drifts
             best["tokenise"] = max(best.get("tokenise", 0.0), tokenise.run(texts))
+            best["backend"] = max(best.get("backend", 0.0), tokenise.run_backend(texts))
             for bs, rate in sweep(bare, texts, batch_sizes).items():
                 sweeps[bs] = max(sweeps.get(bs, 0.0), rate)
-            rate, spent = fleet(path, texts, args.chunk)
-            if rate > best.get("fleet", 0.0):
-                best["fleet"], stages = rate, spent
+            rates = {}
+            for row, code in fleets.items():
+                rates[row], spent = fleet(path, texts, args.chunk, shape, code)
+                if rates[row] > best.get(row, 0.0):
+                    best[row], stages[row] = rates[row], spent
             print(f"  [{repeat + 1}] tokenise {best['tokenise']:.0f}, bare {max(sweeps.values()):.0f}, "
-                  f"fleet {rate:.0f} texts/s", flush=True)
+                  + ", ".join(f"{row} {rate:.0f}" for row, rate in rates.items()) + " texts/s", flush=True)
     best_bs, best["bare"] = max(sweeps.items(), key=lambda kv: kv[1])
-    tok, loop, e2e = best["tokenise"], best["bare"], best["fleet"]
-    print(table(["path", "texts/s", "x tokenise", "x bare best"], [
-        [f"embedfleet end to end (1 worker, {args.chunk} texts/request)", e2e, ratio(e2e, tok), ratio(e2e, loop)],
+    tok, loop = best["tokenise"], best["bare"]
+    rows = [[f"embedfleet end to end, {'this checkout' if row == 'fleet' else args.baseline} (1 worker, "
+             f"{args.chunk} texts/request)", best[row], ratio(best[row], tok), ratio(best[row], loop)]
+            for row in fleets]
+    print(table(["path", "texts/s", "x tokenise", "x bare best"], rows + [
         ["tokenise alone (one batched call)", tok, 1.0, ratio(tok, loop)],
+        ["tokenise alone (the Rust backend's encode_batch, ids only)", best["backend"], ratio(best["backend"], tok),
+         ratio(best["backend"], loop)],
         [f"bare loop, best bs {best_bs}", loop, ratio(loop, tok), 1.0],
     ], f"CPU side, tiny model (1 layer, hidden 32, MiniLM tokenizer), {len(texts)} texts "
        "(target: fleet >= 0.6x tokenise)"))
-    rounds = stages.get(("rounds", ""), 0.0)
-    print(table(["thread", "stage", "ms/round", "% of the thread's time"], stage_rows(stages),
-                f"Where the fleet row's time goes: {rounds:.0f} rounds in {stages['window', '']:.2f} s "
-                f"({len(texts) / max(rounds, 1):.0f} texts a round)"))
+    for row, spent in stages.items():
+        rounds = spent.get(("rounds", ""), 0.0)
+        print(table(["thread", "stage", "ms/round", "% of the thread's time"], stage_rows(spent),
+                    f"Where the {row} row's time goes: {rounds:.0f} rounds in {spent['window', '']:.2f} s "
+                    f"({len(texts) / max(rounds, 1):.0f} texts a round)"))
     if args.json:
         args.json.write_text(json.dumps({"texts": len(texts), "chunk": args.chunk, "rates": best,
                                          "bare_sweep": sweeps, "bare_bs": best_bs,
-                                         "stages": {f"{t}/{s}": v for (t, s), v in stages.items()}}, indent=1))
+                                         "stages": {row: {f"{t}/{s}": v for (t, s), v in spent.items()}
+                                                    for row, spent in stages.items()}}, indent=1))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import numpy as np
 from common.errors import InputTooLongError, ValidationError
 from common.request import EmbedRequest
 from worker.engine.chat import render
+from worker.engine.encode import token_ids
 from worker.engine.chunking import Specials, combine, find_specials, split
 from worker.engine.latechunking import plan_spans
 from worker.engine.model import LoadedModel
@@ -63,13 +64,12 @@ def _tokenize(model: LoadedModel, texts: list[str], add_special_tokens: bool, ke
         saved = tokenizer.truncation_side
         try:
             tokenizer.truncation_side = side
-            return tokenizer(texts, add_special_tokens=add_special_tokens, truncation=True,
-                             max_length=keep)["input_ids"]
+            return token_ids(tokenizer, texts, add_special_tokens, keep)
         except Exception:  # noqa: BLE001 - tokenizers raise various errors for an impossible max_length
             pass
         finally:
             tokenizer.truncation_side = saved
-    return tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+    return token_ids(tokenizer, texts, add_special_tokens)
 
 
 def _truncate_ids(ids: list[int], keep: int, side: str) -> list[int]:
