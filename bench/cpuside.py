@@ -146,8 +146,9 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=16, help="texts per embedfleet request")
     parser.add_argument("--batch-sizes", default="64,128,256,512", help="batch sizes the bare loop sweeps")
     parser.add_argument("--repeat", type=int, default=3, help="alternating runs; each row keeps its best")
-    parser.add_argument("--shape", default="16384,512", help="the worker's --max-batch-tokens,--max-batch-size: "
-                        "pinned, as the start-up probe's pick on a busy box varies from run to run; '' to probe")
+    parser.add_argument("--shape", default=None, help="the workers' --max-batch-tokens,--max-batch-size (default: "
+                        "the bare loop's best batch size from the first sweep, times the max length in tokens): "
+                        "pinned, as the start-up probe's pick on a busy box varies from run to run; 'probe' to probe")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="another checkout (e.g. a worktree of main) whose worker runs as one more row")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
@@ -160,8 +161,8 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     texts = load_corpus(args.corpus, args.limit)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    shape = ["--max-batch-tokens", args.shape.split(",")[0], "--max-batch-size", args.shape.split(",")[1]] \
-        if args.shape else []
+    shape = [] if args.shape == "probe" else None if args.shape is None else \
+        ["--max-batch-tokens", args.shape.split(",")[0], "--max-batch-size", args.shape.split(",")[1]]
     print(f"{len(texts)} texts, {sum(map(len, texts)) / len(texts):.0f} chars on average; {describe_machine()}",
           flush=True)
     with tempfile.TemporaryDirectory(prefix="cpuside-") as folder:
@@ -177,6 +178,10 @@ def main() -> None:
             best["backend"] = max(best.get("backend", 0.0), tokenise.run_backend(texts))
             for bs, rate in sweep(bare, texts, batch_sizes).items():
                 sweeps[bs] = max(sweeps.get(bs, 0.0), rate)
+            if shape is None:  # the workers run at the bare loop's best batch size
+                rows = max(sweeps, key=sweeps.get)
+                shape = ["--max-batch-tokens", str(rows * bare.max_length), "--max-batch-size", str(rows)]
+                print(f"  workers' shape: {' '.join(shape)}", flush=True)
             rates = {}
             for row, code in fleets.items():
                 rates[row], spent = fleet(path, texts, args.chunk, shape, code)
