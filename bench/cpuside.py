@@ -8,13 +8,16 @@ The model is built on the fly: a random 1-layer, hidden-32 BERT with the real al
 sentence-transformers files (mean pooling, Normalize), so tokenising costs what it costs for MiniLM while the
 forward pass costs ~1/100 of it, as on a GPU. Rows, side by side, alternating --repeat times, each keeping its best:
   tokenise  the corpus in one batched tokenizer call (truncation to the max length): the CPU side's own limit
+            (and, for reference, the same ids from the tokenizer's Rust backend alone)
   bare      the bare transformers loop (bench/throughput.py's) at its best batch size
   fleet     `python -m worker` on a private redis-server, Producer.submit_many of --chunk-text requests, then
             Producer.wait on every id (as bench/throughput.py); with --baseline, that checkout's worker too,
             in the same run, alternating with this one's
 The stage table comes from the worker's own `embedfleet_worker_stage_seconds_total` metric (per thread and
 stage, waits included; worker/engine/stageclock.py), scraped before and after the fleet row's timed window:
-milliseconds per round, and the share of each thread's time. OMP_WAIT_POLICY is PASSIVE unless set.
+milliseconds per round, and the share of each thread's time, summed over all the row's runs. Each row is shown
+at its best run and its median run: on a shared machine single runs of a few seconds scatter by 2x.
+The workers' batch shape is pinned (--shape). OMP_WAIT_POLICY is PASSIVE unless set.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import os
 # subprocess inherits it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import shutil
+import statistics
 import sys
 import tempfile
 import urllib.request
@@ -129,10 +133,10 @@ def fleet(path: str, texts: list[str], chunk: int, shape: list[str], code: Path 
 def stage_rows(spent: dict) -> list[list]:
     """thread, stage, ms per round, % of the thread's window; waits last."""
     rounds = max(spent.get(("rounds", ""), 0.0), 1.0)
-    window = spent["window", ""]
     rows = []
     for thread in THREADS:
         stages = {stage: seconds for (name, stage), seconds in spent.items() if name == thread and seconds > 0}
+        window = sum(stages.values())  # the thread's time between the two scrapes
         order = [s for s in STAGES if s in stages] + sorted(s for s in stages if s not in STAGES)
         order = [s for s in order if not s.startswith("wait")] + [s for s in order if s.startswith("wait")]
         for stage in order:
@@ -171,11 +175,12 @@ def main() -> None:
         tokenise.run(texts[:256])  # warm-up
         best: dict[str, float] = {}
         sweeps: dict[int, float] = {}
-        stages: dict[str, dict] = {}
+        stages: dict[str, dict] = {}  # row -> (thread, stage) -> seconds, summed over the repeats
+        seen: dict[str, list[float]] = {}  # row -> every repeat's rate (the median is reported too)
         fleets = {"fleet": None, **({"baseline": args.baseline} if args.baseline else {})}
         for repeat in range(args.repeat):  # rows alternate, and each keeps its best: the machine drifts
-            best["tokenise"] = max(best.get("tokenise", 0.0), tokenise.run(texts))
-            best["backend"] = max(best.get("backend", 0.0), tokenise.run_backend(texts))
+            seen.setdefault("tokenise", []).append(tokenise.run(texts))
+            seen.setdefault("backend", []).append(tokenise.run_backend(texts))
             for bs, rate in sweep(bare, texts, batch_sizes).items():
                 sweeps[bs] = max(sweeps.get(bs, 0.0), rate)
             if shape is None:  # the workers run at the bare loop's best batch size
@@ -185,29 +190,36 @@ def main() -> None:
             rates = {}
             for row, code in fleets.items():
                 rates[row], spent = fleet(path, texts, args.chunk, shape, code)
-                if rates[row] > best.get(row, 0.0):
-                    best[row], stages[row] = rates[row], spent
-            print(f"  [{repeat + 1}] tokenise {best['tokenise']:.0f}, bare {max(sweeps.values()):.0f}, "
+                seen.setdefault(row, []).append(rates[row])
+                total = stages.setdefault(row, {})
+                for key, seconds in spent.items():
+                    total[key] = total.get(key, 0.0) + seconds
+            print(f"  [{repeat + 1}] tokenise {seen['tokenise'][-1]:.0f}, bare {max(sweeps.values()):.0f}, "
                   + ", ".join(f"{row} {rate:.0f}" for row, rate in rates.items()) + " texts/s", flush=True)
     best_bs, best["bare"] = max(sweeps.items(), key=lambda kv: kv[1])
+    best.update({row: max(rates) for row, rates in seen.items()})
+    middle = {row: statistics.median(rates) for row, rates in seen.items()}
     tok, loop = best["tokenise"], best["bare"]
-    rows = [[f"embedfleet end to end, {'this checkout' if row == 'fleet' else args.baseline} (1 worker, "
-             f"{args.chunk} texts/request)", best[row], ratio(best[row], tok), ratio(best[row], loop)]
-            for row in fleets]
-    print(table(["path", "texts/s", "x tokenise", "x bare best"], rows + [
-        ["tokenise alone (one batched call)", tok, 1.0, ratio(tok, loop)],
-        ["tokenise alone (the Rust backend's encode_batch, ids only)", best["backend"], ratio(best["backend"], tok),
-         ratio(best["backend"], loop)],
-        [f"bare loop, best bs {best_bs}", loop, ratio(loop, tok), 1.0],
-    ], f"CPU side, tiny model (1 layer, hidden 32, MiniLM tokenizer), {len(texts)} texts "
-       "(target: fleet >= 0.6x tokenise)"))
+
+    def line(label, row, value):
+        return [label, value, middle.get(row, value), ratio(best[row], tok), ratio(middle.get(row, value),
+                middle.get("tokenise", tok)), ratio(best[row], loop)]
+
+    rows = [line(f"embedfleet end to end, {'this checkout' if row == 'fleet' else args.baseline} (1 worker, "
+                 f"{args.chunk} texts/request)", row, best[row]) for row in fleets]
+    print(table(["path", "texts/s (best)", "median", "x tokenise (best)", "x tokenise (median)", "x bare best"],
+                rows + [line("tokenise alone (one batched call)", "tokenise", tok),
+                        line("tokenise alone (the Rust backend's encode_batch, ids only)", "backend", best["backend"]),
+                        line(f"bare loop, best bs {best_bs}", "bare", loop)],
+                f"CPU side, tiny model (1 layer, hidden 32, MiniLM tokenizer), {len(texts)} texts, "
+                f"{args.repeat} alternating runs (target: fleet >= 0.6x tokenise)"))
     for row, spent in stages.items():
         rounds = spent.get(("rounds", ""), 0.0)
         print(table(["thread", "stage", "ms/round", "% of the thread's time"], stage_rows(spent),
-                    f"Where the {row} row's time goes: {rounds:.0f} rounds in {spent['window', '']:.2f} s "
-                    f"({len(texts) / max(rounds, 1):.0f} texts a round)"))
+                    f"Where the {row} row's time goes, all its runs together: {rounds:.0f} rounds in "
+                    f"{spent['window', '']:.2f} s ({len(texts) * args.repeat / max(rounds, 1):.0f} texts a round)"))
     if args.json:
-        args.json.write_text(json.dumps({"texts": len(texts), "chunk": args.chunk, "rates": best,
+        args.json.write_text(json.dumps({"texts": len(texts), "chunk": args.chunk, "rates": best, "runs": seen,
                                          "bare_sweep": sweeps, "bare_bs": best_bs,
                                          "stages": {row: {f"{t}/{s}": v for (t, s), v in spent.items()}
                                                     for row, spent in stages.items()}}, indent=1))
