@@ -10,7 +10,11 @@ Three stages joined by bounded hand-offs, so the device never waits for Redis or
 
 The take stage takes a new round only once the forward stage has picked up the previous one, so a worker
 holds at most four rounds of `max_jobs` requests (one being taken, one waiting, one on the device, one being
-finished) however deep the queue is.
+finished) however deep the queue is. With fewer than a round's worth queued it takes the next round as late as
+still lets it be ready when the device is free (`_await_gathering`), so arrivals join it.
+
+Each stage thread laps its own clock (worker/engine/stageclock.py) at every stage and wait, exported as
+`embedfleet_worker_stage_seconds_total{thread, stage}`: the profile bench/cpuside.py prints.
 
 Every job it holds is in rq's started registry under a lease (common/protocol/keys.py) that the heartbeat thread
 renews every third of the lease, also during a long forward pass; the same thread requeues any worker's
