@@ -118,7 +118,7 @@ class Engine:
 
     def prepare(self, requests: list[EmbedRequest]) -> Work:
         """Verify each request against the model and tokenise it; a bad one gets its error result here.
-        Plain embed requests are tokenised together (preprocess.prepare_many: one tokenizer call per round)."""
+        Plain embed requests are tokenised together (preprocess.prepare_many), not one tokenizer call each."""
         work = Work(list(requests), [None] * len(requests))
         tokenize = getattr(self.model, "prepare", None)  # a model that tokenises its own way (the null model)
         embeds: list[int] = []
