@@ -5,6 +5,7 @@ steps and hands them in as a round's `hits`."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -17,12 +18,13 @@ from common.errors import EmbedfleetError, InternalError
 from common.params import PoolingParams
 from common.request import EmbedRequest
 from common.result import Result
+from worker.engine import stageclock
 from worker.engine.batcher import cuts, plan_passes
 from worker.engine.inputbounds import bound_inputs
 from worker.engine.shaper import Shape
 from worker.engine.latechunking import embed_spans
 from worker.engine.postprocess import cast, finish
-from worker.engine.preprocess import Prepared, prepare
+from worker.engine.preprocess import Prepared, prepare_many
 from worker.engine.tasks.heads import finish_task
 from worker.engine.tasks.inputs import prepare_task
 from worker.engine.tasks.sparse import head_outputs
@@ -116,29 +118,54 @@ class Engine:
     # -- the three steps --------------------------------------------------------------------------------
 
     def prepare(self, requests: list[EmbedRequest]) -> Work:
-        """Verify each request against the model and tokenise it; a bad one gets its error result here."""
+        """Verify each request against the model and tokenise it; a bad one gets its error result here.
+        Plain embed requests are tokenised together (preprocess.prepare_many), not one tokenizer call each."""
         work = Work(list(requests), [None] * len(requests))
-        tokenize = getattr(self.model, "prepare", None)
+        tokenize = getattr(self.model, "prepare", None)  # a model that tokenises its own way (the null model)
+        embeds: list[int] = []
+        stageclock.lap("other")
         for index, request in enumerate(requests):
-            try:
+            with self._failing_alone(work, index, request):
                 resolved = bound_inputs(self.model, self._resolve(request))  # before any tokenizing
                 work.resolved[index] = resolved
                 if resolved.params.task != "embed" or resolved.params.outputs is not None:
+                    stageclock.lap("verify")
                     prepared = prepare_task(self.model, resolved)
                     if isinstance(prepared, Result):  # tokenize / detokenize: answered without a forward pass
                         work.results[index] = prepared
-                        continue
-                    work.prepared[index] = prepared
+                    else:
+                        work.prepared[index] = prepared
+                    stageclock.lap("tokenise")
+                elif tokenize is not None:
+                    self._place(work, index, resolved, tokenize(resolved))
                 else:
-                    prepared = tokenize(resolved) if tokenize else prepare(self.model, resolved)
-                    (work.spread if self._spreads(resolved, prepared) else work.prepared)[index] = prepared
-            except EmbedfleetError as exc:
-                work.results[index] = Result.failure(request.id, self.caps.name, exc)
-            except Exception as exc:  # a tokenizer crash on one request must not sink the others
-                log.exception("preprocessing request %s failed", request.id)
-                work.results[index] = Result.failure(request.id, self.caps.name, InternalError(
-                    f"preprocessing failed: {type(exc).__name__}: {exc}"))
+                    embeds.append(index)
+        stageclock.lap("verify")
+        if embeds:
+            for index, prepared in zip(embeds, prepare_many(self.model, [work.resolved[i] for i in embeds])):
+                with self._failing_alone(work, index, requests[index]):
+                    if isinstance(prepared, Exception):
+                        raise prepared
+                    self._place(work, index, work.resolved[index], prepared)
+            # request order, as if prepared one by one (tasks came first above): flat positions follow it
+            work.prepared, work.spread = dict(sorted(work.prepared.items())), dict(sorted(work.spread.items()))
+            stageclock.lap("tokenise")
         return work
+
+    def _place(self, work: Work, index: int, resolved: EmbedRequest, prepared: Prepared) -> None:
+        (work.spread if self._spreads(resolved, prepared) else work.prepared)[index] = prepared
+
+    @contextlib.contextmanager
+    def _failing_alone(self, work: Work, index: int, request: EmbedRequest):
+        """A request whose preparing raises gets its error result; the round goes on."""
+        try:
+            yield
+        except EmbedfleetError as exc:
+            work.results[index] = Result.failure(request.id, self.caps.name, exc)
+        except Exception as exc:  # a tokenizer crash on one request must not sink the others
+            log.exception("preprocessing request %s failed", request.id, exc_info=exc)
+            work.results[index] = Result.failure(request.id, self.caps.name, InternalError(
+                f"preprocessing failed: {type(exc).__name__}: {exc}"))
 
     def shape(self) -> Shape:
         """The forward-pass shape the next round runs at (the shaper's, or the fixed one)."""
@@ -149,6 +176,7 @@ class Engine:
         A late-chunking request (spans) gets a pass of its own: its rows are spans, not inputs.
         `between()` is called between two passes: the serving side runs higher-priority work there, and
         this round goes on where it paused."""
+        stageclock.lap("other")
         shape = self.shape()
         for index, prep in work.prepared.items():
             if prep.spans is not None:
@@ -160,6 +188,7 @@ class Engine:
         plan = plan_passes(flat.token_lists, flat.prompt_lengths, list(zip(flat.heads, flat.pair_starts)), known,
                            shape.tokens, shape.rows)
         flat.sharers = plan.sharers
+        stageclock.lap("plan")
         for number, positions in enumerate(plan.passes):
             if number and between is not None:
                 between()
@@ -170,6 +199,7 @@ class Engine:
             began = time.perf_counter()
             if self._pass(positions, flat, work) and self.shaper is not None:
                 self.shaper.observe(shape, len(batch), len(batch) * max(batch), time.perf_counter() - began)
+            stageclock.lap("scatter")
         if known:
             flat.allocate(len(next(iter(known.values()))))
             for position, vector in known.items():
@@ -188,6 +218,7 @@ class Engine:
                 work.rows[index] = [flat.ragged[p] for p in range(offset, offset + count)] \
                     if prep.head != "pool" else flat.vectors[offset:offset + count]
             offset += count
+        stageclock.lap("scatter")
 
     @staticmethod
     def _flatten(work: Work) -> _Flat | None:
@@ -210,6 +241,7 @@ class Engine:
 
     def finish(self, work: Work) -> list[Result]:
         """Post-process every request that reached the forward pass; returns all results in input order."""
+        stageclock.lap("other")
         for index, request in work.resolved.items():
             if work.results[index] is not None or index in work.spread:
                 continue
@@ -221,6 +253,7 @@ class Engine:
                 if prep.spans is not None and result.ok:
                     result = dataclasses.replace(result, spans=tuple(prep.spans))
                 work.results[index] = result
+        stageclock.lap("cast")
         return work.results
 
     # -- internals --------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ observed again when it is taken again.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily
 
 from common.protocol.keys import PRIORITIES, queue_name
 
@@ -46,6 +47,10 @@ class WorkerMetrics:
         self.pass_rate = Gauge("embedfleet_worker_pass_tokens_per_second", "padded tokens per second of the "
                                "shape in use (median of its recent full passes)", m, registry=r).labels(model)
 
+    def watch_stages(self, stages) -> None:
+        """Export a worker.engine.stageclock.Stages: seconds per thread and stage, read at each scrape."""
+        self.registry.register(_StageCollector(self.model, stages))
+
     def waited(self, queue: str, seconds: float) -> None:
         """A request taken from rq queue `queue` after `seconds` queued."""
         self.queue_wait.labels(self.model, self._levels.get(queue, "other")).observe(max(0.0, seconds))
@@ -78,3 +83,20 @@ class WorkerMetrics:
     def serve(self, port: int, host: str = "0.0.0.0") -> None:
         """Serve /metrics on `port` from a daemon thread (prometheus_client's own server)."""
         start_http_server(port, addr=host, registry=self.registry)
+
+
+class _StageCollector:
+    """`embedfleet_worker_stage_seconds_total{thread, stage}`: where each stage thread's time went (its stages,
+    waits included, add up to its wall time); read from the clocks when scraped, nothing on the hot path."""
+
+    def __init__(self, model: str, stages) -> None:
+        self.model, self.stages = model, stages
+
+    def collect(self):
+        family = CounterMetricFamily("embedfleet_worker_stage_seconds", "seconds each stage thread spent per "
+                                     "stage (take, decode, verify, tokenise, collate, h2d, forward, pooling, d2h, "
+                                     "cast, publish, wait: ...)", labels=["model", "thread", "stage"])
+        for thread, totals in self.stages.snapshot().items():
+            for stage, seconds in totals.items():
+                family.add_metric([self.model, thread, stage], seconds)
+        yield family

@@ -10,7 +10,11 @@ Three stages joined by bounded hand-offs, so the device never waits for Redis or
 
 The take stage takes a new round only once the forward stage has picked up the previous one, so a worker
 holds at most four rounds of `max_jobs` requests (one being taken, one waiting, one on the device, one being
-finished) however deep the queue is.
+finished) however deep the queue is. With fewer than a round's worth queued it takes the next round as late as
+still lets it be ready when the device is free (`_await_gathering`), so arrivals join it.
+
+Each stage thread laps its own clock (worker/engine/stageclock.py) at every stage and wait, exported as
+`embedfleet_worker_stage_seconds_total{thread, stage}`: the profile bench/cpuside.py prints.
 
 Every job it holds is in rq's started registry under a lease (common/protocol/keys.py) that the heartbeat thread
 renews every third of the lease, also during a long forward pass; the same thread requeues any worker's
@@ -71,6 +75,7 @@ from worker.serving.inflight import InFlight
 from worker.serving import answers
 from worker.serving.levels import BULK_SHARE, Levels
 from worker.serving.livestats import LiveStats
+from worker.engine import stageclock
 from common.protocol.records import Outcome, Taken
 from worker.serving.rqjob import SafeJob
 
@@ -151,6 +156,9 @@ class BatchWorker(SimpleWorker):
                              lease=lease, share=bulk_share)
         self.metrics = metrics  # worker/serving/metrics.py's WorkerMetrics, or None
         self.live = LiveStats()
+        self.stages = stageclock.Stages()  # seconds per thread and stage (worker/engine/stageclock.py)
+        if metrics is not None:
+            metrics.watch_stages(self.stages)
         self.advertiser = Advertiser(connection, engine.caps, self.name, info=info, live=self._live_facts,
                                      stats=self.steps.stats)  # cache hits and misses
         self.chunk_jobs = ChunkJobs(connection, [q.name for q in self.queues], engine.caps.name, result_ttl=result_ttl,
@@ -179,6 +187,7 @@ class BatchWorker(SimpleWorker):
         self._wanted = threading.Event()  # a paused bulk round wants interactive work taken (burst mode's _drained)
         self._deferred: Round | None = None  # the share's bulk round, set aside for interactive work (_between)
         self._seconds_per_text = 0.0
+        self._prepare_seconds = 0.0  # a round's take and prepare, smoothed (_await_gathering)
         self._burst = False
         self.batches = 0
         self.served = 0
@@ -277,11 +286,21 @@ class BatchWorker(SimpleWorker):
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
 
+    def unsubscribe(self):
+        """rq unsubscribes, then stops its pubsub thread: should that thread read the UNSUBSCRIBE reply in between,
+        it waits rq's 60 s sleep_time for a subscription that never comes, and the stop's join with it (seen in
+        test_tasks' teardown). Its run flag is cleared first, so the reply ends it."""
+        running = getattr(getattr(self, "pubsub_thread", None), "_running", None)  # redis-py's PubSubWorkerThread
+        if running is not None:
+            running.clear()
+        super().unsubscribe()
+
     def _shutdown(self):
         """Signals only set the flag: raising inside a Redis read could strand taken ids (rq's way)."""
         self._stop_requested = True
 
     def _stage(self, name: str, loop, *args) -> None:
+        stageclock.bind(self.stages, name)
         try:
             loop(*args)
         except BaseException:
@@ -292,6 +311,7 @@ class BatchWorker(SimpleWorker):
 
     def _forward_loop(self, prepared: stdqueue.Queue, forwarded: stdqueue.Queue, stages) -> None:
         """The device stage, on the calling thread. Ends when the take stage closes its hand-off."""
+        stageclock.bind(self.stages, "forward")
         while True:
             if self._deferred is not None:  # a share's round set aside for interactive work: its turn now
                 round_, self._deferred = self._deferred, None
@@ -299,9 +319,11 @@ class BatchWorker(SimpleWorker):
                 continue
             if self._drainer is not None:  # draining: the drain's thread takes the waiting rounds back
                 self._drainer.join()
+            stageclock.lap("other")
             try:
                 round_ = prepared.get(timeout=1.0)
             except stdqueue.Empty:
+                stageclock.lap("wait: for a round")
                 self.heartbeat_thread.ensure_alive()
                 if not all(stage.is_alive() for stage in stages):
                     log.error("worker %s: a stage thread is gone; stopping", self.name)
@@ -310,6 +332,7 @@ class BatchWorker(SimpleWorker):
                         forwarded.put_nowait(_END)
                     return
                 continue
+            stageclock.lap("wait: for a round")
             if round_ is _END:
                 if self._drainer is not None and self._drainer.is_alive():
                     # a drain's thread collects the rounds handed over until this end: let it have it, and
@@ -459,10 +482,12 @@ class BatchWorker(SimpleWorker):
 
     def _hand_off(self, forwarded: stdqueue.Queue, item, stages) -> None:
         """Put, unless the finish stage is gone (its jobs stay started and are recovered)."""
+        stageclock.lap("other")
         while True:
             try:
                 return forwarded.put(item, timeout=1.0)
             except stdqueue.Full:
+                stageclock.lap("wait: hand-off full")
                 if not all(stage.is_alive() for stage in stages):
                     self._stop_requested = True
                     return
@@ -473,9 +498,13 @@ class BatchWorker(SimpleWorker):
         backoff, idle_since = 1.0, time.monotonic()
         try:
             while not self._stop_requested:
+                stageclock.lap("other")
                 if not self._slot.acquire(timeout=0.5):
+                    stageclock.lap("wait: device busy")
                     continue
+                stageclock.lap("wait: device busy")
                 self._await_gathering()
+                stageclock.lap("wait: gathering")
                 try:
                     if self.should_run_maintenance_tasks:
                         self.run_maintenance_tasks()
@@ -498,7 +527,9 @@ class BatchWorker(SimpleWorker):
                     continue
                 if round_ is not None:
                     idle_since = time.monotonic()
+                    stageclock.lap("other")
                     prepared.put(round_)
+                    stageclock.lap("wait: hand-off full")
                     continue
                 self._slot.release()
                 if self._burst and self._drained():
@@ -526,13 +557,21 @@ class BatchWorker(SimpleWorker):
             prepared.put(round_, timeout=30)
 
     def _await_gathering(self) -> None:
-        """While the device is busy, take the next round only near the end of the current one (by the
-        device's measured time per text): requests that arrive meanwhile join it, so a closed loop of small
-        requests still fills whole batches, and what is taken is prepared before the device is free.
-        The wait ends as soon as the device is free, however wrong the estimate (a stall or a paused
-        process inflates it)."""
-        began, free_at = self._device_busy
-        take_at = free_at - max(GATHER_LEAD, 0.25 * (free_at - began))  # a quarter of the round to prepare
+        """While the device is busy and fewer jobs than a round are queued, take the next round only as late
+        as still lets it be taken and prepared before the device is free (by the device's measured time per
+        text and this stage's measured time per round): requests that arrive meanwhile join it, so a closed
+        loop of small requests still fills whole batches. With a round's worth queued there is nothing to
+        gather: it is taken at once, so the device never waits for the tokenizer. The wait ends as soon as
+        the device is free, however wrong the estimate (a stall or a paused process inflates it)."""
+        if self._take_now.is_set() or self._stop_requested:
+            return
+        try:
+            if self.schema.queued() >= self.max_jobs:
+                return
+        except (redis.ConnectionError, redis.TimeoutError):
+            return  # the take that follows meets the outage and rides it out
+        _began, free_at = self._device_busy
+        take_at = free_at - max(GATHER_LEAD, 2 * self._prepare_seconds)  # twice the time it takes: a margin
         while (wait := take_at - time.monotonic()) > 0 and not self._stop_requested:
             if self._take_now.wait(min(wait, 0.1)):
                 break
@@ -557,7 +596,10 @@ class BatchWorker(SimpleWorker):
 
         if self.inflight is not None:
             block = self.inflight.block(block)
+        stageclock.lap("other")
         suspended, taken = self.schema.take(self.max_jobs, block, before=idle, max_tokens=self._round_tokens())
+        stageclock.lap("take")
+        began = time.monotonic()  # after the (maybe blocking) read: what is measured is the work
         if suspended:
             self.check_for_suspension(self._burst)  # waits (logged) until `rq resume`
             return None
@@ -578,6 +620,7 @@ class BatchWorker(SimpleWorker):
             followers = [job for job, *_ in answered + resumed]
             round_.answers = [answers.failed(job, error, Outcome.RETRY, None, self.engine.caps.name)
                              for job in taken + followers if job.claimed]
+        self._prepare_seconds = 0.7 * self._prepare_seconds + 0.3 * (time.monotonic() - began)
         return round_ if round_.size else None  # all it took was parked (followers of requests in flight)
 
     def _prepare_round(self, round_: Round, taken: list[Taken], answered=(), resumed=()) -> None:
@@ -587,8 +630,10 @@ class BatchWorker(SimpleWorker):
         model = self.engine.caps.name
         for job, request, result in answered:
             round_.answers.append(answers.served(job, result, request.reply_to, model))
+        stageclock.lap("other")
         requests = rounds.triage(round_, taken, model, self.max_deliveries, time.time(),
                                  self.metrics.waited if self.metrics is not None else None)
+        stageclock.lap("decode")
         if self.inflight is not None:  # requests identical to one in flight elsewhere park (inflight.py)
             round_.runnable, requests = self.inflight.attach(round_.runnable, requests)
             for job, request in resumed:
@@ -600,7 +645,12 @@ class BatchWorker(SimpleWorker):
     # -- finish stage -----------------------------------------------------------------------------------
 
     def _finish_loop(self, forwarded: stdqueue.Queue) -> None:
-        while (round_ := forwarded.get()) is not _END:
+        while True:
+            stageclock.lap("other")
+            round_ = forwarded.get()
+            stageclock.lap("wait: for a round")
+            if round_ is _END:
+                break
             try:
                 self.finish_round(round_)
             except Exception:  # its jobs stay started and are recovered by maintenance
@@ -610,10 +660,13 @@ class BatchWorker(SimpleWorker):
 
     def finish_round(self, round_: Round) -> None:
         """Answers for every job of the round, then one script that stores and acknowledges them all."""
+        stageclock.lap("other")
         found = rounds.results(round_, self.steps.finish, self.engine.caps.name)
         written = rounds.answers_of(round_, found, self.engine.caps.name)
         written = self.chunk_jobs.settle(round_, written)  # long requests spread, parts of them joined
+        stageclock.lap("answers")
         done = self._with_retries(lambda: self.schema.finish(written, time.time() - round_.began))
+        stageclock.lap("publish")
         self._release(round_)
         if self.metrics is not None:
             self.metrics.answered([answer.code for answer in written])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from common.request import EmbedRequest
 from common.result import Result
+from worker.engine import stageclock
 from worker.engine.engine import Work
 
 
@@ -27,23 +28,31 @@ class Steps:
     def prepare(self, requests: list[EmbedRequest]) -> Work:
         work = self.engine.prepare(requests)
         if self.cache is not None:
+            stageclock.lap("other")
             self.cache.lookup(work)  # never raises: an unreachable cache is all misses
+            stageclock.lap("cache")
         return work
 
     def forward(self, work: Work, between=None) -> None:
         """`between()`: called between two passes (Engine.forward)."""
         if self.cache is not None:
+            stageclock.lap("other")
             self.cache.recall(work)  # in memory: what the rounds just before computed
+            stageclock.lap("cache")
         if between is None:
             self.engine.forward(work)
         else:
             self.engine.forward(work, between)
         if self.cache is not None:
+            stageclock.lap("other")
             self.cache.remember(work)
+            stageclock.lap("cache")
 
     def finish(self, work: Work) -> list[Result]:
         if self.cache is not None:
+            stageclock.lap("other")
             self.cache.store(work)  # never raises: a cache that refuses writes only costs later misses
+            stageclock.lap("cache")
         return self.engine.finish(work)
 
     def run(self, requests: list[EmbedRequest]) -> list[Result]:
