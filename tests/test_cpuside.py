@@ -16,7 +16,8 @@ from tests.tinymodels import sample_texts
 from worker.engine import stageclock
 from worker.engine.encode import token_ids
 from worker.engine.engine import Engine
-from worker.engine.model import load_model, pad_batch
+from worker.engine.models.base import pad_batch
+from worker.engine.models.loader import load_model
 from worker.engine.preprocess import prepare, prepare_many
 from worker.serving.metrics import WorkerMetrics
 from worker.serving.pipeline import BatchWorker
