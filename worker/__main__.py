@@ -76,6 +76,7 @@ def serve(argv: list[str]) -> int:
     engine = Engine(model, max_batch_tokens=budget.max_batch_tokens, max_batch_size=budget.max_batch_size,
                     chunks_per_job=settings.chunks_per_job, shaper=shaper)
     info = {"device": device, "dtype": dtype, "engine": engine_label, "fidelity": round(model.fidelity, 6),
+            "forward": getattr(model, "forward_layout", "padded"),
             "max_batch_tokens": budget.max_batch_tokens,
             "max_batch_size": budget.max_batch_size, "budget_source": budget.source, "max_jobs": settings.max_jobs,
             "host": socket.gethostname(), "pid": os.getpid(),  # `embedfleet health --worker` looks for its host
@@ -169,7 +170,7 @@ def _load(path: str, name: str | None, settings: WorkerSettings):
                           max_embed_len=settings.max_embed_len,
                           trust_request_chat_template=settings.trust_request_chat_template,
                           engine=EngineChoice(settings.engine, settings.quantize, settings.fidelity_gate,
-                                              settings.engine_cache_dir))
+                                              settings.engine_cache_dir), packed=settings.packed)
     except (OSError, ValueError) as exc:  # transformers and the hub say "not found" with both
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise StartupError(f"cannot load model '{path}': {type(exc).__name__}: {first}; pass --model with a "

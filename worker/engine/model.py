@@ -205,6 +205,8 @@ class LoadedModel:
     # --engine onnx/openvino (worker/engine/backends): runs the transformer in place of `module`
     backend: Callable[[dict], torch.Tensor] | None = None
     engine: str = "torch"  # the engine's label (torch, onnx, onnx-int8, ...): adverts, logs, cache identity
+    packer: Callable | None = None  # --packed: runs a batch unpadded (worker/engine/packed.py)
+    forward_layout: str = "padded"  # or "packed": adverts, logs
 
     def hidden_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The transformer's last hidden state for pad_batch's inputs, on whichever engine serves."""
@@ -212,24 +214,30 @@ class LoadedModel:
             return self.backend(inputs)
         return self.module(**inputs).last_hidden_state
 
+    def _forward(self, token_lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last hidden states (rows, longest, hidden) and their mask: packed where --packed chose it."""
+        if self.packer is not None:
+            return self.packer(self, token_lists)
+        inputs = pad_batch(token_lists, self.pad_token_id, self.padding_side, self.device, self._position_ids)
+        return self.hidden_states(inputs), inputs["attention_mask"]
+
     @torch.inference_mode()
     def embed(self, token_lists: list[list[int]], prompt_lengths: list[int] | None = None) -> torch.Tensor:
         """One forward pass: pad, run the transformer, pool, Dense. Float32 (n, d) on the CPU."""
-        inputs = pad_batch(token_lists, self.pad_token_id, self.padding_side, self.device, self._position_ids)
-        hidden = self.hidden_states(inputs)
+        hidden, mask = self._forward(token_lists)
         lengths = None if prompt_lengths is None else torch.as_tensor(prompt_lengths, device=self.device)
-        pooled = self.pooler(hidden, inputs["attention_mask"], lengths)
+        pooled = self.pooler(hidden, mask, lengths)
         return self.dense(pooled).float().cpu()
 
     @torch.inference_mode()
     def token_embed(self, token_lists: list[list[int]]) -> list:
         """One forward pass for task token_embed: each row's real tokens' last hidden states (projected by
         `token_dense` where the folder has one), float32 (tokens, d) numpy arrays; padding left out."""
-        inputs = pad_batch(token_lists, self.pad_token_id, self.padding_side, self.device, self._position_ids)
-        hidden = self.hidden_states(inputs).float()
+        hidden, mask = self._forward(token_lists)
+        hidden = hidden.float()
         if self.token_dense is not None:
             hidden = self.token_dense(hidden)
-        hidden, mask = hidden.cpu(), inputs["attention_mask"].bool().cpu()
+        hidden, mask = hidden.cpu(), mask.bool().cpu()
         return [hidden[row][mask[row]].numpy() for row in range(len(token_lists))]
 
     def prompt_length(self, prompt: str, add_special_tokens: bool) -> int:
@@ -245,7 +253,8 @@ class LoadedModel:
 def load_model(path_or_id: str, *, served_name: str | None = None, device: str | None = None,
                matryoshka_dims: list[int] | None = None, max_inputs: int = 2048,
                dtype: str | None = None, max_embed_len: int | None = None,
-               trust_request_chat_template: bool = False, engine: EngineChoice | None = None) -> LoadedModel:
+               trust_request_chat_template: bool = False, engine: EngineChoice | None = None,
+               packed: str = "off") -> LoadedModel:
     """Load a HF or sentence-transformers model folder (or hub id) for serving.
 
     device: None picks "cuda" when available, else "cpu". dtype: "float32", "float16" or "bfloat16";
@@ -259,6 +268,8 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         off, only the tokenizer's own renders `messages`.
     engine: --engine/--quantize/--fidelity-gate (worker/engine/backends); None: torch. A CPU engine runs on
         the CPU in float32 or int8 and must agree with float32 torch on the probe texts.
+    packed: --packed auto|on|off, a batch run as one unpadded sequence where the probe texts agree
+        (worker/engine/packed.py).
     """
     from transformers import AutoConfig, AutoModel  # noqa: PLC0415 - slow import, kept lazy
 
@@ -359,4 +370,8 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         loaded.fidelity = cast_with_fidelity_check(loaded, _DTYPES[dtype])
     if engine.on_cpu:
         backends.attach(loaded, engine, model_dir, hf_config)
+    if isinstance(loaded, LoadedModel):  # bge-m3: its dense vectors packed, its heads run their own padded pass
+        from worker.engine.packed import choose  # noqa: PLC0415 - packing is its own module
+
+        choose(loaded, packed)
     return loaded

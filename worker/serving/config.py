@@ -31,6 +31,11 @@ class WorkerSettings(Settings):
                                         "an engine may serve at; default 0.99999, 0.99 with --quantize int8")
     engine_cache_dir: str | None = Field(None, description="where exports are cached, one folder per model files "
                                          "+ engine + versions; default ${XDG_CACHE_HOME:-~/.cache}/embedfleet/engines")
+    packed: Literal["auto", "on", "off"] = Field(
+        "auto", description="run a batch as one unpadded sequence (varlen attention) where the model allows it and "
+                            "the probe texts agree with the padded path to cosine 0.99999, else padded (one log "
+                            "line says which); auto: on CUDA in float16/bfloat16, on: also on the CPU (exact, no "
+                            "gain), off: always padded")
     max_batch_tokens: int | None = Field(None, ge=1, description="padded tokens per forward pass; default: "
                                                                "probed at start-up for this model and device")
     max_batch_size: int | None = Field(None, ge=1, description="rows per forward pass; default: probed at "
