@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import inspect
 import logging
+from itertools import chain
 from typing import Literal
 
+import numpy as np
 import torch
 from torch.nn import functional as F
 
@@ -95,7 +97,7 @@ class Packer:
     def __call__(self, model, token_lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         device = model.device
         lengths = torch.tensor([len(ids) for ids in token_lists], dtype=torch.long)
-        flat = torch.tensor([token for ids in token_lists for token in ids], dtype=torch.long)
+        flat = torch.from_numpy(np.fromiter(chain.from_iterable(token_lists), np.int64, int(lengths.sum())))
         starts = torch.cumsum(lengths, 0) - lengths
         positions = torch.arange(len(flat)) - torch.repeat_interleave(starts, lengths) + self.position_offset
         cu = torch.zeros(len(token_lists) + 1, dtype=torch.int32)
