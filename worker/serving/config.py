@@ -85,6 +85,15 @@ class WorkerSettings(Settings):
     gpus: str | None = Field(None, description="`all` or GPU indices (0,1,...): one engine process per GPU, each "
                                                "with CUDA_VISIBLE_DEVICES set to its GPU (a multi-GPU host); "
                                                "default: one engine on --device")
+    replicas: int | None = Field(None, ge=1, le=64, description="engine processes per device serving the same "
+                                 "queues (with --gpus: per GPU), supervised: one that dies is started again and its "
+                                 "jobs come back by their leases; default: one per 4 CPU cores a GPU has (at most "
+                                 "8), 1 on a CPU")
+    replica: str | None = Field(None, description="set by the --gpus/--replicas supervisor on its children ('i/N'), "
+                                                  "advertised for `embedfleet status`")
+    max_restarts: int = Field(5, ge=0, description="with --gpus/--replicas: restarts in a row of an engine that "
+                              "keeps dying within a minute of its start before the others are stopped and the "
+                              "worker exits with its code; 0: any death stops them all")
     cache: bool = Field(True, description="the fleet's vector cache: inputs already embedded by this model "
                                           "(same files, dtype and device kind) are not computed again; a "
                                           "request's own `cache: false` bypasses it")
