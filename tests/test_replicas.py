@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+import redis
 from rich.console import Console
 from rq.job import JobStatus
 
@@ -22,6 +23,7 @@ from producer.cli.statusview import _workers
 from producer.client.core import parse_worker_info
 from tests.commands import ROOT, clean_env
 from tests.test_queue import rq_queue, wait_for
+from tests.test_up import Up, alive
 from worker.serving.gpus import child_argv, default_replicas
 
 MODEL = "replicas"
@@ -140,3 +142,20 @@ def test_status_shows_the_replica_and_packing():
     console.print(_workers({"workers": [{**facts, "last_beat_s": 1.0}]}))
     text = console.export_text()
     assert "cuda (replica 2/4)" in text and "float16 packed" in text
+
+
+
+def test_up_replicas_waits_for_every_engine_and_stops_them(tmp_path):
+    """`embedfleet up --replicas 2`: up only once both engines of its worker advertise; Ctrl-C stops them all."""
+    up = Up("--redis-port", "0", "--no-gateway", "--data-dir", str(tmp_path / "data"), "--model", "null:4",
+            "--served-model-name", MODEL, "--replicas", "2", env=clean_env(tmp_path / "cache"))
+    try:
+        up.wait_up()
+        conn = redis.Redis.from_url(up.redis_url)
+        live = engines(conn)
+        conn.close()
+        assert sorted(f["replica"] for f in live.values()) == ["1/2", "2/2"], up.output
+        assert up.stop(signal.SIGINT) == 0, up.output
+    finally:
+        up.kill()
+    assert not [f["pid"] for f in live.values() if alive(f["pid"])]

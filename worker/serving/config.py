@@ -104,10 +104,10 @@ class WorkerSettings(Settings):
     cache_max_memory: float = Field(0.8, gt=0, le=1, description="cache writes pause while the cache's Redis "
                                                                  "uses more than this fraction of its maxmemory")
 
-    @field_validator("quantize", mode="before")
+    @field_validator("quantize", "replicas", mode="before")
     @classmethod
     def _empty_is_none(cls, value):
-        """docker compose passes an unset EMBEDFLEET_QUANTIZE as "": no quantisation."""
+        """docker compose passes an unset EMBEDFLEET_QUANTIZE or EMBEDFLEET_REPLICAS as "": none, the default."""
         return None if value == "" else value
 
 
