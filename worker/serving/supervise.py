@@ -15,7 +15,6 @@ import logging
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -51,10 +50,10 @@ def run(children: list[Child], max_restarts: int) -> int:
     for child in children:
         child.plan = Restarts(max_restarts)
         child.start()
-    stopping = threading.Event()
+    stopping: list[int] = []  # a plain list: an Event's lock could be held where the signal handler runs
 
     def forward(signum, _frame):
-        stopping.set()
+        stopping.append(signum)
         for child in children:
             if child.process.poll() is None:
                 child.process.send_signal(signum)
@@ -63,10 +62,10 @@ def run(children: list[Child], max_restarts: int) -> int:
         signal.signal(sig, forward)
     failed = 0
     due: dict[int, float] = {}  # child index -> when it starts again
-    while any(child.process.poll() is None for child in children) or (due and not stopping.is_set()):
+    while any(child.process.poll() is None for child in children) or (due and not stopping):
         for index, child in enumerate(children):
             code = child.process.poll()
-            if code in (None, 0) or stopping.is_set() or index in due and due[index] > time.monotonic():
+            if code in (None, 0) or stopping or index in due and due[index] > time.monotonic():
                 continue
             if index in due:  # its pause is over
                 del due[index]
@@ -84,6 +83,7 @@ def run(children: list[Child], max_restarts: int) -> int:
                         "jobs come back when their leases lapse", child.label, child.process.pid, exit_reason(code),
                         delay, child.plan.failures, max_restarts)
             due[index] = time.monotonic() + delay
-        stopping.wait(CHILD_POLL)
-    codes = [child.process.returncode for child in children]
+        time.sleep(CHILD_POLL)
+    # A child that died earlier and was waiting to start again when the stop came was said then: not a failure now.
+    codes = [child.process.returncode for index, child in enumerate(children) if index not in due]
     return failed or next((c for c in codes if c not in (0, -signal.SIGTERM, -signal.SIGINT)), 0)
