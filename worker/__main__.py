@@ -36,11 +36,14 @@ def serve(argv: list[str]) -> int:
 
         check_placement(connection, _cache_redis(settings))  # a refusal comes now, not after the model loads
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if settings.gpus:
-        from worker.serving import gpus  # noqa: PLC0415 - the per-GPU supervisor loads no model itself
+    from worker.serving import gpus  # noqa: PLC0415 - the per-GPU supervisor loads no model itself
 
-        ids = gpus.visible_gpus(settings.gpus, dict(os.environ))
-        return gpus.run(ids, argv, settings.name, dict(os.environ), settings.metrics_port)
+    ids = gpus.visible_gpus(settings.gpus, dict(os.environ)) if settings.gpus else [None]
+    cores = cpus.decide(None, cpus.affinity(), cpus.cgroup_quota()).count  # the CPUs it may use, quota included
+    replicas = settings.replicas or gpus.default_replicas(_gpu_count(settings, ids), cores)
+    if settings.gpus or replicas > 1:
+        return gpus.run(ids, argv, settings.name, dict(os.environ), settings.metrics_port, replicas,
+                        settings.max_restarts)
     from worker.engine.engine import Engine  # noqa: PLC0415 - torch loads after the flags
     from worker.engine.models.nullmodel import NullModel, is_null  # noqa: PLC0415 - the null model needs no transformers
     from worker.engine.probe import Budget, device_floor, device_limits, probe_budget  # noqa: PLC0415
@@ -80,6 +83,7 @@ def serve(argv: list[str]) -> int:
     engine = Engine(model, max_batch_tokens=budget.max_batch_tokens, max_batch_size=budget.max_batch_size,
                     chunks_per_job=settings.chunks_per_job, shaper=shaper)
     info = {"device": device, "dtype": dtype, "engine": engine_label, "fidelity": round(model.fidelity, 6),
+            "forward": getattr(model, "forward_layout", "padded"), "replica": settings.replica or "1/1",
             "max_batch_tokens": budget.max_batch_tokens,
             "max_batch_size": budget.max_batch_size, "budget_source": budget.source, "max_jobs": settings.max_jobs,
             "host": socket.gethostname(), "pid": os.getpid(),  # `embedfleet health --worker` looks for its host
@@ -101,6 +105,17 @@ def serve(argv: list[str]) -> int:
                                           f"{cache.identity}, entries live {settings.cache_ttl} s")
     worker.work(burst=settings.burst)
     return 0
+
+
+def _gpu_count(settings: WorkerSettings, ids: list[str | None]) -> int:
+    """GPUs the engines will share (for the default --replicas): --gpus', else the device's (0 on a CPU)."""
+    if settings.gpus:
+        return len(ids)
+    if (settings.device or "cuda").startswith("cpu") or (settings.model or "").startswith("null:"):
+        return 0
+    import torch  # noqa: PLC0415 - only to learn whether `cuda` is there
+
+    return 1 if torch.cuda.is_available() else 0
 
 
 def _metrics(settings: WorkerSettings, model: str):
@@ -180,7 +195,8 @@ def _load(path: str, name: str | None, settings: WorkerSettings, threads: cpus.T
                           trust_request_chat_template=settings.trust_request_chat_template,
                           raw_text=settings.raw_text,
                           engine=EngineChoice(settings.engine, settings.quantize, settings.fidelity_gate,
-                                              settings.engine_cache_dir, threads.count, threads.spinning))
+                                              settings.engine_cache_dir, threads.count, threads.spinning),
+                          packed=settings.packed)
     except (OSError, ValueError) as exc:  # transformers and the hub say "not found" with both
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise StartupError(f"cannot load model '{path}': {type(exc).__name__}: {first}; pass --model with a "

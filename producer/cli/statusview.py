@@ -104,8 +104,11 @@ def _workers(fleet: dict) -> Table:
             device += f", {count} thread{'s' * (count != 1)} ({worker.get('threads_source', '?')})"
         current = f"{worker['current_texts']} texts" if worker.get("current_texts") else "-"
         rate = f"{worker['texts_per_s']:.1f}" if "texts_per_s" in worker else "?"
-        table.add_row(worker["name"], worker.get("model", "?"), worker.get("host", "?"), device,
-                      worker.get("dtype", "?"), budget, worker.get("state", "?"), current, rate,
+        if worker.get("replica", "1/1") != "1/1":  # one of several engines on this device (--replicas)
+            device += f" (replica {worker['replica']})"
+        dtype = worker.get("dtype", "?") + (" packed" if worker.get("forward") == "packed" else "")
+        table.add_row(worker["name"], worker.get("model", "?"), worker.get("host", "?"), device, dtype, budget,
+                      worker.get("state", "?"), current, rate,
                       _seconds(worker["last_beat_s"]) + " ago")
     return table
 

@@ -5,7 +5,7 @@ workers it names, a gateway on --port. It waits while its Redis loads an AOF lef
 up when each of ITS workers has advertised and the gateway answers. While it runs, its URL is published
 (common.fleetstate) so that `embedfleet status`, `embed`, `worker`, `gateway` and Producer() find it without
 flags, and it watches what it started: a Redis, worker or gateway that dies is said in one line and started
-again after a pause that doubles with each quick failure (producer/cli/restarts.py); one that keeps failing
+again after a pause that doubles with each quick failure (common/restarts.py); one that keeps failing
 stops the fleet with a non-zero exit. Ctrl-C or SIGTERM stops the gateway, then the workers (each finishes
 its batch and withdraws its advert), then Redis (its AOF flushed).
 """
@@ -38,7 +38,7 @@ from common.processes import die_with_parent
 from common.redisclient import connect
 from common.redisserver import RedisServer
 from common.serializer import MsgpackSerializer
-from producer.cli.restarts import Restarts, exit_reason
+from common.restarts import Restarts, exit_reason
 
 STOP_TIMEOUT = 60.0  # seconds a child may take to stop (a worker finishes its batch) before it is killed
 WATCH_INTERVAL = 0.5  # seconds between looks at the children
@@ -57,6 +57,10 @@ class UpSettings(Settings):
     model: str | None = Field(None, description="model folder or hub id; default: the bundled all-MiniLM-L6-v2")
     served_model_name: str | None = Field(None, description="name clients use for the model")
     workers: int = Field(1, ge=1, description="worker processes to start")
+    replicas: int | None = Field(None, ge=1, le=64, description="engines per device in each worker (`embedfleet "
+                                 "worker --replicas`); default: the worker's (one per 4 cores a GPU has, 1 on a CPU)")
+    gpus: str | None = Field(None, description="`all` or GPU indices: each worker runs its engines on every GPU named "
+                                               "(`embedfleet worker --gpus`)")
     host: str = Field("127.0.0.1", description="gateway bind address")
     port: int = Field(8000, description="gateway port")
     gateway: bool = Field(True, description="start the HTTP gateway (--no-gateway: workers only)")
@@ -73,6 +77,15 @@ class UpSettings(Settings):
     def _absolute(cls, path: Path | None) -> Path | None:
         """Resolved once, here: the children (and redis-server, which changes into its dir) get absolute paths."""
         return path.expanduser().resolve() if path is not None else None
+
+
+def _is_engine_of(worker_name: str, advertised: str) -> bool:
+    """The worker itself, or one of its engines (worker/serving/gpus.py names them <name>-<label>)."""
+    return advertised == worker_name or advertised.startswith(worker_name + "-")
+
+
+def _engines_of(worker_name: str, advertised: list[bytes]) -> int:
+    return sum(_is_engine_of(worker_name, name.decode()) for name in advertised)
 
 
 def run(settings: UpSettings) -> int:
@@ -156,8 +169,10 @@ class Fleet:
         return f"up-{os.getpid()}-{index}-{uuid.uuid4().hex[:6]}"
 
     def _spawn_worker(self, worker_name: str) -> subprocess.Popen:
+        engines = [*(["--replicas", str(self.settings.replicas)] if self.settings.replicas else []),
+                   *(["--gpus", self.settings.gpus] if self.settings.gpus else [])]
         return _spawn("worker", "--redis-url", self.url, "--model", self.model, "--served-model-name", self.name,
-                      "--name", worker_name)
+                      "--name", worker_name, *engines)
 
     def _spawn_gateway(self) -> subprocess.Popen:
         env = {**os.environ, "EMBEDFLEET_API_KEY": self.settings.api_key} if self.settings.api_key else None
@@ -174,12 +189,12 @@ class Fleet:
                 if child.poll() is not None:
                     raise StartupError(f"{label} exited during start-up ({exit_reason(child.returncode)}); see "
                                        "its message above")
-            with connection.pipeline(transaction=False) as pipe:
-                for worker_name in self.worker_names:
-                    pipe.zscore(keys.model_workers_key(self.name), worker_name)
-                beats = pipe.execute()
             fresh = time.time() - keys.ADVERTISE_TTL
-            if all(beat is not None and beat > fresh for beat in beats) and _answers(self.gateway_url):
+            beating = connection.zrangebyscore(keys.model_workers_key(self.name), fresh, "+inf")
+            # A worker with several engines (--replicas, --gpus) advertises them as <its name>-<gpuN-rM>.
+            engines = self.settings.replicas or 1
+            if all(_engines_of(worker_name, beating) >= engines for worker_name in self.worker_names) \
+                    and _answers(self.gateway_url):
                 return
             if time.monotonic() > deadline:
                 raise StartupError(f"the fleet did not come up within {timeout:g} s; see the messages above, "
@@ -251,9 +266,12 @@ class Fleet:
         try:
             connection = connect(self.url)
             try:
-                connection.zrem(keys.model_workers_key(self.name), worker_name)
+                listed = connection.zrange(keys.model_workers_key(self.name), 0, -1)
+                engines = [n for n in listed if _is_engine_of(worker_name, n.decode())]
+                if engines:
+                    connection.zrem(keys.model_workers_key(self.name), *engines)
                 for worker in SimpleWorker.all(connection=connection, serializer=MsgpackSerializer):
-                    if worker.name == worker_name:
+                    if _is_engine_of(worker_name, worker.name):
                         worker.register_death()
             finally:
                 connection.close()

@@ -80,6 +80,8 @@ WORKER_FIELDS = {"model": str, "device": str, "dtype": str, "max_batch_tokens": 
                  "budget_source": str, "max_jobs": int, "host": str, "pid": int, "cuda_visible_devices": str,
                  # the engine (worker/engine/backends) and its probe cosine against float32 torch
                  "engine": str, "fidelity": (int, float),
+                 # packed or padded forward (worker/engine/packed.py); which of a device's --replicas ("2/4")
+                 "forward": str, "replica": str,
                  # what changes, refreshed with each advert (worker/serving/livestats.py): status, /dashboard
                  "state": str, "current_requests": int, "current_texts": int, "texts_per_s": (int, float),
                  "texts_history": list, "history_bucket_s": int, "rounds": int, "texts_done": int,

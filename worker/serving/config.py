@@ -35,6 +35,11 @@ class WorkerSettings(Settings):
                                 "OpenVINO); 0 or unset: the CPUs of the process's affinity, capped by its cgroup "
                                 "CPU quota rounded up (worker/engine/cpus.py). OpenMP waits PASSIVE (sleeps, does "
                                 "not spin on a shared core) unless OMP_WAIT_POLICY is set")
+    packed: Literal["auto", "on", "off"] = Field(
+        "auto", description="run a batch as one unpadded sequence (varlen attention) where the model allows it and "
+                            "the probe texts agree with the padded path to cosine 0.99999, else padded (one log "
+                            "line says which); auto: on CUDA in float16/bfloat16, on: also on the CPU (exact, no "
+                            "gain), off: always padded")
     max_batch_tokens: int | None = Field(None, ge=1, description="padded tokens per forward pass; default: "
                                                                "probed at start-up for this model and device")
     max_batch_size: int | None = Field(None, ge=1, description="rows per forward pass; default: probed at "
@@ -87,6 +92,15 @@ class WorkerSettings(Settings):
     gpus: str | None = Field(None, description="`all` or GPU indices (0,1,...): one engine process per GPU, each "
                                                "with CUDA_VISIBLE_DEVICES set to its GPU (a multi-GPU host); "
                                                "default: one engine on --device")
+    replicas: int | None = Field(None, ge=1, le=64, description="engine processes per device serving the same "
+                                 "queues (with --gpus: per GPU), supervised: one that dies is started again and its "
+                                 "jobs come back by their leases; default: one per 4 CPU cores a GPU has (at most "
+                                 "8), 1 on a CPU")
+    replica: str | None = Field(None, description="set by the --gpus/--replicas supervisor on its children ('i/N'), "
+                                                  "advertised for `embedfleet status`")
+    max_restarts: int = Field(5, ge=0, description="with --gpus/--replicas: restarts in a row of an engine that "
+                              "keeps dying within a minute of its start before the others are stopped and the "
+                              "worker exits with its code; 0: any death stops them all")
     cache: bool = Field(True, description="the fleet's vector cache: inputs already embedded by this model "
                                           "(same files, dtype and device kind) are not computed again; a "
                                           "request's own `cache: false` bypasses it")
@@ -97,10 +111,10 @@ class WorkerSettings(Settings):
     cache_max_memory: float = Field(0.8, gt=0, le=1, description="cache writes pause while the cache's Redis "
                                                                  "uses more than this fraction of its maxmemory")
 
-    @field_validator("quantize", mode="before")
+    @field_validator("quantize", "replicas", mode="before")
     @classmethod
     def _empty_is_none(cls, value):
-        """docker compose passes an unset EMBEDFLEET_QUANTIZE as "": no quantisation."""
+        """docker compose passes an unset EMBEDFLEET_QUANTIZE or EMBEDFLEET_REPLICAS as "": none, the default."""
         return None if value == "" else value
 
 

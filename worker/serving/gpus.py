@@ -1,24 +1,19 @@
-"""`embedfleet worker --gpus all|0,1,...`: one engine process per GPU, each seeing only its own GPU.
+"""`embedfleet worker --gpus all|0,1,... --replicas N`: N engine processes per GPU, each seeing only its own GPU.
 
-A multi-GPU host runs one container (or one command) and every GPU serves: the parent starts one
-`python -m worker` child per GPU with CUDA_VISIBLE_DEVICES set to that GPU (so each child's `cuda` is its
-own device and it advertises under a name of its own), forwards SIGTERM/SIGINT to all of them (each drains
-what it holds), and exits when they have: with the first failing child's exit code, after stopping the
-others, so that a container restarts whole rather than serving on fewer GPUs unnoticed.
+A multi-GPU host runs one container (or one command) and every GPU serves: the parent starts N `python -m worker`
+children per GPU with CUDA_VISIBLE_DEVICES set to that GPU (so each child's `cuda` is its own device and it
+advertises under a name of its own); without --gpus, N children on the flags' device. Several engines per GPU
+keep it busy while each one's CPU side (take, tokenise, finish) runs. worker/serving/supervise.py keeps them
+running: a dead child is started again and its jobs come back by their leases.
 """
 
 from __future__ import annotations
 
 import logging
-import signal
-import subprocess
-import sys
-import time
 
 from common.errors import StartupError
 
 log = logging.getLogger("embedfleet.worker")
-CHILD_POLL = 0.5  # seconds between looks at the children
 
 
 def visible_gpus(spec: str, environ: dict[str, str]) -> list[str]:
@@ -42,54 +37,51 @@ def visible_gpus(spec: str, environ: dict[str, str]) -> list[str]:
 
 
 def child_argv(argv: list[str]) -> list[str]:
-    """The worker's own flags minus --gpus (children serve one GPU each), a fixed --name and --metrics-port
-    (each child gets its own)."""
+    """The worker's own flags minus --gpus and --replicas (each child is one engine), a fixed --name and
+    --metrics-port (each child gets its own)."""
     out, skip = [], False
     for arg in argv:
         if skip:
             skip = False
             continue
-        if arg in ("--gpus", "--name", "--metrics-port"):
+        if arg in _PER_CHILD:
             skip = True
             continue
-        if arg.startswith(("--gpus=", "--name=", "--metrics-port=")):
+        if arg.startswith(tuple(f"{flag}=" for flag in _PER_CHILD)):
             continue
         out.append(arg)
     return out
 
 
-def run(gpus: list[str], argv: list[str], name: str | None, environ: dict[str, str],
-        metrics_port: int | None = None) -> int:
-    """Start one worker per GPU and supervise them until they stop; returns the exit code. With
-    `metrics_port`, GPU i's worker serves its metrics on metrics_port + i."""
-    base = {k: v for k, v in environ.items() if k not in ("EMBEDFLEET_GPUS", "EMBEDFLEET_NAME",
-                                                          "EMBEDFLEET_METRICS_PORT")}
+_PER_CHILD = ("--gpus", "--replicas", "--name", "--metrics-port")
+
+
+def default_replicas(gpu_count: int, cores: int) -> int:
+    """Engines per GPU when --replicas is not given: one per 4 CPU cores a GPU has (each engine's take,
+    tokenise, forward and finish threads keep about that many busy; on an H200 with 16 cores, 2 and 4 engines
+    served 2.3x and 3.1x one), at most 8; 1 on a CPU, where one engine already uses every core."""
+    if gpu_count <= 0:
+        return 1
+    return max(1, min(8, cores // gpu_count // 4))
+
+
+def run(gpus: list[str | None], argv: list[str], name: str | None, environ: dict[str, str],
+        metrics_port: int | None = None, replicas: int = 1, max_restarts: int = 5) -> int:
+    """Start `replicas` workers per GPU (None: no GPU of its own, the flags' device) and supervise them until they
+    stop (worker/serving/supervise.py); returns the exit code. With `metrics_port`, child k serves its metrics on
+    metrics_port + k."""
+    from worker.serving.supervise import Child, run as supervise  # noqa: PLC0415 - the supervisor's own module
+
+    base = {k: v for k, v in environ.items() if k not in ("EMBEDFLEET_GPUS", "EMBEDFLEET_NAME", "EMBEDFLEET_REPLICAS",
+                                                          "EMBEDFLEET_METRICS_PORT", "EMBEDFLEET_REPLICA")}
     children = []
-    for index, gpu in enumerate(gpus):
-        extra = ["--name", f"{name}-gpu{gpu}"] if name else []
-        if metrics_port is not None:
-            extra += ["--metrics-port", str(metrics_port + index)]
-        env = {**base, "CUDA_VISIBLE_DEVICES": gpu}
-        children.append(subprocess.Popen([sys.executable, "-m", "worker", *child_argv(argv), *extra], env=env))
-        log.info("GPU %s: worker pid %d", gpu, children[-1].pid)
-    stopping = []
-
-    def forward(signum, _frame):
-        stopping.append(signum)
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
-    failed = 0
-    while any(child.poll() is None for child in children):
-        for child, gpu in zip(children, gpus):
-            code = child.poll()
-            if code not in (None, 0) and not failed and not stopping:
-                failed = code
-                log.error("GPU %s: worker pid %d exited with %d; stopping the others", gpu, child.pid, code)
-                forward(signal.SIGTERM, None)
-        time.sleep(CHILD_POLL)
-    codes = [child.returncode for child in children]
-    return failed or next((c for c in codes if c not in (0, -signal.SIGTERM, -signal.SIGINT)), 0)
+    for gpu in gpus:
+        for replica in range(replicas):
+            index = len(children)
+            where = [] if gpu is None else [f"gpu{gpu}"]
+            label = "-".join(where + ([f"r{replica + 1}"] if replicas > 1 else [])) or "worker"
+            extra = [] if metrics_port is None else ["--metrics-port", str(metrics_port + index)]
+            env = {**base, "EMBEDFLEET_REPLICAS": "1", "EMBEDFLEET_REPLICA": f"{replica + 1}/{replicas}",
+                   **({} if gpu is None else {"CUDA_VISIBLE_DEVICES": gpu})}
+            children.append(Child(label, [*child_argv(argv), *extra], env, f"{name}-{label}" if name else None))
+    return supervise(children, max_restarts)

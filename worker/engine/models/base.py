@@ -196,6 +196,7 @@ class LoadOptions:
     trust_request_chat_template: bool = False
     engine: EngineChoice | None = None  # None: torch
     raw_text: bool = False  # plain strings tokenised as is even where the folder renders them as messages
+    packed: str = "off"  # --packed auto|on|off: a batch run as one unpadded sequence (worker/engine/packed.py)
 
 
 @dataclass
@@ -221,6 +222,8 @@ class LoadedModel:
     # a plain string is rendered as a user message through the chat template, as sentence-transformers 6 does
     # for a folder whose modality_config has `message` (worker/engine/models/plaintext.py); None: tokenised as is
     plain_text: MessageText | None = None
+    packer: Callable | None = None  # --packed: runs a batch unpadded (worker/engine/packed.py)
+    forward_layout: str = "padded"  # or "packed": adverts, logs
 
     def hidden_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The transformer's last hidden state for pad_batch's inputs, on whichever engine serves."""
@@ -228,15 +231,21 @@ class LoadedModel:
             return self.backend(inputs)
         return self.module(**inputs).last_hidden_state
 
+    def _forward(self, token_lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last hidden states (rows, longest, hidden) and their mask: packed where --packed chose it."""
+        if self.packer is not None:
+            return self.packer(self, token_lists)
+        inputs = pad_batch(token_lists, self.pad_token_id, self.padding_side, self.device, self._position_ids)
+        return self.hidden_states(inputs), inputs["attention_mask"]
+
     @torch.inference_mode()
     def embed(self, token_lists: list[list[int]], prompt_lengths: list[int] | None = None) -> torch.Tensor:
-        """One forward pass: pad, run the transformer, pool, Dense. Float32 (n, d) on the CPU."""
+        """One forward pass: pad (or pack), run the transformer, pool, Dense. Float32 (n, d) on the CPU."""
         stageclock.lap("other")
-        inputs = pad_batch(token_lists, self.pad_token_id, self.padding_side, self.device, self._position_ids)
-        hidden = self.hidden_states(inputs)
+        hidden, mask = self._forward(token_lists)
         stageclock.lap("forward")
         lengths = None if prompt_lengths is None else torch.as_tensor(prompt_lengths, device=self.device)
-        pooled = self.dense(self.pooler(hidden, inputs["attention_mask"], lengths)).float()
+        pooled = self.dense(self.pooler(hidden, mask, lengths)).float()
         stageclock.lap("pooling")
         vectors = pooled.cpu()
         stageclock.lap("d2h")
@@ -246,11 +255,11 @@ class LoadedModel:
     def token_embed(self, token_lists: list[list[int]]) -> list:
         """One forward pass for task token_embed: each row's real tokens' last hidden states (projected by
         `token_dense` where the folder has one), float32 (tokens, d) numpy arrays; padding left out."""
-        inputs = pad_batch(token_lists, self.pad_token_id, self.padding_side, self.device, self._position_ids)
-        hidden = self.hidden_states(inputs).float()
+        hidden, mask = self._forward(token_lists)
+        hidden = hidden.float()
         if self.token_dense is not None:
             hidden = self.token_dense(hidden)
-        hidden, mask = hidden.cpu(), inputs["attention_mask"].bool().cpu()
+        hidden, mask = hidden.cpu(), mask.bool().cpu()
         return [hidden[row][mask[row]].numpy() for row in range(len(token_lists))]
 
     def prompt_length(self, prompt: str, add_special_tokens: bool) -> int:

@@ -16,7 +16,7 @@ from torch import nn
 
 from common.capabilities import MAX_EMBED_LEN, ModelCapabilities
 from common.errors import StartupError
-from worker.engine import backends
+from worker.engine import backends, packed
 from worker.engine.chat import chat_caps
 from worker.engine.fidelity import cast_with_fidelity_check
 from worker.engine.models.base import (DTYPES, LoadedModel, LoadOptions, feature_class, load_dense,
@@ -129,6 +129,7 @@ def finish(loaded: LoadedModel, st: STConfig, hf_config, options: LoadOptions) -
         loaded.fidelity = cast_with_fidelity_check(loaded, DTYPES[options.dtype])
     if options.engine is not None and options.engine.on_cpu:
         backends.attach(loaded, options.engine, os.path.join(loaded.folder, st.transformer_path), hf_config)
+    packed.choose(loaded, options.packed)  # bge-m3: its dense vectors packed, its heads run their own padded pass
     return loaded
 
 

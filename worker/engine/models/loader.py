@@ -47,7 +47,7 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
                matryoshka_dims: list[int] | None = None, max_inputs: int = 2048,
                dtype: str | None = None, max_embed_len: int | None = None,
                trust_request_chat_template: bool = False, engine: EngineChoice | None = None,
-               raw_text: bool = False) -> LoadedModel:
+               raw_text: bool = False, packed: str = "off") -> LoadedModel:
     """Load a HF or sentence-transformers model folder (or hub id) for serving.
 
     device: None picks "cuda" when available, else "cpu". dtype: "float32", "float16" or "bfloat16";
@@ -64,6 +64,8 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
     raw_text: tokenise plain strings as they are (vLLM's handling, --raw-text) even where the folder's
         modality_config renders them through the chat template as sentence-transformers does
         (worker/engine/models/plaintext.py).
+    packed: --packed auto|on|off, a batch run as one unpadded sequence where the probe texts agree
+        (worker/engine/packed.py).
     """
     folder = _resolve_folder(path_or_id)
     st = read_st_config(folder)
@@ -80,7 +82,8 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
 
     options = LoadOptions(name=_served_name(path_or_id, served_name), device=device, dtype=dtype,
                           max_inputs=max_inputs, matryoshka_dims=matryoshka_dims, max_embed_len=max_embed_len,
-                          trust_request_chat_template=trust_request_chat_template, engine=engine, raw_text=raw_text)
+                          trust_request_chat_template=trust_request_chat_template, engine=engine, raw_text=raw_text,
+                          packed=packed)
     kind = next(kind for kind in KINDS if kind.matches(folder, st, hf_config))
     try:
         loaded = kind.load(folder, st, hf_config, options)

@@ -1,4 +1,5 @@
-"""When `embedfleet up` starts a dead child again: a pause that doubles with each quick death, and a limit."""
+"""When a supervisor (`embedfleet up`, `embedfleet worker --gpus/--replicas`) starts a dead child again: a pause
+that doubles with each quick death, and a limit."""
 
 from __future__ import annotations
 

@@ -1,0 +1,114 @@
+"""Padding-free forward (worker/engine/packed.py): a batch packed into one sequence gives the padded path's vectors
+(CPU, float32) on tiny random encoders and decoders; models it cannot pack fall back at start-up, in one line."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from common.request import EmbedRequest
+from tests.tinymodels import cosines, sample_texts, save_tiny_bert, st_reference, wrap_sentence_transformers
+from worker.engine.engine import Engine
+from worker.engine.model import load_model
+from worker.serving.config import WorkerSettings
+
+TEXTS = sample_texts(24, seed=5) + ["x", "Paris is the capital of France.", "def add(a, b):\n    return a + b"]
+
+
+def _swap_architecture(folder: str, model_type: str) -> str:
+    """The tiny BERT folder's tokenizer with a random `model_type` transformer of the same size in its place."""
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    vocab = len(AutoTokenizer.from_pretrained(folder))
+    config = AutoConfig.for_model(model_type, vocab_size=vocab, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=64, max_position_embeddings=130,
+                                  pad_token_id=0)
+    for name in os.listdir(folder):
+        if name.endswith(".safetensors") or name == "config.json":
+            os.remove(os.path.join(folder, name))
+    torch.manual_seed(0)
+    AutoModel.from_config(config).eval().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def other_encoders(tmp_path_factory) -> dict[str, str]:
+    """Tiny random encoders other than BERT, mean-pooled: RoBERTa-style positions, DistilBERT, and two whose
+    attention bypasses transformers' attention interface (DeBERTa-v2, MPNet), which packing cannot serve."""
+    return {kind: wrap_sentence_transformers(_swap_architecture(
+        save_tiny_bert(str(tmp_path_factory.mktemp(kind))), kind), "mean")
+        for kind in ("roberta", "xlm-roberta", "distilbert", "deberta-v2", "mpnet")}
+
+
+def _pair(folder: str):
+    return load_model(folder, device="cpu"), load_model(folder, device="cpu", packed="on")
+
+
+def _ids(model, texts=TEXTS) -> list[list[int]]:
+    return [model.tokenizer(text, truncation=True, max_length=model.caps.max_model_len)["input_ids"]
+            for text in texts]
+
+
+@pytest.mark.parametrize("flavour", ["bert_mean", "bert_cls", "bert_lasttoken", "bert_dense_normalize",
+                                     "decoder_lasttoken", "gpt2_lasttoken"])
+def test_packed_gives_the_padded_vectors(flavour, request):
+    padded, packed = _pair(request.getfixturevalue(flavour))
+    assert (padded.forward_layout, packed.forward_layout) == ("padded", "packed")
+    ids = _ids(padded)
+    a, b = padded.embed(ids).numpy(), packed.embed(ids).numpy()
+    np.testing.assert_allclose(b, a, atol=2e-5)
+    assert cosines(a, b).min() > 0.99999
+    # every token's state too, padding left out (task token_embed)
+    for row_a, row_b in zip(padded.token_embed(ids), packed.token_embed(ids)):
+        np.testing.assert_allclose(row_b, row_a, atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", ["roberta", "xlm-roberta", "distilbert"])
+def test_packed_other_encoders(kind, other_encoders):
+    padded, packed = _pair(other_encoders[kind])
+    assert packed.forward_layout == "packed"
+    ids = _ids(padded)
+    np.testing.assert_allclose(packed.embed(ids).numpy(), padded.embed(ids).numpy(), atol=2e-5)
+
+
+def test_packed_engine_matches_sentence_transformers(matryoshka_model):
+    """Through the Engine (prompts, Matryoshka cut, normalisation) against sentence-transformers in float32."""
+    engine = Engine(load_model(matryoshka_model, device="cpu", packed="on"), max_batch_tokens=256, max_batch_size=8)
+    assert engine.model.forward_layout == "packed"
+    result = engine.run([EmbedRequest(model="m", inputs=TEXTS, params={"prompt_name": "query"})])[0]
+    result.raise_for_error()
+    reference = st_reference(matryoshka_model).encode(TEXTS, prompt_name="query")
+    assert cosines(result.embeddings, reference).min() > 0.99999
+
+
+@pytest.mark.parametrize("kind", ["deberta-v2", "mpnet"])
+def test_the_gate_falls_back_to_padded_in_one_line(kind, other_encoders, caplog):
+    """DeBERTa-v2 and MPNet run attention of their own: packed, texts would see each other (DeBERTa-v2 agrees to
+    ~0.9998 on the probe texts, enough for a float16 gate and not for this one). They serve padded, said once."""
+    padded = load_model(other_encoders[kind], device="cpu")
+    with caplog.at_level(logging.INFO, logger="worker.engine.packed"):
+        model = load_model(other_encoders[kind], device="cpu", packed="on")
+    lines = [r for r in caplog.records if r.name == "worker.engine.packed"]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    assert "padded: packed forward disagrees with padded" in lines[0].getMessage()
+    assert model.forward_layout == "padded" and model.packer is None
+    ids = _ids(model)
+    np.testing.assert_array_equal(model.embed(ids).numpy(), padded.embed(ids).numpy())
+
+
+def test_auto_packs_only_on_cuda_in_half_precision(bert_mean, caplog):
+    with caplog.at_level(logging.INFO, logger="worker.engine.packed"):
+        model = load_model(bert_mean, device="cpu", packed="auto")
+    assert model.forward_layout == "padded" and model.packer is None
+    assert "auto packs on CUDA in float16/bfloat16; this is cpu float32" in caplog.text
+
+
+def test_the_flag_and_its_env_var(monkeypatch):
+    assert WorkerSettings.from_args([], "w", "").packed == "auto"
+    assert WorkerSettings.from_args(["--packed", "on"], "w", "").packed == "on"
+    monkeypatch.setenv("EMBEDFLEET_PACKED", "off")
+    assert WorkerSettings.from_args([], "w", "").packed == "off"
