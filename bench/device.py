@@ -120,7 +120,7 @@ def fidelity(path: str, texts: list[str], device: str, dtype: str) -> tuple[floa
 
     from common.request import EmbedRequest
     from worker.engine.engine import Engine
-    from worker.engine.model import load_model
+    from worker.engine.models.loader import load_model
 
     reference = SentenceTransformer(path, device=device).encode(texts, batch_size=64)
     model = load_model(path, device=device, dtype=dtype, packed="auto")

@@ -12,7 +12,7 @@ import pytest
 from common.request import EmbedRequest
 from tests.tinymodels import cosines, sample_texts, save_tiny_bert, st_reference, wrap_sentence_transformers
 from worker.engine.engine import Engine
-from worker.engine.model import load_model
+from worker.engine.models.loader import load_model
 from worker.serving.config import WorkerSettings
 
 TEXTS = sample_texts(24, seed=5) + ["x", "Paris is the capital of France.", "def add(a, b):\n    return a + b"]
