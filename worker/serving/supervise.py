@@ -62,7 +62,13 @@ def run(children: list[Child], max_restarts: int) -> int:
         signal.signal(sig, forward)
     failed = 0
     due: dict[int, float] = {}  # child index -> when it starts again
-    while any(child.process.poll() is None for child in children) or (due and not stopping):
+    seen: dict[int, subprocess.Popen] = {}  # child index -> the process whose death was dealt with
+
+    def unseen_death() -> bool:  # every engine may die at once (a bad flag, the machine): each is dealt with
+        return any(child.process.poll() not in (None, 0) and seen.get(index) is not child.process
+                   for index, child in enumerate(children))
+
+    while any(child.process.poll() is None for child in children) or (not stopping and (due or unseen_death())):
         for index, child in enumerate(children):
             code = child.process.poll()
             if code in (None, 0) or stopping or index in due and due[index] > time.monotonic():
@@ -71,6 +77,9 @@ def run(children: list[Child], max_restarts: int) -> int:
                 del due[index]
                 child.start()
                 continue
+            if seen.get(index) is child.process:
+                continue
+            seen[index] = child.process
             delay = child.plan.after_exit(time.monotonic() - child.started_at)
             if delay is None:
                 failed = code
