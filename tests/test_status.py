@@ -114,11 +114,12 @@ def test_watch_redraws_until_ctrl_c(fleet, env):
 
 
 def test_a_busy_worker_shows_the_round_on_its_device_within_a_beat(fleet, redis_url, env):
-    # 40 texts: 2.4 s on the "device"; adverts every 10 s, heartbeats (leases, live facts) every 0.3 s
-    fleet(seconds_per_text=0.06, lease=0.9)
+    # 40 texts: 8 s on the "device" (one `embedfleet status` process takes 1-2 s on a busy 2-core machine: several
+    # looks fit in the round); adverts every 10 s, heartbeats (leases, live facts) every 0.3 s
+    fleet(seconds_per_text=0.2, lease=0.9)
     with Producer(redis_url) as producer:
         request_id = producer.submit([f"text {i}" for i in range(40)], MODEL)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while (seen := status_json(env)["workers"][0]).get("current_texts") != 40:
             assert time.monotonic() < deadline, seen
         assert seen["state"] == "busy" and seen["current_requests"] == 1
