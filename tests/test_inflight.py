@@ -24,10 +24,11 @@ TEXTS = sample_texts(6, seed=21)
 
 class Slowed:
     """The real model, with its first forward pass taking `delay` seconds more (a slow device), or held
-    until `gate` is set, so that others arrive while it runs; its first `failures` passes fail (a fault)."""
+    until `gate` is set, so that others arrive while it runs; with `fail_to_one`, its passes fail (a fault) down to a one-row pass."""
 
-    def __init__(self, model, delay: float, failures: int = 0, gate: threading.Event | None = None):
-        self._model, self.delay, self.failures, self.gate = model, delay, failures, gate
+    def __init__(self, model, delay: float, gate: threading.Event | None = None, fail_to_one: bool = False):
+        self._model, self.delay, self.gate = model, delay, gate
+        self.fail_to_one = fail_to_one  # every pass fails until a one-row pass has failed (a request failed alone)
 
     def __getattr__(self, name):
         return getattr(self._model, name)
@@ -37,8 +38,8 @@ class Slowed:
         self.delay = 0.0
         if self.gate is not None:
             assert self.gate.wait(240), "the test never opened the gate"
-        if self.failures:
-            self.failures -= 1
+        if self.fail_to_one:
+            self.fail_to_one = len(token_lists) > 1
             raise RuntimeError("device fault")
         return self._model.embed(token_lists, prompt_lengths)
 
@@ -48,8 +49,8 @@ def fleet(bert_mean, redis_client):
     """Two workers of the same model files (so the same identity), each with its own loaded copy."""
     identity = model_identity("m", folder_digest(bert_mean), "float32", "cpu")
 
-    def worker(delay: float = 0.0, failures: int = 0, max_jobs: int = 1, gate=None) -> BatchWorker:
-        model = Slowed(load_model(bert_mean, served_name="m"), delay, failures, gate)
+    def worker(delay: float = 0.0, max_jobs: int = 1, gate=None, fail_to_one: bool = False) -> BatchWorker:
+        model = Slowed(load_model(bert_mean, served_name="m"), delay, gate, fail_to_one)
         cache = VectorCache(redis_client, identity, model.caps.embedding_size)
         return BatchWorker(Engine(model), redis_client, cache=cache, max_jobs=max_jobs, poll_timeout=1)
 
@@ -97,11 +98,12 @@ def test_twenty_identical_requests_are_served_by_the_forward_passes_of_one(fleet
 def test_followers_run_on_their_own_when_the_leader_fails(fleet, redis_client):
     leader = EmbedRequest(model="m", inputs=TEXTS)
     enqueue(redis_client, leader)
-    # every pass of the leader's round fails (the engine retries a failed batch in halves down to single
-    # rows: 2n - 1 passes); no Retry on these jobs, so the leader fails for good. Its first pass is held
-    # until the followers wait.
+    # every pass of the leader's round fails (the engine retries a failed batch in halves down to a single
+    # row, whose failure fails the request; its other rows are then skipped); no Retry on these jobs, so the
+    # leader fails for good. Then the device is sound again, for followers this worker took too. Its first
+    # pass is held until the followers wait.
     device = threading.Event()
-    failing = fleet(failures=2 * len(TEXTS) - 1, gate=device)
+    failing = fleet(fail_to_one=True, gate=device)
     healthy = fleet()
     taken = threading.Thread(target=failing.work, kwargs={"burst": True})
     taken.start()
