@@ -24,7 +24,8 @@ TEXTS = sample_texts(6, seed=21)
 
 class Slowed:
     """The real model, with its first forward pass taking `delay` seconds more (a slow device), or held
-    until `gate` is set, so that others arrive while it runs; with `fail_to_one`, its passes fail (a fault) down to a one-row pass."""
+    until `gate` is set, so that others arrive while it runs; with `fail_to_one`, its passes fail (a fault)
+    down to a one-row pass."""
 
     def __init__(self, model, delay: float, gate: threading.Event | None = None, fail_to_one: bool = False):
         self._model, self.delay, self.gate = model, delay, gate
