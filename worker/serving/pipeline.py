@@ -78,6 +78,7 @@ from worker.serving.livestats import LiveStats
 from worker.engine import stageclock
 from common.protocol.records import Outcome, Taken
 from worker.serving.rqjob import SafeJob
+from worker.serving.rqpubsub import PromptUnsubscribe
 
 log = logging.getLogger("embedfleet.worker")
 
@@ -97,7 +98,7 @@ def unique_worker_name() -> str:
     return f"embedfleet-{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:8]}"
 
 
-class BatchWorker(SimpleWorker):
+class BatchWorker(PromptUnsubscribe, SimpleWorker):
     """Serves `engine.caps.name`'s queue in pipelined rounds; the model stays loaded in this process.
 
     Args:
@@ -285,15 +286,6 @@ class BatchWorker(SimpleWorker):
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
-
-    def unsubscribe(self):
-        """rq unsubscribes, then stops its pubsub thread: should that thread read the UNSUBSCRIBE reply in between,
-        it waits rq's 60 s sleep_time for a subscription that never comes, and the stop's join with it (seen in
-        test_tasks' teardown). Its run flag is cleared first, so the reply ends it."""
-        running = getattr(getattr(self, "pubsub_thread", None), "_running", None)  # redis-py's PubSubWorkerThread
-        if running is not None:
-            running.clear()
-        super().unsubscribe()
 
     def _shutdown(self):
         """Signals only set the flag: raising inside a Redis read could strand taken ids (rq's way)."""
