@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,3 +38,12 @@ def socket_listening():
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         yield sock.getsockname()[1]
+
+
+def advertised(producer, model: str, worker: subprocess.Popen, timeout: float = 120) -> dict:
+    """The advert of the worker process `worker` once it serves `model` (it must not exit meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while not producer.workers(model):
+        assert worker.poll() is None and time.monotonic() < deadline, "no worker came up"
+        time.sleep(0.2)
+    return producer.workers(model)[0]

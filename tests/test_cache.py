@@ -244,7 +244,7 @@ def test_end_to_end_cache_flag_over_http_python_and_status(bert_mean, redis_url,
     import httpx
 
     from producer import Producer
-    from tests.commands import ROOT, clean_env, embedfleet
+    from tests.commands import ROOT, advertised, clean_env, embedfleet
     from tests.gatewayserver import Server, settings
 
     env = clean_env(tmp_path / "xdg")
@@ -254,10 +254,7 @@ def test_end_to_end_cache_flag_over_http_python_and_status(bert_mean, redis_url,
     gateway = Server(settings(redis_url))
     try:
         with Producer(redis_url) as producer, httpx.Client(base_url=gateway.url, timeout=60) as http:
-            deadline = time.monotonic() + 120
-            while not producer.models():
-                assert worker.poll() is None and time.monotonic() < deadline, "no worker came up"
-                time.sleep(0.2)
+            advertised(producer, "tiny", worker)
             texts = ["coffee tea bread", "river mountain"]
             first = producer.wait(producer.submit(texts, "tiny"), 60)
             assert len(redis_client.keys("embedfleet:cache:*")) == 2

@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -189,7 +188,7 @@ def test_a_worker_started_with_engine_onnx_serves_end_to_end(bert_mean, engine_c
     import openai
 
     from producer import Producer
-    from tests.commands import ROOT, clean_env
+    from tests.commands import ROOT, advertised, clean_env
     from tests.gatewayserver import Server, settings
 
     env = {**clean_env(tmp_path / "xdg"), "PYTHONPATH": str(ROOT)}
@@ -199,11 +198,7 @@ def test_a_worker_started_with_engine_onnx_serves_end_to_end(bert_mean, engine_c
     gateway = Server(settings(redis_url))
     try:
         with Producer(redis_url) as producer:
-            deadline = time.monotonic() + 120
-            while not producer.workers("tiny"):
-                assert worker.poll() is None and time.monotonic() < deadline, "no worker came up"
-                time.sleep(0.2)
-            [info] = producer.workers("tiny")
+            info = advertised(producer, "tiny", worker)
             assert info["engine"] == "onnx" and info["fidelity"] >= GATES[None]
             client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="none")
             answer = client.embeddings.create(model="tiny", input=TEXTS[:5])

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from worker.engine import cpus
@@ -110,7 +109,7 @@ def test_the_entry_point_sets_the_policy_before_torch_loads():
 
 def test_a_worker_advertises_its_threads_and_status_shows_them(tmp_path, redis_url, redis_client):
     """EMBEDFLEET_THREADS=1 (the settings' env twin of --threads) on a real worker process."""
-    from tests.commands import ROOT, clean_env, embedfleet
+    from tests.commands import ROOT, advertised, clean_env, embedfleet
     from tests.tinymodels import save_tiny_bert, wrap_sentence_transformers
 
     folder = str(tmp_path / "tiny")
@@ -126,11 +125,7 @@ def test_a_worker_advertises_its_threads_and_status_shows_them(tmp_path, redis_u
         from producer import Producer
 
         with Producer(redis_url) as producer:
-            deadline = time.monotonic() + 120
-            while not producer.workers("tiny"):
-                assert worker.poll() is None and time.monotonic() < deadline, "no worker came up"
-                time.sleep(0.2)
-            [info] = producer.workers("tiny")
+            info = advertised(producer, "tiny", worker)
         assert info["threads"] == 1 and info["threads_source"] == "--threads"
         assert info["omp_wait_policy"] == "PASSIVE"
         assert info["max_batch_tokens"] >= 2048 and info["max_batch_size"] >= 16  # the CPU floor (probe.py)
