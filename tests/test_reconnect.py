@@ -17,6 +17,7 @@ import redis
 
 from common.errors import UnavailableError
 from common.redisclient import CLOSE_TIMEOUT
+from common.redisserver import RedisServer
 from producer import AsyncProducer, Producer
 from tests.answers import MODEL, advertise, answer
 from tests.gatewayserver import Server, settings
@@ -61,6 +62,29 @@ def test_400_async_waiters_ride_out_a_redis_restart(restartable_redis):
     failed = [repr(r) for r in results if isinstance(r, BaseException)]
     assert not failed, f"{len(failed)} of {WAITERS} waiters failed, e.g. {failed[0]}"
     assert [r.id for r in results] == ids and all(r.embeddings.shape == (1, 4) for r in results)
+
+
+def test_a_request_that_a_redis_restart_lost_is_retryable_not_expired(tmp_path):
+    """A Redis restarted without its data loses a waiting request's job: the wait fails with a retryable
+    UnavailableError (the gateway's 503) that says so, never 'expired' (404: OpenAI clients do not retry it)."""
+    server = RedisServer(tmp_path / "redis").start()  # no AOF, no RDB: the restart loses every key
+    try:
+        client = redis.Redis.from_url(server.url)
+        advertise(client)
+
+        async def main():
+            async with AsyncProducer(server.url) as producer:
+                [request_id] = await producer.submit_many([["nobody answers this"]], MODEL)
+                waiting = asyncio.ensure_future(producer.wait(request_id, timeout=60))
+                await until(lambda: connected_clients(client) >= 3, 30, "the producer's connections")
+                await asyncio.to_thread(server.restart)
+                with pytest.raises(UnavailableError, match="gone from Redis before its result was stored") as lost:
+                    await waiting
+                return lost.value
+
+        assert asyncio.run(main()).code == "redis_unavailable"
+    finally:
+        server.stop()
 
 
 def test_gateway_answers_its_next_requests_after_a_redis_restart(restartable_redis):

@@ -15,7 +15,7 @@ import pytest
 import redis
 from rq.job import Job
 
-from common.errors import NotFoundError
+from common.errors import NotFoundError, UnavailableError
 from common.protocol import keys
 from producer import AsyncProducer, Producer
 from producer.client.core import CAPS_CACHE_SECONDS
@@ -267,8 +267,10 @@ def test_a_notify_key_that_is_no_list_fails_no_other_wait(redis_url, redis_clien
 
 def test_a_wait_on_a_job_that_vanished_is_not_found_at_once_in_both_clients(redis_url, redis_client):
     """The job hash is gone (deleted, or expired unserved) and no result landed: nothing will ever answer,
-    so neither client waits out its timeout. Own ids (submitted by this AsyncProducer, which wake through
-    its reply stream) and foreign ids alike. A 120 s timeout: a wait that waited would end in TimeoutError."""
+    so neither client waits out its timeout. A foreign id is not found; an own id (submitted by this
+    AsyncProducer, which wakes through its reply stream, within the job's TTL) cannot have expired, so Redis
+    lost it: a retryable UnavailableError (the gateway's 503). A 120 s timeout: a wait that waited would end
+    in TimeoutError."""
     advertise(redis_client)
     with Producer(redis_url) as sync:
         foreign, by_sync = sync.submit_many([["submitted elsewhere"], ["waited by the sync client"]], MODEL)
@@ -285,7 +287,9 @@ def test_a_wait_on_a_job_that_vanished_is_not_found_at_once_in_both_clients(redi
             return dict(zip((own, foreign), outcomes))
 
     outcomes = asyncio.run(main())
-    assert all(isinstance(o, NotFoundError) for o in outcomes.values()), outcomes
-    for request_id, error in outcomes.items():
-        assert error.message == f"no request with id {request_id} (never submitted, or it expired)"
-        assert error.param == sync_error.value.param == "id"
+    own, foreign_outcome = outcomes.values()
+    assert isinstance(foreign_outcome, NotFoundError), outcomes
+    assert foreign_outcome.message == f"no request with id {foreign} (never submitted, or it expired)"
+    assert foreign_outcome.param == sync_error.value.param == "id"
+    assert isinstance(own, UnavailableError) and own.code == "redis_unavailable", outcomes
+    assert "is gone from Redis before its result was stored" in own.message and "send it again" in own.message

@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from rq.job import Job
 
 from common.protocol import keys
-from common.errors import DecodeError, EmbedfleetError, NotFoundError
+from common.errors import DecodeError, EmbedfleetError, NotFoundError, UnavailableError
 from common.result import Result
 from producer.client.core import PENDING, read_result
 
@@ -35,9 +35,10 @@ READ_CHUNK = 1000  # result keys per MGET (several MGETs go in one pipeline: one
 class Look(enum.IntEnum):
     """Why an id is due for a read; a stronger reason wins when two arrive before the read."""
 
-    RECHECK = 0  # a listener reconnected: its wake-up may have been lost
-    FIRST = 1  # a wait began: the result may be in already; if not, an id without a job fails at once
-    WOKE = 2  # a wake-up announced the result
+    RECHECK = 0  # a result may have landed without its wake-up reaching us yet
+    RECONNECT = 1  # a listener reconnected: a wake-up may have been lost, and Redis may have lost the job
+    FIRST = 2  # a wait began: the result may be in already; if not, an id without a job fails at once
+    WOKE = 3  # a wake-up announced the result
 
 
 class WaitHub:
@@ -135,7 +136,7 @@ class WaitHub:
     def recheck(self) -> None:
         """A listener reconnected: any wake-up may have been lost, so look at every id still waited for
         (and, while someone iterates `results()`, at every id of ours without a result yet)."""
-        self._mark([*self._waiters, *(self._own if self._subscribers else ())], Look.RECHECK)
+        self._mark([*self._waiters, *(self._own if self._subscribers else ())], Look.RECONNECT)
 
     def stream_lost(self) -> None:
         """The reply-stream listener died (it logged why): every wait goes through notify lists now."""
@@ -218,10 +219,11 @@ class WaitHub:
             else:
                 self._land(request_id, blob)
         # Own ids too: their wake-up comes through the reply stream, but a job that vanished (its hash
-        # deleted or expired, no result) never sends one, and the wait would last its whole timeout.
-        first = [i for i in missing if due[i] is Look.FIRST]
-        if first:
-            await self._fail_unknown(first)
+        # deleted or expired, or lost with a Redis restarted empty: no result) never sends one, and the wait
+        # would last its whole timeout. A first look and a look after a reconnect make sure the job is there.
+        vanished = [i for i in missing if due[i] in (Look.FIRST, Look.RECONNECT)]
+        if vanished:
+            await self._fail_vanished(vanished)
         for request_id in missing:
             if request_id not in self._waiters:
                 continue
@@ -249,15 +251,15 @@ class WaitHub:
             for queue in self._subscribers:
                 queue.put_nowait(result)
 
-    async def _fail_unknown(self, request_ids: list[str]) -> None:
-        """An id with neither a result nor a job was never submitted (or expired, or its job was deleted):
-        say so at once, as Producer.wait does (raise_if_unknown)."""
+    async def _fail_vanished(self, request_ids: list[str]) -> None:
+        """An id with neither a result nor a job: say so at once, as Producer.wait does (raise_if_unknown):
+        lost by a Redis restart (retryable), or never submitted, expired, or its job deleted."""
         pipe = self.connection.pipeline(transaction=False)
         for request_id in request_ids:
             pipe.exists(keys.result_key(request_id), Job.key_for(request_id))
         for request_id, found in zip(request_ids, await pipe.execute()):
             if not found:
-                self._fail(request_id, NotFoundError(
+                self._fail(request_id, self._lost(request_id) or NotFoundError(
                     f"no request with id {request_id} (never submitted, or it expired)", param="id"))
 
     async def _check_pending(self, request_id: str) -> None:
@@ -269,10 +271,22 @@ class WaitHub:
             self._mark([request_id], Look.RECHECK)
             return
         if status not in PENDING:
-            self._fail(request_id, NotFoundError(f"the result of request {request_id} has expired"))
+            self._fail(request_id, self._lost(request_id)
+                       or NotFoundError(f"the result of request {request_id} has expired"))
         elif self.notify is not None and not self.is_own(request_id):
             await self.notify.forged(request_id)  # drop the forged element, then look once more
             self._mark([request_id], Look.RECHECK)
+
+    def _lost(self, request_id: str) -> UnavailableError | None:
+        """For an id with neither a job nor a result: one of ours (submitted less than JOB_TTL ago, its result
+        never seen) cannot have expired, and a cancel stores a result, so Redis lost it: restarted without its
+        data, flushed, or the job evicted or deleted. That is retryable (503): sending the same request again
+        is the whole remedy. None for an id that is not ours."""
+        if self._own.pop(request_id, None) is None:
+            return None
+        return UnavailableError(f"request {request_id} is gone from Redis before its result was stored (Redis "
+                                "restarted without its data, was flushed, or evicted or deleted its job); "
+                                "send it again")
 
     def _fail(self, request_id: str, error: EmbedfleetError) -> None:
         for future in self._waiters.pop(request_id, []):
