@@ -26,6 +26,7 @@ from tests.tinymodels import sample_texts
 from worker.serving.pipeline import BatchWorker
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "docstrings.json"
+ROUNDS = 25  # closes with a read in flight (before the fix, one of about ten hung)
 
 
 @pytest.fixture
@@ -330,6 +331,38 @@ def test_closing_an_async_producer_fails_its_pending_waits_at_once(redis_url, id
             await asyncio.wait_for(waiting, 10)
 
     asyncio.run(main())
+
+
+def test_closing_the_hub_ends_its_reader_even_with_a_read_in_flight(redis_url, redis_client):
+    """close() cancels the reader while its read may be on the wire and the connection closes under it:
+    redis-py can take that cancel, and a reader that then went back to wait for work hung the event loop's
+    shutdown (asyncio.run waited for it for ever). Bounded: ROUNDS closes, each reader must end in 10 s."""
+    from common.redisclient import close_async, connect_async
+    from producer.client.waiters import WaitHub
+
+    async def status(request_id):
+        return "queued"
+
+    async def once(n: int) -> None:
+        connection = connect_async(redis_url)
+        hub = WaitHub(connection, status)
+        landed, pending = f"landed-{n}", f"pending-{n}"
+        hub.expect([landed, pending])
+        for request_id in (landed, pending):
+            redis_client.hset(Job.key_for(request_id), "status", "queued")
+        waits = hub.watch(landed), hub.watch(pending)
+        blob = Result.success(landed, "m", np.ones((1, 2), np.float32), "float32", "little", 1).encode()
+        redis_client.set(keys.result_key(landed), blob)
+        hub.recheck()  # a read of both: the result of one, then a look at the other's job
+        await asyncio.wait_for(waits[0], 10)
+        reader = hub._task
+        hub.close(UnavailableError("closed"))  # the look at the other's job may be in flight now
+        await close_async(connection)
+        await asyncio.wait_for(asyncio.gather(reader, return_exceptions=True), 10)
+        assert isinstance(waits[1].exception(), UnavailableError)
+
+    for n in range(ROUNDS):
+        asyncio.run(once(n))
 
 
 def test_a_recheck_wakes_waiters_whose_reply_was_lost_in_an_outage(redis_url, redis_client):

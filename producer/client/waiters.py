@@ -183,7 +183,10 @@ class WaitHub:
             self.close(task.exception())
 
     async def _read_loop(self) -> None:
-        while True:
+        # Until closed, not merely until cancelled: close() cancels this task while a read may be in flight,
+        # and redis-py can take that cancel in a command that the closing connection then fails, which would
+        # bring the loop back to wait on _wakeup for ever (and hang the event loop's shutdown).
+        while self._closed is None:
             await self._wakeup.wait()
             self._wakeup.clear()
             due, self._due = self._due, {}
@@ -198,6 +201,8 @@ class WaitHub:
                 for request_id, why in due.items():
                     if self._due.get(request_id, -1) < why:
                         self._due[request_id] = why
+                if self._closed is not None:
+                    return
                 self._read_waiters += read  # they wait for a read that happened
                 await asyncio.sleep(OUTAGE_RECHECK)
                 self._wakeup.set()
