@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (Process, RedisServer, Timer, add_corpus_flags, describe_machine, free_port, load_corpus,
-                     model_path, ratio, table, wait_advertised)
+                     model_path, ratio, settle_gc, table, wait_advertised)
 from throughput import BareLoop, max_seq_length, sweep
 
 # the stage threads of worker/serving/pipeline.py and the stages they lap, in the order a round meets them
@@ -173,6 +173,11 @@ def main() -> None:
         path = build_tiny(folder)
         tokenise, bare = Tokenise(path), BareLoop(path, "float32", "cpu")
         tokenise.run(texts[:256])  # warm-up
+        # The peers at their best: with CPython's default thresholds a full collection walks torch's and
+        # transformers' objects every few thousand encodings, and tokenising the corpus alone ran at half speed
+        # every other call (17k vs 33k texts/s here). Frozen, those objects are not walked again. (The worker
+        # itself, tokenising a round in calls of 64 texts, measured the same with and without: BENCHMARKS.md.)
+        settle_gc()
         best: dict[str, float] = {}
         sweeps: dict[int, float] = {}
         stages: dict[str, dict] = {}  # row -> (thread, stage) -> seconds, summed over the repeats
