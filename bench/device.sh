@@ -85,7 +85,9 @@ if ! command -v redis-server >/dev/null; then
     fi
 fi
 command -v redis-server >/dev/null && redis-server --version
-export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# TOKENIZERS_PARALLELISM is left as the user has it: "false" would tokenise on one core, in the worker's take
+# stage (its critical path on a GPU) and in the bare loop alike, which is not how either runs in production.
+export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
 corpus=()
 [ -n "${BENCH_CORPUS:-}" ] && corpus=(--corpus "$BENCH_CORPUS")
 
