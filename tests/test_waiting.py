@@ -265,6 +265,22 @@ def test_a_notify_key_that_is_no_list_fails_no_other_wait(redis_url, redis_clien
     assert [r.id for r in asyncio.run(main())] == [spoiled, fine]
 
 
+def test_a_sync_wait_whose_job_vanishes_meanwhile_is_told_redis_lost_it(redis_url, redis_client):
+    """The job was there when the wait began, then it is gone with no result (a Redis restarted without its
+    data, a flush, an eviction: here its hash is deleted): the wait ends with a retryable UnavailableError when
+    its BLPOP comes back, not a ResultTimeoutError, nor a 404-like NotFoundError."""
+    advertise(redis_client)
+    with Producer(redis_url) as producer:
+        request_id = producer.submit(["nobody answers this"], MODEL)
+        deleted = threading.Timer(0.5, redis_client.delete, [Job.key_for(request_id)])
+        deleted.start()
+        try:
+            with pytest.raises(UnavailableError, match="is gone from Redis before its result was stored"):
+                producer.wait(request_id, timeout=3)  # one BLPOP of 3 s, then the look that finds it gone
+        finally:
+            deleted.join()
+
+
 def test_a_wait_on_a_job_that_vanished_is_not_found_at_once_in_both_clients(redis_url, redis_client):
     """The job hash is gone (deleted, or expired unserved) and no result landed: nothing will ever answer,
     so neither client waits out its timeout. A foreign id is not found; an own id (submitted by this

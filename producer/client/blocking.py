@@ -17,8 +17,8 @@ from common.redisclient import block_for, check_access, connect
 from common.result import Result, SparseVector
 from common.shards import ShardMap
 from producer.client import fleetview, reads
-from producer.client.core import (PENDING, Placements, Served, build_request, chosen_ids, enqueue_args, pick_model,
-                                  queue_full, read_result, redis_errors as _redis_errors, resolve_target)
+from producer.client.core import (PENDING, Placements, Served, build_request, chosen_ids, enqueue_args, lost_error,
+                                  pick_model, queue_full, read_result, redis_errors as _redis_errors, resolve_target)
 from producer.client.fleet import LevelStats, level_stats
 from producer.client.rounds import run
 from producer.client.tasks import check_rerank, rank, score_pairs
@@ -184,9 +184,11 @@ class Producer:
     def wait(self, request_id: str, timeout: float = 60.0) -> Result:
         """Block until the result lands (no polling: BLPOP on the request's notify list).
 
-        Raises NotFoundError at once for an id with neither a job nor a result, ResultTimeoutError (a
-        built-in TimeoutError) after `timeout` seconds, or the request's own error. A wake-up counts only
-        once its result is there (anyone who can write to Redis can forge one).
+        Raises NotFoundError at once for an id with neither a job nor a result, UnavailableError (retryable)
+        when both vanish while it waits (Redis lost the request: restarted without its data, flushed, or it
+        evicted the job; looked at every MAX_BLOCK seconds), ResultTimeoutError (a built-in TimeoutError)
+        after `timeout` seconds, or the request's own error. A wake-up counts only once its result is there
+        (anyone who can write to Redis can forge one).
         """
         deadline = time.monotonic() + timeout
         woke = None
@@ -197,8 +199,11 @@ class Producer:
             if result is not None:
                 result.raise_for_error()
                 return result
-            if woke is not None:  # a wake-up without its result: expired, or forged
-                if self.status(request_id) not in PENDING:
+            if woke is not None:  # a wake-up without its result: expired, forged, or lost with its job
+                status = self.status(request_id)
+                if status == "not_found":
+                    raise lost_error(request_id)
+                if status not in PENDING:
                     raise NotFoundError(f"the result of request {request_id} has expired")
                 with _redis_errors():  # else every BLPOP would take it again (a result lands with a new one)
                     connection.delete(keys.notify_key(request_id))
@@ -212,14 +217,19 @@ class Producer:
                 woke = connection.blpop([keys.notify_key(request_id)], timeout=block_for(left))
                 if woke is not None:  # hand the wake-up on to any other waiter on the same id
                     connection.pipeline().rpush(woke[0], woke[1]).expire(woke[0], keys.RESULT_TTL).execute()
+                elif not self._exists(request_id):  # it was there when the wait began: Redis lost it
+                    raise lost_error(request_id)
 
     def raise_if_unknown(self, request_id: str) -> None:
         """NotFoundError for an id that was never submitted (or whose job and result both expired)."""
+        if not self._exists(request_id):
+            raise NotFoundError(f"no request with id {request_id} (never submitted, or it expired)", param="id")
+
+    def _exists(self, request_id: str) -> bool:
+        """Whether the request has a job or a result (one round trip)."""
         with _redis_errors():
             pipe = self.connection_of(request_id).pipeline(transaction=False)
-            has_result, has_job = pipe.exists(keys.result_key(request_id)).exists(keys.rq_job_key(request_id)).execute()
-        if not has_result and not has_job:
-            raise NotFoundError(f"no request with id {request_id} (never submitted, or it expired)", param="id")
+            return any(pipe.exists(keys.result_key(request_id)).exists(keys.rq_job_key(request_id)).execute())
 
     def embed(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> np.ndarray:
         """Submit and wait: the embeddings as a numpy array of shape (n, d)."""

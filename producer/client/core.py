@@ -222,6 +222,14 @@ def queue_full(model: str, depth: int, limit: int | None) -> QueueFullError:
 PENDING = ("queued", "started")  # job states in which a result is still to come
 
 
+def lost_error(request_id: str) -> UnavailableError:
+    """A request known to be there (submitted by us, or found when its wait began) that now has neither a job
+    nor a result: Redis lost it. Retryable (503): sending the same request again is the whole remedy."""
+    return UnavailableError(f"request {request_id} is gone from Redis before its result was stored (Redis "
+                            "restarted without its data, was flushed, or evicted or deleted its job); "
+                            "send it again")
+
+
 def read_result(request_id: str, raw: bytes | None) -> Result | None:
     """The result blob stored for `request_id`, decoded; one that names another request is refused (it
     was not written for this request, whoever wrote it)."""

@@ -24,7 +24,7 @@ from rq.job import Job
 from common.protocol import keys
 from common.errors import DecodeError, EmbedfleetError, NotFoundError, UnavailableError
 from common.result import Result
-from producer.client.core import PENDING, read_result
+from producer.client.core import PENDING, lost_error, read_result
 
 log = logging.getLogger(__name__)
 
@@ -287,11 +287,7 @@ class WaitHub:
         never seen) cannot have expired, and a cancel stores a result, so Redis lost it: restarted without its
         data, flushed, or the job evicted or deleted. That is retryable (503): sending the same request again
         is the whole remedy. None for an id that is not ours."""
-        if self._own.pop(request_id, None) is None:
-            return None
-        return UnavailableError(f"request {request_id} is gone from Redis before its result was stored (Redis "
-                                "restarted without its data, was flushed, or evicted or deleted its job); "
-                                "send it again")
+        return None if self._own.pop(request_id, None) is None else lost_error(request_id)
 
     def _fail(self, request_id: str, error: EmbedfleetError) -> None:
         for future in self._waiters.pop(request_id, []):
