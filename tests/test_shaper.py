@@ -4,6 +4,7 @@ and a flag pins a dimension."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -53,6 +54,28 @@ def test_a_guess_made_during_a_spike_grows_to_the_faster_shape():
     serve(shaper, device(best_tokens=4096, noise=0.05), 2000, clock)
     assert shaper.current.tokens == 4096, shaper.current
     assert shaper.moves >= 4 and shaper.rate() is not None
+
+
+def test_the_rate_compared_is_the_texts_own_tokens_not_the_padding():
+    """Mixed-length traffic pads more the more rows a pass holds: here each doubling of the rows computes 10%
+    more padded tokens per second but keeps only 1/sqrt(2) of them real. The shaper settles on the rows that
+    serve the most real tokens (the floor, 16), where judged by padded tokens it climbs to its ceiling."""
+    def seconds(shape: Shape) -> float:
+        return shape.tokens / (100_000 * (1 + 0.1 * math.log2(shape.rows / 16)))
+
+    def real(shape: Shape) -> int:
+        return int(shape.tokens * min(1.0, math.sqrt(16 / shape.rows)))
+
+    for judged_by_real, expected in ((True, 16), (False, 1024)):
+        clock = Clock()
+        shaper = Shaper(Shape(65536, 64), min_tokens=256, max_tokens=65536, min_rows=16, max_rows=1024,
+                        pin_tokens=True, clock=clock)
+        for _ in range(2000):
+            shape = shaper.shape()
+            took = seconds(shape)
+            clock.now += took
+            shaper.observe(shape, shape.rows, shape.tokens, took, tokens=real(shape) if judged_by_real else None)
+        assert shaper.current.rows == expected, (judged_by_real, shaper.current)
 
 
 def test_it_comes_back_down_from_a_shape_too_large():

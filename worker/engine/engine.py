@@ -198,7 +198,8 @@ class Engine:
             work.padded_tokens += len(batch) * max(batch)  # what the device computed
             began = time.perf_counter()
             if self._pass(positions, flat, work) and self.shaper is not None:
-                self.shaper.observe(shape, len(batch), len(batch) * max(batch), time.perf_counter() - began)
+                self.shaper.observe(shape, len(batch), len(batch) * max(batch), time.perf_counter() - began,
+                                    tokens=sum(batch))
             stageclock.lap("scatter")
         if known:
             flat.allocate(len(next(iter(known.values()))))

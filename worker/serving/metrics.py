@@ -44,8 +44,9 @@ class WorkerMetrics:
         shape = Gauge("embedfleet_worker_batch_shape", "the forward-pass shape in use (learned: "
                       "worker/engine/shaper.py): padded tokens and rows per pass", ["model", "dimension"], registry=r)
         self.shape_tokens, self.shape_rows = shape.labels(model, "tokens"), shape.labels(model, "rows")
-        self.pass_rate = Gauge("embedfleet_worker_pass_tokens_per_second", "padded tokens per second of the "
-                               "shape in use (median of its recent full passes)", m, registry=r).labels(model)
+        self.pass_rate = Gauge("embedfleet_worker_pass_tokens_per_second",
+                               "the texts' own tokens (not the padding) per second of the shape in use (median "
+                               "of its recent full passes)", m, registry=r).labels(model)
 
     def watch_stages(self, stages) -> None:
         """Export a worker.engine.stageclock.Stages: seconds per thread and stage, read at each scrape."""
