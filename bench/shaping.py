@@ -81,12 +81,13 @@ def throughput(url: str, texts: list[str], per_request: int, seconds: float) -> 
     stop = threading.Event()
 
     def feed(producer: Producer) -> None:
-        k = 0
+        sent = 0  # texts sent so far: each request takes the next `per_request` of the corpus, none repeated
         while not stop.is_set():
             if conn.llen(keys.rq_queue_key(queue)) < 32:
-                batch = [[texts[(k + j) % len(texts)] for j in range(per_request)] for k in range(k, k + 16)]
+                batch = [[texts[(sent + i * per_request + j) % len(texts)] for j in range(per_request)]
+                         for i in range(16)]
                 producer.submit_many(batch, NAME, truncate_prompt_tokens=-1)
-                k += 16
+                sent += 16 * per_request
             else:
                 time.sleep(0.01)
 
