@@ -280,6 +280,18 @@ def test_a_model_failing_the_fidelity_check_is_refused_and_left_in_float32(bert_
     assert next(model.module.parameters()).dtype == torch.float32
 
 
+def test_a_model_that_overflows_in_float16_is_refused_not_served_as_nan(tmp_path):
+    """Its float16 vectors are NaN, and a NaN cosine compares false with any gate: it passed the check before."""
+    from common.errors import StartupError
+    from tests.tinymodels import save_float16_overflowing_bert
+
+    folder = save_float16_overflowing_bert(str(tmp_path / "overflow"))
+    exact = load_model(folder, device="cpu")
+    assert torch.isfinite(exact.embed([exact.tokenizer("the quick brown fox")["input_ids"]])).all()
+    with pytest.raises(StartupError, match=r"in float16 agrees with float32 only to cosine NaN: its vectors overflow"):
+        load_model(folder, device="cpu", dtype="float16")
+
+
 # --- a failed forward pass is retried in halves --------------------------------------------------------
 
 def test_a_failed_pass_is_retried_in_halves_so_only_the_poisoned_request_fails(bert_cls):

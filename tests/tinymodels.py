@@ -60,6 +60,21 @@ def save_tiny_bert(folder: str, *, max_positions: int = 128, matryoshka_dimensio
     return folder
 
 
+def save_float16_overflowing_bert(folder: str) -> str:
+    """A tiny BERT folder (sentence-transformers, mean pooling) whose feed-forward layers reach ~1e5: fine in
+    float32 (LayerNorm brings it back), inf and then NaN in float16, whose largest value is 65,504."""
+    import torch
+    from transformers import BertModel
+
+    save_tiny_bert(folder)
+    module = BertModel.from_pretrained(folder)
+    with torch.no_grad():
+        for layer in module.encoder.layer:
+            layer.intermediate.dense.weight.mul_(1e6)
+    module.save_pretrained(folder)
+    return wrap_sentence_transformers(folder, "mean")
+
+
 def save_tiny_classifier(folder: str, *, labels: tuple[str, ...] = ("score",), seed: int = 0) -> str:
     """A 2-layer BertForSequenceClassification (a cross-encoder with one label, a classifier with more)
     whose config names its labels (id2label); a plain HF folder with its tokenizer."""

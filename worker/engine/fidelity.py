@@ -35,12 +35,17 @@ def cast_with_fidelity_check(model, dtype: torch.dtype, min_cosine: float = MIN_
     model.module.to(dtype)
     reduced = model.embed(ids)
     cosine = torch.nn.functional.cosine_similarity(reference, reduced).min().item()
-    if cosine < min_cosine:
+    if not cosine >= min_cosine:  # NaN (an overflow) fails too
         model.module.to(torch.float32)
         raise ValueError(f"model '{model.caps.name}' in {str(dtype).removeprefix('torch.')} agrees with "
-                         f"float32 only to cosine {cosine:.5f} on the probe texts (at least {min_cosine} is "
+                         f"float32 only to {_cosine(cosine, 5)} on the probe texts (at least {min_cosine} is "
                          "required): serve it in float32 (--dtype float32)")
     return cosine
+
+
+def _cosine(cosine: float, digits: int) -> str:
+    """A gate's finding: the cosine, or what a NaN one means (the reduced path's vectors are not finite)."""
+    return f"cosine {cosine:.{digits}f}" if cosine == cosine else "cosine NaN: its vectors overflow (inf or NaN)"
 
 
 def probe_token_lists(model) -> list[list[int]]:
@@ -59,9 +64,9 @@ def engine_fidelity(model, backend, min_cosine: float, engine: str) -> float:
     reference = model.embed(ids)
     model.backend = backend
     cosine = torch.nn.functional.cosine_similarity(reference, model.embed(ids)).min().item()
-    if cosine < min_cosine:
+    if not cosine >= min_cosine:  # NaN (an overflow) fails too
         model.backend = None
         raise StartupError(f"model '{model.caps.name}' on --engine {engine} agrees with float32 torch only to "
-                           f"cosine {cosine:.6f} on the probe texts (the gate is {min_cosine}; --fidelity-gate "
+                           f"{_cosine(cosine, 6)} on the probe texts (the gate is {min_cosine}; --fidelity-gate "
                            "sets it): serve it with --engine torch, or delete a broken export")
     return cosine
