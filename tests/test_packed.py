@@ -112,3 +112,34 @@ def test_the_flag_and_its_env_var(monkeypatch):
     assert WorkerSettings.from_args(["--packed", "on"], "w", "").packed == "on"
     monkeypatch.setenv("EMBEDFLEET_PACKED", "off")
     assert WorkerSettings.from_args([], "w", "").packed == "off"
+
+
+def test_half_precision_packs_when_the_float32_gate_passes(minilm_path, caplog):
+    """MiniLM in bfloat16: packed and padded differ by bfloat16's rounding (0.99992 on the probe texts), which a
+    gate of 0.99999 in the serving dtype always refused. The gate runs in float32; the dtype's own check then
+    judges the packed path, and packed serves what padded bfloat16 serves, to the dtype's rounding."""
+    with caplog.at_level(logging.INFO, logger="worker.engine.packed"):
+        packed = load_model(minilm_path, device="cpu", dtype="bfloat16", packed="on")
+    assert packed.forward_layout == "packed", caplog.text
+    assert "probe cosine vs padded in float32" in caplog.text
+    assert packed.fidelity >= 0.999  # the dtype's check, on the packed path
+    padded, exact = load_model(minilm_path, device="cpu", dtype="bfloat16"), load_model(minilm_path, device="cpu")
+    ids = _ids(padded)
+    a, b, c = (m.embed(ids).numpy() for m in (padded, packed, exact))
+    assert cosines(a, b).min() > 0.999
+    assert cosines(b, c).min() > 0.999  # packed bfloat16 against padded float32
+
+
+def test_a_packed_path_the_dtype_check_refuses_is_unpacked_and_padded_judged_alone(tmp_path, caplog):
+    """Packed passes its float32 gate, then fails float16's check (it overflows): the worker unpacks, says so,
+    and gives the padded path its own check, which here refuses the dtype too, with the dtype's message."""
+    from common.errors import StartupError
+    from tests.tinymodels import save_float16_overflowing_bert
+
+    folder = save_float16_overflowing_bert(str(tmp_path / "overflow"))
+    with caplog.at_level(logging.INFO, logger="worker.engine.packed"), \
+            pytest.raises(StartupError, match=r"in float16 agrees with float32 only to cosine NaN"):
+        load_model(folder, device="cpu", dtype="float16", packed="on")
+    said = [r.getMessage() for r in caplog.records if r.name == "worker.engine.packed"]
+    assert said[0].endswith("forward: packed (SDPA per text; probe cosine vs padded in float32 1.000000)"), said
+    assert "forward: padded: packed in float16 fails (ValueError: " in said[1], said

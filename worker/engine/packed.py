@@ -91,8 +91,9 @@ class Packer:
     """Runs a LoadedModel's transformer on a batch packed into one sequence; returns what the padded path
     gives its pooler: hidden states (rows, longest, hidden) padded on the model's side, and the mask."""
 
-    def __init__(self, position_offset: int = 0):
+    def __init__(self, position_offset: int = 0, replaced: str = "sdpa"):
         self.position_offset = position_offset  # RoBERTa's positions start after its padding index
+        self.replaced = replaced  # the attention implementation the model ran before (`unpack` restores it)
 
     def __call__(self, model, token_lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         device = model.device
@@ -127,18 +128,18 @@ def _position_offset(module) -> int | None:
     return 0
 
 
-def choose(model, mode: PackedMode) -> str:
-    """Serve `model` (a LoadedModel on torch, already in its serving dtype) packed where `mode` asks for it
-    and the probe texts agree with the padded path; returns a one-line reason, which is also logged.
+def choose(model, mode: PackedMode, dtype: torch.dtype = torch.float32) -> str:
+    """Serve `model` (a LoadedModel on torch, still in float32) packed where `mode` asks for it and the probe
+    texts agree with the padded path; `dtype` is what it will serve in. Returns a one-line reason, also logged.
 
     auto: packed on CUDA in half precision (where the varlen kernel runs and padding costs), else padded;
     on: packed wherever the gate passes (the CPU runs it exactly but without gain: tests, benches);
-    off: padded. The gate compares against the padded path in float32 when the model is served in float32,
-    else against the padded path in the serving dtype (the dtype's own gate relates that one to float32).
+    off: padded. The gate runs here, in float32, packed against padded (MIN_COSINE: rounding only); a model
+    later cast to half precision then meets the dtype's own check on the packed path (embedding.finish), and
+    `unpack` serves it padded if the packed path alone fails there.
     """
     if mode == "off":
         return _say(model, "padded (--packed off)")
-    dtype = next(model.module.parameters()).dtype
     if mode == "auto" and not (model.device.type == "cuda" and dtype in _HALF):
         return _say(model, f"padded (--packed auto packs on CUDA in float16/bfloat16; this is "
                            f"{model.device.type} {str(dtype).removeprefix('torch.')})")
@@ -153,21 +154,25 @@ def choose(model, mode: PackedMode) -> str:
     _register()
     ids = probe_token_lists(model)
     reference = model.embed(ids)
+    model.packer = Packer(offset, previous)
     try:
         model.module.set_attn_implementation(ATTENTION)
-        model.packer = Packer(offset)
         cosine = torch.nn.functional.cosine_similarity(reference, model.embed(ids)).min().item()
     except Exception as exc:  # noqa: BLE001 - any failure of an architecture we cannot pack means: stay padded
         cosine, failure = 0.0, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     else:
         failure = f"probe cosine {cosine:.6f}"
-    if cosine < MIN_COSINE:
-        model.packer = None
-        model.module.set_attn_implementation(previous)
-        return _say(model, f"padded: packed forward disagrees with padded ({failure}; the gate is {MIN_COSINE})",
-                    logging.WARNING)
+    if not cosine >= MIN_COSINE:  # NaN (an overflow) fails too
+        return unpack(model, f"packed forward disagrees with padded ({failure}; the gate is {MIN_COSINE})")
     kernel = "varlen FlashAttention" if model.device.type == "cuda" and dtype in _HALF else "SDPA per text"
-    return _say(model, f"packed ({kernel}; probe cosine vs padded {cosine:.6f})")
+    return _say(model, f"packed ({kernel}; probe cosine vs padded in float32 {cosine:.6f})")
+
+
+def unpack(model, why: str) -> str:
+    """Serve `model` padded again (its attention as before `choose`), saying why once, as a warning."""
+    model.module.set_attn_implementation(model.packer.replaced)
+    model.packer = None
+    return _say(model, f"padded: {why}", logging.WARNING)
 
 
 def _say(model, line: str, level: int = logging.INFO) -> str:

@@ -12,6 +12,7 @@ import inspect
 import logging
 import os
 
+import torch
 from torch import nn
 
 from common.capabilities import MAX_EMBED_LEN, ModelCapabilities
@@ -124,13 +125,34 @@ def build(folder: str, st: STConfig, hf_config, options: LoadOptions) -> LoadedM
 
 
 def finish(loaded: LoadedModel, st: STConfig, hf_config, options: LoadOptions) -> LoadedModel:
-    """The float32 torch model cast to the serving dtype (behind the fidelity check), or handed to a CPU engine."""
-    if options.dtype != "float32":
-        loaded.fidelity = cast_with_fidelity_check(loaded, DTYPES[options.dtype])
-    if options.engine is not None and options.engine.on_cpu:
+    """The float32 torch model handed to a CPU engine, or packed where its gate passes and cast to the serving
+    dtype behind the dtype's fidelity check, which then judges the path that serves (packed or padded).
+
+    Packing is gated in float32, before the cast: whether texts stay apart is the architecture's property, and
+    in half precision two correct paths already differ by the dtype's rounding (MiniLM in bfloat16: packed vs
+    padded 0.99992), which a gate of 0.99999 would always refuse and a looser one could not tell from texts
+    that see each other (DeBERTa-v2: 0.9998)."""
+    if options.engine is not None and options.engine.on_cpu:  # float32 only (backends.check): nothing to cast
         backends.attach(loaded, options.engine, os.path.join(loaded.folder, st.transformer_path), hf_config)
-    packed.choose(loaded, options.packed)  # bge-m3: its dense vectors packed, its heads run their own padded pass
+    dtype = DTYPES[options.dtype]
+    packed.choose(loaded, options.packed, dtype)  # bge-m3: its dense vectors packed, its heads run their own pass
+    if dtype != torch.float32:
+        loaded.fidelity = _cast(loaded, dtype)
     return loaded
+
+
+def _cast(loaded: LoadedModel, dtype: torch.dtype) -> float:
+    """The dtype's fidelity check on the path that serves; packed and refused there (or its half-precision
+    kernel failing: CUDA's varlen attention first runs here), padded gets its own try."""
+    try:
+        return cast_with_fidelity_check(loaded, dtype)
+    except Exception as exc:  # whatever the packed path did, padded is judged on its own
+        if loaded.packer is None:
+            raise
+        loaded.module.to(torch.float32)  # a kernel that raised left the module cast
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        packed.unpack(loaded, f"packed in {str(dtype).removeprefix('torch.')} fails ({type(exc).__name__}: {first})")
+        return cast_with_fidelity_check(loaded, dtype)
 
 
 def load(folder: str, st: STConfig, hf_config, options: LoadOptions) -> LoadedModel:
