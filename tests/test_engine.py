@@ -292,6 +292,29 @@ def test_a_model_that_overflows_in_float16_is_refused_not_served_as_nan(tmp_path
         load_model(folder, device="cpu", dtype="float16")
 
 
+def test_a_row_whose_vector_is_not_finite_fails_its_request_alone(tmp_path):
+    """Token 40's embedding is 3e38: any text holding it gives NaN (LayerNorm's mean overflows), in float32 too.
+    Its request fails with a message; its batch-mates, a duplicate of a clean row included, are answered."""
+    import torch
+    from transformers import BertModel
+
+    from tests.tinymodels import save_tiny_bert, wrap_sentence_transformers
+
+    folder = save_tiny_bert(str(tmp_path / "inf"))
+    module = BertModel.from_pretrained(folder)
+    with torch.no_grad():
+        module.embeddings.word_embeddings.weight[40] = 3e38
+    module.save_pretrained(folder)
+    engine = Engine(load_model(wrap_sentence_transformers(folder, "mean"), device="cpu"))
+    requests = [req([[2, 10 + i, 3]]) for i in range(4)]
+    requests.insert(2, req([[2, 12, 3], [2, 40, 12, 3]]))
+    results = engine.run(requests)
+    assert [r.ok for r in results] == [True, True, False, True, True]
+    assert results[2].error_code == "internal_error"
+    assert "output for this input is not finite (inf or NaN)" in results[2].error_message
+    assert all(np.isfinite(r.embeddings).all() for r in results if r.ok)
+
+
 # --- a failed forward pass is retried in halves --------------------------------------------------------
 
 def test_a_failed_pass_is_retried_in_halves_so_only_the_poisoned_request_fails(bert_cls):

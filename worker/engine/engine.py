@@ -344,6 +344,7 @@ class Engine:
                 return False
             log.warning("forward pass over %d rows failed (%s); retrying in halves", len(positions), error.message)
         else:
+            self._fail_unfinite(vectors, positions, flat, work)
             flat.allocate(vectors.shape[1])
             flat.vectors[positions] = vectors
             return True
@@ -352,6 +353,19 @@ class Engine:
         self._pass(positions[:half], flat, work)
         self._pass(positions[half:], flat, work)
         return False
+
+    def _fail_unfinite(self, vectors: np.ndarray, positions: np.ndarray, flat: _Flat, work: Work) -> None:
+        """A row whose vector holds inf or NaN (the model overflowed on that input: float16 past 65,504, say)
+        fails the requests that use it, with a message; never stored as a vector. Microseconds a pass."""
+        unfinite = ~np.isfinite(vectors).all(axis=1)
+        if not unfinite.any():
+            return
+        error = InternalError("the model's output for this input is not finite (inf or NaN): the model overflows on "
+                              "it in the precision this worker serves; a worker with --dtype float32 can embed it")
+        for p in positions[unfinite]:
+            for owner in flat.users(int(p)):
+                work.failed.setdefault(owner, error)
+        log.warning("%d of %d rows gave non-finite vectors; their requests fail", int(unfinite.sum()), len(positions))
 
     def _postprocess(self, request: EmbedRequest, vectors, prepared: Prepared) -> Result:
         params, prompt_tokens = request.params, prepared.prompt_tokens
