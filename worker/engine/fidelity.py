@@ -8,6 +8,8 @@ transformer (or hands it to the engine), embeds them again, and refuses to serve
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from common.errors import StartupError
@@ -45,7 +47,7 @@ def cast_with_fidelity_check(model, dtype: torch.dtype, min_cosine: float = MIN_
 
 def _cosine(cosine: float, digits: int) -> str:
     """A gate's finding: the cosine, or what a NaN one means (the reduced path's vectors are not finite)."""
-    return f"cosine {cosine:.{digits}f}" if cosine == cosine else "cosine NaN: its vectors overflow (inf or NaN)"
+    return "cosine NaN: its vectors overflow (inf or NaN)" if math.isnan(cosine) else f"cosine {cosine:.{digits}f}"
 
 
 def probe_token_lists(model) -> list[list[int]]:
