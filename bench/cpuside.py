@@ -176,7 +176,7 @@ def main() -> None:
         # The peers at their best: with CPython's default thresholds a full collection walks torch's and
         # transformers' objects every few thousand encodings, and tokenising the corpus alone ran at half speed
         # every other call (17k vs 33k texts/s here). Frozen, those objects are not walked again. (The worker
-        # itself, tokenising a round in calls of 64 texts, measured the same with and without: BENCHMARKS.md.)
+        # itself, tokenising a round in calls of 64 texts, measured the same with and without: bench/history.md §15b.)
         settle_gc()
         best: dict[str, float] = {}
         sweeps: dict[int, float] = {}

@@ -165,7 +165,7 @@ def test_health_gateway(redis_url, tmp_path):
 
 @pytest.mark.timeout(900)  # two worker starts and drains on a CPU that may be busy: a bound against a hang only
 def test_the_capacity_command_prints_the_benchmarks_table(tmp_path):
-    """BENCHMARKS.md's table 7 comes from bench/capacity.py: same columns, and the command measures."""
+    """BENCHMARKS.md's capacity table comes from bench/capacity.py: same columns, and the command measures."""
     out = tmp_path / "capacity.json"
     # --seconds bounds each drain (it ends when the last result lands): generous, it costs nothing when fast.
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "capacity.py"), "--requests", "300",

@@ -4,7 +4,7 @@ A container or a pinned process sees the host's cores but may run on fewer (affi
 than it sees (the cgroup's CPU quota: Kubernetes' CPU limit, `docker run --cpus`). OpenMP threads that spin
 while they wait for each other then wait for a time slice in every parallel region of every layer: a
 one-row MiniLM pass on a 2-core machine with two busy neighbours ran 2.7-6.8 passes/s with torch's default
-(2 threads, spinning), 46/s with one thread, 32/s with two PASSIVE ones (issue 30, BENCHMARKS.md).
+(2 threads, spinning), 46/s with one thread, 32/s with two PASSIVE ones (issue 30; bench/history.md §14).
 
 So: threads = the CPUs of the affinity mask, capped by the quota rounded up (`--threads` overrides), and
 OpenMP told to sleep rather than spin while it waits (OMP_WAIT_POLICY=PASSIVE; the ONNX Runtime twin is

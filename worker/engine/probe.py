@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 TOLERANCE = 1e-6  # relative cost within which two shapes count as equally fast (then the smaller wins)
 # The floor: (padded tokens, rows) per pass a round fills when it has the inputs. On a CPU 16 short rows cost
-# about 3x one row's time for 16x its texts (MiniLM, BENCHMARKS.md table 14), so the floor costs an
+# about 3x one row's time for 16x its texts (MiniLM, bench/history.md §14), so the floor costs an
 # interactive request little and a starved probe's 1-row guess much; a GPU's is TEI's default budget.
 CPU_FLOOR = (2048, 16)
 GPU_FLOOR = (16384, 64)
