@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from common.protocol import keys
 from common.config import Settings
@@ -110,12 +110,6 @@ class WorkerSettings(Settings):
     cache_ttl: int = Field(keys.CACHE_TTL, ge=1, description="seconds a cached vector lives")
     cache_max_memory: float = Field(0.8, gt=0, le=1, description="cache writes pause while the cache's Redis "
                                                                  "uses more than this fraction of its maxmemory")
-
-    @field_validator("quantize", "replicas", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value):
-        """docker compose passes an unset EMBEDFLEET_QUANTIZE or EMBEDFLEET_REPLICAS as "": none, the default."""
-        return None if value == "" else value
 
 
 def bundled_model_path() -> str:
