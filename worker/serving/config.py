@@ -33,8 +33,9 @@ class WorkerSettings(Settings):
                                          "+ engine + versions; default ${XDG_CACHE_HOME:-~/.cache}/embedfleet/engines")
     threads: int | None = Field(None, ge=0, description="CPU threads of the forward pass (torch, ONNX Runtime, "
                                 "OpenVINO); 0 or unset: the CPUs of the process's affinity, capped by its cgroup "
-                                "CPU quota rounded up (worker/engine/cpus.py). OpenMP waits PASSIVE (sleeps, does "
-                                "not spin on a shared core) unless OMP_WAIT_POLICY is set")
+                                "CPU quota rounded up (worker/engine/cpus.py); more than that is capped to it, "
+                                "with a warning. OpenMP waits PASSIVE (sleeps, does not spin on a shared core) "
+                                "unless OMP_WAIT_POLICY is set")
     packed: Literal["auto", "on", "off"] = Field(
         "auto", description="run a batch as one unpadded sequence (varlen attention) where the model allows it and "
                             "the probe texts agree with the padded path to cosine 0.99999, else padded (one log "

@@ -20,8 +20,8 @@ from worker.engine.fidelity import PROBE_TEXTS
 # probe texts (worker/engine/fidelity.py): all-MiniLM-L6-v2 0 of 93, the tests' tiny vocabularies (166-400
 # tokens) 0-4%, a folder without its tokenizer files 100%.
 MAX_UNKNOWN_SHARE = 0.5
-# A model's own tokenizer fills its embedding matrix but for padding rows (Qwen2 151,665 of 151,936, CodeGen 50,295
-# of 51,200, DeBERTa-v3 128,001 of 128,100): one that fills less than 1/MIN_VOCABULARY_SHARE is another model's.
+# A model's own tokenizer fills its embedding matrix but for padding rows (Qwen2.5 151,665 of 151,936, T5 32,100 of
+# 32,128, DeBERTa-v3 128,001 of 128,100): one that fills less than 1/MIN_VOCABULARY_SHARE is another model's.
 MIN_VOCABULARY_SHARE = 2
 # Files that configure a tokenizer but hold no vocabulary (a class that lists only these needs none: ByT5, Canine)
 _NOT_VOCABULARY = {"tokenizer_config.json", "special_tokens_map.json", "added_tokens.json"}
@@ -45,8 +45,8 @@ def check_tokenizer(folder: str, model_dir: str, tokenizer) -> None:
     if share > MAX_UNKNOWN_SHARE:
         raise StartupError(f"model folder {folder}: its tokenizer reads {share:.0%} of the probe texts' {len(ids)} "
                            f"tokens as the unknown token {tokenizer.unk_token!r} (at most {MAX_UNKNOWN_SHARE:.0%} is "
-                           "allowed; a model's own tokenizer reads under 5% so): its vocabulary is not this "
-                           "model's; restore the model's tokenizer files")
+                           "allowed; a model's own reads few or none so, all-MiniLM-L6-v2's 0%): its vocabulary is "
+                           "not this model's; restore the model's tokenizer files")
 
 
 def check_weights(folder: str, module: nn.Module, loading_info: dict) -> None:
