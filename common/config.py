@@ -8,11 +8,10 @@ import types
 import typing
 from typing import ClassVar
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from common.errors import invalid_request
 from common.fleetstate import resolve_redis_url
 from common.redisclient import with_tls
 from common.shards import ShardMap, parse_shards
@@ -23,7 +22,9 @@ ENV_PREFIX = "EMBEDFLEET_"
 class Settings(BaseSettings):
     """Base for each entry point's settings; flags override env vars, env vars override defaults."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+    # An empty variable is an unset one, for every setting: docker compose passes a line such as
+    # `EMBEDFLEET_THREADS: ${THREADS:-}` as "" when the user set nothing.
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", env_ignore_empty=True)
     discovers_redis: ClassVar[bool] = True  # False where no URL means something else (`up` starts one)
 
     redis_url: str | None = Field(None, description="Redis of the fleet; default: the running `embedfleet up`'s, "
@@ -38,6 +39,15 @@ class Settings(BaseSettings):
                                                        "live on --redis-url")
     debug: bool = Field(False, description="on an error, print the traceback, not only its one-line summary")
     _shards: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _comma_list(cls, value, info: ValidationInfo):
+        """A list setting given in an env var reads as its flag does (A,B,...), JSON lists too."""
+        field = cls.model_fields[info.field_name]
+        if isinstance(value, str) and typing.get_origin(_base_type(field.annotation)) is list:
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @model_validator(mode="after")
     def _find_redis(self):
@@ -75,7 +85,22 @@ class Settings(BaseSettings):
         try:
             return cls(**values)
         except PydanticValidationError as exc:  # e.g. --result-ttl 0, or a bad env value
-            parser.error(invalid_request(exc.errors()).message)
+            parser.error(_problems(exc.errors(), given=values))
+
+
+def _problems(errors: list[dict], given: dict) -> str:
+    """pydantic's errors as `--flag: what` for a flag the user gave, `EMBEDFLEET_VAR: what` for a value that
+    came from the environment (the variable is what the user has to find in a compose file)."""
+    parts = []
+    for err in errors:
+        name = str(err["loc"][0]) if err.get("loc") else ""
+        text = err.get("msg", "").removeprefix("Value error, ")
+        if name:
+            where = "--" + name.replace("_", "-") if name in given else ENV_PREFIX + name.upper()
+            text = f"{where}: {text}"
+        if text not in parts:
+            parts.append(text)
+    return "; ".join(parts) or "invalid settings"
 
 
 class OneLineParser(argparse.ArgumentParser):

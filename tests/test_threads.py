@@ -49,8 +49,18 @@ def test_a_quota_below_the_affinity_caps_the_count_rounded_up():
     assert above.count == 2 and "quota 6" in above.source
 
 
-def test_the_flag_wins_over_affinity_and_quota():
-    assert decide(3, 8, 1.0) == Threads(3, "--threads", "PASSIVE")
+def test_the_flag_wins_within_the_cpus_the_process_may_use():
+    assert decide(3, 8, None) == Threads(3, "--threads", "PASSIVE")
+    assert decide(2, 8, 1.5) == Threads(2, "--threads", "PASSIVE")  # the quota rounded up allows 2
+
+
+def test_a_flag_above_the_cpus_the_process_may_use_is_capped_with_a_warning():
+    """--threads 999 on 2 CPUs ran 2,001 threads, passes 60-140x slower: it runs the CPUs it has, and says so."""
+    capped = decide(999, 2, None)
+    assert (capped.count, capped.source) == (2, "--threads 999 capped to affinity 2")
+    assert capped.warning.startswith("--threads 999 is more than the 2 CPUs this process may use (affinity 2)")
+    assert decide(3, 8, 1.0).count == 1  # a cgroup quota of one CPU: one thread, as without the flag
+    assert decide(2, 2, None).warning is None and decide(None, 2, None).warning is None
 
 
 def test_a_cgroup_v2_quota_is_read_from_the_process_own_cgroup_and_its_parents(tmp_path):
@@ -135,3 +145,26 @@ def test_a_worker_advertises_its_threads_and_status_shows_them(tmp_path, redis_u
         worker.terminate()
         _, log = worker.communicate(timeout=60)
     assert "1 CPU thread (--threads; OMP_WAIT_POLICY PASSIVE)" in log, log[-2000:]
+
+
+def test_a_real_worker_given_999_threads_runs_the_cpus_it_has_and_warns_once(tmp_path, redis_url):
+    from tests.commands import ROOT, advertised, clean_env
+    from tests.tinymodels import save_tiny_bert, wrap_sentence_transformers
+
+    folder = wrap_sentence_transformers(save_tiny_bert(str(tmp_path / "tiny")), "mean")
+    worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", folder,
+                               "--served-model-name", "tiny", "--threads", "999", "--poll-timeout", "1",
+                               "--probe-seconds", "0.2", "--no-cache"],
+                              env={**clean_env(tmp_path / "xdg"), "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        from producer import Producer
+
+        with Producer(redis_url) as producer:
+            info = advertised(producer, "tiny", worker)
+    finally:
+        worker.terminate()
+        _, log = worker.communicate(timeout=60)
+    allowed = decide(None, cpus.affinity(), cpus.cgroup_quota())
+    assert info["threads"] == allowed.count and info["threads_source"] == f"--threads 999 capped to {allowed.source}"
+    assert log.count("--threads 999 is more than") == 1 and " WARNING " in log, log[-2000:]

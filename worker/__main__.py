@@ -180,6 +180,8 @@ def _load(path: str, name: str | None, settings: WorkerSettings, threads: cpus.T
     import torch  # noqa: PLC0415 - torch loads after the flags and the wait policy
     from transformers.utils import logging as hf_logging  # noqa: PLC0415
 
+    if threads.warning:  # once, by the process that runs the model (not by a --gpus/--replicas supervisor)
+        logging.getLogger("embedfleet.worker").warning("%s", threads.warning)
     torch.set_num_threads(threads.count)  # worker/engine/cpus.py: the CPU this process has, not the host's
 
     from worker.engine.backends import EngineChoice  # noqa: PLC0415

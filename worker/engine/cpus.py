@@ -6,10 +6,11 @@ while they wait for each other then wait for a time slice in every parallel regi
 one-row MiniLM pass on a 2-core machine with two busy neighbours ran 2.7-6.8 passes/s with torch's default
 (2 threads, spinning), 46/s with one thread, 32/s with two PASSIVE ones (issue 30; bench/history.md §14).
 
-So: threads = the CPUs of the affinity mask, capped by the quota rounded up (`--threads` overrides), and
-OpenMP told to sleep rather than spin while it waits (OMP_WAIT_POLICY=PASSIVE; the ONNX Runtime twin is
-`session.intra_op.allow_spinning`), unless the user set the variable. libgomp reads OMP_WAIT_POLICY when it
-is loaded, i.e. at `import torch`: `apply_wait_policy` must run before that, at the worker's entry point.
+So: threads = the CPUs of the affinity mask, capped by the quota rounded up (`--threads` may ask for fewer;
+more is capped to them, with one warning), and OpenMP told to sleep rather than spin while it waits
+(OMP_WAIT_POLICY=PASSIVE; the ONNX Runtime twin is `session.intra_op.allow_spinning`), unless the user set the
+variable. libgomp reads OMP_WAIT_POLICY when it is loaded, i.e. at `import torch`: `apply_wait_policy` must
+run before that, at the worker's entry point.
 
 Torch-free: the decision is pure and reads files whose paths the caller may point at a fixture.
 """
@@ -34,6 +35,7 @@ class Threads:
     count: int
     source: str  # "--threads", "affinity 2", "cgroup quota 1.5 CPUs of affinity 2"
     wait_policy: str = PASSIVE  # OMP_WAIT_POLICY as the worker runs with it (ours, or the user's own value)
+    warning: str | None = None  # what the worker logs once: a --threads above the CPUs it may use, capped
 
     @property
     def spinning(self) -> bool:
@@ -78,10 +80,23 @@ def cgroup_quota(root: str = CGROUP_ROOT, self_cgroup: str = SELF_CGROUP) -> flo
 
 
 def decide(flag: int | None, cpus: int, quota: float | None, wait_policy: str = PASSIVE) -> Threads:
-    """The thread count: `flag` (--threads) when set above 0, else the affinity's CPUs capped by the quota
-    rounded up (1.5 CPUs of time on 2 CPUs: 2 threads; PASSIVE threads cost nothing while they wait)."""
-    if flag:
+    """The thread count: the affinity's CPUs capped by the quota rounded up (1.5 CPUs of time on 2 CPUs: 2
+    threads; PASSIVE threads cost nothing while they wait), or `flag` (--threads) when set above 0 and within
+    that. A flag above it is capped, with a warning: threads past the CPUs the process may use only wait for
+    time slices in every parallel region (--threads 999 on 2 CPUs: 2,001 threads, passes 60-140x slower)."""
+    allowed = _allowed(cpus, quota, wait_policy)
+    if not flag:
+        return allowed
+    if flag <= allowed.count:
         return Threads(flag, "--threads", wait_policy)
+    return Threads(allowed.count, f"--threads {flag} capped to {allowed.source}", wait_policy,
+                   warning=f"--threads {flag} is more than the {allowed.count} CPU{'s' * (allowed.count != 1)} this "
+                           f"process may use ({allowed.source}): using {allowed.count} (more threads than CPUs "
+                           "only wait for each other's time slices)")
+
+
+def _allowed(cpus: int, quota: float | None, wait_policy: str) -> Threads:
+    """The threads the CPUs this process may use run: its affinity, capped by its cgroup quota rounded up."""
     if quota is not None and math.ceil(quota) < cpus:
         return Threads(max(1, math.ceil(quota)), f"cgroup quota {quota:g} CPUs of affinity {cpus}", wait_policy)
     return Threads(cpus, f"affinity {cpus}" + (f", cgroup quota {quota:g} CPUs" if quota is not None else ""),

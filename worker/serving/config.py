@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from common.protocol import keys
 from common.config import Settings
@@ -33,8 +33,9 @@ class WorkerSettings(Settings):
                                          "+ engine + versions; default ${XDG_CACHE_HOME:-~/.cache}/embedfleet/engines")
     threads: int | None = Field(None, ge=0, description="CPU threads of the forward pass (torch, ONNX Runtime, "
                                 "OpenVINO); 0 or unset: the CPUs of the process's affinity, capped by its cgroup "
-                                "CPU quota rounded up (worker/engine/cpus.py). OpenMP waits PASSIVE (sleeps, does "
-                                "not spin on a shared core) unless OMP_WAIT_POLICY is set")
+                                "CPU quota rounded up (worker/engine/cpus.py); more than that is capped to it, "
+                                "with a warning. OpenMP waits PASSIVE (sleeps, does not spin on a shared core) "
+                                "unless OMP_WAIT_POLICY is set")
     packed: Literal["auto", "on", "off"] = Field(
         "auto", description="run a batch as one unpadded sequence (varlen attention) where the model allows it and "
                             "the probe texts agree with the padded path to cosine 0.99999, else padded (one log "
@@ -110,12 +111,6 @@ class WorkerSettings(Settings):
     cache_ttl: int = Field(keys.CACHE_TTL, ge=1, description="seconds a cached vector lives")
     cache_max_memory: float = Field(0.8, gt=0, le=1, description="cache writes pause while the cache's Redis "
                                                                  "uses more than this fraction of its maxmemory")
-
-    @field_validator("quantize", "replicas", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value):
-        """docker compose passes an unset EMBEDFLEET_QUANTIZE or EMBEDFLEET_REPLICAS as "": none, the default."""
-        return None if value == "" else value
 
 
 def bundled_model_path() -> str:

@@ -1,4 +1,5 @@
-"""The pieces every model kind shares (a leaf: it imports no other module of worker/engine/models).
+"""The pieces every model kind shares (a leaf: it imports no other module of worker/engine/models but the leaf
+folderchecks).
 
 Dtypes, sentence-transformers' Dense and its activation, the max length, the tokenizer + transformer loading
 (the class sentence-transformers picks: `feature_class`), `pad_batch`, and LoadedModel, whose `embed` runs the
@@ -24,6 +25,7 @@ from torch import nn
 
 from common.capabilities import ModelCapabilities
 from worker.engine import stageclock
+from worker.engine.models import folderchecks
 from worker.engine.pooling import Pooler
 
 if TYPE_CHECKING:  # types only: the leaf imports no sibling at run time
@@ -85,13 +87,18 @@ def load_dense(folder: str) -> Dense:
     return dense
 
 
-def max_len(st: STConfig, tokenizer, config) -> int:
-    """ST's max_seq_length if set, else the smaller of the tokenizer's and the position table's limit."""
+def max_len(st: STConfig, tokenizer, config, module: nn.Module | None = None) -> int:
+    """ST's max_seq_length if set (models/loader.py refuses one past the position table), else the smaller of the
+    tokenizer's and the positions' limit: the module's absolute position table where it has one (MPNet's starts
+    after its padding index, whatever the config says), else the config's max_position_embeddings."""
     if st.max_seq_length:
         return int(st.max_seq_length)
     limits = []
     positions = getattr(config, "max_position_embeddings", None)
-    if positions and positions > 0:
+    table = folderchecks.position_limit(module) if module is not None else None
+    if table is not None:
+        limits.append(table)
+    elif positions and positions > 0:
         if "roberta" in config.model_type or config.model_type == "camembert":
             positions -= (config.pad_token_id or 0) + 1  # RoBERTa positions start after the pad index
         limits.append(positions)
@@ -149,14 +156,18 @@ def feature_class(config):
 def load_transformer(folder: str, st: STConfig, auto_class, device) -> tuple:
     """The folder's tokenizer (with ST's do_lower_case) and its transformer as `auto_class` (AutoModel,
     AutoModelForMaskedLM, ...) loads it: float32 (a lower precision is cast after the fidelity check), in eval
-    mode, on `device`."""
+    mode, on `device`. A tokenizer or weights that are not the folder's own are refused (models/folderchecks.py)."""
     from transformers import AutoTokenizer  # noqa: PLC0415 - slow import, kept lazy
 
     model_dir = os.path.join(folder, st.transformer_path)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if st.do_lower_case:
         lowercase(tokenizer)
-    return tokenizer, auto_class.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    folderchecks.check_tokenizer(folder, model_dir, tokenizer)
+    module, loading = auto_class.from_pretrained(model_dir, dtype=torch.float32, output_loading_info=True)
+    folderchecks.check_weights(folder, module, loading)
+    folderchecks.check_vocabulary(folder, tokenizer, module)
+    return tokenizer, module.to(device).eval()
 
 
 def pad_batch(token_lists: list[list[int]], pad_token_id: int, padding_side: str, device,

@@ -130,7 +130,7 @@ def load_classifier(folder: str, st: STConfig, config, *, name: str, device: tor
     labels = tuple(str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(num_labels))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     caps = ModelCapabilities(
-        name=name, max_model_len=max_len(st, tokenizer, config),
+        name=name, max_model_len=max_len(st, tokenizer, config, module),
         embedding_size=num_labels, vocab_size=module.get_input_embeddings().num_embeddings,
         pooling="classifier", normalize=True, max_inputs=max_inputs,
         truncation_side=getattr(tokenizer, "truncation_side", "right") or "right",

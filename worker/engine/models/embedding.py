@@ -85,7 +85,7 @@ def build(folder: str, st: STConfig, hf_config, options: LoadOptions) -> LoadedM
     pad = tokenizer.pad_token_id
     if pad is None:  # decoders often have no pad token; any id works, padded positions are masked
         pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
-    longest = max_len(st, tokenizer, hf_config)
+    longest = max_len(st, tokenizer, hf_config, module)
     if options.max_embed_len is not None and not longest < options.max_embed_len <= MAX_EMBED_LEN:
         raise StartupError(f"--max-embed-len {options.max_embed_len} must exceed the model's max length ({longest}: "
                            f"shorter inputs need no chunks) and be at most {MAX_EMBED_LEN} tokens")

@@ -21,6 +21,7 @@ from worker.engine import backends
 from worker.engine.backends import EngineChoice
 from worker.engine.models import bgem3, classifier, embedding, plaintext, splade
 from worker.engine.models.base import NOT_TEXT_ENCODERS, LoadedModel, LoadOptions
+from worker.engine.models.folderchecks import check_positions
 from worker.engine.models.stconfig import read_st_config
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ def load_model(path_or_id: str, *, served_name: str | None = None, device: str |
         # transformers, tokenizers and torch refuse a folder with all of these (ImportError: a model class
         # that needs a package this install lacks)
         raise _refusal(folder, "cannot be loaded", exc) from exc
+    check_positions(folder, loaded.module, loaded.caps.max_model_len)
     _smoke(folder, loaded)
     if getattr(loaded, "plain_text", None) is not None:
         log.info("model folder %s: plain text is rendered as a user message through the chat template, as "

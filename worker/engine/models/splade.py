@@ -88,7 +88,7 @@ def load_splade(folder: str, st: STConfig, config, *, name: str, device: torch.d
     vocab = module.get_output_embeddings().out_features
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     caps = ModelCapabilities(
-        name=name, max_model_len=max_len(st, tokenizer, config), embedding_size=vocab,
+        name=name, max_model_len=max_len(st, tokenizer, config, module), embedding_size=vocab,
         vocab_size=module.get_input_embeddings().num_embeddings, pooling=f"splade-{strategy}",
         normalize=False, max_inputs=max_inputs, prompts=st.prompts, default_prompt_name=st.default_prompt_name,
         truncation_side=getattr(tokenizer, "truncation_side", "right") or "right",

@@ -47,8 +47,9 @@ def read_st_config(folder: str) -> STConfig:
     modules = _read_json(os.path.join(folder, "modules.json"))
     if modules:
         config.present = True
-        for module in sorted(modules, key=lambda m: m.get("idx", 0)):
+        for module in sorted(_entries(folder, modules), key=lambda m: m.get("idx", 0)):
             kind, path = _kind(module["type"]), module.get("path", "")
+            _check_module_files(folder, kind, path)
             if kind in ("Transformer", "MLMTransformer"):  # MLMTransformer: a SparseEncoder's masked LM
                 config.transformer_path = path
             elif kind == "SpladePooling":
@@ -73,6 +74,40 @@ def read_st_config(folder: str) -> STConfig:
     config.prompts = {k: v for k, v in (st.get("prompts") or {}).items() if v is not None}
     config.default_prompt_name = st.get("default_prompt_name")
     return config
+
+
+def _entries(folder: str, modules) -> list[dict]:
+    """modules.json's entries, each with a `type`; anything else is refused."""
+    if not isinstance(modules, list) or not all(isinstance(m, dict) and isinstance(m.get("type"), str)
+                                                for m in modules):
+        raise StartupError(f"model folder {folder}: modules.json is not a list of modules each with a `type` "
+                           "(as sentence-transformers writes it); restore it")
+    return modules
+
+
+# The files each module reads from its folder (sentence-transformers' own loaders fail without them; a module
+# folder git never stored, as Normalize's, is fine: it has no files)
+_MODULE_FILES = {
+    "Transformer": ("config.json",), "MLMTransformer": ("config.json",), "Pooling": ("config.json",),
+    "SpladePooling": ("config.json",), "Dense": ("config.json",),
+}
+_DENSE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
+def _check_module_files(folder: str, kind: str, path: str) -> None:
+    """A module modules.json names has its files: a missing Pooling config would otherwise pool by a default,
+    a Dense without weights fail as an unnamed file."""
+    where = os.path.join(folder, path)
+    named = f"modules.json names a {kind} module at '{path or '.'}'"
+    if path and not os.path.isdir(where) and kind in _MODULE_FILES:
+        raise StartupError(f"model folder {folder}: {named}, which is not there; restore the module's "
+                           "folder or remove it from modules.json")
+    for name in _MODULE_FILES.get(kind, ()):
+        if not os.path.isfile(os.path.join(where, name)):
+            raise StartupError(f"model folder {folder}: {named} without its {name}; restore the module's files")
+    if kind == "Dense" and not any(os.path.isfile(os.path.join(where, name)) for name in _DENSE_WEIGHTS):
+        raise StartupError(f"model folder {folder}: {named} without its weights ({' or '.join(_DENSE_WEIGHTS)}); "
+                           "restore the module's files")
 
 
 # What the worker's tokenising does not do (it tokenises to the max length, renders `message` with the template
