@@ -1,11 +1,16 @@
-"""Child processes that end with the process that started them (Linux), so that a killed supervisor leaves
-no orphaned Redis or worker holding its ports and data."""
+"""Child processes that end with the process that started them.
+
+A supervisor (`embedfleet up`, `embedfleet worker --replicas/--gpus`) starts each child in a session of its own, so
+that a terminal's Ctrl-C (SIGINT to its whole foreground process group) reaches the supervisor alone, which stops
+each child once, in order; and with PR_SET_PDEATHSIG (Linux), so that a supervisor killed outright still ends
+them (SIGTERM: a worker drains, Redis writes its AOF out) rather than leaving orphans holding ports and queues."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
 
@@ -26,3 +31,10 @@ def die_with_parent() -> Callable[[], None] | None:
             os.kill(os.getpid(), signal.SIGTERM)
 
     return arrange
+
+
+def start_owned(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start `argv` as a child only its parent stops: a session of its own, SIGTERM when the parent dies."""
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                            preexec_fn=die_with_parent())
+
