@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from common.console import EXIT_INTERRUPTED
@@ -77,7 +78,8 @@ def run(children: list[Child], max_restarts: int) -> int:
     return failed or (EXIT_INTERRUPTED if received[:1] == [signal.SIGINT] else 0)
 
 
-def _supervise(children: list[Child], max_restarts: int, received: list[int], wait) -> tuple[int, dict[int, float]]:
+def _supervise(children: list[Child], max_restarts: int, received: list[int],
+               wait: Callable[[float], None]) -> tuple[int, dict[int, float]]:
     """The loop: restart the dead, forward each stop signal once to each running child, until all have ended.
     Returns the code of a child that kept dying (else 0) and the children that were waiting to start again."""
     failed, sent = 0, 0
