@@ -47,3 +47,24 @@ def advertised(producer, model: str, worker: subprocess.Popen, timeout: float = 
         assert worker.poll() is None and time.monotonic() < deadline, "no worker came up"
         time.sleep(0.2)
     return producer.workers(model)[0]
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie, dead but not yet reaped by whoever adopted it, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def children_of(pid: int) -> list[int]:
+    """The live child processes of `pid` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid and fields[0] != "Z":
+                    found.append(int(entry.name))
+    return found

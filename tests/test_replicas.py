@@ -21,7 +21,7 @@ from common.protocol import keys
 from producer import Producer
 from producer.cli.statusview import _workers
 from producer.client.core import parse_worker_info
-from tests.commands import ROOT, clean_env
+from tests.commands import ROOT, children_of, clean_env
 from tests.test_queue import rq_queue, wait_for
 from tests.test_up import Up, alive
 from worker.serving.gpus import child_argv, default_replicas
@@ -31,26 +31,36 @@ LEASE = 2.0
 
 
 @contextlib.contextmanager
-def supervisor(redis_url: str, tmp_path, *flags: str):
+def supervisor(redis_url: str, tmp_path, *flags: str, **env: str):
     """`embedfleet worker --replicas ...` on the null model; its output goes to a file (read on failure)."""
     log = tmp_path / "worker.log"
-    env = clean_env(tmp_path, EMBEDFLEET_REDIS_URL=redis_url)
+    env = clean_env(tmp_path, EMBEDFLEET_REDIS_URL=redis_url, **env)
     with open(log, "w") as out:
         parent = subprocess.Popen([sys.executable, "-m", "producer.cli", "worker", "--model", "null:4",
                                    "--served-model-name", MODEL, "--lease-seconds", str(LEASE), "--max-jobs", "8",
                                    "--no-cache", *flags], env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    started: set[int] = set()  # its engines: each in a session of its own, out of reach of a killpg
+
+    def engine_pids() -> set[int]:
+        """Its engines now, remembered for the clean-up (once it is dead, they are nobody's children)."""
+        now = set(children_of(parent.pid))
+        started.update(now)
+        return now
+
     try:
-        yield parent, log
+        yield parent, log, engine_pids
     finally:
+        started.update(children_of(parent.pid))
         if parent.poll() is None:
             parent.send_signal(signal.SIGTERM)
             try:
                 parent.wait(30)
             except subprocess.TimeoutExpired:
                 parent.kill()
-        with contextlib.suppress(ProcessLookupError):  # its children, whatever the test left running
-            os.killpg(parent.pid, signal.SIGKILL)
+        for pid in started:  # whatever the test left running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def claims_of(conn, pid: int) -> set[bytes]:
@@ -69,7 +79,7 @@ def engines(conn) -> dict[str, dict]:
 
 def test_replicas_share_the_queue_and_a_killed_one_is_restarted_with_its_jobs_answered(
         redis_url, redis_client, tmp_path):
-    with supervisor(redis_url, tmp_path, "--replicas", "2") as (parent, log):
+    with supervisor(redis_url, tmp_path, "--replicas", "2") as (parent, log, _):
         wait_for(lambda: len(engines(redis_client)) == 2 or parent.poll() is not None, 90)
         assert parent.poll() is None, log.read_text()[-3000:]
         first = engines(redis_client)
@@ -119,7 +129,7 @@ def test_a_replica_that_keeps_dying_stops_the_others_with_its_code(redis_url, tm
     """--max-restarts 0: the first death stops the fleet (the worker's own watchdog-exit path, here a missing
     model folder: each engine exits 1 at start)."""
     with supervisor(redis_url, tmp_path, "--replicas", "2", "--max-restarts", "0", "--model",
-                    str(tmp_path / "no-such-model")) as (parent, log):
+                    str(tmp_path / "no-such-model")) as (parent, log, _):
         assert parent.wait(60) == 1, log.read_text()[-3000:]
     assert "--max-restarts 0); stopping the others" in log.read_text()
 

@@ -14,6 +14,7 @@ import sys
 from common import console
 from common.errors import StartupError
 from common.ports import looks_like_path
+from common.processes import exit_now
 from common.redisclient import check_access, connect, redact
 from worker.engine import cpus
 from worker.serving.config import BUNDLED_MODEL_NAME, WorkerSettings, bundled_model_path
@@ -206,4 +207,6 @@ def _load(path: str, name: str | None, settings: WorkerSettings, threads: cpus.T
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Served, drained, withdrawn and deregistered (or refused with its line): a normal exit would now unload torch
+    # and transformers module by module, 3-8 s on a busy CPU, while a supervisor, `up` or `docker stop` waits.
+    exit_now(main())

@@ -34,7 +34,7 @@ from common.protocol import keys
 from common.config import Settings
 from common.errors import InternalError, StartupError
 from common.ports import looks_like_path, port_free
-from common.processes import die_with_parent
+from common.processes import start_owned
 from common.redisclient import connect
 from common.redisserver import RedisServer
 from common.serializer import MsgpackSerializer
@@ -334,10 +334,9 @@ def _model(settings: UpSettings) -> tuple[str, str]:
 
 
 def _spawn(module: str, *args: str, env: dict | None = None) -> subprocess.Popen:
-    # Its own session: the terminal's Ctrl-C reaches only `up`, which then stops the children in order; an
-    # `up` killed outright still ends them (SIGTERM: a worker drains, Redis writes its AOF out).
-    return subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.DEVNULL, env=env,
-                            start_new_session=True, preexec_fn=die_with_parent())
+    # The terminal's Ctrl-C reaches only `up`, which then stops the children in order; an `up` killed outright
+    # still ends them (common/processes.py).
+    return start_owned([sys.executable, "-m", module, *args], env=env)
 
 
 def _terminate(children: list[subprocess.Popen]) -> None:
@@ -350,7 +349,7 @@ def _terminate(children: list[subprocess.Popen]) -> None:
             child.wait(max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
             _say(f"pid {child.pid} did not stop within {STOP_TIMEOUT:g} s; killed")
-            os.killpg(child.pid, signal.SIGKILL)  # its session holds whatever it started too
+            os.killpg(child.pid, signal.SIGKILL)  # and its session; its engines get SIGTERM as it dies
             child.wait()
 
 
