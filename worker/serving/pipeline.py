@@ -68,6 +68,7 @@ from common.serializer import MsgpackSerializer
 from worker.serving.advertise import Advertiser
 from worker.serving.spread import ChunkJobs
 from worker.serving.steps import Steps
+from worker.serving.storing import Store, with_retries
 from worker.serving import rounds
 from worker.serving.rounds import Round
 from worker.serving.heartbeat import Heartbeat, Watchdog, timed_out
@@ -162,8 +163,9 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
             metrics.watch_stages(self.stages)
         self.advertiser = Advertiser(connection, engine.caps, self.name, info=info, live=self._live_facts,
                                      stats=self.steps.stats)  # cache hits and misses
+        self.store = Store(self.schema, connection, engine.caps.name, self.name)  # within Redis's value limit
         self.chunk_jobs = ChunkJobs(connection, [q.name for q in self.queues], engine.caps.name, result_ttl=result_ttl,
-                                    chunks_per_job=getattr(engine, "chunks_per_job", 0))
+                                    chunks_per_job=getattr(engine, "chunks_per_job", 0), limit=self.store.limit)
         self.heartbeat_interval = heartbeat_interval
         self.lease = lease
         self.max_deliveries = max_deliveries
@@ -460,7 +462,7 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
         if not jobs:
             return
         try:
-            returned = self._with_retries(lambda: self.schema.give_back(jobs))
+            returned = with_retries(lambda: self.schema.give_back(jobs), self.name)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             log.error("worker %s: could not return %d jobs (%s); their leases will lapse", self.name, len(jobs), exc)
             returned = 0
@@ -651,13 +653,14 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
                 self._release(round_)
 
     def finish_round(self, round_: Round) -> None:
-        """Answers for every job of the round, then one script that stores and acknowledges them all."""
+        """Answers for every job of the round, then the script that stores and acknowledges them (one call, or
+        a few for a round of large results: worker/serving/storing.py)."""
         stageclock.lap("other")
         found = rounds.results(round_, self.steps.finish, self.engine.caps.name)
         written = rounds.answers_of(round_, found, self.engine.caps.name)
         written = self.chunk_jobs.settle(round_, written)  # long requests spread, parts of them joined
         stageclock.lap("answers")
-        done = self._with_retries(lambda: self.schema.finish(written, time.time() - round_.began))
+        done, written = self.store.write(written, time.time() - round_.began)
         stageclock.lap("publish")
         self._release(round_)
         if self.metrics is not None:
@@ -757,19 +760,6 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
             self.advertiser.withdraw()
         except redis.RedisError as exc:
             log.warning("worker %s: could not withdraw its advert (%s); it expires by itself", self.name, exc)
-
-    def _with_retries(self, write, attempts: int = 5):
-        """The engine's work is in memory: ride out a short Redis outage rather than lose the round."""
-        delay = 1.0
-        for attempt in range(attempts):
-            try:
-                return write()
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                if attempt == attempts - 1:
-                    raise
-                log.error("worker %s: storing a round failed (%s); retrying in %.0f s", self.name, exc, delay)
-                time.sleep(delay)
-                delay *= 2
 
 
 def _interactive(ready) -> bool:
