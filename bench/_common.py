@@ -207,6 +207,30 @@ def _pythonpath(*first) -> str:
     return os.pathsep.join(str(p) for p in (*first, REPO, os.environ.get("PYTHONPATH", "")) if p)
 
 
+def start_from(tree: Path, module: str, args: list[str], name: str) -> Process:
+    """`python -m module` run from `tree`, its own code and not this checkout's (a --before run)."""
+    code = f"import runpy, sys; sys.path[0] = {str(tree)!r}; runpy.run_module({module!r}, run_name='__main__')"
+    return Process([sys.executable, "-c", code, *args], name, env={"PYTHONPATH": str(tree)})
+
+
+def post_json(url: str, body: dict, timeout: float = 600) -> tuple[int, float, dict]:
+    """(HTTP status, seconds, parsed answer) of one JSON POST; an error status is an answer too."""
+    data = json.dumps(body).encode()
+    began = time.perf_counter()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            raw, status = answer.read(), answer.status
+    except urllib.error.HTTPError as err:
+        raw, status = err.read(), err.code
+    seconds = time.perf_counter() - began
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        parsed = {"raw": raw[:200].decode(errors="replace")}
+    return status, seconds, parsed
+
+
 def start_worker(redis_url: str, model: str, served_name: str, *extra: str, timeout: float = 300.0,
                  wait: bool = True) -> Process:
     """`python -m worker` on `redis_url`; with `wait`, returns once `served_name` is advertised."""

@@ -21,12 +21,10 @@ import re
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, Process, describe_machine, model_path, table, wait_advertised, wait_http
+from _common import REPO, describe_machine, model_path, post_json, start_from, table, wait_advertised, wait_http
 
 from common.redisserver import RedisServer, free_port
 from common.request import EmbedRequest
@@ -68,31 +66,16 @@ def worker_side(model, mb: float) -> list[list]:
 
 
 def post(url: str, body: dict, timeout: float = 600) -> tuple[int, float]:
-    data = json.dumps(body).encode()
-    began = time.perf_counter()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:
-            answer.read()
-            status = answer.status
-    except urllib.error.HTTPError as err:
-        err.read()
-        status = err.code
-    return status, time.perf_counter() - began
-
-
-def start(tree: Path, module: str, args: list[str], name: str) -> Process:
-    """`python -m module` run from `tree` (its own code, not this checkout's)."""
-    code = f"import runpy, sys; sys.path[0] = {str(tree)!r}; runpy.run_module({module!r}, run_name='__main__')"
-    return Process([sys.executable, "-c", code, *args], name, env={"PYTHONPATH": str(tree)})
+    status, seconds, _ = post_json(url, body, timeout)
+    return status, seconds
 
 
 def end_to_end(tree: Path, label: str, mb: float, redis_url: str) -> list[list]:
-    worker = start(tree, "worker", ["--redis-url", redis_url, "--model", model_path(), "--served-model-name",
+    worker = start_from(tree, "worker", ["--redis-url", redis_url, "--model", model_path(), "--served-model-name",
                                     "bench"], f"worker-{label}")
     wait_advertised(worker, redis_url, "bench")
     port = free_port()
-    gateway = start(tree, "producer.gateway", ["--redis-url", redis_url, "--port", str(port), "--log-level",
+    gateway = start_from(tree, "producer.gateway", ["--redis-url", redis_url, "--port", str(port), "--log-level",
                                                "warning", "--max-body-bytes", str(int(mb * 2e6))], f"gateway-{label}")
     base = f"http://127.0.0.1:{port}"
     wait_http(gateway, base + "/health", 60, any_status=True)

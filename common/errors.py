@@ -141,12 +141,20 @@ class PoisonError(EmbedfleetError):
     code = "poison"
 
 
+class ResultTooLargeError(EmbedfleetError):
+    """The request's result is larger than Redis takes in one value (its proto-max-bulk-len): it was computed
+    once and cannot be stored; fewer inputs per request, a smaller `embed_dtype` or a larger limit fits it."""
+
+    code = "result_too_large"
+
+
 _BY_CODE: dict[str, type[EmbedfleetError]] = {
     cls.code: cls
     for cls in (
         ValidationError, InputTooLongError, UnknownModelError, DecodeError, TimeoutError,
         QueueFullError, NoWorkerError, UnavailableError, AuthError, PayloadTooLargeError,
         NotFoundError, CancelledError, ExpiredError, StartupError, DuplicateRequestError, InternalError, PoisonError,
+        ResultTooLargeError,
     )
 }
 

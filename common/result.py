@@ -307,6 +307,18 @@ class Result:
             raise DecodeError(f"malformed result blob: {exc}", bytes(raw)) from exc
 
 
+def inputs_answered(raw: bytes) -> int | None:
+    """How many inputs a result blob answers, from its header alone (the array bytes are not copied): its
+    `parts` (rows per input) where it has them, else its first dimension; None where the header does not say."""
+    try:
+        _magic, _version, size = _PREFIX.unpack_from(raw)
+        head = unpackb(raw[_PREFIX.size:_PREFIX.size + size])
+        count = len(head["parts"]) if isinstance(head.get("parts"), list) else head["shape"][0]
+    except Exception:  # noqa: BLE001 - a hint for a message, never a reason to fail
+        return None
+    return count if type(count) is int and count > 0 else None
+
+
 def _task_fields(head: dict) -> dict:
     """The task header keys, checked for type: Redis is input."""
     task, parts = head.get("task", "embed"), head.get("parts")

@@ -250,6 +250,23 @@ def _reply_stream(raw) -> str | None:
     return name if keys.is_reply_stream_key(name) else None
 
 
+# -- what Redis takes ----------------------------------------------------------------------------------
+
+def bulk_limit(connection: redis.Redis) -> int | None:
+    """Redis's proto-max-bulk-len: the most bytes one value (one script argument) may have; None where CONFIG
+    GET is refused (an ACL user without @dangerous, a managed Redis that renames or hides CONFIG) or says
+    nothing. Raises what a Redis that does not answer raises."""
+    try:
+        found = connection.config_get("proto-max-bulk-len")
+    except redis.ResponseError:
+        return None
+    try:
+        value = int(found["proto-max-bulk-len"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return value if value > 0 else None
+
+
 # -- answers outside a claim ---------------------------------------------------------------------------
 
 def _publish_args(result: Result, ttl: int, reply_to: str | None, only_if_absent: bool) -> list:

@@ -59,6 +59,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "job_not_cancellable": (409, "conflict_error"),
     "duplicate_request": (409, "conflict_error"),
     "payload_too_large": (413, "invalid_request_error"),
+    "result_too_large": (413, "invalid_request_error"),  # its result is over Redis's proto-max-bulk-len
     "queue_full": (429, "rate_limit_error"),
     "internal_error": (500, "server_error"),
     "poison": (500, "server_error"),  # its workers died with it --max-deliveries times

@@ -39,7 +39,8 @@ PATHS = ("/", "/embed", "/embed_all", "/embed_sparse", "/similarity", "/info")
 # Our error codes as TEI's ErrorType (serialised by TEI as the variant's name). TEI has no type for a refused
 # key (it answers a bare 401): "Unauthorized" is ours.
 _TYPES = {"invalid_request": "Validation", "input_too_long": "Validation", "decode_error": "Validation",
-          "model_not_found": "Validation", "payload_too_large": "Validation", "not_found": "Validation",
+          "model_not_found": "Validation", "payload_too_large": "Validation",
+          "result_too_large": "Validation", "not_found": "Validation",
           "method_not_allowed": "Validation", "queue_full": "Overloaded", "rate_limited": "Overloaded",
           "no_worker": "Unhealthy", "redis_unavailable": "Unhealthy", "unauthorized": "Unauthorized"}
 _INPUT_ERRORS = {"invalid_request", "input_too_long", "decode_error"}  # TEI's "Input validation error: ..."

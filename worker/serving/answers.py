@@ -4,10 +4,10 @@ the engine's result or from why the job could not run. Pure: no Redis, no model.
 from __future__ import annotations
 
 from common.errors import (CancelledError, DecodeError, EmbedfleetError, ExpiredError, InternalError,
-                           PoisonError)
+                           PoisonError, ResultTooLargeError)
 from common.protocol.keys import JOB_FUNC
 from common.request import EmbedRequest
-from common.result import Result
+from common.result import Result, inputs_answered
 from worker.serving.jobdata import decode_job
 from common.protocol.records import Answer, Outcome, Taken
 
@@ -68,3 +68,30 @@ def expired(job: Taken, request: EmbedRequest, now: float) -> Answer:
                          f"({request.deadline:.3f}); it was not computed. Send a later `deadline` or a longer "
                          "`timeout`, or a higher `priority`")
     return failed(job, error, Outcome.FAILED, request.reply_to, request.model)
+
+
+def too_large_error(request_id: str, blob: bytes, limit: int, read: bool) -> ResultTooLargeError:
+    """`blob`, the request's answer, is over Redis's proto-max-bulk-len `limit` (`read`: from CONFIG GET; else
+    the largest size Redis has not refused, CONFIG being refused): what it is, and what fits."""
+    size, inputs = len(blob), inputs_answered(blob)
+    if read:
+        what = (f"its result is {size:,} bytes, more than one Redis value may hold: Redis's proto-max-bulk-len is "
+                f"{limit:,}")
+    else:
+        what = (f"its result is {size:,} bytes, and Redis refuses values of that size (its proto-max-bulk-len, which "
+                "this worker may not read with CONFIG GET, is smaller)")
+    fits = max(inputs * limit // size, 1) if inputs and read else None  # a refusal tells no limit to fit
+    fewer = f"fewer inputs per request (this one had {inputs:,}; about {fits:,} fit)" if fits else \
+        f"fewer inputs per request (this one had {inputs:,})" if inputs else "fewer inputs per request"
+    return ResultTooLargeError(
+        f"request {request_id} cannot be answered: {what}. It was computed once and is not run again. Send "
+        f"{fewer}, a smaller `embed_dtype` (float16 or bfloat16 halve it, int8 "
+        "quarters it, binary stores 1 bit per dimension) or fewer `dimensions` where the model allows, or ask "
+        "the operator to raise Redis's proto-max-bulk-len")
+
+
+def too_large(answer: Answer, limit: int, read: bool, model: str) -> Answer:
+    """FAILED `result_too_large` in place of an answer whose blob Redis cannot take; never retried (the same
+    result would be refused again)."""
+    error = too_large_error(answer.taken.id, answer.blob, limit, read)
+    return failed(answer.taken, error, Outcome.FAILED, answer.reply_to, model)

@@ -53,9 +53,15 @@ class Levels:
     def queue_keys(self) -> list[str]:
         return [schema.queue_key for schema in self.order]
 
-    def take(self, max_jobs: int, block: float | None, before=None, max_tokens: int = 0) -> tuple[bool, list[Taken]]:
+    def take(self, max_jobs: int, block: float | None, before=None, max_tokens: int = 0,
+             top: int = 0) -> tuple[bool, list[Taken]]:
         """(suspended, taken ids) in this round's order of levels (see the module docstring); `max_tokens`:
-        the round ends with the job whose estimated tokens reach it (0: `max_jobs` alone)."""
+        the round ends with the job whose estimated tokens reach it (0: `max_jobs` alone). `top`: read only
+        the `top` highest levels, highest first, without waiting and outside the share's count (work that
+        arrived behind a round of that level, to run between two of its passes); 0: every level."""
+        if top:
+            self.lower_first = self.share_round = False
+            return take_from(self.order[:top], max_jobs, None, before, max_tokens)
         order = self.order
         self.lower_first = len(order) > 1 and self.rounds % self.share == self.share - 1
         if self.lower_first:
@@ -86,6 +92,20 @@ class Levels:
     def higher_waiting(self) -> bool:
         """Whether the highest level has jobs waiting (one LLEN)."""
         return self.connection.llen(self.order[0].queue_key) > 0
+
+    def levels_up_to(self, lower: bool) -> int:
+        """How many levels, from the highest, hold work that may run between the passes of a round of the
+        highest level (`lower` False: that level alone) or of a lower one (`lower`: every level)."""
+        return len(self.order) if lower else 1
+
+    def waiting(self, top: int) -> bool:
+        """Whether any of the `top` highest levels has jobs waiting (one LLEN each, one round trip)."""
+        if top == 1:
+            return self.higher_waiting()
+        with self.connection.pipeline(transaction=False) as pipe:
+            for schema in self.order[:top]:
+                pipe.llen(schema.queue_key)
+            return any(pipe.execute())
 
     def queued(self) -> int:
         """Job ids waiting on all levels."""

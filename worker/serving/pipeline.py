@@ -68,6 +68,7 @@ from common.serializer import MsgpackSerializer
 from worker.serving.advertise import Advertiser
 from worker.serving.spread import ChunkJobs
 from worker.serving.steps import Steps
+from worker.serving.storing import Store, with_retries
 from worker.serving import rounds
 from worker.serving.rounds import Round
 from worker.serving.heartbeat import Heartbeat, Watchdog, timed_out
@@ -89,6 +90,11 @@ GATHER_LEAD = 0.05  # least seconds before the device is free that the next roun
 # length saves most of the padding (rounds of 3 passes ran a 16-text-request load at 0.7x of one sorted
 # round); interactive work does not wait for a bulk round's end (it runs between two passes, _between)
 ROUND_PASSES = 16
+# a round of at most this many passes runs between two passes of a longer round of its level or a lower one
+# (_cuts_in): work that arrives behind a large request waits about one pass, and the large one still gets at
+# least a third of the device however much such work keeps coming
+CUT_IN_PASSES = 2
+LOOK_EVERY = 0.02  # seconds between two looks (one LLEN) for work queued behind a round of several passes
 WATCHDOG_EXIT = 70  # a forward pass hung past its deadline (EX_SOFTWARE): the supervisor restarts the worker
 FORCED_EXIT = 1  # a second stop signal, or a drain past its timeout
 
@@ -162,8 +168,9 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
             metrics.watch_stages(self.stages)
         self.advertiser = Advertiser(connection, engine.caps, self.name, info=info, live=self._live_facts,
                                      stats=self.steps.stats)  # cache hits and misses
+        self.store = Store(self.schema, connection, engine.caps.name, self.name)  # within Redis's value limit
         self.chunk_jobs = ChunkJobs(connection, [q.name for q in self.queues], engine.caps.name, result_ttl=result_ttl,
-                                    chunks_per_job=getattr(engine, "chunks_per_job", 0))
+                                    chunks_per_job=getattr(engine, "chunks_per_job", 0), limit=self.store.limit)
         self.heartbeat_interval = heartbeat_interval
         self.lease = lease
         self.max_deliveries = max_deliveries
@@ -180,7 +187,8 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
         self._held: dict[tuple[str, str], tuple[Taken, float]] = {}
         self._held_lock = threading.Lock()
         self._slot = threading.Semaphore(1)  # one taken round may wait for the device
-        self._device_busy = (0.0, 0.0)  # (began, expected end) of the round on the device (_await_gathering)
+        # (began, expected end, passes, lower) of the round on the device (_await_gathering)
+        self._device_busy: tuple[float, float, int | None, bool] = (0.0, 0.0, None, False)
         # set when the take stage should take the next round now: no round is on the device, or interactive
         # work waits behind a bulk round (_await_gathering); cleared when a round goes on the device
         self._take_now = threading.Event()
@@ -346,7 +354,7 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
         elif round_.preemptible and round_.work is not None and self._higher_waiting():
             self._give_back(round_, why="interactive work arrived")
         elif round_.work is not None:
-            self._forward(round_, self._between(prepared, forwarded, stages) if round_.lower else None)
+            self._forward(round_, self._between(round_, prepared, forwarded, stages))
         self._hand_off(forwarded, round_, stages)
 
     def _forward(self, round_: Round, between=None, nested: bool = False) -> None:
@@ -357,7 +365,7 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
         began, texts = time.monotonic(), round_.work.texts
         if not nested:
             self._take_now.clear()
-            self._device_busy = (began, began + texts * self._seconds_per_text)
+            self._device_busy = (began, began + texts * self._seconds_per_text, round_.passes, round_.lower)
             self.live.on_device(len(round_.runnable), texts)
         try:
             self.steps.forward(round_.work, between)
@@ -377,11 +385,13 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
                 if self.watchdog is not None:
                     self.watchdog.disarm()
 
-    def _between(self, prepared: stdqueue.Queue, forwarded: stdqueue.Queue, stages):
-        """Between two passes of a bulk round: when interactive work waits, the take stage takes it now (not
-        near the round's end; a bulk round it had prepared goes back to its queue to make room), and the
-        interactive round runs here, before the bulk round's next pass, which then goes on where it paused.
-        So interactive work waits for about one pass of bulk work, and no bulk work is thrown away."""
+    def _between(self, outer: Round, prepared: stdqueue.Queue, forwarded: stdqueue.Queue, stages):
+        """Between two passes of `outer`, a prepared round that cuts in (_cuts_in: higher-level work into a
+        bulk round; a short round of the same level or higher, which the take stage takes as soon as it is
+        queued, _await_gathering) runs here, and `outer` then goes on where it paused: work behind a large
+        round waits about one pass, and none of the large round's work is thrown away. In a bulk round, when
+        interactive work waits, the take stage takes it now (a bulk round it had prepared goes back to its
+        queue to make room) and the bulk round waits up to PAUSE_WAIT for it."""
         def between() -> None:
             if self._draining:  # the drain's thread takes what is prepared
                 return
@@ -389,9 +399,9 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
                 ready = prepared.get_nowait()
             except stdqueue.Empty:
                 ready = None
-            if _interactive(ready):
+            if _cuts_in(ready, outer):
                 return self._run_nested(ready, forwarded, stages)
-            if ready is _END or not self._higher_waiting():
+            if not outer.lower or ready is _END or not self._higher_waiting():
                 return self._put_back(ready, prepared, forwarded, stages)
             if ready is not None:  # a bulk round not yet on the device makes room for the take stage
                 if ready.preemptible:  # back to its queue
@@ -416,7 +426,7 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
         return between
 
     def _run_nested(self, round_: Round, forwarded: stdqueue.Queue, stages) -> None:
-        """An interactive round, run between two passes of a bulk round (which keeps the device state)."""
+        """A round run between two passes of another (which keeps the device state)."""
         self._slot.release()
         if round_.work is not None:
             self._forward(round_, nested=True)
@@ -439,11 +449,16 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
         if shaper is not None:
             self.metrics.shaped(shaper.current.tokens, shaper.current.rows, shaper.rate())
 
-    def _round_tokens(self) -> int:
-        """A round holds about ROUND_PASSES forward passes of work (by its jobs' estimated tokens), not a
-        fixed number of requests; 0 (no limit) for an engine without a shape."""
+    def _round_tokens(self, passes: int = ROUND_PASSES) -> int:
+        """A round holds about `passes` forward passes of work (by its jobs' estimated tokens), not a fixed
+        number of requests; 0 (no limit) for an engine without a shape."""
+        shape = self._shape()
+        return passes * shape.tokens if shape is not None else 0
+
+    def _shape(self):
+        """The engine's forward-pass shape now (worker/engine/shaper.py), or None for an engine without one."""
         shape = getattr(self.engine, "shape", None)
-        return ROUND_PASSES * shape().tokens if shape is not None else 0
+        return shape() if shape is not None else None
 
     def _higher_waiting(self) -> bool:
         try:
@@ -460,7 +475,7 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
         if not jobs:
             return
         try:
-            returned = self._with_retries(lambda: self.schema.give_back(jobs))
+            returned = with_retries(lambda: self.schema.give_back(jobs), self.name)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             log.error("worker %s: could not return %d jobs (%s); their leases will lapse", self.name, len(jobs), exc)
             returned = 0
@@ -495,12 +510,12 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
                     stageclock.lap("wait: device busy")
                     continue
                 stageclock.lap("wait: device busy")
-                self._await_gathering()
+                top = self._await_gathering()
                 stageclock.lap("wait: gathering")
                 try:
                     if self.should_run_maintenance_tasks:
                         self.run_maintenance_tasks()
-                    round_ = self.take_round(None if self._burst else self.poll_timeout)
+                    round_ = self.take_round(None if self._burst or top else self.poll_timeout, top)
                     backoff = 1.0
                 except StopRequested:
                     self._slot.release()
@@ -548,25 +563,40 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
         with contextlib.suppress(stdqueue.Full):
             prepared.put(round_, timeout=30)
 
-    def _await_gathering(self) -> None:
+    def _await_gathering(self) -> int:
         """While the device is busy and fewer jobs than a round are queued, take the next round only as late
         as still lets it be taken and prepared before the device is free (by the device's measured time per
         text and this stage's measured time per round): requests that arrive meanwhile join it, so a closed
         loop of small requests still fills whole batches. With a round's worth queued there is nothing to
         gather: it is taken at once, so the device never waits for the tokenizer. The wait ends as soon as
-        the device is free, however wrong the estimate (a stall or a paused process inflates it)."""
+        the device is free, however wrong the estimate (a stall or a paused process inflates it).
+
+        Behind a round of more than CUT_IN_PASSES passes, work of its level or a higher one is not left to
+        wait for its end: looked for every LOOK_EVERY seconds, it is taken at once, as a round of about one
+        pass, which runs between two passes of the round on the device (_between). Returns how many levels,
+        from the highest, that take reads; 0: a whole round, from every level."""
         if self._take_now.is_set() or self._stop_requested:
-            return
+            return 0
         try:
             if self.schema.queued() >= self.max_jobs:
-                return
+                return 0
         except (redis.ConnectionError, redis.TimeoutError):
-            return  # the take that follows meets the outage and rides it out
-        _began, free_at = self._device_busy
+            return 0  # the take that follows meets the outage and rides it out
+        _began, free_at, passes, lower = self._device_busy
         take_at = free_at - max(GATHER_LEAD, 2 * self._prepare_seconds)  # twice the time it takes: a margin
+        top = self.schema.levels_up_to(lower) if passes is not None and passes > CUT_IN_PASSES else 0
         while (wait := take_at - time.monotonic()) > 0 and not self._stop_requested:
-            if self._take_now.wait(min(wait, 0.1)):
+            if self._take_now.wait(min(wait, LOOK_EVERY if top else 0.1)):
                 break
+            if top and self._waiting(top):
+                return top
+        return 0
+
+    def _waiting(self, top: int) -> bool:
+        try:
+            return self.schema.waiting(top)
+        except (redis.ConnectionError, redis.TimeoutError):
+            return False  # the next take meets the outage
 
     def _drained(self) -> bool:
         """Burst mode: nothing held any more (a retry may requeue a job), and the queue still empty. Waits
@@ -579,8 +609,10 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
                 return False
         return not parked and self.schema.queued() == 0
 
-    def take_round(self, block: float | None) -> Round | None:
-        """Take up to max_jobs jobs (started in Redis as they are taken), decode and prepare them."""
+    def take_round(self, block: float | None, top: int = 0) -> Round | None:
+        """Take up to max_jobs jobs (started in Redis as they are taken), decode and prepare them: a round of
+        ROUND_PASSES passes of work, or with `top`, one of about one pass from the `top` highest levels (work
+        to run between two passes of the round on the device, _await_gathering)."""
         def idle(pipe):
             if not self.held_count():
                 self.set_state(WorkerStatus.IDLE, pipeline=pipe)
@@ -589,7 +621,10 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
         if self.inflight is not None:
             block = self.inflight.block(block)
         stageclock.lap("other")
-        suspended, taken = self.schema.take(self.max_jobs, block, before=idle, max_tokens=self._round_tokens())
+        jobs, passes, shape = self.max_jobs, ROUND_PASSES, self._shape()
+        if top:  # about one pass: its estimated tokens, and no more requests than a pass has rows
+            jobs, passes = min(jobs, shape.rows) if shape is not None else jobs, 1
+        suspended, taken = self.schema.take(jobs, block, before=idle, max_tokens=self._round_tokens(passes), top=top)
         stageclock.lap("take")
         began = time.monotonic()  # after the (maybe blocking) read: what is measured is the work
         if suspended:
@@ -633,6 +668,7 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
                 requests.append(request)
         if requests:
             round_.work = self.steps.prepare(requests)
+        round_.passes = rounds.passes_of(round_.work, self._shape())
 
     # -- finish stage -----------------------------------------------------------------------------------
 
@@ -651,13 +687,14 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
                 self._release(round_)
 
     def finish_round(self, round_: Round) -> None:
-        """Answers for every job of the round, then one script that stores and acknowledges them all."""
+        """Answers for every job of the round, then the script that stores and acknowledges them (one call, or
+        a few for a round of large results: worker/serving/storing.py)."""
         stageclock.lap("other")
         found = rounds.results(round_, self.steps.finish, self.engine.caps.name)
         written = rounds.answers_of(round_, found, self.engine.caps.name)
         written = self.chunk_jobs.settle(round_, written)  # long requests spread, parts of them joined
         stageclock.lap("answers")
-        done = self._with_retries(lambda: self.schema.finish(written, time.time() - round_.began))
+        done, written = self.store.write(written, time.time() - round_.began)
         stageclock.lap("publish")
         self._release(round_)
         if self.metrics is not None:
@@ -758,23 +795,22 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
         except redis.RedisError as exc:
             log.warning("worker %s: could not withdraw its advert (%s); it expires by itself", self.name, exc)
 
-    def _with_retries(self, write, attempts: int = 5):
-        """The engine's work is in memory: ride out a short Redis outage rather than lose the round."""
-        delay = 1.0
-        for attempt in range(attempts):
-            try:
-                return write()
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                if attempt == attempts - 1:
-                    raise
-                log.error("worker %s: storing a round failed (%s); retrying in %.0f s", self.name, exc, delay)
-                time.sleep(delay)
-                delay *= 2
-
 
 def _interactive(ready) -> bool:
     """Whether what the take stage handed over is a round of higher-level (interactive) work."""
     return ready is not None and ready is not _END and not ready.lower
+
+
+def _cuts_in(ready, outer: Round) -> bool:
+    """Whether a prepared round runs between two passes of `outer`: higher-level work in a lower round,
+    whatever its size; work of the same level or higher when it is short (at most CUT_IN_PASSES passes, and
+    fewer than `outer`'s). Lower-level work never runs inside a higher round."""
+    if not isinstance(ready, Round) or (ready.lower and not outer.lower):
+        return False
+    if (outer.lower and not ready.lower) or ready.work is None:
+        return True
+    return ready.passes is not None and outer.passes is not None and \
+        ready.passes <= CUT_IN_PASSES and ready.passes < outer.passes
 
 
 def _exit_now(code: int) -> None:

@@ -16,6 +16,7 @@ from common.errors import EmbedfleetError, InternalError
 from common.protocol.records import Answer, Kind, Outcome, Taken
 from common.request import EmbedRequest
 from common.result import Result
+from worker.engine.batcher import cuts
 from worker.engine.engine import Work
 from worker.serving import answers
 from worker.serving.jobdata import decode_job
@@ -36,6 +37,7 @@ class Round:
     # lower-level work only: pauses between its forward passes for higher-level work (worker/serving/levels.py)
     lower: bool = False
     preemptible: bool = False  # lower and not the share's round: given back if higher-level work beats it
+    passes: int | None = None  # forward passes its work needs, about (`passes_of`); None: not known
 
     @property
     def size(self) -> int:
@@ -54,6 +56,18 @@ class Round:
         if self.work is None:
             return []
         return [(self.runnable[i], self.work.resolved[i], prepared) for i, prepared in self.work.spread.items()]
+
+
+def passes_of(work: Work | None, shape) -> int | None:
+    """About how many forward passes `work` needs at `shape` (a worker.engine.shaper.Shape): the inputs it must
+    compute (not the cached ones) sorted by length and cut as the engine cuts them; None without a shape."""
+    if shape is None:
+        return None
+    if work is None:
+        return 0
+    lengths = sorted(len(ids) for index, prepared in work.prepared.items()
+                     for row, ids in enumerate(prepared.token_lists) if row not in work.hits.get(index, ()))
+    return sum(1 for _ in cuts(lengths, shape.tokens, shape.rows))
 
 
 def triage(round_: Round, taken: list[Taken], model: str, max_deliveries: int, now: float,

@@ -46,8 +46,9 @@ class ChunkJobs:
     """Spreads and joins for one worker: `settle` rewrites a round's answers before they are written."""
 
     def __init__(self, connection: Redis, queues: list[str], model: str, *, result_ttl: int,
-                 chunks_per_job: int):
+                 chunks_per_job: int, limit=None):
         self.connection = connection
+        self.limit = limit  # Redis's value limit (worker/serving/storing.py's BulkLimit), or None: not checked
         self.queues = queues  # a request's parts go on its own level's queue
         self.model = model
         self.result_ttl = result_ttl
@@ -179,6 +180,12 @@ class ChunkJobs:
                               sum(part.usage.prompt_tokens for part in parts))
 
     def _publish(self, result: Result, plan: dict) -> None:
+        if result.ok and self.limit is not None:  # a combined answer Redis cannot take: its request fails alone
+            limit = self.limit.current()
+            if len(blob := result.encode()) > limit:
+                error = answers.too_large_error(result.id, blob, limit, self.limit.read)
+                log.warning("%s", error.message)
+                result = Result.failure(result.id, self.model, error)
         reply_to = None
         try:
             reply_to = EmbedRequest.decode(plan["request"]).reply_to
