@@ -63,6 +63,17 @@ def test_embed_a_file_into_npy_in_order(tmp_path, redis_url, serving, suffix, en
     np.testing.assert_allclose(np.concatenate([vectors[:5], vectors[-5:]]), expected, atol=1e-5)
 
 
+def test_without_a_fleet_embed_and_status_name_the_redis_they_looked_at(tmp_path, redis_url, env):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("hello\n")
+    done = embedfleet("embed", str(texts), str(tmp_path / "out.npy"), "--redis-url", redis_url, env=env)
+    assert_one_line_error(done, 1, f"no model is served on Redis {redis_url}", "`make up`", "--redis-url")
+    status = embedfleet("status", env={**env, "EMBEDFLEET_REDIS_URL": redis_url})
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.startswith(f"Redis {redis_url}\n"), status.stdout
+    assert "no model is served there (no live worker): start the fleet with `make up`" in status.stdout
+
+
 def test_embed_refuses_an_empty_file_and_status_lists_the_fleet(tmp_path, redis_url, redis_client, serving, env):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n")

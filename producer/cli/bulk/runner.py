@@ -57,7 +57,8 @@ def run(plan: Plan) -> int:
     source = plan.source
     with Producer(plan.settings["redis_url"], shards=plan.settings["shards"]) as producer:
         producer.check()
-        model = plan.model if source.is_batch else pick_model(plan.model, producer.models()).name
+        model = plan.model if source.is_batch else \
+            pick_model(plan.model, producer.models(), where=producer.where).name
         priority = {"priority": plan.priority} if plan.priority and priority_field(producer) else {}
         manifest = fingerprint(plan.source_path, {k: v for k, v in plan.settings.items()
                                                   if k not in ("redis_url", "shards")} | {"model": model})
