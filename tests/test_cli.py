@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -122,6 +123,21 @@ def test_every_command_has_help_and_one_line_usage_errors(command, env):
     assert "--redis-url" in done.stdout and "--debug" in done.stdout
     files = ["texts.txt", "out.npy"] if command == "embed" else []
     assert_one_line_error(embedfleet(command, *files, "--no-such-flag", env=env), 2, "--no-such-flag", "--help")
+
+
+def test_worker_help_is_short_in_sections_and_hides_the_internal_replica_flag(env):
+    done = embedfleet("worker", "--help", env={**env, "COLUMNS": "100"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) < 100 and max(map(len, lines)) <= 100, done.stdout
+    assert lines[0] == "usage: embedfleet worker [options]"
+    for section in ("model:", "speed: batches, threads, processes:", "requests:", "reliability:", "vector cache:",
+                    "logs and metrics:", "Redis:"):
+        assert section in lines, section
+    assert "--replicas N" in done.stdout and not re.search(r"--replica\b(?!s)", done.stdout)
+    assert "EMBEDFLEET_REDIS_URL" in lines[-2] + lines[-1]  # the variables, said once
+    # hidden, not gone: the --replicas supervisor still hands it to its children
+    assert WorkerSettings.from_args(["--replica", "2/4"], "embedfleet worker", "").replica == "2/4"
 
 
 @pytest.mark.parametrize("command", ["status", "embed", "worker", "up"])
