@@ -102,7 +102,8 @@ def serve(argv: list[str]) -> int:
         "serving model %s (%s, dim %d, max length %d, %s on %s, engine %s, %s, probe cosine vs float32 %.6f, "
         "batches of %s) "
         "from queue %s on %s as %s; %s", model.caps.name, path, model.caps.embedding_size, model.caps.max_model_len,
-        dtype, device, engine_label, threads.describe(), model.fidelity, budget.describe(), worker.queue.name,
+        dtype, device, engine_label, threads.describe(), model.fidelity, budget.describe(info["forward"] == "packed"),
+        worker.queue.name,
         redact(url), worker.name,
         "cache off" if cache is None else f"cache on {redact(settings.cache_url or url)}, model identity "
                                           f"{cache.identity}, entries live {settings.cache_ttl} s")
