@@ -138,12 +138,16 @@ class Window:
             while self.todo or self.inflight:
                 for unit in self._fill():
                     progress.advance(len(self.units[unit].inputs))
-                progress.in_flight(sum(len(self.units[unit].inputs) for unit in self.inflight))
+                progress.in_flight(self._texts_in_flight())
                 if not self.inflight:
                     continue
                 for unit in self._collect():
                     progress.advance(len(self.units[unit].inputs))
+                progress.in_flight(self._texts_in_flight())  # the last results leave none in flight
         return self.failures
+
+    def _texts_in_flight(self) -> int:
+        return sum(len(self.units[unit].inputs) for unit in self.inflight)
 
     def _collect(self) -> list[int]:
         """Settle every in-flight request whose result has landed (one MGET), else wait for the oldest."""
