@@ -17,12 +17,13 @@ ARGS ?=
 
 .PHONY: install tools up test lint bench clean
 
-# pip speaks (no -q) where it takes minutes: the first run is ~1-4 minutes and ~2.3 GB, torch alone ~0.8 GB.
+# pip speaks (no -q) where it takes minutes: the first run is ~1-4 minutes and ~2.3 GB with torch's CPU build
+# (~0.8 GB of it).
 $(STAMP): pyproject.toml
 	@echo "make: setting up $(VENV) (the first time only: ~1-4 minutes, ~2.3 GB on disk)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	@echo "make: installing $(TORCH_SPEC) (~0.8 GB installed; the CPU build where pip's index offers it)"
+	@echo "make: installing $(TORCH_SPEC) (its CPU build: ~0.8 GB; PyPI's default CUDA build: several GB, see docs/up.md)"
 	$(PY) -m pip install "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	@echo "make: installing embedfleet and its extras (transformers, ONNX Runtime, OpenVINO, the test tools)"
 	$(PY) -m pip install -e ".[worker,gateway,cli,test,onnx,openvino]"
