@@ -80,6 +80,11 @@ class NoWorkerError(EmbedfleetError):
     code = "no_worker"
 
 
+# What to do about a NoWorkerError (the CLI adds it where a message does not hold it already).
+NO_WORKER_HINT = ("start the fleet with `make up` (or `embedfleet up`), or a worker with `embedfleet worker`; or "
+                  "point at the fleet's Redis (--redis-url URL, EMBEDFLEET_REDIS_URL, Producer(redis_url=...))")
+
+
 class UnavailableError(EmbedfleetError):
     """Redis cannot be reached."""
 

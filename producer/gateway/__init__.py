@@ -39,5 +39,6 @@ def serve(argv: list[str]) -> int:
         finally:
             connection.close()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
+                access_log=settings.access_log)
     return 0

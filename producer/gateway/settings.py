@@ -37,6 +37,8 @@ class GatewaySettings(Settings):
                                                     "?wait= may ask for")
     retry_after: int = Field(1, ge=0, description="seconds sent in Retry-After with 429 and 503 answers")
     log_level: str = Field("info", description="uvicorn log level")
+    access_log: bool = Field(True, description="log every HTTP request (uvicorn's access log; `embedfleet up` "
+                                               "turns it off unless given --access-log)")
     webhook_secret: str | None = Field(None, repr=False, description="key of the HMAC-SHA256 signature sent with "
                                        "each webhook (X-Embedfleet-Signature-256); without it POST /v1/jobs "
                                        "refuses a `webhook`")

@@ -82,6 +82,7 @@ from worker.serving.rqjob import SafeJob
 from worker.serving.rqpubsub import PromptUnsubscribe
 
 log = logging.getLogger("embedfleet.worker")
+rounds_log = logging.getLogger("embedfleet.worker.rounds")  # a line per round (off: `worker --no-log-rounds`)
 
 _END = object()  # closes a hand-off: no more rounds
 PAUSE_WAIT = 0.05  # most seconds a paused bulk round waits for the take stage to prepare the interactive work
@@ -706,10 +707,10 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
             log.warning("worker %s: request %s: %s", self.name, request_id, problem)
         if not round_.size:  # it went back to its queue before the device (logged there)
             return
-        log.info("worker %s: round of %d: %d served, %d failed, %d requeued%s in %.3f s", self.name,
-                 round_.size, done.finished, done.failed, done.requeued,
-                 f", {done.late} answered late (their claim had lapsed)" if done.late else "",
-                 time.time() - round_.began)
+        rounds_log.info("worker %s: round of %d: %d served, %d failed, %d requeued%s in %.3f s", self.name,
+                        round_.size, done.finished, done.failed, done.requeued,
+                        f", {done.late} answered late (their claim had lapsed)" if done.late else "",
+                        time.time() - round_.began)
 
     # -- held jobs --------------------------------------------------------------------------------------
 
