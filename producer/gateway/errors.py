@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from common.errors import DecodeError, EmbedfleetError, NotFoundError, invalid_request
+from common.errors import DecodeError, EmbedfleetError, NotFoundError, echo, invalid_request
 
 log = logging.getLogger(__name__)
 
@@ -155,9 +155,9 @@ def install(app: FastAPI, retry_after: int, on_error: Callable[[str], None]) -> 
 
     async def http_error(request: Request, exc: StarletteHTTPException):
         if exc.status_code == 404:
-            err = NotFoundError(f"no route {request.method} {request.url.path}")
+            err = NotFoundError(f"no route {request.method} {echo(request.url.path)}")
         elif exc.status_code == 405:
-            err = MethodNotAllowedError(f"{request.method} is not allowed on {request.url.path}")
+            err = MethodNotAllowedError(f"{request.method} is not allowed on {echo(request.url.path)}")
         else:
             err = EmbedfleetError(str(exc.detail))
             err.code = next((c for c, (s, _) in STATUS.items() if s == exc.status_code), "internal_error")

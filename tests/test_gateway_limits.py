@@ -1,0 +1,90 @@
+"""The gateway at its edges (issue #36, item 6), on a real `python -m producer.gateway` process and a real worker
+process (the null model: the gateway's side is under test, not the vectors): an id of 5,000 characters is not
+echoed whole."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from common.errors import MAX_ECHO
+from common.redisserver import RedisServer, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "null384"
+LONG = "a" * 5000
+
+
+@dataclass
+class Fleet:
+    url: str
+    gateway: subprocess.Popen
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    with RedisServer(tmp_path_factory.mktemp("redis")) as redis_server:  # its own: other tests flush theirs
+        yield from _fleet(redis_server)
+
+
+def _fleet(redis_server):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    port = free_port()
+    worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_server.url, "--model",
+                               "null:384", "--served-model-name", MODEL, "--poll-timeout", "1"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    gateway = subprocess.Popen([sys.executable, "-m", "producer.gateway", "--redis-url", redis_server.url,
+                                "--port", str(port), "--log-level", "warning"], env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert worker.poll() is None and gateway.poll() is None, "the worker or the gateway exited"
+            assert time.monotonic() < deadline, "the fleet did not come up"
+            time.sleep(0.2)
+        yield Fleet(url, gateway)
+    finally:
+        _stop(gateway)
+        _stop(worker)
+
+
+# -- a caller's id is quoted, not echoed whole ---------------------------------------------------------------
+@pytest.mark.parametrize("method,path,body", [
+    ("GET", f"/v1/files/{LONG}", None),
+    ("GET", f"/v1/files/{LONG}/content", None),
+    ("GET", f"/v1/batches/{LONG}", None),
+    ("POST", f"/v1/batches/{LONG}/cancel", None),
+    ("GET", f"/v1/files?after={LONG}", None),
+    ("GET", f"/no/such/route/{LONG}", None),
+    ("PUT", f"/v1/embeddings/{LONG}", None),
+    ("POST", "/v1/embeddings", {"model": LONG, "input": "hi"}),
+    ("POST", "/pooling", {"model": LONG, "input": "hi"}),
+    ("GET", f"/tei/{LONG}/info", None),
+])
+def test_a_long_id_is_quoted_with_its_length_not_echoed_whole(fleet, method, path, body):
+    response = httpx.request(method, fleet.url + path, json=body, timeout=30)
+    assert response.status_code == 404, response.text
+    error = response.json()["error"]
+    message = error if isinstance(error, str) else error["message"]  # TEI's shape: the message is `error`
+    assert "a" * (MAX_ECHO + 1) not in message and "characters)" in message and len(message) < 300, message
