@@ -1,10 +1,12 @@
 """The gateway at its edges (issue #36, item 6), on a real `python -m producer.gateway` process and a real worker
 process (the null model: the gateway's side is under test, not the vectors): an id of 5,000 characters is not
-echoed whole."""
+echoed whole, and a 200 KB header gets a 431 answer instead of a reset connection."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +18,7 @@ import pytest
 
 from common.errors import MAX_ECHO
 from common.redisserver import RedisServer, free_port
+from tests import gatewayserver
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "null384"
@@ -88,3 +91,41 @@ def test_a_long_id_is_quoted_with_its_length_not_echoed_whole(fleet, method, pat
     error = response.json()["error"]
     message = error if isinstance(error, str) else error["message"]  # TEI's shape: the message is `error`
     assert "a" * (MAX_ECHO + 1) not in message and "characters)" in message and len(message) < 300, message
+
+
+# -- a request head over the limit -----------------------------------------------------------------------------
+def test_a_200_kb_header_is_answered_431_in_the_gateways_error_shape(fleet):
+    for method, body in (("GET", None), ("POST", {"model": MODEL, "input": "hi"})):
+        path = "/health" if method == "GET" else "/v1/embeddings"
+        response = httpx.request(method, fleet.url + path, json=body, headers={"X-Big": "x" * 200_000},
+                                 timeout=30)
+        assert response.status_code == 431, response.text
+        error = response.json()["error"]
+        assert error["code"] == "headers_too_large" and error["type"] == "invalid_request_error"
+        assert "16384 bytes" in error["message"] and "--max-header-bytes" in error["message"]
+    # the gateway is unharmed, and counted what it refused
+    assert httpx.post(f"{fleet.url}/v1/embeddings", json={"model": MODEL, "input": "hi"}).status_code == 200
+    metrics = httpx.get(f"{fleet.url}/metrics").text
+    assert any(line.startswith("embedfleet_gateway_errors_total") and 'code="headers_too_large"' in line
+               and not line.endswith(" 0.0") for line in metrics.splitlines()), metrics
+
+
+def test_a_request_that_is_not_http_gets_a_json_400(fleet):
+    port = int(fleet.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        answer = b""
+        while chunk := sock.recv(65536):  # the gateway closes after answering
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), answer
+    assert json.loads(body)["error"]["code"] == "invalid_request"
+
+
+def test_max_header_bytes_raises_the_limit(redis_url):
+    server = gatewayserver.Server(gatewayserver.settings(redis_url, max_header_bytes=256 * 1024))
+    try:
+        response = httpx.get(f"{server.url}/health", headers={"X-Big": "x" * 200_000}, timeout=30)
+        assert response.status_code == 503 and response.json()["status"] == "unavailable"  # read: no worker here
+    finally:
+        server.stop()

@@ -63,6 +63,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app = FastAPI(title="embedfleet gateway", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None if settings.keys else "/openapi.json",
                   description="OpenAI /v1/embeddings, vLLM /pooling and async jobs on an embedfleet fleet")
+    app.state.metrics = metrics  # the server's protocol counts the requests it refuses itself (server.py)
     if not settings.keys:
         _serve_docs(app)
     # events before jobs: jobs' /v1/jobs/{job_id} would match /v1/jobs/events.

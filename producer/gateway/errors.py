@@ -36,6 +36,12 @@ class MethodNotAllowedError(EmbedfleetError):
     code = "method_not_allowed"
 
 
+class HeadersTooLargeError(EmbedfleetError):
+    """A request whose line and headers together are longer than --max-header-bytes (answered before routing)."""
+
+    code = "headers_too_large"
+
+
 class RateLimitedError(EmbedfleetError):
     """An API key sent requests faster than its configured rate; `retry_after`: whole seconds to wait."""
 
@@ -59,6 +65,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "job_not_cancellable": (409, "conflict_error"),
     "duplicate_request": (409, "conflict_error"),
     "payload_too_large": (413, "invalid_request_error"),
+    "headers_too_large": (431, "invalid_request_error"),
     "queue_full": (429, "rate_limit_error"),
     "internal_error": (500, "server_error"),
     "poison": (500, "server_error"),  # its workers died with it --max-deliveries times

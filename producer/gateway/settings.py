@@ -29,6 +29,9 @@ class GatewaySettings(Settings):
     tei_model: str | None = Field(None, description="the served model that TEI's routes (/embed, /rerank, /info, "
                                   "...) use when a request names none; each model is also at /tei/<model>/")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1, description="largest request body accepted, in bytes")
+    # h11's own default (16 KiB), as Node's; nginx allows 4 x 8 KiB. A larger head is answered 431.
+    max_header_bytes: int = Field(16 * 1024, ge=1024, description="largest request line plus headers accepted, in "
+                                  "bytes (a larger one is answered 431 headers_too_large)")
     max_queue_depth: int | None = Field(10_000, ge=1, description="refuse new requests (429) while a model's "
                                                                   "queue holds this many")
     request_timeout: float = Field(60.0, gt=0, description="seconds /v1/embeddings and /pooling wait for a "
