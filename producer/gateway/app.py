@@ -19,6 +19,7 @@ from producer.gateway.batches import routes as batchroutes
 from producer.gateway.batches.runner import Runner
 from producer.gateway.batches.store import Store
 from producer.gateway.limits import BodyLimitMiddleware
+from producer.gateway.memory import ReleaseMemory
 from producer.gateway.metrics import Metrics, MetricsMiddleware
 from producer.gateway.service import Gateway
 from producer.gateway.settings import GatewaySettings
@@ -85,7 +86,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                        routes=[route for router in [*routers, dashboard.public, dashboard.protected]
                                for route in router.routes])
     app.add_middleware(errors.ErrorBoundary, retry_after=settings.retry_after, on_error=metrics.error)
-    app.add_middleware(TeiModelPaths)  # outermost: /tei/<model>/<route> is routed as /<route> for <model>
+    app.add_middleware(TeiModelPaths)  # /tei/<model>/<route> is routed as /<route> for <model>
+    app.add_middleware(ReleaseMemory)  # outermost: a large request's memory is all freed when it trims the heap
     return app
 
 
