@@ -13,17 +13,25 @@ from fastapi.staticfiles import StaticFiles
 from common.errors import UnavailableError
 from common.redisclient import connect_async, redact
 from producer import AsyncProducer
-from producer.gateway.teimodels import TeiModelPaths
-from producer.gateway import cohere, dashboard, errors, events, invocations, jobs, routes, taskroutes, tei
-from producer.gateway.batches import routes as batchroutes
+from producer.gateway.batches import routes as batches
 from producer.gateway.batches.runner import Runner
 from producer.gateway.batches.store import Store
-from producer.gateway.limits import BodyLimitMiddleware
-from producer.gateway.memory import ReleaseMemory
-from producer.gateway.metrics import Metrics, MetricsMiddleware
-from producer.gateway.service import Gateway
+from producer.gateway.cohere import routes as cohere
+from producer.gateway.core import errors
+from producer.gateway.core.limits import BodyLimitMiddleware
+from producer.gateway.core.memory import ReleaseMemory
+from producer.gateway.core.metrics import Metrics, MetricsMiddleware
+from producer.gateway.core.service import Gateway
+from producer.gateway.fleet import dashboard
+from producer.gateway.fleet import routes as fleet
+from producer.gateway.jobs import events
+from producer.gateway.jobs import routes as jobs
+from producer.gateway.jobs.webhooks import Deliveries
+from producer.gateway.sagemaker import routes as sagemaker
 from producer.gateway.settings import GatewaySettings
-from producer.gateway.webhooks import Deliveries
+from producer.gateway.tasks import routes as tasks
+from producer.gateway.tei import routes as tei
+from producer.gateway.tei.paths import TeiModelPaths
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +76,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     if not settings.keys:
         _serve_docs(app)
     # events before jobs: jobs' /v1/jobs/{job_id} would match /v1/jobs/events.
-    routers = [routes.public, routes.protected, events.router, jobs.router, taskroutes.router, batchroutes.router,
-               tei.router, cohere.router, invocations.router, invocations.public]
+    routers = [fleet.public, fleet.protected, events.router, jobs.router, tasks.router, batches.router,
+               tei.router, cohere.router, sagemaker.router, sagemaker.public]
     for router in routers:
         app.include_router(router)
     dashboard.install(app)
@@ -81,7 +89,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     # Added innermost first: the body limit, the metrics around it, the error boundary around all.
     # an upload's multipart framing (boundaries, part headers) comes on top of the file's own limit
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, reject=reject,
-                       paths={batchroutes.FILES_PATH: settings.max_file_bytes + 64 * 1024})
+                       paths={batches.FILES_PATH: settings.max_file_bytes + 64 * 1024})
     app.add_middleware(MetricsMiddleware, metrics=metrics,
                        routes=[route for router in [*routers, dashboard.public, dashboard.protected]
                                for route in router.routes])

@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from common.errors import EmbedfleetError, ValidationError
-from producer.gateway.errors import HeadersTooLargeError, error_body, status_of
+from producer.gateway.core.errors import HeadersTooLargeError, error_body, status_of
 from producer.gateway.settings import GatewaySettings
 
 log = logging.getLogger("uvicorn.error")

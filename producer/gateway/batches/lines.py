@@ -15,8 +15,8 @@ from pydantic import ValidationError as PydanticValidationError
 
 from common.errors import EmbedfleetError, PayloadTooLargeError, ValidationError, echo, invalid_request
 from common.protocol import keys
-from producer.gateway.errors import error_response, status_of
-from producer.gateway.schemas import EmbedBody
+from producer.gateway.core.errors import error_response, status_of
+from producer.gateway.core.schemas import EmbedBody
 
 ENDPOINT = "/v1/embeddings"
 MAX_ERRORS = 100  # file errors reported in a failed batch's `errors` (the first ones)

@@ -1,7 +1,7 @@
 """OpenAI's /v1/files and /v1/batches routes (the `openai` client's files.* and batches.* calls).
 
 With API keys, files and batches belong to the key that created them (its fingerprint, as jobs do:
-producer/gateway/owners.py): another key's file or batch is answered exactly as one that does not exist.
+producer/gateway/core/owners.py): another key's file or batch is answered exactly as one that does not exist.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from common.errors import NotFoundError, ValidationError, echo
 from common.protocol import keys
 from producer.client.core import redis_errors
-from producer.gateway.auth import require_key
+from producer.gateway.core.auth import require_key
 from producer.gateway.batches import objects
 from producer.gateway.batches.lines import ENDPOINT
 from producer.gateway.batches.runner import Runner
 from producer.gateway.batches.store import BatchGone, Store, now
 from producer.gateway.batches.upload import UploadReader
-from producer.gateway.errors import JobNotCancellableError, RateLimitedError
-from producer.gateway.owners import may_see, owner_of
-from producer.gateway.service import Gateway, gateway
+from producer.gateway.core.errors import JobNotCancellableError, RateLimitedError
+from producer.gateway.core.owners import may_see, owner_of
+from producer.gateway.core.service import Gateway, gateway
 
 log = logging.getLogger(__name__)
 router = APIRouter(dependencies=[Depends(require_key)])

@@ -10,11 +10,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from common.capabilities import ModelCapabilities
 from common.errors import EmbedfleetError, NoWorkerError, ValidationError
-from producer.gateway import encoding
-from producer.gateway.auth import admit, require_key
-from producer.gateway.errors import error_body, status_of
-from producer.gateway.schemas import EmbedBody, PoolingBody
-from producer.gateway.service import Gateway, gateway
+from producer.gateway.core import encoding
+from producer.gateway.core.auth import admit, require_key
+from producer.gateway.core.errors import error_body, status_of
+from producer.gateway.core.schemas import EmbedBody, PoolingBody
+from producer.gateway.core.service import Gateway, gateway
 
 public = APIRouter()
 protected = APIRouter(dependencies=[Depends(require_key)])

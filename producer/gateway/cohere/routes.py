@@ -27,10 +27,10 @@ from common.params import Dimensions
 from common.quantize import PACKED, quantize
 from common.result import Result
 from producer.client.core import pick_model
-from producer.gateway import chat, errors
-from producer.gateway.auth import admit, require_key
-from producer.gateway.schemas import EmbedBody, Priority
-from producer.gateway.service import Gateway, gateway
+from producer.gateway.core import chat, errors
+from producer.gateway.core.auth import admit, require_key
+from producer.gateway.core.schemas import EmbedBody, Priority
+from producer.gateway.core.service import Gateway, gateway
 
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 MaxTokens = bounded_int("`max_tokens`", 1, MAX_TOKENS, f"a positive number of tokens, at most {MAX_TOKENS}")

@@ -14,11 +14,12 @@ from pydantic import ValidationError as PydanticValidationError
 
 from common.errors import EmbedfleetError, ValidationError
 from producer.client.core import pick_model
-from producer.gateway import routes, taskroutes
-from producer.gateway.auth import admit, require_key
-from producer.gateway.schemas import EmbedBody, PoolingBody
-from producer.gateway.service import Gateway, gateway
-from producer.gateway.taskschemas import ClassifyBody, RerankBody, ScoreBody
+from producer.gateway.fleet import routes
+from producer.gateway.tasks import routes as taskroutes
+from producer.gateway.core.auth import admit, require_key
+from producer.gateway.core.schemas import EmbedBody, PoolingBody
+from producer.gateway.core.service import Gateway, gateway
+from producer.gateway.tasks.schemas import ClassifyBody, RerankBody, ScoreBody
 
 public = APIRouter()
 router = APIRouter(dependencies=[Depends(require_key), Depends(admit)])

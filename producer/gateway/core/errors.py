@@ -74,7 +74,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "redis_unavailable": (503, "service_unavailable_error"),
     "timeout": (504, "timeout_error"),
     "expired": (504, "timeout_error"),  # its own `deadline` / `timeout` passed while it was queued
-    "rate_limited": (429, "rate_limit_error"),  # an API key over its rate (producer/gateway/keys.py)
+    "rate_limited": (429, "rate_limit_error"),  # an API key over its rate (producer/gateway/core/apikeys.py)
 }
 RETRY_LATER = {"queue_full", "no_worker", "redis_unavailable"}  # answered with a Retry-After header
 
