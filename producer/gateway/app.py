@@ -27,11 +27,13 @@ from producer.gateway.fleet import routes as fleet
 from producer.gateway.jobs import events
 from producer.gateway.jobs import routes as jobs
 from producer.gateway.jobs.webhooks import Deliveries
+from producer.gateway.openai import routes as openai
 from producer.gateway.sagemaker import routes as sagemaker
 from producer.gateway.settings import GatewaySettings
 from producer.gateway.tasks import routes as tasks
 from producer.gateway.tei import routes as tei
 from producer.gateway.tei.paths import TeiModelPaths
+from producer.gateway.vllm import routes as vllm
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +78,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     if not settings.keys:
         _serve_docs(app)
     # events before jobs: jobs' /v1/jobs/{job_id} would match /v1/jobs/events.
-    routers = [fleet.public, fleet.protected, events.router, jobs.router, tasks.router, batches.router,
-               tei.router, cohere.router, sagemaker.router, sagemaker.public]
+    routers = [fleet.public, openai.router, vllm.router, fleet.protected, events.router, jobs.router, tasks.router,
+               batches.router, tei.router, cohere.router, sagemaker.router, sagemaker.public]
     for router in routers:
         app.include_router(router)
     dashboard.install(app)

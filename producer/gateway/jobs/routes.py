@@ -21,7 +21,7 @@ from producer.gateway.core.auth import admit, require_key
 from producer.gateway.core.errors import JobNotCancellableError
 from producer.gateway.core.owners import no_such_job, owner_of
 from producer.client.core import redis_errors
-from producer.gateway.core.schemas import JobBody
+from producer.gateway.jobs.schemas import JobBody
 from producer.gateway.core.service import Gateway, gateway
 
 router = APIRouter(dependencies=[Depends(require_key)])
