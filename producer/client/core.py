@@ -17,7 +17,7 @@ from common.protocol import keys, operations
 from common.capabilities import ModelCapabilities
 from common.codec import unpackb
 from common.errors import (NO_WORKER_HINT, DecodeError, NoWorkerError, QueueFullError, UnavailableError,
-                           UnknownModelError, ValidationError, invalid_request)
+                           UnknownModelError, ValidationError, echo, invalid_request)
 from common.fleetstate import DEFAULT_REDIS_URL
 from common.params import PoolingParams
 from common.redisclient import redact
@@ -132,13 +132,13 @@ def pick_model(model: str | None, served: dict[str, ModelCapabilities],
         return served[model]
     if model in known:
         there = f" on {where}" if where is not None else ""
-        raise NoWorkerError(f"model '{model}' has no live worker{there}: start one with "
-                            f"`embedfleet worker --served-model-name {model}`", param="model")
+        raise NoWorkerError(f"model '{echo(model)}' has no live worker{there}: start one with "
+                            f"`embedfleet worker --served-model-name {echo(model)}`", param="model")
     if not served and where is not None:  # nothing is served there at all: the wrong Redis, or no fleet yet
-        raise UnknownModelError(f"model '{model}' is not served on {where}: no worker is alive there; "
+        raise UnknownModelError(f"model '{echo(model)}' is not served on {where}: no worker is alive there; "
                                 f"{NO_WORKER_HINT}", param="model")
     listed = sorted(served) or "none (no worker is running)"
-    raise UnknownModelError(f"model '{model}' is not served by any live worker; served models: {listed}",
+    raise UnknownModelError(f"model '{echo(model)}' is not served by any live worker; served models: {listed}",
                             param="model")
 
 
@@ -220,8 +220,8 @@ def chosen_ids(request_ids: list[str] | None, count: int) -> list[str | None]:
                               param="request_ids")
     bad = [i for i in request_ids if not keys.valid_request_id(i)]
     if bad:
-        raise ValidationError(f"request id {bad[0]!r} is not valid: 1 to {keys.MAX_REQUEST_ID_LENGTH} letters, "
-                              "digits, '_' or '-'", param="request_ids")
+        raise ValidationError(f"request id {echo(repr(bad[0]))} is not valid: 1 to {keys.MAX_REQUEST_ID_LENGTH} "
+                              "letters, digits, '_' or '-'", param="request_ids")
     if len(set(request_ids)) != count:
         raise ValidationError("the request ids repeat: each request needs its own id", param="request_ids")
     return list(request_ids)
@@ -258,7 +258,7 @@ def read_result(request_id: str, raw: bytes | None) -> Result | None:
         return None
     result = Result.decode(raw)
     if result.id != request_id:
-        raise DecodeError(f"the result stored for request {request_id} names request {result.id!r}: it "
+        raise DecodeError(f"the result stored for request {request_id} names request {echo(repr(result.id))}: it "
                           "was not written for this request", raw)
     return result
 
