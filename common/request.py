@@ -16,6 +16,7 @@ from common.chat import CHAT_INPUT, CHAT_TASKS, NO_TEMPLATE, UNTRUSTED_TEMPLATE,
 from common.codec import check_text, packb, unpackb
 from common.errors import DecodeError, InputTooLongError, ValidationError
 from common.params import PoolingParams
+from common.tracing import traceparent_problem, tracestate_problem
 
 WIRE_VERSION = 1
 
@@ -58,6 +59,9 @@ class EmbedRequest(BaseModel):
     deadline: float | None = None  # unix time past which a still-queued request is answered `expired`
     cache: bool = True  # False: computed afresh, neither read from nor written to the fleet's vector cache
     chat: ChatInput | None = None  # a conversation the worker renders with the chat template (common/chat.py)
+    # the caller's span (W3C Trace Context, common/tracing): the worker's spans for this request are its children
+    traceparent: str | None = None
+    tracestate: str | None = None  # the caller's vendor trace state, carried with its traceparent only
 
     @field_validator("deadline")
     @classmethod
@@ -65,6 +69,20 @@ class EmbedRequest(BaseModel):
         if value is not None and not (math.isfinite(value) and 0 < value <= MAX_UNIX_TIME):
             raise ValueError(f"`deadline` must be a unix time in seconds, at most {MAX_UNIX_TIME:.0f} (the year "
                              f"9999), got {value}")
+        return value
+
+    @field_validator("traceparent")
+    @classmethod
+    def _w3c_parent(cls, value):
+        if value is not None and (problem := traceparent_problem(value)):
+            raise ValueError(problem)
+        return value
+
+    @field_validator("tracestate")
+    @classmethod
+    def _w3c_state(cls, value):
+        if value is not None and (problem := tracestate_problem(value)):
+            raise ValueError(problem)
         return value
 
     @field_validator("model", "inputs", "reply_to", "text_pair")
@@ -90,6 +108,8 @@ class EmbedRequest(BaseModel):
     def _chat_placeholder(self):
         if self.chat is not None and list(self.inputs) != [CHAT_INPUT]:
             raise ValueError("a request with `chat` embeds one conversation: its `inputs` must be [CHAT_INPUT]")
+        if self.tracestate is not None and self.traceparent is None:
+            raise ValueError("`tracestate` travels with a `traceparent` only (W3C Trace Context)")
         return self
 
     @property
@@ -168,7 +188,8 @@ class EmbedRequest(BaseModel):
         """The request's wire bytes; ValidationError if it cannot be packed or is larger than a request may be
         (common/bounds.py), so that it fails alone, before it is enqueued with others."""
         data = self.model_dump(mode="json", exclude_defaults=False)
-        for optional in ("text_pair", "part_of", "deadline", "chat"):  # absent, not null: older workers refuse them
+        # absent, not null: older workers refuse them
+        for optional in ("text_pair", "part_of", "deadline", "chat", "traceparent", "tracestate"):
             if data[optional] is None:
                 del data[optional]
         try:

@@ -27,7 +27,7 @@ from common.protocol import keys, operations
 from common.redisclient import close_async, connect_async
 from common.result import Result, SparseVector
 from common.shards import ShardMap
-from producer.client import asubmit, fleetview, reads
+from producer.client import asubmit, fleetview, reads, traced
 from producer.client.core import (Placements, Served, build_request, chosen_ids, looked_at, read_result,
                                   redis_errors, resolve_target)
 from producer.client.fleet import LevelStats, level_stats
@@ -179,18 +179,20 @@ class AsyncProducer:
         name = caps if isinstance(caps, str) else caps.name
         url = self.shards.url_for(name)
         link = self._links[url]
-        requests = [build_request(inputs, caps, params, fields, reply_to or link.replies.stream, text_pair, when,
-                                  request_id) for inputs, request_id in zip(batches, chosen)]
-        ids = [r.id for r in requests]
-        if reply_to is None:  # before the enqueue: a fast worker's reply may come before it returns
-            link.hub.expect(ids)
-            link.replies.start()
-        try:
-            with redis_errors():  # coalesced with concurrent submits; refused alone if the queue is full
-                await link.submitter.submit(name, requests, level)
-        except BaseException:
-            link.hub.unexpect(ids)
-            raise
+        with traced.submit(name, keys.queue_name(name, level), len(batches)) as span:
+            requests = [build_request(inputs, caps, params, fields, reply_to or link.replies.stream, text_pair,
+                                      when, request_id, span.context) for inputs, request_id in zip(batches, chosen)]
+            ids = [r.id for r in requests]
+            span.requests(ids)
+            if reply_to is None:  # before the enqueue: a fast worker's reply may come before it returns
+                link.hub.expect(ids)
+                link.replies.start()
+            try:
+                with redis_errors():  # coalesced with concurrent submits; refused alone if the queue is full
+                    await link.submitter.submit(name, requests, level)
+            except BaseException:
+                link.hub.unexpect(ids)
+                raise
         if self.shards:
             self._placed.remember(ids, url)
         return ids
@@ -207,8 +209,9 @@ class AsyncProducer:
         No round trip of its own: the wait joins the producer's coalesced reads. It rides out a Redis
         outage shorter than its timeout, and a wake-up counts only once the result it announces is there.
         """
-        result = await self._wait_result(await self._link_of(request_id), request_id, timeout)
-        result.raise_for_error()
+        with traced.wait(request_id):
+            result = await self._wait_result(await self._link_of(request_id), request_id, timeout)
+            result.raise_for_error()
         return result
 
     async def _wait_result(self, link: _Link, request_id: str, timeout: float) -> Result:

@@ -16,7 +16,7 @@ from common.protocol import keys, operations
 from common.redisclient import block_for, check_access, connect
 from common.result import Result, SparseVector
 from common.shards import ShardMap
-from producer.client import fleetview, reads
+from producer.client import fleetview, reads, traced
 from producer.client.core import (PENDING, Placements, Served, build_request, chosen_ids, enqueue_args, looked_at,
                                   lost_error, pick_model, queue_full, read_result, redis_errors as _redis_errors,
                                   resolve_target)
@@ -150,16 +150,19 @@ class Producer:
             served = self.models()
         caps, level, when = resolve_target(model, served, self._served.known, priority, deadline, timeout,
                                            self.where)
-        requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when, request_id)
-                    for inputs, request_id in zip(batches, chosen)]
         name = caps if isinstance(caps, str) else caps.name
-        work = enqueue_args(keys.queue_name(name, level), requests, max_depth=self.max_queue_depth)
-        with _redis_errors():
-            try:
-                operations.enqueue(self.connection_for_model(name), work)
-            except operations.QueueFull as full:
-                raise queue_full(name, full.depth, self.max_queue_depth) from None
-        ids = [r.id for r in requests]
+        queue = keys.queue_name(name, level)
+        with traced.submit(name, queue, len(batches)) as span:
+            requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when, request_id,
+                                      span.context) for inputs, request_id in zip(batches, chosen)]
+            ids = [r.id for r in requests]
+            span.requests(ids)
+            work = enqueue_args(queue, requests, max_depth=self.max_queue_depth)
+            with _redis_errors():
+                try:
+                    operations.enqueue(self.connection_for_model(name), work)
+                except operations.QueueFull as full:
+                    raise queue_full(name, full.depth, self.max_queue_depth) from None
         if self.shards:
             self._placed.remember(ids, self.shards.url_for(name))
         return ids
@@ -193,6 +196,10 @@ class Producer:
         after `timeout` seconds, or the request's own error. A wake-up counts only once its result is there
         (anyone who can write to Redis can forge one).
         """
+        with traced.wait(request_id):
+            return self._wait(request_id, timeout)
+
+    def _wait(self, request_id: str, timeout: float) -> Result:
         deadline = time.monotonic() + timeout
         woke = None
         self.raise_if_unknown(request_id)

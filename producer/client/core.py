@@ -170,7 +170,8 @@ def resolve_target(model: str | None, served: dict[str, ModelCapabilities], know
 
 def build_request(inputs, caps: ModelCapabilities | str, params: PoolingParams | None, fields: dict,
                   reply_to: str | None = None, text_pair: list[str] | None = None,
-                  deadline: float | None = None, request_id: str | None = None) -> EmbedRequest:
+                  deadline: float | None = None, request_id: str | None = None,
+                  trace: tuple[str | None, str | None] = (None, None)) -> EmbedRequest:
     """A request checked against the advertised capabilities (the worker checks again).
 
     The request carries the params as the caller gave them, so the worker merges its own defaults.
@@ -178,6 +179,7 @@ def build_request(inputs, caps: ModelCapabilities | str, params: PoolingParams |
     live worker advertises): then only the request's own shape is checked here, and the worker verifies
     the rest when it starts.
     `request_id`: the caller's own id (checked by `chosen_ids`); None: a new random one.
+    `trace`: (traceparent, tracestate) of the producer's span (producer/client/traced.py), or Nones.
     `fields` may hold `cache` (False: bypass the fleet's vector cache) and `chat` (a ChatInput, or its dict: one
     conversation the worker renders with the model's chat template; `inputs` None) besides the PoolingParams
     fields.
@@ -192,8 +194,8 @@ def build_request(inputs, caps: ModelCapabilities | str, params: PoolingParams |
             fields = {**params.model_dump(exclude_unset=True), **fields}
         request = EmbedRequest(model=caps if isinstance(caps, str) else caps.name, inputs=normalize_inputs(inputs),
                                params=PoolingParams(**fields), reply_to=reply_to, text_pair=text_pair,
-                               deadline=deadline, cache=cache, chat=chat,
-                               **({"id": request_id} if request_id else {}))
+                               deadline=deadline, cache=cache, chat=chat, traceparent=trace[0],
+                               tracestate=trace[1], **({"id": request_id} if request_id else {}))
     except PydanticValidationError as exc:  # the gateway's schema errors meet the same formatter
         raise invalid_request(_public_names(exc.errors())) from exc
     if not isinstance(caps, str):

@@ -7,7 +7,7 @@ import sys
 
 import redis
 
-from common import console
+from common import console, tracing
 from common.errors import StartupError
 from common.ports import port_free
 from common.redisclient import check_access, connect
@@ -41,6 +41,11 @@ def serve(argv: list[str]) -> int:
         finally:
             connection.close()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
-    uvicorn.run(app, **server.options(app, settings))
+    traced = tracing.start("embedfleet-gateway", settings.otlp_endpoint)
+    app = create_app(settings, traced)
+    try:
+        uvicorn.run(app, **server.options(app, settings))
+    finally:
+        if traced is not None:
+            traced.shutdown()
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from contextlib import asynccontextmanager
 
@@ -38,8 +39,9 @@ from producer.gateway.vllm import routes as vllm
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: GatewaySettings) -> FastAPI:
-    """One app per settings object; nothing here reads the environment (main() built `settings`)."""
+def create_app(settings: GatewaySettings, tracing=None) -> FastAPI:
+    """One app per settings object; nothing here reads the environment (main() built `settings`). `tracing`:
+    the process's common.tracing.sdk.Tracing (a span per request, docs/tracing.md), or None: no spans."""
     metrics = Metrics()
 
     @asynccontextmanager
@@ -73,7 +75,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     # browser cannot send a bearer key to) are switched off.
     app = FastAPI(title="embedfleet gateway", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None if settings.keys else "/openapi.json",
-                  description="OpenAI /v1/embeddings, vLLM /pooling and async jobs on an embedfleet fleet")
+                  description="OpenAI /v1/embeddings, vLLM /pooling and async jobs on an embedfleet fleet",
+                  **_no_native_spans())
     app.state.metrics = metrics  # the server's protocol counts the requests it refuses itself (server.py)
     if not settings.keys:
         _serve_docs(app)
@@ -92,13 +95,24 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     # an upload's multipart framing (boundaries, part headers) comes on top of the file's own limit
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, reject=reject,
                        paths={batches.FILES_PATH: settings.max_file_bytes + 64 * 1024})
-    app.add_middleware(MetricsMiddleware, metrics=metrics,
-                       routes=[route for router in [*routers, dashboard.public, dashboard.protected]
-                               for route in router.routes])
+    routes = [route for router in [*routers, dashboard.public, dashboard.protected] for route in router.routes]
+    app.add_middleware(MetricsMiddleware, metrics=metrics, routes=routes)
+    if tracing is not None:  # around the metrics: its span times what they count
+        from producer.gateway.core.tracing import TraceRequests  # noqa: PLC0415 - OpenTelemetry only when tracing
+
+        app.add_middleware(TraceRequests, tracer=tracing.tracer("gateway"), routes=routes)
     app.add_middleware(errors.ErrorBoundary, retry_after=settings.retry_after, on_error=metrics.error)
     app.add_middleware(TeiModelPaths)  # /tei/<model>/<route> is routed as /<route> for <model>
     app.add_middleware(ReleaseMemory)  # outermost: a large request's memory is all freed when it trims the heap
     return app
+
+
+def _no_native_spans() -> dict:
+    """FastAPI 0.165+ makes its own server spans once a tracer provider is set (as tracing does): turned off,
+    ours (producer/gateway/core/tracing.py) are the gateway's, with any FastAPI."""
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters:
+        return {"telemetry": {"tracing": False}}
+    return {}
 
 
 def webhook_deliveries(settings: GatewaySettings, producer: AsyncProducer, options_of) -> dict[str, Deliveries]:

@@ -6,6 +6,7 @@ from pydantic import Field, PrivateAttr, model_validator
 
 from common.config import Settings
 from common.protocol import keys
+from common.tracing import OTLP_ENDPOINT_HELP
 from producer.gateway.core.apikeys import ApiKey, parse_api_keys
 from producer.gateway.jobs.webhookurls import WebhookPolicy
 
@@ -78,6 +79,7 @@ class GatewaySettings(Settings):
     batch_completion_seconds: float = Field(24 * 3600, gt=0, description="what completion_window '24h' grants: "
                                             "a batch still running this long after its creation expires (lower "
                                             "it only to test expiry)")
+    otlp_endpoint: str | None = Field(None, description=OTLP_ENDPOINT_HELP)
     _keys: dict[str, ApiKey] = PrivateAttr(default_factory=dict)
     _webhook_policy: WebhookPolicy = PrivateAttr(default_factory=WebhookPolicy)
 

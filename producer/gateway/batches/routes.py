@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from common.errors import NotFoundError, ValidationError, echo
 from common.protocol import keys
+from producer.client import traced
 from producer.client.core import redis_errors
 from producer.gateway.core.auth import require_key
 from producer.gateway.batches import objects
@@ -228,6 +229,9 @@ async def create_batch(body: BatchBody, request: Request, gw: Gateway = Depends(
             "output_ttl": body.output_expires_after.seconds if body.output_expires_after else None}
     if owner_of(request) is not None:
         meta["owner"] = owner_of(request)
+    traceparent, tracestate = traced.current()
+    if traceparent is not None:  # each line's trace links to this request's (docs/tracing.md)
+        meta["traceparent"], meta["tracestate"] = traceparent, tracestate
     with redis_errors():
         if not await store.create_batch(meta):  # the input file went since it was read
             raise _no_file(body.input_file_id)

@@ -27,6 +27,7 @@ import redis
 from common.errors import (DuplicateRequestError, EmbedfleetError, NoWorkerError, NotFoundError, QueueFullError,
                            UnavailableError)
 from common.protocol import keys
+from producer.client import traced
 from producer.gateway.core import encoding
 from producer.gateway.batches import lines as batchlines, objects
 from producer.gateway.batches.lines import Line
@@ -158,6 +159,7 @@ class Drive:
         self.lines: list[Line] | None = None
         self.stopping: str | None = None  # "cancelled" or "expired": queued lines are cancelled, none submitted
         self.waiting: set[str] = set()  # request ids submitted and waited for
+        self.trace: tuple[str | None, str | None] = (None, None)  # the creating request's span, each line's link
 
     async def run(self) -> None:
         while True:
@@ -165,6 +167,7 @@ class Drive:
             if batch is None:
                 raise BatchGone(self.batch_id)
             status = batch["status"]
+            self.trace = (batch["meta"].get("traceparent"), batch["meta"].get("tracestate"))
             if status in objects.ENDED:
                 await self.store.forget(self.batch_id)
                 return
@@ -313,7 +316,16 @@ class Drive:
         return keys.batch_line_request_id(self.batch_id, line.index)
 
     async def run_line(self, line: Line) -> Collected:
+        """A line's answer; with tracing on, in a trace of its own linked to the batch's creation (one trace per
+        line: a batch's thousands of lines in one trace would be past what trace viewers show)."""
         request_id = self.request_id(line)
+        with traced.linked("batch line", self.trace, {"embedfleet.batch.id": self.batch_id,
+                                                      "embedfleet.batch.line": line.index,
+                                                      "embedfleet.batch.custom_id": line.custom_id[:128],
+                                                      "messaging.message.id": request_id}):
+            return await self._run_line(line, request_id)
+
+    async def _run_line(self, line: Line, request_id: str) -> Collected:
         if line.body.truncate_prompt_tokens == 0:  # the route's answer: no rows, nothing queued (service.run)
             try:
                 result = await self.gw.no_inputs(line.body.model, line.body.param_fields())

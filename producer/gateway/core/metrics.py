@@ -100,14 +100,16 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = self._route(scope)
+            route = route_of(scope, self.routes)
             self.metrics.requests.labels(route=route, method=scope["method"], status=str(status)).inc()
             self.metrics.latency.labels(route=route).observe(time.perf_counter() - start)
 
-    def _route(self, scope: Scope) -> str:
-        route = scope.get("route")
-        if route is None:  # answered before routing (413 from the body limit, 405): match it ourselves
-            matches = [(r.matches(scope)[0], r) for r in self.routes]
-            route = next((r for m, r in matches if m == Match.FULL), None) or \
-                next((r for m, r in matches if m == Match.PARTIAL), None)
-        return getattr(route, "path", None) or "unmatched"
+
+def route_of(scope: Scope, routes) -> str:
+    """The route template that answered (or would have answered) a request: "unmatched" for none."""
+    route = scope.get("route")
+    if route is None:  # answered before routing (413 from the body limit, 405): match it ourselves
+        matches = [(r.matches(scope)[0], r) for r in routes]
+        route = next((r for m, r in matches if m == Match.FULL), None) or \
+            next((r for m, r in matches if m == Match.PARTIAL), None)
+    return getattr(route, "path", None) or "unmatched"

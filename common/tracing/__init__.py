@@ -1,0 +1,98 @@
+"""Traces of requests (OpenTelemetry, the `[tracing]` extra): the switch, and the W3C trace context a request
+carries through Redis. Nothing here imports OpenTelemetry: it loads only where tracing is on.
+
+    on        an entry point (gateway, worker) with --otlp-endpoint, or OTEL_EXPORTER_OTLP_ENDPOINT /
+              OTEL_EXPORTER_OTLP_TRACES_ENDPOINT set (OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none: off);
+              `start` then sets up the SDK (common/tracing/sdk.py) and returns it, else None
+    context   a request's `traceparent` / `tracestate` (common/request.py), W3C Trace Context level 1: the
+              caller's span as the producer saw it, so the worker's spans are its children
+    client    the producer clients (Python) trace where the application has OpenTelemetry loaded: they use
+              its tracer provider and its current span (common/tracing/spans.py)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping
+
+from common.errors import StartupError
+
+# W3C Trace Context: version 00, lowercase hex; an all-zero trace id or span id is invalid.
+_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+# a tracestate list member: key=value (keys: lowercase, digits, _-*/ and one @ for a tenant; values: printable
+# ASCII but ',' and '=', not ending in a space); at most 32 members, 512 characters in all
+_TRACESTATE_MEMBER = re.compile(r"[a-z0-9][_0-9a-z\-*/]{0,240}(@[a-z][_0-9a-z\-*/]{0,13})?="
+                                r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
+MAX_TRACESTATE = 512
+MAX_TRACESTATE_MEMBERS = 32
+TRACEPARENT_FORMAT = "00-<32 lowercase hex: trace id, not all 0>-<16 lowercase hex: span id, not all 0>-<2 hex: flags>"
+
+
+OTLP_ENDPOINT_HELP = ("send traces to this OpenTelemetry collector (OTLP/HTTP base URL, e.g. http://localhost:4318; "
+                     "TEI's flag); also on with OTEL_EXPORTER_OTLP_ENDPOINT (docs/tracing.md)")
+
+
+def traceparent_problem(value: str) -> str | None:
+    """What is wrong with a `traceparent` (W3C Trace Context, version 00), or None."""
+    found = _TRACEPARENT.fullmatch(value)
+    if found is None:
+        return f"`traceparent` must be {TRACEPARENT_FORMAT} (W3C Trace Context), got {value[:80]!r}"
+    if found[1] == "0" * 32 or found[2] == "0" * 16:
+        return f"`traceparent` has an all-zero trace id or span id, which W3C Trace Context forbids: {value!r}"
+    return None
+
+
+def tracestate_problem(value: str) -> str | None:
+    """What is wrong with a `tracestate` (W3C: key=value list members, comma-separated), or None."""
+    if len(value) > MAX_TRACESTATE:
+        return f"`tracestate` is {len(value)} characters; at most {MAX_TRACESTATE} are carried"
+    members = [m.strip(" \t") for m in value.split(",")]
+    members = [m for m in members if m]
+    if len(members) > MAX_TRACESTATE_MEMBERS:
+        return (f"`tracestate` has {len(members)} list members; W3C Trace Context allows at most "
+                f"{MAX_TRACESTATE_MEMBERS}")
+    bad = next((m for m in members if not _TRACESTATE_MEMBER.fullmatch(m)), None)
+    if bad is not None:
+        return f"`tracestate` member {bad[:80]!r} is not key=value as W3C Trace Context defines it"
+    return None
+
+
+def sampled(traceparent: str) -> bool:
+    """Whether the caller recorded its span (the flags' sampled bit); the worker's sampler honours it."""
+    return bool(int(traceparent[-2:], 16) & 1)
+
+
+def requested(endpoint: str | None, environ: Mapping[str, str]) -> bool:
+    """Whether an entry point traces: --otlp-endpoint, or OpenTelemetry's own endpoint variables; the standard
+    OTEL_SDK_DISABLED=true and OTEL_TRACES_EXPORTER=none turn it off whatever else is set."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+        return False
+    return bool(endpoint or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+                or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip())
+
+
+def start(service: str, endpoint: str | None, environ: Mapping[str, str] | None = None):
+    """The process's tracing (a common.tracing.sdk.Tracing: its tracer provider is made the global one), or None
+    when tracing is off. Called once, by an entry point. `service`: the service name unless OTEL_SERVICE_NAME
+    says another. Raises StartupError when tracing is asked for but cannot be set up (the extra is missing, an
+    unknown OTEL_EXPORTER_OTLP_PROTOCOL)."""
+    environ = os.environ if environ is None else environ
+    if not requested(endpoint, environ):
+        return None
+    try:
+        from common.tracing import sdk  # noqa: PLC0415 - OpenTelemetry is loaded only when tracing is on
+    except ImportError as exc:
+        raise StartupError(f"tracing is on (--otlp-endpoint or OTEL_EXPORTER_OTLP_ENDPOINT) but OpenTelemetry is "
+                           f"not installed ({exc}): pip install 'embedfleet[tracing]', or unset them") from exc
+    return sdk.setup(service, endpoint, environ)
+
+
+def client_loaded() -> bool:
+    """Whether this process has OpenTelemetry's API loaded (an application that traces, or a traced entry
+    point): only then do the producer clients make spans and carry the current context. Nothing else is
+    imported for tracing in a process that does not trace."""
+    return "opentelemetry.trace" in sys.modules
