@@ -6,8 +6,8 @@ carries through Redis. Nothing here imports OpenTelemetry: it loads only where t
               `start` then sets up the SDK (common/tracing/sdk.py) and returns it, else None
     context   a request's `traceparent` / `tracestate` (common/request.py), W3C Trace Context level 1: the
               caller's span as the producer saw it, so the worker's spans are its children
-    client    the producer clients (Python) trace where the application has OpenTelemetry loaded: they use
-              its tracer provider and its current span (common/tracing/spans.py)
+    client    the producer clients (Python) trace where the application has OpenTelemetry set up: they use
+              its tracer provider and its current span (common/tracing/spans.py, producer/client/traced.py)
 """
 
 from __future__ import annotations
@@ -91,8 +91,13 @@ def start(service: str, endpoint: str | None, environ: Mapping[str, str] | None 
     return sdk.setup(service, endpoint, environ)
 
 
-def client_loaded() -> bool:
-    """Whether this process has OpenTelemetry's API loaded (an application that traces, or a traced entry
-    point): only then do the producer clients make spans and carry the current context. Nothing else is
-    imported for tracing in a process that does not trace."""
-    return "opentelemetry.trace" in sys.modules
+def client_on() -> bool:
+    """Whether the producer clients trace here: the process has OpenTelemetry's API loaded (never imported for
+    this) and a tracer provider set up (an application that traces, or a traced entry point), or a current
+    span to carry. Elsewhere they make no span and import nothing (Redis's client may load the API itself)."""
+    api = sys.modules.get("opentelemetry.trace")
+    if api is None:
+        return False
+    if not isinstance(api.get_tracer_provider(), (api.ProxyTracerProvider, api.NoOpTracerProvider)):
+        return True
+    return api.get_current_span().get_span_context().is_valid

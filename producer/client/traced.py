@@ -2,7 +2,7 @@
 requests, whose context each request carries to the worker, and `wait` around waiting for a result; `linked`
 starts a trace of its own linked to another (the gateway's Batch API lines, to their batch).
 
-They exist where the application has OpenTelemetry loaded (common.tracing.client_loaded), with its tracer
+They exist where the application has OpenTelemetry set up (common.tracing.client_on), with its tracer
 provider and under its current span; elsewhere they are no-ops and nothing of OpenTelemetry is imported.
 """
 
@@ -50,10 +50,10 @@ def _carriable(traceparent: str | None, tracestate: str | None) -> tuple[str | N
 @contextlib.contextmanager
 def submit(model: str, queue: str, count: int) -> Iterator[Traced]:
     """The span of one submit of `count` requests to `queue`."""
-    if not tracing.client_loaded():
+    if not tracing.client_on():
         yield _OFF
         return
-    from common.tracing import spans  # noqa: PLC0415 - only where the application has OpenTelemetry loaded
+    from common.tracing import spans  # noqa: PLC0415 - only where the application traces
 
     attributes = {"messaging.system": QUEUE_SYSTEM, "messaging.operation.type": "send",
                   "messaging.operation.name": "submit", "messaging.destination.name": queue,
@@ -66,10 +66,10 @@ def submit(model: str, queue: str, count: int) -> Iterator[Traced]:
 def wait(request_id: str) -> Iterator[Traced]:
     """The span of waiting for one request's result (from its wait to its result read: the worker's queue
     wait, work and publish, and the wake-up)."""
-    if not tracing.client_loaded():
+    if not tracing.client_on():
         yield _OFF
         return
-    from common.tracing import spans  # noqa: PLC0415 - only where the application has OpenTelemetry loaded
+    from common.tracing import spans  # noqa: PLC0415 - only where the application traces
 
     with spans.client_span("wait", "internal", {"messaging.message.id": request_id}) as span:
         yield _Spanned(span, spans.carried)
@@ -78,9 +78,9 @@ def wait(request_id: str) -> Iterator[Traced]:
 def current() -> tuple[str | None, str | None]:
     """(traceparent, tracestate) of the current span, to be linked to later (a batch keeps its creator's); Nones
     where there is none."""
-    if not tracing.client_loaded():
+    if not tracing.client_on():
         return None, None
-    from common.tracing import spans  # noqa: PLC0415 - only where the application has OpenTelemetry loaded
+    from common.tracing import spans  # noqa: PLC0415 - only where the application traces
 
     return _carriable(*spans.carried())
 
@@ -88,10 +88,10 @@ def current() -> tuple[str | None, str | None]:
 @contextlib.contextmanager
 def linked(name: str, link: tuple[str | None, str | None], attributes: dict) -> Iterator[Traced]:
     """A span that starts a trace of its own, linked to the span `link` names, current while the block runs."""
-    if not tracing.client_loaded():
+    if not tracing.client_on():
         yield _OFF
         return
-    from common.tracing import spans  # noqa: PLC0415 - only where the application has OpenTelemetry loaded
+    from common.tracing import spans  # noqa: PLC0415 - only where the application traces
 
     with spans.linked_root(name, _carriable(*link), attributes) as span:
         yield _Spanned(span, spans.carried)

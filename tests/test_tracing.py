@@ -1,0 +1,267 @@
+"""Traces (docs/tracing.md) against a real OTLP/HTTP receiver (tests/otlpreceiver.py), with real gateway and
+worker processes on a real Redis: one request gives one trace, the worker's spans under the caller's; the
+request carries its W3C context through Redis; a collector that never answers costs a request nothing; with
+tracing off our code imports nothing of OpenTelemetry."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import yaml
+
+from common import tracing
+from common.errors import DecodeError, StartupError, ValidationError
+from common.redisserver import free_port
+from common.request import WIRE_VERSION, EmbedRequest
+from common.codec import packb
+from tests.commands import ROOT
+from tests.otlpreceiver import Receiver, tree
+from tests.systemtools import need
+
+MODEL = "traced"
+WORKER_SPANS = {"queue wait", f"process {MODEL}", "take", "prepare", "tokenise", "forward", "finish", "publish"}
+FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "50"}  # ms: spans leave within a moment (the default is 5 s)
+
+
+def _caller() -> tuple[str, str, str]:
+    """A caller's span of its own: (trace id, span id, traceparent header)."""
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    return trace_id, span_id, f"00-{trace_id}-{span_id}-01"
+
+
+# -- the context a request carries -----------------------------------------------------------------------
+
+def test_a_request_carries_its_callers_context_through_its_wire_bytes():
+    _, _, traceparent = _caller()
+    request = EmbedRequest(model="m", inputs=["a"], traceparent=traceparent, tracestate="vendor=opaque,t@sys=1")
+    again = EmbedRequest.decode(request.encode())
+    assert (again.traceparent, again.tracestate) == (traceparent, "vendor=opaque,t@sys=1")
+    untraced = EmbedRequest(model="m", inputs=["a"]).encode()
+    assert b"traceparent" not in untraced and b"tracestate" not in untraced  # older workers refuse new fields
+
+
+@pytest.mark.parametrize("traceparent, words", [
+    ("00-" + "0" * 32 + "-" + "b" * 16 + "-01", "all-zero"),
+    ("00-" + "a" * 32 + "-" + "0" * 16 + "-01", "all-zero"),
+    ("00-" + "A" * 32 + "-" + "b" * 16 + "-01", "lowercase hex"),
+    ("01-" + "a" * 32 + "-" + "b" * 16 + "-01", "W3C Trace Context"),
+    ("00-" + "a" * 32 + "-" + "b" * 16 + "-01-extra", "W3C Trace Context"),
+    ("not a traceparent", "W3C Trace Context"),
+])
+def test_a_malformed_traceparent_is_refused_with_what_is_allowed(traceparent, words):
+    with pytest.raises(ValueError, match=words):
+        EmbedRequest(model="m", inputs=["a"], traceparent=traceparent)
+    # from Redis, it is input like any field: the request fails alone, decoding says why
+    raw = packb({"v": WIRE_VERSION, "id": "r1", "model": "m", "inputs": ["a"], "traceparent": traceparent})
+    with pytest.raises(DecodeError, match="traceparent"):
+        EmbedRequest.decode(raw)
+
+
+@pytest.mark.parametrize("tracestate, words", [
+    ("no-equals-sign", "key=value"), ("UPPER=1", "key=value"), ("k=" + "v" * 600, "512"),
+    (",".join(f"k{i}=v" for i in range(33)), "32"), ("k=a=b", "key=value"), ("k=tab\there", "key=value"),
+])
+def test_a_malformed_tracestate_is_refused(tracestate, words):
+    _, _, traceparent = _caller()
+    with pytest.raises(ValueError, match=words):
+        EmbedRequest(model="m", inputs=["a"], traceparent=traceparent, tracestate=tracestate)
+
+
+def test_a_tracestate_travels_only_with_a_traceparent():
+    with pytest.raises(ValueError, match="with a `traceparent` only"):
+        EmbedRequest(model="m", inputs=["a"], tracestate="k=v")
+
+
+def test_the_switch_is_the_flag_or_opentelemetrys_own_variables():
+    assert not tracing.requested(None, {})
+    assert tracing.requested("http://collector:4318", {})
+    assert tracing.requested(None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"})
+    assert tracing.requested(None, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"})
+    assert not tracing.requested("http://c:4318", {"OTEL_SDK_DISABLED": "true"})
+    assert not tracing.requested(None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_TRACES_EXPORTER": "none"})
+    assert tracing.start("svc", None, {}) is None
+
+
+def test_a_protocol_that_cannot_be_served_stops_the_start_in_one_line():
+    with pytest.raises(StartupError, match="http/json.*not supported"):
+        tracing.start("svc", "http://c:4318", {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
+    with pytest.raises(StartupError, match="pip install opentelemetry-exporter-otlp-proto-grpc"):
+        tracing.start("svc", "http://c:4317", {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"})
+
+
+def test_a_python_caller_with_a_bad_tracestate_still_submits():
+    """What OpenTelemetry accepts but the wire refuses is left out, never a refused submit."""
+    from producer.client.traced import _carriable
+
+    _, _, traceparent = _caller()
+    assert _carriable(traceparent, "Bad Member") == (traceparent, None)
+    assert _carriable("junk", "k=v") == (None, None)
+    with pytest.raises(ValidationError):  # the check it guards against
+        from producer.client.core import build_request
+        build_request(["a"], "m", None, {}, trace=(traceparent, "Bad Member"))
+
+
+# -- processes --------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def fleet(redis_url: str, worker_env: dict, gateway_env: dict, gateway_flags: tuple = ()):
+    """A worker process (null model, served as MODEL) and a gateway process; yields the gateway's URL."""
+    base = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED"):
+        base.pop(name, None)
+    worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", "null:8",
+                               "--served-model-name", MODEL, "--poll-timeout", "1", "--no-log-rounds"],
+                              env={**base, **worker_env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    port = free_port()
+    gateway = subprocess.Popen([sys.executable, "-m", "producer.gateway", "--redis-url", redis_url, "--port",
+                                str(port), "--log-level", "warning", "--no-access-log", *gateway_flags],
+                               env={**base, **gateway_env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/v1/models", timeout=5).json().get("data"):
+                    break
+            assert worker.poll() is None and gateway.poll() is None, "the worker or the gateway exited"
+            assert time.monotonic() < deadline, "the fleet did not come up"
+            time.sleep(0.2)
+        yield url, worker, gateway
+    finally:
+        for process in (gateway, worker):
+            if process.poll() is None:
+                process.terminate()
+        for process in (gateway, worker):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(60)
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def _parent_chain(spans, span, root_id: str) -> list[str]:
+    """The names from `span` up through its parents, ending at the caller's span id (AssertionError where the
+    chain breaks: a parent that is not among the trace's spans and is not the caller's)."""
+    by_id = {s.span_id: s for s in spans}
+    chain = [span.name]
+    while span.parent_id != root_id:
+        assert span.parent_id in by_id, f"{chain} lost its parent ({span.parent_id!r}) on the way to the caller's " \
+                                        f"span {root_id}:\n{tree(spans)}"
+        span = by_id[span.parent_id]
+        chain.append(span.name)
+    return chain
+
+
+def test_one_request_through_the_gateway_is_one_trace_with_the_workers_spans_under_the_callers(redis_url):
+    """The caller sends a traceparent; the gateway's, producer's and worker's spans all land in the caller's
+    trace, and every worker span's parent chain reaches the caller's span. The worker is switched on by
+    OpenTelemetry's variable, the gateway by --otlp-endpoint."""
+    receiver = Receiver()
+    try:
+        with fleet(redis_url, {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, **FAST_EXPORT}, FAST_EXPORT,
+                   ("--otlp-endpoint", receiver.url)) as (url, _worker, _gateway):
+            trace_id, caller_span, traceparent = _caller()
+            answer = httpx.post(f"{url}/v1/embeddings", json={"model": MODEL, "input": ["one", "two three"]},
+                                headers={"traceparent": traceparent}, timeout=60)
+            assert answer.status_code == 200, answer.text
+
+            def complete(spans):
+                names = {s.name for s in spans if s.trace_id == trace_id}
+                return WORKER_SPANS <= names and {"POST /v1/embeddings", f"submit {MODEL}", "wait"} <= names
+
+            spans = [s for s in receiver.wait_for(complete) if s.trace_id == trace_id]
+    finally:
+        receiver.close()
+    shown = tree(spans)
+    services = {s.name: s.service for s in spans}
+    assert services["POST /v1/embeddings"] == services[f"submit {MODEL}"] == "embedfleet-gateway", shown
+    assert {services[name] for name in WORKER_SPANS} == {"embedfleet-worker"}, shown
+    server = next(s for s in spans if s.name == "POST /v1/embeddings")
+    assert server.parent_id == caller_span and server.kind == "server", shown
+    assert server.attributes["http.response.status_code"] == 200
+    submit = next(s for s in spans if s.name == f"submit {MODEL}")
+    assert submit.kind == "producer" and submit.parent_id == server.span_id, shown
+    for span in spans:
+        if span.service == "embedfleet-worker":
+            chain = _parent_chain(spans, span, caller_span)
+            assert f"submit {MODEL}" in chain and "POST /v1/embeddings" in chain, (chain, shown)
+    process = next(s for s in spans if s.name == f"process {MODEL}")
+    assert process.kind == "consumer" and process.parent_id == submit.span_id, shown
+    forward = next(s for s in spans if s.name == "forward")
+    assert forward.attributes["embedfleet.request.inputs"] == 2 and forward.attributes["embedfleet.round.rows"] >= 2
+    assert forward.attributes["embedfleet.request.tokens"] > 0 and forward.attributes["embedfleet.round.passes"] >= 1
+    # each worker step lies within the process span, in pipeline order
+    steps = [next(s for s in spans if s.name == name) for name in ("take", "prepare", "forward", "finish", "publish")]
+    assert all(process.start_ns <= s.start_ns <= s.end_ns <= process.end_ns for s in steps), shown
+    assert [s.start_ns for s in steps] == sorted(s.start_ns for s in steps), shown
+    print(f"\nthe trace of one request:\n{shown}")
+
+
+# -- tracing off ------------------------------------------------------------------------------------------
+
+_NO_IMPORT = r"""
+import importlib.abc, json, sys, threading
+importers = {}
+class Watch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "opentelemetry" and name not in importers:
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_globals.get("__name__", "").startswith(("importlib", "_frozen")):
+                frame = frame.f_back
+            importers[name] = frame.f_globals.get("__name__") if frame is not None else None
+        return None
+sys.meta_path.insert(0, Watch())
+from producer import Producer
+from tests.nullworker import NULL, null_worker
+with null_worker(sys.argv[1]) as worker:
+    worker.serve()
+    with Producer(sys.argv[1]) as producer:
+        vectors = producer.embed(["a text", "another"], NULL)
+print(json.dumps({"rows": len(vectors), "importers": importers,
+                  "ours": sorted(m for m in sys.modules if m.startswith(("common.tracing.", "producer.client.traced"))
+                                 and m != "producer.client.traced")}))
+"""
+
+
+def test_with_tracing_off_our_code_imports_nothing_of_opentelemetry(redis_url):
+    """A producer and a worker round, tracing off: no module of ours imports OpenTelemetry (Redis's client
+    may: redis-py loads its metrics' SDK where installed) and none of our OpenTelemetry modules is loaded."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, "-c", _NO_IMPORT, redis_url], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["rows"] == 2
+    ours = {module: by for module, by in found["importers"].items()
+            if by is None or by.split(".")[0] in ("common", "producer", "worker")}
+    assert not ours, f"imported by our code with tracing off: {ours}"
+    assert found["ours"] == [], found["ours"]
+
+
+# -- compose ----------------------------------------------------------------------------------------------
+
+def test_compose_tracing_profile_runs_jaeger_and_points_the_fleet_at_it():
+    need("docker-compose", untested="docker-compose.yml's tracing profile")
+    done = subprocess.run(["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "--profile", "cpu", "--profile",
+                           "tracing", "config"], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, "REDIS_PASSWORD": "0123abcd", "EMBEDFLEET_OTLP_ENDPOINT":
+                               "http://jaeger:4318"})
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    assert services["jaeger"]["profiles"] == ["tracing"]
+    assert {p["target"] for p in services["jaeger"]["ports"]} == {16686}
+    for name in ("gateway", "worker"):
+        assert services[name]["environment"]["EMBEDFLEET_OTLP_ENDPOINT"] == "http://jaeger:4318"
+    assert "tracing" in services["worker"]["build"]["args"]["WORKER_EXTRAS"].split(",")
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert '".[gateway,cli,tracing]"' in dockerfile and "ARG WORKER_EXTRAS=worker,tracing" in dockerfile
