@@ -118,7 +118,7 @@ def test_every_key_written_in_a_full_scenario_is_described_in_keys_py(long_folde
                 assert asyncio.run(async_side()).ok
                 for request_id in [*ids, *lost, bulk]:
                     assert producer.wait(request_id, timeout=60).ok
-                assert worker.recovered == 2
+                assert worker.upkeep.recovered == 2
             finally:
                 worker.stop()
                 thread.join(30)
