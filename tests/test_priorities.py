@@ -50,15 +50,21 @@ def advertised(engine, conn, **options) -> BatchWorker:
 
 class DeviceTime:
     """The real engine whose forward step also takes `seconds`, as a device's would: the null model alone
-    serves a backlog of thousands before a test can submit behind it."""
+    serves a backlog of thousands before a test can submit behind it. Without a forward-pass shape: its rounds
+    are cut by request count (max_jobs) alone."""
+
+    shaper = None
+
+    def shape(self):
+        return None
 
     def __init__(self, engine, seconds: float):
         self.engine, self.caps, self.seconds = engine, engine.caps, seconds
-        self.prepare, self.finish = engine.prepare, engine.finish
+        self.prepare, self.finish, self.combine_parts = engine.prepare, engine.finish, engine.combine_parts
 
-    def forward(self, work, between=None):
+    def forward(self, work, between=None, **known):
         time.sleep(self.seconds)
-        return self.engine.forward(work, between)
+        return self.engine.forward(work, between, **known)
 
 
 def rq(conn, name: str) -> Queue:

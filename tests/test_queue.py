@@ -152,17 +152,23 @@ def test_reply_stream_gets_the_id(engine, redis_client):
 
 
 class GatedEngine:
-    """The real engine, held inside its forward step until the test lets it go, to observe a busy worker."""
+    """The real engine, held inside its forward step until the test lets it go, to observe a busy worker.
+    Without a forward-pass shape: its rounds are cut by request count (max_jobs) alone."""
+
+    shaper = None
+
+    def shape(self):
+        return None
 
     def __init__(self, engine):
         self.engine, self.caps = engine, engine.caps
-        self.prepare, self.finish = engine.prepare, engine.finish
+        self.prepare, self.finish, self.combine_parts = engine.prepare, engine.finish, engine.combine_parts
         self.entered, self.release = threading.Event(), threading.Event()
 
-    def forward(self, work, between=None):
+    def forward(self, work, between=None, **known):
         self.entered.set()
         assert self.release.wait(20)
-        return self.engine.forward(work, between)
+        return self.engine.forward(work, between, **known)
 
 
 def wait_for(condition, timeout=10.0):

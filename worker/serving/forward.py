@@ -106,7 +106,7 @@ class ForwardStage:
             self.device.busy(began, texts, round_.passes, round_.lower)
             self.live.on_device(len(round_.runnable), texts)
         try:
-            self.steps.forward(round_.work, between)
+            self.steps.forward(round_, between)
             if self.metrics is not None:
                 self.metrics.forwarded(round_.work, time.monotonic() - began)
                 self._report_shape()
@@ -164,7 +164,7 @@ class ForwardStage:
             return False  # run the round: the outage is the take stage's to ride out
 
     def _report_shape(self) -> None:
-        shaper = getattr(self.steps.engine, "shaper", None)
+        shaper = self.steps.engine.shaper
         if shaper is not None:
             self.metrics.shaped(shaper.current.tokens, shaper.current.rows, shaper.rate())
 

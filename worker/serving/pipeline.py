@@ -47,6 +47,7 @@ from common.request import job_reply_to
 from common.result import Result
 from common.serializer import MsgpackSerializer
 from worker.engine import stageclock
+from worker.engine.engine import ServingEngine
 from worker.serving.finish import FinishStage
 from worker.serving.forward import ForwardStage
 from worker.serving.gathering import Device
@@ -78,8 +79,9 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
     """Serves `engine.caps.name`'s queue in pipelined rounds; the model stays loaded in this process.
 
     Args:
-        engine: has `caps` (ModelCapabilities), `prepare(requests) -> Work`, `forward(Work)` and
-            `finish(Work) -> results` (same order, never raising for a bad request); worker.engine.engine.Engine.
+        engine: a worker.engine.engine.Engine, or anything that is a ServingEngine there: `caps`,
+            `prepare(requests) -> Work`, `forward(Work)`, `finish(Work) -> results` (same order, never raising for
+            a bad request), its forward-pass `shape()` and `shaper`, `combine_parts` (a spread request's result).
         connection: Redis client.
         cache: the fleet's vector cache (worker/serving/cache.py) around the engine (worker/serving/steps.py),
             with in-flight dedup (worker/serving/inflight.py); None: neither.
@@ -97,16 +99,18 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
         info: this worker's facts for its advert (device, dtype, batch budget; `embedfleet status`).
         queue: serve this one rq queue only; default: the model's queue of each priority level.
         bulk_share: one round in this many reads the lowest priority level first (worker/serving/levels.py).
+        chunks_per_job: a request with more chunks than this (a long input, worker/engine/chunking.py) is spread
+            over the fleet as parts of at most this many (worker/serving/spread.py); 0: every request runs here.
         metrics: a worker.serving.metrics.WorkerMetrics to record into, or None.
         Other keyword arguments go to rq's SimpleWorker.
     """
 
-    def __init__(self, engine, connection: Redis, *, cache=None, max_jobs: int = 64, result_ttl: int = RESULT_TTL,
-                 poll_timeout: int = 5, heartbeat_interval: float = HEARTBEAT_INTERVAL,
+    def __init__(self, engine: ServingEngine, connection: Redis, *, cache=None, max_jobs: int = 64,
+                 result_ttl: int = RESULT_TTL, poll_timeout: int = 5, heartbeat_interval: float = HEARTBEAT_INTERVAL,
                  lease: float = LEASE_SECONDS, max_deliveries: int = MAX_DELIVERIES,
                  drain_timeout: float = DRAIN_TIMEOUT, watchdog: tuple[float, float] | None = None,
                  name: str | None = None, queue: str | None = None, info: dict | None = None,
-                 bulk_share: int = BULK_SHARE, metrics=None, **kwargs):
+                 bulk_share: int = BULK_SHARE, chunks_per_job: int = 0, metrics=None, **kwargs):
         if max_jobs < 1:
             raise ValueError(f"max_jobs must be at least 1, got {max_jobs}")
         if result_ttl < 1:
@@ -123,7 +127,7 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
                          connection=connection, serializer=MsgpackSerializer, job_class=SafeJob,
                          default_result_ttl=result_ttl, **kwargs)
         self.engine = engine
-        self.steps = Steps(engine, cache)
+        self.steps = Steps(engine, cache, chunks_per_job)
         self.result_ttl = result_ttl
         self.queue = self.queues[0]
         self.schema = Levels(connection, [q.name for q in self.queues], self.name, result_ttl=result_ttl,
@@ -134,7 +138,8 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
             metrics.watch_stages(self.stages)
         self.store = Store(self.schema, connection, engine.caps.name, self.name)  # within Redis's value limit
         self.chunk_jobs = ChunkJobs(connection, [q.name for q in self.queues], engine.caps.name, result_ttl=result_ttl,
-                                    chunks_per_job=getattr(engine, "chunks_per_job", 0), limit=self.store.limit)
+                                    chunks_per_job=chunks_per_job, combine=engine.combine_parts,
+                                    limit=self.store.limit)
         self.inflight = InFlight(connection, cache.identity) if cache is not None else None
         self.lifecycle = Lifecycle(self.name, drain_timeout)
         self.ledger = Ledger(self.inflight.release if self.inflight is not None else None)

@@ -161,7 +161,7 @@ class TakeStage:
         if self.inflight is not None:
             block = self.inflight.block(block)
         stageclock.lap("other")
-        jobs, passes, shape = self.max_jobs, ROUND_PASSES, self._shape()
+        jobs, passes, shape = self.max_jobs, ROUND_PASSES, self.steps.engine.shape()
         if top:  # about one pass: its estimated tokens, and no more requests than a pass has rows
             jobs, passes = min(jobs, shape.rows) if shape is not None else jobs, 1
         max_tokens = passes * shape.tokens if shape is not None else 0  # 0: no limit but max_jobs
@@ -204,13 +204,8 @@ class TakeStage:
                 round_.run(job, request)
                 requests.append(request)
         if requests:
-            round_.work = self.steps.prepare(requests)
-        round_.passes = rounds.passes_of(round_.work, self._shape())
-
-    def _shape(self):
-        """The engine's forward-pass shape now (worker/engine/shaper.py), or None for an engine without one."""
-        shape = getattr(self.steps.engine, "shape", None)
-        return shape() if shape is not None else None
+            self.steps.prepare(round_, requests)
+        round_.passes = rounds.passes_of(round_, self.steps.engine.shape())
 
     def _flush_parked(self, handoff: Handoff) -> None:
         """Stopping: parked followers stop waiting for their leaders (answered now, or run in a last round)."""

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from common.protocol.keys import RECOVER_LIMIT
+from worker.engine.engine import ServingEngine
 from worker.serving.advertise import Advertiser
 from worker.serving.heartbeat import Watchdog
 from worker.serving.ledger import Ledger
@@ -31,8 +32,8 @@ class Upkeep:
     held. `recovered` counts the
     jobs of dead workers this worker requeued (written by the beat alone)."""
 
-    def __init__(self, name: str, levels: Levels, engine, *, ledger: Ledger, lifecycle: Lifecycle, live: LiveStats,
-                 interval: float, rq_beat: Callable[[], None], info: dict | None = None,
+    def __init__(self, name: str, levels: Levels, engine: ServingEngine, *, ledger: Ledger, lifecycle: Lifecycle,
+                 live: LiveStats, interval: float, rq_beat: Callable[[], None], info: dict | None = None,
                  stats: Callable[[], dict] | None = None, watchdog: Watchdog | None = None, inflight=None):
         self.name = name
         self.levels = levels
@@ -86,5 +87,5 @@ class Upkeep:
     def live_facts(self) -> dict:
         """The advert's changing part: idle, busy (holding taken jobs) or draining, and worker.serving.livestats'."""
         state = "draining" if self.lifecycle.draining.is_set() else "busy" if len(self.ledger) else "idle"
-        shaper = getattr(self.engine, "shaper", None)  # the shape in use and its measured rate
+        shaper = self.engine.shaper  # the shape in use and its measured rate
         return {"state": state, **self.live.facts(), **(shaper.facts() if shaper is not None else {})}
