@@ -130,13 +130,13 @@ def test_a_round_of_large_results_is_stored_in_calls_within_the_budget(redis_url
     worker.store.call_bytes = 1024 * 1024  # 400 KB results: two a call
     worker.advertiser.advertise()
     sent: list[int] = []
-    finish = worker.schema.finish
+    finish = worker.levels.finish
 
     def counted(answers, seconds):
         sent.append(sum(len(answer.blob) for answer in answers))
         return finish(answers, seconds)
 
-    worker.schema.finish = counted
+    worker.levels.finish = counted
     with Producer(redis_url) as producer:
         ids = producer.submit_many([[f"request {r} text {i}" for i in range(100)] for r in range(9)], MODEL)
         assert worker.work(burst=True)

@@ -111,7 +111,7 @@ def test_the_bulk_share_round_keeps_its_turn_and_interactive_work_still_runs_bet
     engine = Engine(model, max_batch_tokens=64, max_batch_size=4)
     worker = BatchWorker(engine, redis_client, max_jobs=1, poll_timeout=1, bulk_share=2)  # round 2 of 2: bulk first
     worker.advertiser.advertise()
-    levels, may_take = worker.schema, threading.Event()
+    levels, may_take = worker.levels, threading.Event()
     real_take = levels.take
 
     def take(*args, **kwargs):  # the real take; the share's round (the second) only once the test says so
@@ -166,7 +166,7 @@ def test_a_round_holds_a_few_passes_of_work_not_a_fixed_number_of_requests(tiny,
         round_ = worker.take_round(None)
         taken = round_.size
         worker.finishing.release(round_)
-        worker.schema.give_back(round_.runnable)
+        worker.levels.give_back(round_.runnable)
         # 16 passes of 128 tokens (2,048 estimated tokens) hold about 13 of these 16-text requests, not 40
         assert 1 <= taken < len(ids)
         BatchWorker(engine, redis_client, max_jobs=64, poll_timeout=1).work(burst=True)  # a worker of its own

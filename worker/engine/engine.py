@@ -28,7 +28,7 @@ from worker.engine.inputbounds import bound_inputs
 from worker.engine.models.base import Model
 from worker.engine.shaper import Shape, Shaper
 from worker.engine.latechunking import embed_spans
-from worker.engine.postprocess import cast, finish
+from worker.engine.postprocess import cast, cut_and_normalise
 from worker.engine.preprocess import Prepared, prepare_many
 from worker.engine.tasks.heads import finish_task
 from worker.engine.tasks.inputs import prepare_task
@@ -282,7 +282,7 @@ class Engine:
         input as a long input's chunks are (worker/engine/chunking.py), then cut, normalised and cast."""
         pooled = combine(rows, owners, weights, len(request.inputs))
         params = request.params
-        stored = cast(finish(pooled, params.dimensions, bool(params.use_activation)), params.embed_dtype)
+        stored = cast(cut_and_normalise(pooled, params.dimensions, bool(params.use_activation)), params.embed_dtype)
         return Result.success(request.id, self.caps.name, stored, params.embed_dtype, params.endianness,
                               prompt_tokens)
 
@@ -392,7 +392,7 @@ class Engine:
         try:
             if params.task != "embed" or params.outputs is not None:
                 return finish_task(self.model, request, vectors, prepared)
-            final = finish(vectors, params.dimensions, bool(params.use_activation))
+            final = cut_and_normalise(vectors, params.dimensions, bool(params.use_activation))
             stored = cast(final, params.embed_dtype)
             return Result.success(request.id, self.caps.name, stored, params.embed_dtype,
                                   params.endianness, prompt_tokens)

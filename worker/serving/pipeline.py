@@ -130,13 +130,13 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
         self.steps = Steps(engine, cache, chunks_per_job)
         self.result_ttl = result_ttl
         self.queue = self.queues[0]
-        self.schema = Levels(connection, [q.name for q in self.queues], self.name, result_ttl=result_ttl,
+        self.levels = Levels(connection, [q.name for q in self.queues], self.name, result_ttl=result_ttl,
                              lease=lease, share=bulk_share)
         self.metrics = metrics  # worker/serving/metrics.py's WorkerMetrics, or None
         self.stages = stageclock.Stages()  # seconds per thread and stage (worker/engine/stageclock.py)
         if metrics is not None:
             metrics.watch_stages(self.stages)
-        self.store = Store(self.schema, connection, engine.caps.name, self.name)  # within Redis's value limit
+        self.store = Store(self.levels, connection, engine.caps.name, self.name)  # within Redis's value limit
         self.chunk_jobs = ChunkJobs(connection, [q.name for q in self.queues], engine.caps.name, result_ttl=result_ttl,
                                     chunks_per_job=chunks_per_job, combine=engine.combine_parts,
                                     limit=self.store.limit)
@@ -145,7 +145,7 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
         self.ledger = Ledger(self.inflight.release if self.inflight is not None else None)
         live, device = LiveStats(), Device()
         watchdog = Watchdog(*watchdog) if watchdog else None
-        self.upkeep = Upkeep(self.name, self.schema, engine, ledger=self.ledger, lifecycle=self.lifecycle, live=live,
+        self.upkeep = Upkeep(self.name, self.levels, engine, ledger=self.ledger, lifecycle=self.lifecycle, live=live,
                              interval=heartbeat_interval, rq_beat=self.heartbeat, info=info,
                              stats=self.steps.stats, watchdog=watchdog, inflight=self.inflight)
         self.advertiser = self.upkeep.advertiser
@@ -155,10 +155,10 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
                      (self.exponential_backoff_factor, self.max_connection_wait_time))
         # A blocking read must end well inside the client's socket timeout (common.redisclient).
         poll_timeout = max(1, min(poll_timeout, self.dequeue_timeout, int(MAX_BLOCK)))
-        self.taking = TakeStage(self.name, self.schema, self.steps, max_jobs=max_jobs, max_deliveries=max_deliveries,
+        self.taking = TakeStage(self.name, self.levels, self.steps, max_jobs=max_jobs, max_deliveries=max_deliveries,
                                 poll_timeout=poll_timeout, ledger=self.ledger, device=device,
                                 lifecycle=self.lifecycle, rq=rq, inflight=self.inflight, metrics=metrics)
-        self.forwarding = ForwardStage(self.name, self.steps, self.schema, ledger=self.ledger, device=device,
+        self.forwarding = ForwardStage(self.name, self.steps, self.levels, ledger=self.ledger, device=device,
                                        lifecycle=self.lifecycle, live=live, heartbeat=self.heartbeat_thread,
                                        watchdog=watchdog, metrics=metrics)
         self.finishing = FinishStage(self.name, self.steps, self.store, self.chunk_jobs, ledger=self.ledger, live=live,
