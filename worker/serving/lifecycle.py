@@ -9,14 +9,12 @@ leases recover its jobs).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import signal
-import sys
 import threading
 from collections.abc import Callable
 
+from common.processes import exit_now  # the forced exits: a hung device call would never let a normal exit end
 from worker.engine import stageclock
 
 log = logging.getLogger("embedfleet.worker")
@@ -86,12 +84,3 @@ class Lifecycle:
                 raise
 
         return threading.Thread(target=run, name=f"{name}-{self.name}", daemon=True)
-
-
-def exit_now(code: int) -> None:
-    """End the process without unwinding: a hung device call would never let a normal exit finish."""
-    for handler in logging.getLogger().handlers + log.handlers:
-        with contextlib.suppress(Exception):
-            handler.flush()
-    sys.stderr.flush()
-    os._exit(code)
