@@ -105,7 +105,7 @@ def serve(argv: list[str]) -> int:
         "cache off" if cache is None else f"cache on {redact(settings.cache_url or url)}, model identity "
                                           f"{cache.identity}, entries live {settings.cache_ttl} s")
     worker.work(burst=settings.burst)
-    return 0
+    return worker.lifecycle.exit_code  # 130 after Ctrl-C, as a supervisor of several engines exits
 
 
 def _gpu_count(settings: WorkerSettings, ids: list[str | None]) -> int:

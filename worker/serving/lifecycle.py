@@ -4,7 +4,8 @@ whose death stops the worker.
 `stop()` (a warm stop, from any thread) lets every job already taken finish, then `work()` returns. SIGTERM and
 SIGINT drain: the round on the device finishes, the rounds not yet started go back to the head of the queue,
 and the process exits within the drain timeout; a second signal, or the timeout, ends the process at once (the
-leases recover its jobs).
+leases recover its jobs). Which signal began the drain is kept: `embedfleet worker` exits 130 after SIGINT (the
+shell's code for Ctrl-C), 0 after SIGTERM, as its supervisor does (worker/serving/supervise.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import signal
 import threading
 from collections.abc import Callable
 
+from common.console import EXIT_INTERRUPTED
 from common.processes import exit_now  # the forced exits: a hung device call would never let a normal exit end
 from worker.engine import stageclock
 
@@ -24,13 +26,15 @@ FORCED_EXIT = 1  # a second stop signal, or a drain past its timeout
 
 
 class Lifecycle:
-    """The stop and drain flags of one worker: events, set from any thread, never cleared."""
+    """The stop and drain flags of one worker (events, set from any thread, never cleared), and the signal
+    that began its drain."""
 
     def __init__(self, name: str, drain_timeout: float):
         self.name = name
         self.drain_timeout = drain_timeout
         self.stopping = threading.Event()  # take nothing more; end once what is held is finished
         self.draining = threading.Event()  # ... and give back what has not reached the device
+        self.signal: int | None = None  # SIGTERM or SIGINT: the first stop signal (the one that began the drain)
         self._lock = threading.Lock()
 
     @property
@@ -39,6 +43,11 @@ class Lifecycle:
 
     def stop(self) -> None:
         self.stopping.set()
+
+    @property
+    def exit_code(self) -> int:
+        """The process's code once drained: 130 after SIGINT (Ctrl-C), else 0."""
+        return EXIT_INTERRUPTED if self.signal == signal.SIGINT else 0
 
     def begin_drain(self) -> bool:
         """Set both flags and start the drain's deadline; True the first time only."""
@@ -61,6 +70,7 @@ class Lifecycle:
                 log.warning("worker %s: second %s; exiting now (the leases recover its jobs)", self.name, name)
                 exit_now(FORCED_EXIT)
             log.info("worker %s: %s: draining (a second signal exits at once)", self.name, name)
+            self.signal = signum
             drain()
 
         signal.signal(signal.SIGINT, on_signal)
