@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import types
 import typing
@@ -26,18 +27,21 @@ class Settings(BaseSettings):
     # `EMBEDFLEET_THREADS: ${THREADS:-}` as "" when the user set nothing.
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", env_ignore_empty=True)
     discovers_redis: ClassVar[bool] = True  # False where no URL means something else (`up` starts one)
+    # --help's sections, in order: (title, field names); the fields of no section come last, under "options"
+    flag_groups: ClassVar[tuple[tuple[str, tuple[str, ...]], ...]] = ()
+    # flags a parent process sets on its children: accepted, never listed by --help
+    internal_flags: ClassVar[frozenset[str]] = frozenset()
 
-    redis_url: str | None = Field(None, description="Redis of the fleet; default: the running `embedfleet up`'s, "
+    redis_url: str | None = Field(None, description="the fleet's Redis; default: the running `embedfleet up`'s, "
                                                     "else redis://127.0.0.1:6379/0")
-    redis_tls_ca: str | None = Field(None, description="CA certificate file (PEM) that signed the Redis server's "
-                                                       "certificate, for rediss:// URLs")
-    redis_tls_cert: str | None = Field(None, description="client certificate file (PEM), for a Redis that checks "
-                                                         "clients (tls-auth-clients)")
-    redis_tls_key: str | None = Field(None, repr=False, description="the client certificate's private key (PEM)")
-    redis_shards: str | None = Field(None, description="models on Redis shards of their own: MODEL=URL[;MODEL=URL]"
-                                                       " or @FILE (JSON object or MODEL=URL lines); other models "
-                                                       "live on --redis-url")
-    debug: bool = Field(False, description="on an error, print the traceback, not only its one-line summary")
+    redis_tls_ca: str | None = Field(None, description="CA file (PEM) of the server's certificate, for rediss:// "
+                                                       "URLs")
+    redis_tls_cert: str | None = Field(None, description="client certificate (PEM), for a Redis with "
+                                                         "tls-auth-clients")
+    redis_tls_key: str | None = Field(None, repr=False, description="that certificate's private key (PEM)")
+    redis_shards: str | None = Field(None, description="models on a Redis of their own: MODEL=URL[;MODEL=URL] "
+                                                       "or @FILE")
+    debug: bool = Field(False, description="on an error, print the traceback too")
     _shards: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @field_validator("*", mode="before")
@@ -69,9 +73,16 @@ class Settings(BaseSettings):
 
     @classmethod
     def parser(cls, prog: str, description: str) -> argparse.ArgumentParser:
-        parser = OneLineParser(prog=prog, description=description)
-        for name, field in cls.model_fields.items():
-            _add_flag(parser, name, field)
+        parser = OneLineParser(prog=prog, description=description, formatter_class=_Formatter,
+                               epilog=f"Each flag is also an environment variable: --redis-url URL is {ENV_PREFIX}"
+                                      "REDIS_URL=URL (empty: unset; a flag wins over its variable).")
+        grouped = {name for _, names in cls.flag_groups for name in names}
+        sections = [(parser.add_argument_group(title), names) for title, names in cls.flag_groups]
+        rest = parser.add_argument_group("options") if sections else parser
+        sections.append((rest, tuple(name for name in cls.model_fields if name not in grouped)))
+        for section, names in sections:
+            for name in names:
+                _add_flag(section, name, cls.model_fields[name], hidden=name in cls.internal_flags)
         return parser
 
     @classmethod
@@ -104,18 +115,30 @@ def _problems(errors: list[dict], given: dict) -> str:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a usage error as one line, `embedfleet: <what>; <what to do>`, exit code 2."""
+    """argparse that reports a usage error as one line, `embedfleet: <what>; <what to do>`, exit code 2, and
+    whose usage line is `prog [options] POSITIONALS` (the flags are listed below it, by section)."""
 
     def error(self, message: str) -> typing.NoReturn:
         sys.stderr.write(f"embedfleet: {message}; see `{self.prog} --help`\n")
         sys.exit(2)
 
+    def format_help(self) -> str:
+        if self.usage is None:
+            positionals = [action.metavar or action.dest for action in self._actions if not action.option_strings]
+            self.usage = " ".join(["%(prog)s", "[options]", *positionals])
+        return super().format_help()
 
-def _add_flag(parser: argparse.ArgumentParser, name: str, field) -> None:
+
+class _Formatter(argparse.HelpFormatter):
+    """Flags and their help side by side, within 110 columns."""
+
+    def __init__(self, prog: str):
+        super().__init__(prog, max_help_position=34, width=min(shutil.get_terminal_size().columns, 110))
+
+
+def _add_flag(parser, name: str, field, hidden: bool = False) -> None:
     flag = "--" + name.replace("_", "-")
-    env = ENV_PREFIX + name.upper()
-    default = "required" if field.is_required() else f"default {field.default!r}"
-    help_text = f"{field.description or ''} [env {env}; {default}]".strip()
+    help_text = argparse.SUPPRESS if hidden else _help(field)
     kind = _base_type(field.annotation)
     if kind is bool:
         parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
@@ -127,7 +150,29 @@ def _add_flag(parser: argparse.ArgumentParser, name: str, field) -> None:
     elif typing.get_origin(kind) is typing.Literal:
         parser.add_argument(flag, choices=typing.get_args(kind), default=argparse.SUPPRESS, help=help_text)
     else:
-        parser.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)
+        parser.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text, metavar=_metavar(name, kind))
+
+
+def _help(field) -> str:
+    """The field's description and its default, where it has one worth saying (not None, not off) and the
+    description does not say it already."""
+    default = field.default
+    if field.is_required():
+        said = "required"
+    elif default is None or default is False or "default" in (field.description or ""):
+        said = ""
+    else:
+        said = "default: on" if default is True else f"default: {default}"
+    return f"{field.description or ''}{f' [{said}]' if said else ''}".strip().replace("%", "%%")
+
+
+def _metavar(name: str, kind) -> str:
+    """SECONDS for a duration, N for a count, else the name's last word: --redis-url URL, --model MODEL."""
+    if name.endswith(("seconds", "timeout", "_ttl")):
+        return "SECONDS"
+    if kind in (int, float):
+        return "N" if kind is int else "X"
+    return name.rsplit("_", 1)[-1].upper()
 
 
 def _base_type(annotation):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import redis
 
-from common.errors import EmbedfleetError
+from common.errors import NO_WORKER_HINT, EmbedfleetError
 from common.redisclient import AccessError, access_problem
 
 EXIT_RUNTIME = 1
@@ -23,7 +23,7 @@ EXIT_INTERRUPTED = 130  # the shell's convention for a command stopped by Ctrl-C
 HINTS = {
     "redis_unavailable": "is the fleet running? start one with `embedfleet up`, or pass --redis-url URL",
     "model_not_found": "`embedfleet status` lists the served models; pass --model NAME",
-    "no_worker": "start a worker with `embedfleet worker` (or the whole fleet with `embedfleet up`)",
+    "no_worker": NO_WORKER_HINT,
     "timeout": "the fleet may be busy or stopped: check `embedfleet status`, or raise --timeout",
 }
 

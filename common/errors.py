@@ -8,10 +8,18 @@ import difflib
 
 MAX_MESSAGE = 2000  # characters an error message keeps: it is stored in result blobs and rq's failure records
 RAW_PREFIX = 1024  # bytes of a bad message a DecodeError keeps for the report
+MAX_ECHO = 64  # characters of a caller's id (a job, file, batch or model name, a path) that a message repeats
 
 
 def clip(text: str, limit: int = MAX_MESSAGE) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def echo(value: object) -> str:
+    """A caller's id or name as an error message repeats it: whole up to MAX_ECHO characters, else its start and
+    its length, so that a 5,000-character id is not sent back (and logged) in full. Not a string: its repr."""
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= MAX_ECHO else f"{text[:MAX_ECHO]}... ({len(text)} characters)"
 
 
 class EmbedfleetError(Exception):
@@ -78,6 +86,11 @@ class NoWorkerError(EmbedfleetError):
     """The model is known but no worker serving it is alive."""
 
     code = "no_worker"
+
+
+# What to do about a NoWorkerError (the CLI adds it where a message does not hold it already).
+NO_WORKER_HINT = ("start the fleet with `make up` (or `embedfleet up`), or a worker with `embedfleet worker`; or "
+                  "point at the fleet's Redis (--redis-url URL, EMBEDFLEET_REDIS_URL, Producer(redis_url=...))")
 
 
 class UnavailableError(EmbedfleetError):

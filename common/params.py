@@ -65,7 +65,7 @@ Dimensions = bounded_int("`dimensions`", 1, MAX_DIMENSIONS, f"a positive integer
 TruncatePromptTokens = Annotated[int, AfterValidator(_truncation),
                                  Field(json_schema_extra={"minimum": -1, "maximum": MAX_TOKENS})]
 # The HTTP bodies of vLLM's routes also take 0, which vLLM answers with no inputs at all (its renderer keeps 0
-# tokens and skips the prompts): the gateway answers that itself (producer/gateway/service.py); a request on
+# tokens and skips the prompts): the gateway answers that itself (producer/gateway/core/service.py); a request on
 # the queue never carries it.
 GatewayTruncation = Annotated[int, AfterValidator(lambda value: value if value == 0 else _truncation(value)),
                               Field(json_schema_extra={"minimum": -1, "maximum": MAX_TOKENS})]

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from common.errors import EmbedfleetError
 from producer import AsyncProducer
-from producer.gateway.errors import error_body, status_of
+from producer.gateway.core.errors import error_body, status_of
 
 
 @asynccontextmanager

@@ -7,12 +7,28 @@ import redis
 from hypothesis import settings
 
 from common.redisserver import RedisServer
+from tests.systemtools import INSTALL, untested
 
 pytest_plugins = ["tests.tinymodels", "tests.hashed"]  # tiny random model folders; the `fleet` of "hashed"
 
 # Shared, noisy 2-core machines: hypothesis' per-example deadline would make tests flaky.
 settings.register_profile("embedfleet", deadline=None)
 settings.load_profile("embedfleet")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter):
+    """One line after pytest's summary naming what went untested for want of a system tool
+    (tests/systemtools.py); only the line of counts comes after it."""
+    yield
+    found = [untested(report) for report in terminalreporter.stats.get("skipped", [])]
+    found = [what for what in found if what]
+    if found:
+        terminalreporter.write_line(
+            f"SKIPPED {len(found)} tests for want of system tools; NOT tested here: {'; '.join(sorted(set(found)))}. "
+            f"`{INSTALL}` installs them with apt (docker-compose, openssl, chromium, chromium-driver), then `make "
+            "test` again.",
+            red=True, bold=True)
 
 
 @pytest.fixture(scope="session")

@@ -8,15 +8,14 @@ import time
 import uvicorn
 
 from common.redisserver import free_port
-from producer.gateway import GatewaySettings, create_app
+from producer.gateway import GatewaySettings, create_app, server
 
 
 class Server:
     def __init__(self, settings: GatewaySettings):
         self.redis_url = settings.redis_url
         self.app = create_app(settings)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=settings.port,
-                                                    log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(self.app, **server.options(self.app, settings)))
         self.url = f"http://127.0.0.1:{settings.port}"
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
@@ -31,4 +30,4 @@ class Server:
 
 
 def settings(redis_url: str, **fields) -> GatewaySettings:
-    return GatewaySettings(redis_url=redis_url, port=free_port(), **fields)
+    return GatewaySettings(redis_url=redis_url, port=free_port(), **{"log_level": "warning", **fields})

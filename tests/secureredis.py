@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -13,12 +12,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pytest
 import redis
 
 from common.redisclient import ACL_GRANT
 from common.redisserver import find_redis_server, free_port
 from tests.commands import ROOT
+from tests.systemtools import missing, need
 
 DEFAULT_PASSWORD = "d3fault-pw"
 FLEET_PASSWORD = "fl33t-pw"
@@ -33,8 +32,7 @@ def openssl(*args: str, cwd: Path) -> None:
 
 def make_pki(folder: Path) -> dict[str, Path]:
     """A CA, a server certificate for 127.0.0.1 and a client certificate signed by it, and another CA."""
-    if shutil.which("openssl") is None:
-        pytest.skip("SKIPPED LOUDLY: no openssl on PATH (`make tools` installs it with apt); TLS untested")
+    need("openssl", untested="TLS to Redis")
     folder.mkdir(parents=True, exist_ok=True)
     for ca in ("ca", "other-ca"):
         openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{ca}.key", "-out", f"{ca}.crt",
@@ -75,7 +73,7 @@ class SecureRedis:
                 log = (folder / "redis.log").read_text() if (folder / "redis.log").exists() else ""
                 if self.process.poll() is not None:
                     if "TLS" in log or "tls" in log:
-                        pytest.skip(f"SKIPPED LOUDLY: this redis-server has no TLS support: {log[-300:]}")
+                        missing(f"TLS support in {find_redis_server()}", f"TLS to Redis ({log[-300:]})")
                     raise AssertionError(f"redis-server did not start: {log[-500:]}") from None
                 assert time.monotonic() < deadline, "redis-server did not answer within 10 s"
                 time.sleep(0.05)

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.protocol import keys
-from producer.gateway.apikeys import ApiKey, KeyLimiter, parse_api_keys
-from producer.gateway.errors import RateLimitedError
+from producer.gateway.core.apikeys import ApiKey, KeyLimiter, parse_api_keys
+from producer.gateway.core.errors import RateLimitedError
 from tests.commands import assert_one_line_error, clean_env, embedfleet
 from tests.gatewayserver import Server, settings
 from worker.engine.engine import Engine

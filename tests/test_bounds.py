@@ -16,8 +16,10 @@ from common.params import PoolingParams
 from common.request import EmbedRequest, PartOf, normalize_inputs
 from common.scheduling import priority_level, resolve_deadline
 from producer.client.tasks import check_rerank
-from producer.gateway.schemas import EmbedBody, JobBody, PoolingBody
-from producer.gateway.taskschemas import (ClassifyBody, DetokenizeBody, RerankBody, ScoreBody, TeiDecodeBody,
+from producer.gateway.core.schemas import EmbedBody
+from producer.gateway.jobs.schemas import JobBody
+from producer.gateway.vllm.schemas import PoolingBody
+from producer.gateway.tasks.schemas import (ClassifyBody, DetokenizeBody, RerankBody, ScoreBody, TeiDecodeBody,
                                           TeiRerankBody, TeiTokenizeBody, TokenizeBody)
 
 HUGE = 2**64  # one past what msgpack packs

@@ -6,6 +6,9 @@ from __future__ import annotations
 import base64
 import csv
 import json
+import os
+import pty
+import re
 import signal
 import subprocess
 import sys
@@ -258,3 +261,35 @@ def test_a_fleet_that_stops_answering_ends_the_run_with_its_progress_kept(tmp_pa
     assert done.returncode == 0, done.stderr
     assert "0 of 8 requests done, 2 in flight" in done.stderr
     assert_rows(np.load(out), texts(64))
+
+
+def test_the_progress_bar_moves_as_results_land_and_ends_on_done(tmp_path, fleet, env):
+    """The bar on a terminal (a pty, as a user's shell gives it): each frame's count of texts done, in order,
+    steps up as results land, and the last frame says done, with nothing left in flight."""
+    fleet(seconds_per_text=0.0005)
+    source, out = tmp_path / "in.txt", tmp_path / "out.npy"
+    write_input(source, texts())
+    parent, child = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "producer.cli", "embed", str(source), str(out), "--chunk", "50",
+                                "--progress"], env={**env, "COLUMNS": "120", "TERM": "xterm"}, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=child, text=True)
+    os.close(child)
+    shown = b""
+    while True:  # until the child closes its end of the pty
+        try:
+            chunk = os.read(parent, 65536)
+        except OSError:  # EIO: the child is gone
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(parent)
+    assert process.wait(60) == 0, shown[-2000:]
+    frames = [re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", frame).strip()
+              for frame in re.split(r"[\r\n]", shown.decode("utf-8", "replace"))]
+    frames = [frame for frame in frames if frame.startswith("embedding")]
+    counts = [int(re.search(r"(\d+)/2000", frame).group(1)) for frame in frames]
+    assert counts == sorted(counts) and len(set(counts)) >= 4, counts  # steps, not one jump at the end
+    assert frames[-1].startswith("embedding ✓") and re.search(r" 2000/2000 done [\d.,]+ texts/s in 0:\d\d:\d\d$",
+                                                              frames[-1]), frames[-1]
+    assert not [frame for frame in frames if "2000/2000" in frame and "in flight" in frame], frames[-3:]

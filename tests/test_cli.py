@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -63,6 +64,17 @@ def test_embed_a_file_into_npy_in_order(tmp_path, redis_url, serving, suffix, en
     np.testing.assert_allclose(np.concatenate([vectors[:5], vectors[-5:]]), expected, atol=1e-5)
 
 
+def test_without_a_fleet_embed_and_status_name_the_redis_they_looked_at(tmp_path, redis_url, env):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("hello\n")
+    done = embedfleet("embed", str(texts), str(tmp_path / "out.npy"), "--redis-url", redis_url, env=env)
+    assert_one_line_error(done, 1, f"no model is served on Redis {redis_url}", "`make up`", "--redis-url")
+    status = embedfleet("status", env={**env, "EMBEDFLEET_REDIS_URL": redis_url})
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.startswith(f"Redis {redis_url}\n"), status.stdout
+    assert "no model is served there (no live worker): start the fleet with `make up`" in status.stdout
+
+
 def test_embed_refuses_an_empty_file_and_status_lists_the_fleet(tmp_path, redis_url, redis_client, serving, env):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n")
@@ -111,6 +123,21 @@ def test_every_command_has_help_and_one_line_usage_errors(command, env):
     assert "--redis-url" in done.stdout and "--debug" in done.stdout
     files = ["texts.txt", "out.npy"] if command == "embed" else []
     assert_one_line_error(embedfleet(command, *files, "--no-such-flag", env=env), 2, "--no-such-flag", "--help")
+
+
+def test_worker_help_is_short_in_sections_and_hides_the_internal_replica_flag(env):
+    done = embedfleet("worker", "--help", env={**env, "COLUMNS": "100"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) < 100 and max(map(len, lines)) <= 100, done.stdout
+    assert lines[0] == "usage: embedfleet worker [options]"
+    for section in ("model:", "speed: batches, threads, processes:", "requests:", "reliability:", "vector cache:",
+                    "logs and metrics:", "Redis:"):
+        assert section in lines, section
+    assert "--replicas N" in done.stdout and not re.search(r"--replica\b(?!s)", done.stdout)
+    assert "EMBEDFLEET_REDIS_URL" in lines[-2] + lines[-1]  # the variables, said once
+    # hidden, not gone: the --replicas supervisor still hands it to its children
+    assert WorkerSettings.from_args(["--replica", "2/4"], "embedfleet worker", "").replica == "2/4"
 
 
 @pytest.mark.parametrize("command", ["status", "embed", "worker", "up"])

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import httpx
 import pytest
 
 from tests import gatewayserver
 from tests.hashed import MODEL
+from tests.systemtools import need
 
 KEY = "dashboard-test-key"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
 
 
 @pytest.fixture
@@ -65,16 +63,17 @@ def test_keys_from_api_keys_make_the_page_ask_too(redis_url):
 
 def chromium():
     """A headless Chromium session, or a skip that says what is missing."""
-    if not CHROMIUM or not CHROMEDRIVER:
-        pytest.skip("no headless browser: install Debian's chromium and chromium-driver (`make tools`, as root)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is missing: `make install`")
+    browser = need("chromium", "chromium-browser", untested="/dashboard in a browser")
+    driver = need("chromedriver", untested="/dashboard in a browser")
+    from selenium import webdriver
+
     options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
+    options.binary_location = browser
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--window-size=1400,900"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER), options=options)
+    return webdriver.Chrome(service=webdriver.ChromeService(executable_path=driver), options=options)
 
 
 def test_the_dashboard_shows_a_running_worker_in_a_real_browser(gateway, fleet, redis_url, tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,14 +21,13 @@ from common.codec import unpackb
 from common.redisserver import free_port
 from tests.commands import ROOT, assert_one_line_error, clean_env, embedfleet
 from tests.secureredis import embedfleet_process, stop
+from tests.systemtools import need
 
 PROFILES = {"cpu": "worker", "gpu": "worker-gpu"}
 
 
 def compose_config(profile: str) -> dict:
-    if shutil.which("docker-compose") is None:
-        pytest.skip("SKIPPED LOUDLY: Debian's docker-compose is not installed (`make tools` installs it as root "
-                    "with apt); docker-compose.yml is NOT validated")
+    need("docker-compose", untested="docker-compose.yml")
     done = subprocess.run(["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "--profile", profile,
                            "config"], capture_output=True, text=True, timeout=60, cwd=ROOT,
                           env={**os.environ, "REDIS_PASSWORD": "0123abcd"})
@@ -61,8 +59,7 @@ def test_compose_profile_is_valid_and_complete(profile):
 
 
 def test_compose_refuses_to_run_redis_without_a_password():
-    if shutil.which("docker-compose") is None:
-        pytest.skip("SKIPPED LOUDLY: no docker-compose (see test_compose_profile_is_valid_and_complete)")
+    need("docker-compose", untested="docker-compose.yml's REDIS_PASSWORD check")
     env = {k: v for k, v in os.environ.items() if k != "REDIS_PASSWORD"}
     done = subprocess.run(["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "config"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
@@ -103,8 +100,10 @@ def test_every_command_flag_and_variable_that_compose_and_the_dockerfile_pass_ex
         text = " ".join(done.stdout.split())  # argparse wraps its help
         for flag in (a.split("=")[0] for a in argv if a.startswith("--")):
             assert re.search(rf"(^|\s){re.escape(flag)}[\s,]", text), f"{where}: unknown flag {flag}"
-        for variable in env:
-            assert f"[env {variable};" in text, f"{where}: {variable} is not a setting of `{argv[0]}`"
+        for variable in env:  # EMBEDFLEET_MAX_JOBS is --max-jobs (the help says so once, at its end)
+            flag = "--" + variable.removeprefix("EMBEDFLEET_").lower().replace("_", "-")
+            assert re.search(rf"(^|\s){re.escape(flag)}[\s,]", text), f"{where}: {variable} is not a setting of " \
+                                                                     f"`{argv[0]}`"
     # The check itself: an unknown flag or variable is caught.
     done = embedfleet("worker", "--no-such-flag", "--help", env=clean_env(tmp_path))
     assert "--no-such-flag" not in done.stdout

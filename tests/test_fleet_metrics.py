@@ -141,7 +141,7 @@ def test_a_worker_started_with_a_metrics_port_serves_them(redis_url, redis_clien
 def test_the_keda_example_names_our_real_queue_and_gauges():
     import yaml
 
-    from producer.gateway.metrics import Metrics
+    from producer.gateway.core.metrics import Metrics
 
     docs = list(yaml.safe_load_all((ROOT / "deploy" / "keda-scaledobject.yaml").read_text()))
     triggers = [t for d in docs if d["kind"] == "ScaledObject" for t in d["spec"]["triggers"]]

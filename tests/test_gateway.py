@@ -129,8 +129,8 @@ def assert_error(response: httpx.Response, status: int, code: str, param: str | 
 def test_every_error_code_has_a_status_and_every_pooling_param_a_field():
     from common.errors import _BY_CODE
     from common.params import PoolingParams
-    from producer.gateway.errors import STATUS
-    from producer.gateway.schemas import EmbedBody
+    from producer.gateway.core.errors import STATUS
+    from producer.gateway.core.schemas import EmbedBody
 
     assert set(_BY_CODE) <= set(STATUS)
     assert set(PoolingParams.model_fields) <= set(EmbedBody.model_fields)

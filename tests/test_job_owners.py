@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from common.protocol import keys
-from producer.gateway.owners import fingerprint, may_see
+from producer.gateway.core.owners import fingerprint, may_see
 from tests.gatewayserver import Server, settings
 from tests.nullworker import NULL, null_worker
 from tests.test_job_push import read_events

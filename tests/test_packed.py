@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from common.request import EmbedRequest
+from tests.commands import clean_env
 from tests.tinymodels import cosines, sample_texts, save_tiny_bert, st_reference, wrap_sentence_transformers
 from worker.engine.engine import Engine
 from worker.engine.models.loader import load_model
@@ -143,3 +147,17 @@ def test_a_packed_path_the_dtype_check_refuses_is_unpacked_and_padded_judged_alo
     said = [r.getMessage() for r in caplog.records if r.name == "worker.engine.packed"]
     assert said[0].endswith("forward: packed (SDPA per text; probe cosine vs padded in float32 1.000000)"), said
     assert "forward: padded: packed in float16 fails (ValueError: " in said[1], said
+
+
+@pytest.mark.parametrize("packed", ["on", "off"])
+def test_the_start_up_lines_say_padded_tokens_only_for_a_padded_worker(packed, bert_mean, redis_url, tmp_path):
+    """A packed pass has no padding: its budget bounds real tokens, and the probe's and serving lines say so."""
+    done = subprocess.run([sys.executable, "-m", "producer.cli", "worker", "--model", bert_mean, "--packed", packed,
+                           "--probe-seconds", "0.5", "--burst", "--no-cache", "--redis-url", redis_url],
+                          env=clean_env(tmp_path), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if "batch budget probe" in line or "serving model" in line]
+    assert len(said) == 2, done.stderr[-3000:]
+    unit = "tokens" if packed == "on" else "padded tokens"
+    for line in said:
+        assert re.search(rf"\b\d+ {unit}, \d+ rows", line) and ("padded" in line) == (packed == "off"), line

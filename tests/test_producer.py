@@ -22,6 +22,7 @@ from common.params import PoolingParams
 from common.result import Result
 from common.serializer import MsgpackSerializer
 from producer import AsyncProducer, Producer
+from producer.client.core import looked_at
 from tests.tinymodels import sample_texts
 from worker.serving.pipeline import BatchWorker
 
@@ -192,9 +193,36 @@ def test_unknown_model_fails_at_submit_and_nothing_is_enqueued(producer, idle_wo
     assert not redis_client.keys("rq:queue:*")
 
 
-def test_no_worker_at_all_fails_at_submit(producer):
-    with pytest.raises(NoWorkerError, match="no worker is alive"):
+def test_no_worker_at_all_fails_at_submit(producer, redis_url):
+    with pytest.raises(NoWorkerError, match="no worker is alive") as caught:
         producer.submit("x")
+    # it names the Redis it looked at (often not the fleet's: some other program's) and what to do
+    assert f"on Redis {redis_url}" in caught.value.message and "`make up`" in caught.value.message
+    assert "--redis-url" in caught.value.message
+    with pytest.raises(UnknownModelError, match=f"not served on Redis {redis_url}: no worker is alive there"):
+        producer.submit("x", model="all-MiniLM-L6-v2")
+
+    async def submit_async():
+        async with AsyncProducer(redis_url) as aio:
+            await aio.submit("x")
+
+    with pytest.raises(NoWorkerError, match=f"on Redis {redis_url}: no worker is alive there; start the fleet"):
+        asyncio.run(submit_async())
+
+
+def test_no_worker_names_the_redis_without_its_password(configured_redis):
+    server = configured_redis("user fleet on >s3cret-pw ~* &* +@all")
+    url = server.url.replace("redis://", "redis://fleet:s3cret-pw@")
+    with Producer(url) as producer, pytest.raises(NoWorkerError) as caught:
+        producer.submit("x")
+    assert "s3cret-pw" not in caught.value.message
+    assert f"redis://fleet:***@127.0.0.1:{server.port}/0" in caught.value.message, caught.value.message
+
+
+def test_the_fallback_url_is_said_to_be_one():
+    assert "the fallback URL" in looked_at(["redis://127.0.0.1:6379/0"])
+    assert looked_at(["redis://127.0.0.1:6390/0", "redis://u:pw@10.0.0.2:6379/1"]) == \
+        "Redis redis://127.0.0.1:6390/0, redis://u:***@10.0.0.2:6379/1"
 
 
 def test_invalid_params_fail_at_submit_with_what_is_allowed(producer, idle_worker):

@@ -22,7 +22,7 @@ from common.result import Result
 from common.serializer import MsgpackSerializer
 from producer import AsyncProducer, Producer
 from common.protocol import operations
-from producer.gateway.service import save_job_options
+from producer.gateway.core.service import save_job_options
 from tests.answers import MODEL, advertise, answer
 from tests.gatewayserver import Server, settings
 

@@ -111,6 +111,10 @@ def test_up_serves_is_found_without_flags_and_ctrl_c_stops_everything_in_order(t
         up.wait_up()
         output = up.output
         assert "all-MiniLM-L6-v2" in output and f"http://127.0.0.1:{port}/v1/embeddings" in output
+        # the banner's commands run as printed, from the directory `up` was started in
+        venv = Path(sys.executable).parent
+        assert f"  Status:  {os.path.relpath(venv / 'embedfleet')} status" in output or \
+            f"  Status:  {venv / 'embedfleet'} status" in output, output
         assert f"rq info --url {up.redis_url} --serializer common.serializer.MsgpackSerializer" in output
         texts = ["the fleet is up", "one command starts Redis, a worker and the gateway"]
         reference = SentenceTransformer(minilm_path, device="cpu").encode(texts)
@@ -129,6 +133,9 @@ def test_up_serves_is_found_without_flags_and_ctrl_c_stops_everything_in_order(t
         fleet = json.loads(status.stdout)
         assert fleet["redis"] == up.redis_url and fleet["models"][0]["name"] == "all-MiniLM-L6-v2"
         assert fleet["models"][0]["live_workers"] == 1
+        status = embedfleet("status", env=env)  # the table begins with what the banner said
+        assert status.stdout.startswith(f"Redis {up.redis_url}\ngateway http://127.0.0.1:{port} (`embedfleet up`, "
+                                        "pid "), status.stdout
         (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
         embedded = embedfleet("embed", str(tmp_path / "texts.txt"), str(tmp_path / "out.npy"), env=env)
         assert embedded.returncode == 0, embedded.stderr
@@ -149,6 +156,10 @@ def test_up_serves_is_found_without_flags_and_ctrl_c_stops_everything_in_order(t
     assert first("stopping the gateway") < first("stopping 1 worker(s)") < first("withdrew model") \
         < first("stopping Redis") < first("embedfleet: stopped"), up.output
     assert not [line for line in lines if ERROR_LINE.search(line)], up.output
+    # Quiet by default: no line per HTTP request (nor for `up`'s own /health polls), per worker round, or per
+    # rq maintenance run.
+    assert not [line for line in up.lines if "HTTP/1.1" in line or "cleaning registries" in line
+                or ": round of " in line], up.output
     assert not [pid for pid in [pids["redis"], pids["gateway"], *pids["workers"]] if alive(pid)]
     assert not state_file.exists()
     with pytest.raises(redis.ConnectionError):
@@ -173,7 +184,8 @@ def test_two_ups_side_by_side_and_a_stale_advert_fools_neither(tmp_path, bert_me
     plant_stale_advert(tmp_path / "b", "tiny")
     ports = [free_port(), free_port()]
     ups = [Up("--redis-port", "0", "--port", str(port), "--data-dir", str(tmp_path / name), "--model", bert_mean,
-              "--served-model-name", "tiny", env=env) for name, port in zip("ab", ports)]
+              "--served-model-name", "tiny", *flags, env=env)
+           for name, port, flags in zip("ab", ports, ([], ["--access-log"]))]
     try:
         for up in ups:
             up.wait_up()
@@ -194,9 +206,12 @@ def test_two_ups_side_by_side_and_a_stale_advert_fools_neither(tmp_path, bert_me
                                              headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=60) as response:
                 assert len(json.load(response)["data"][0]["embedding"]) == 32
+        ups[1].wait_for('"POST /v1/embeddings HTTP/1.1" 200')  # --access-log: a line per request and round
+        ups[1].wait_for(": round of 1: 1 served")
         for up in ups:
             assert up.stop(signal.SIGTERM) == 0, up.output
             assert not [line for line in up.lines if ERROR_LINE.search(line)], up.output
+        assert not [line for line in ups[0].lines if "HTTP/1.1" in line or ": round of " in line], ups[0].output
     finally:
         for up in ups:
             up.kill()

@@ -37,6 +37,9 @@ def serve(argv: list[str]) -> int:
 
         check_placement(connection, _cache_redis(settings))  # a refusal comes now, not after the model loads
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("rq.worker").addFilter(_maintenance_at_debug)
+    if not settings.log_rounds:
+        logging.getLogger("embedfleet.worker.rounds").setLevel(logging.WARNING)
     from worker.serving import gpus  # noqa: PLC0415 - the per-GPU supervisor loads no model itself
 
     ids = gpus.visible_gpus(settings.gpus, dict(os.environ)) if settings.gpus else [None]
@@ -100,12 +103,22 @@ def serve(argv: list[str]) -> int:
         "serving model %s (%s, dim %d, max length %d, %s on %s, engine %s, %s, probe cosine vs float32 %.6f, "
         "batches of %s) "
         "from queue %s on %s as %s; %s", model.caps.name, path, model.caps.embedding_size, model.caps.max_model_len,
-        dtype, device, engine_label, threads.describe(), model.fidelity, budget.describe(), worker.queue.name,
+        dtype, device, engine_label, threads.describe(), model.fidelity, budget.describe(info["forward"] == "packed"),
+        worker.queue.name,
         redact(url), worker.name,
         "cache off" if cache is None else f"cache on {redact(settings.cache_url or url)}, model identity "
                                           f"{cache.identity}, entries live {settings.cache_ttl} s")
     worker.work(burst=settings.burst)
     return worker.lifecycle.exit_code  # 130 after Ctrl-C, as a supervisor of several engines exits
+
+
+def _maintenance_at_debug(record: logging.LogRecord) -> bool:
+    """rq logs its registry clean-up at INFO, a line per queue at each maintenance run (every minute here:
+    MAINTENANCE_INTERVAL in worker/serving/pipeline.py): routine, so it is logged at DEBUG."""
+    if record.levelno == logging.INFO and str(record.msg).startswith("Worker %s: cleaning"):
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+    return True
 
 
 def _gpu_count(settings: WorkerSettings, ids: list[str | None]) -> int:

@@ -22,7 +22,7 @@
     embedfleet:job:<id>             STRING  the HTTP gateway's answer options for an async job (JSON:
                                             encoding_format, explicit layout, webhook URL, and with API
                                             keys its owner: a fingerprint of the key,
-                                            producer/gateway/owners.py), TTL JOB_TTL +
+                                            producer/gateway/core/owners.py), TTL JOB_TTL +
                                             RESULT_TTL while the job waits; `publish` gives it the result's TTL in
                                             the result's own pipeline, so it outlives its result by at
                                             most that round trip (and a job dropped unserved by RESULT_TTL)

@@ -11,7 +11,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from common import fleetstate
 from common.config import Settings
+from common.errors import NO_WORKER_HINT
 from common.redisclient import redact
 
 DOC = """Served models and their queues per priority (depth, oldest job's age, in progress), live workers (host,
@@ -58,11 +60,16 @@ def run(settings: StatusSettings, as_json: bool = False) -> int:
 
 
 def render(fleet: dict, settings: StatusSettings) -> Group:
-    parts: list = [Text(f"Redis {fleet['redis']}")]
+    from producer.client.core import looked_at  # noqa: PLC0415 - as Producer above: after the flags
+
+    parts: list = [Text(looked_at([settings.redis_url]) if settings.redis_url else f"Redis {fleet['redis']}")]
+    for up in fleetstate.running():  # an `embedfleet up` on this Redis: where its gateway is
+        if up.get("redis_url") == settings.redis_url and up.get("gateway_url"):
+            parts.append(Text(f"gateway {up['gateway_url']} (`embedfleet up`, pid {up['pid']})"))
     for model, url in sorted(settings.shards.shards.items()):
         parts.append(Text(f"shard of {model}: Redis {redact(url)}"))
     if not fleet["models"]:
-        parts.append(Text("no model is served (no live worker)"))
+        parts.append(Text(f"no model is served there (no live worker): {NO_WORKER_HINT}"))
         return Group(*parts)
     parts += [_models(fleet), _workers(fleet)]
     return Group(*parts)

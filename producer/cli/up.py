@@ -39,6 +39,7 @@ from common.redisclient import connect
 from common.redisserver import RedisServer
 from common.serializer import MsgpackSerializer
 from common.restarts import Restarts, exit_reason
+from producer.cli.upbanner import banner
 
 STOP_TIMEOUT = 60.0  # seconds a child may take to stop (a worker finishes its batch) before it is killed
 WATCH_INTERVAL = 0.5  # seconds between looks at the children
@@ -66,6 +67,8 @@ class UpSettings(Settings):
     gateway: bool = Field(True, description="start the HTTP gateway (--no-gateway: workers only)")
     api_key: str | None = Field(None, repr=False, description="the gateway then needs `Authorization: Bearer "
                                                                "KEY` on every route but /health")
+    access_log: bool = Field(False, description="log every HTTP request (uvicorn's access log) and worker round; "
+                                                "default: off, so that the terminal shows what needs a look")
     ready_timeout: float = Field(300.0, gt=0, description="seconds to wait for the fleet to come up (and, "
                                                           "before that, for its Redis to load its data)")
     max_restarts: int = Field(5, ge=0, description="restarts in a row of a child that keeps dying within a "
@@ -136,7 +139,7 @@ class Fleet:
         finally:
             connection.close()
         self._publish()
-        _print_usage(self.url, self.name, self.gateway_url, settings.api_key)
+        print(banner(self.url, self.name, self.gateway_url, settings.api_key), flush=True)
         self._watch(stop)
         return 0
 
@@ -172,12 +175,14 @@ class Fleet:
         engines = [*(["--replicas", str(self.settings.replicas)] if self.settings.replicas else []),
                    *(["--gpus", self.settings.gpus] if self.settings.gpus else [])]
         return _spawn("worker", "--redis-url", self.url, "--model", self.model, "--served-model-name", self.name,
-                      "--name", worker_name, *engines)
+                      "--name", worker_name, "--log-rounds" if self.settings.access_log else "--no-log-rounds",
+                      *engines)
 
     def _spawn_gateway(self) -> subprocess.Popen:
         env = {**os.environ, "EMBEDFLEET_API_KEY": self.settings.api_key} if self.settings.api_key else None
         return _spawn("producer.gateway", "--redis-url", self.url, "--host", self.settings.host,
-                      "--port", str(self.settings.port), env=env)
+                      "--port", str(self.settings.port),
+                      "--access-log" if self.settings.access_log else "--no-access-log", env=env)
 
     def _wait_ready(self, connection: redis.Redis, stop: threading.Event) -> None:
         """Until each of OUR workers has a fresh beat (an earlier run's advert does not count) and the
@@ -368,26 +373,6 @@ def _answers(url: str | None) -> bool:
         return True
     except OSError:  # refused or reset while it starts
         return False
-
-
-def _print_usage(url: str, name: str, gateway_url: str | None, api_key: str | None) -> None:
-    lines = [
-        f"embedfleet is up: model '{name}' on {url}",
-        "  Python:  from producer import Producer",
-        "           Producer().embed(['hello world'])   # finds this fleet while it runs",
-    ]
-    if gateway_url:
-        # The key itself is never printed: the line reads it from the caller's shell.
-        keyed = api_key or os.environ.get("EMBEDFLEET_API_KEY")
-        auth = " -H \"Authorization: Bearer $EMBEDFLEET_API_KEY\"" if keyed else ""
-        lines += [f"  HTTP:    curl {gateway_url}/v1/embeddings -H 'Content-Type: application/json'{auth} "
-                  f"-d '{{\"model\": \"{name}\", \"input\": \"hello world\"}}'"]
-        if api_key:
-            lines += ["           (export EMBEDFLEET_API_KEY=<the key given to --api-key> first)"]
-    lines += ["  Status:  embedfleet status",
-              f"  rq:      rq info --url {url} --serializer common.serializer.MsgpackSerializer",
-              "Ctrl-C stops everything."]
-    print("\n".join(lines), flush=True)
 
 
 def _say_loading(info: dict) -> None:

@@ -28,8 +28,8 @@ from common.redisclient import close_async, connect_async
 from common.result import Result, SparseVector
 from common.shards import ShardMap
 from producer.client import asubmit, fleetview, reads
-from producer.client.core import (Placements, Served, build_request, chosen_ids, read_result, redis_errors,
-                                  resolve_target)
+from producer.client.core import (Placements, Served, build_request, chosen_ids, looked_at, read_result,
+                                  redis_errors, resolve_target)
 from producer.client.fleet import LevelStats, level_stats
 from producer.client.notify import NotifyListener
 from producer.client.replies import ReplyListener
@@ -81,6 +81,7 @@ class AsyncProducer:
         self._links = {url: _Link(url, self.status, max_queue_depth) for url in self.shards.urls()}
         self._connections = {url: link.redis for url, link in self._links.items()}  # what reads run on
         self.redis = self._links[self.redis_url].redis  # the default Redis
+        self.where = looked_at(self.shards.urls())  # named by a NoWorkerError: which Redis had no worker
         self._served = Served()
         self._placed = Placements()
         self._models_read: asyncio.Future | None = None  # the adverts read in flight, shared (models())
@@ -173,7 +174,8 @@ class AsyncProducer:
         served = await self.models(refresh=False)
         if model not in served:  # a worker may have come up since the cached read
             served = await self.models()
-        caps, level, when = resolve_target(model, served, self._served.known, priority, deadline, timeout)
+        caps, level, when = resolve_target(model, served, self._served.known, priority, deadline, timeout,
+                                           self.where)
         name = caps if isinstance(caps, str) else caps.name
         url = self.shards.url_for(name)
         link = self._links[url]

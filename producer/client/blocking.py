@@ -17,8 +17,9 @@ from common.redisclient import block_for, check_access, connect
 from common.result import Result, SparseVector
 from common.shards import ShardMap
 from producer.client import fleetview, reads
-from producer.client.core import (PENDING, Placements, Served, build_request, chosen_ids, enqueue_args, lost_error,
-                                  pick_model, queue_full, read_result, redis_errors as _redis_errors, resolve_target)
+from producer.client.core import (PENDING, Placements, Served, build_request, chosen_ids, enqueue_args, looked_at,
+                                  lost_error, pick_model, queue_full, read_result, redis_errors as _redis_errors,
+                                  resolve_target)
 from producer.client.fleet import LevelStats, level_stats
 from producer.client.rounds import run
 from producer.client.tasks import check_rerank, rank, score_pairs
@@ -44,6 +45,7 @@ class Producer:
         self.shards = ShardMap(self.redis_url, shards)
         self.links = {url: self.redis if url == self.redis_url else connect(url) for url in self.shards.urls()}
         self.max_queue_depth = max_queue_depth
+        self.where = looked_at(self.shards.urls())  # named by a NoWorkerError: which Redis had no worker
         self._served = Served()
         self._placed = Placements()
 
@@ -104,7 +106,7 @@ class Producer:
         """The shard a submit for `model` goes to (None: the only served model's)."""
         if not self.shards or model is not None:
             return self.shards.url_for(model)
-        return self.shards.url_for(pick_model(None, self.models(refresh=False), self._served.known).name)
+        return self.shards.url_for(pick_model(None, self.models(refresh=False), self._served.known, self.where).name)
 
     def url_of(self, request_id: str) -> str:
         """The shard that holds `request_id`: where it was sent, else whichever has its result or job."""
@@ -146,7 +148,8 @@ class Producer:
         served = self.models(refresh=False)
         if model not in served:  # a worker may have come up since the cached read
             served = self.models()
-        caps, level, when = resolve_target(model, served, self._served.known, priority, deadline, timeout)
+        caps, level, when = resolve_target(model, served, self._served.known, priority, deadline, timeout,
+                                           self.where)
         requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when, request_id)
                     for inputs, request_id in zip(batches, chosen)]
         name = caps if isinstance(caps, str) else caps.name

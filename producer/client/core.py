@@ -16,9 +16,11 @@ from common.chat import CHAT_INPUT
 from common.protocol import keys, operations
 from common.capabilities import ModelCapabilities
 from common.codec import unpackb
-from common.errors import (DecodeError, NoWorkerError, QueueFullError, UnavailableError, UnknownModelError,
-                           ValidationError, invalid_request)
+from common.errors import (NO_WORKER_HINT, DecodeError, NoWorkerError, QueueFullError, UnavailableError,
+                           UnknownModelError, ValidationError, echo, invalid_request)
+from common.fleetstate import DEFAULT_REDIS_URL
 from common.params import PoolingParams
+from common.redisclient import redact
 from common.request import EmbedRequest, normalize_inputs
 from common.scheduling import DEFAULT_PRIORITY, priority_level, resolve_deadline
 from common.result import Result
@@ -107,39 +109,58 @@ def parse_worker_info(name: str, raw: bytes | None) -> dict | None:
 
 
 def pick_model(model: str | None, served: dict[str, ModelCapabilities],
-               known: set[str] = frozenset()) -> ModelCapabilities:
+               known: set[str] = frozenset(), where: str | None = None) -> ModelCapabilities:
     """The capabilities of `model` (or of the only served model), or the error that explains why not.
 
     `known` holds every model ever advertised: one of those without a live worker is a NoWorkerError
-    (retry later), a name never seen an UnknownModelError (the caller's mistake).
+    (retry later), a name never seen an UnknownModelError (the caller's mistake). `where`: the Redis the
+    adverts were read from (`looked_at`), named in the message when no worker is alive there; None (the
+    gateway, whose clients do not choose a Redis): not named.
     """
     if model is None:
         if len(served) == 1:
             return next(iter(served.values()))
         if not served:
-            raise NoWorkerError("no model is served: no worker is alive (start one with "
-                                "`embedfleet worker --model ...`)", param="model")
+            if where is None:
+                raise NoWorkerError("no model is served: no worker is alive (start one with "
+                                    "`embedfleet worker --model ...`)", param="model")
+            raise NoWorkerError(f"no model is served on {where}: no worker is alive there; {NO_WORKER_HINT}",
+                                param="model")
         raise ValidationError(f"several models are served, name one with `model`: {sorted(served)}",
                               param="model")
     if model in served:
         return served[model]
     if model in known:
-        raise NoWorkerError(f"model '{model}' has no live worker: start one with "
-                            f"`embedfleet worker --served-model-name {model}`", param="model")
+        there = f" on {where}" if where is not None else ""
+        raise NoWorkerError(f"model '{echo(model)}' has no live worker{there}: start one with "
+                            f"`embedfleet worker --served-model-name {echo(model)}`", param="model")
+    if not served and where is not None:  # nothing is served there at all: the wrong Redis, or no fleet yet
+        raise UnknownModelError(f"model '{echo(model)}' is not served on {where}: no worker is alive there; "
+                                f"{NO_WORKER_HINT}", param="model")
     listed = sorted(served) or "none (no worker is running)"
-    raise UnknownModelError(f"model '{model}' is not served by any live worker; served models: {listed}",
+    raise UnknownModelError(f"model '{echo(model)}' is not served by any live worker; served models: {listed}",
                             param="model")
+
+
+def looked_at(urls: list[str]) -> str:
+    """The Redis a client reads (its default URL, then any shards'), for messages: passwords hidden, and the
+    fallback URL said to be one (it is often some other program's Redis)."""
+    named = ", ".join(redact(url) for url in urls)
+    if urls[0] == DEFAULT_REDIS_URL:
+        named += (" (the fallback URL: no redis_url or --redis-url was given, EMBEDFLEET_REDIS_URL is unset, and no "
+                  "`embedfleet up` is running)")
+    return f"Redis {named}"
 
 
 def resolve_target(model: str | None, served: dict[str, ModelCapabilities], known: set[str],
                    priority: str | int | None, deadline: float | None, timeout: float | None,
-                   ) -> tuple[ModelCapabilities | str, str, float | None]:
+                   where: str | None = None) -> tuple[ModelCapabilities | str, str, float | None]:
     """(the model's capabilities, or only its name for bulk work waiting for a worker scaled from zero;
     the priority level; the absolute deadline) of a submit. Raises what pick_model raises otherwise."""
     level = priority_level(priority)
     when = resolve_deadline(deadline, timeout, time.time())
     try:
-        caps = pick_model(model, served, known)
+        caps = pick_model(model, served, known, where)
     except NoWorkerError:
         if level == DEFAULT_PRIORITY or model is None:
             raise
@@ -199,8 +220,8 @@ def chosen_ids(request_ids: list[str] | None, count: int) -> list[str | None]:
                               param="request_ids")
     bad = [i for i in request_ids if not keys.valid_request_id(i)]
     if bad:
-        raise ValidationError(f"request id {bad[0]!r} is not valid: 1 to {keys.MAX_REQUEST_ID_LENGTH} letters, "
-                              "digits, '_' or '-'", param="request_ids")
+        raise ValidationError(f"request id {echo(repr(bad[0]))} is not valid: 1 to {keys.MAX_REQUEST_ID_LENGTH} "
+                              "letters, digits, '_' or '-'", param="request_ids")
     if len(set(request_ids)) != count:
         raise ValidationError("the request ids repeat: each request needs its own id", param="request_ids")
     return list(request_ids)
@@ -237,7 +258,7 @@ def read_result(request_id: str, raw: bytes | None) -> Result | None:
         return None
     result = Result.decode(raw)
     if result.id != request_id:
-        raise DecodeError(f"the result stored for request {request_id} names request {result.id!r}: it "
+        raise DecodeError(f"the result stored for request {request_id} names request {echo(repr(result.id))}: it "
                           "was not written for this request", raw)
     return result
 

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from rq.job import JobStatus
 
-from common.errors import CancelledError, DecodeError, NotFoundError
+from common.errors import CancelledError, DecodeError, NotFoundError, echo
 from common.protocol import keys
 from common.protocol.jobdata import inflate
 from common.request import args_reply_to
@@ -142,7 +142,7 @@ class Cancel:
 def cancel(shards: ShardMap, placed: Placements, request_id: str) -> Read[Cancel]:
     """The cancel of `request_id`, read from its job; NotFoundError for an id with no job."""
     if not keys.valid_request_id(request_id):
-        raise NotFoundError(f"no request with id {request_id!r}")
+        raise NotFoundError(f"no request with id {echo(repr(request_id))}")
     url = yield from locate(shards, placed, request_id)
     # HGETs, not one HMGET: the README's producer ACL grants HGET
     replies = yield {url: [("HGET", keys.rq_job_key(request_id), name) for name in ("origin", "reply_to", "data")]}

@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
 def serve(argv: list[str]) -> int:
     import uvicorn  # noqa: PLC0415 - only the entry point needs the server
 
+    from producer.gateway import server  # noqa: PLC0415 - nor uvicorn's protocol
+
     settings = GatewaySettings.from_args(argv, prog="embedfleet gateway",
                                          description="HTTP gateway of an embedfleet fleet")
     if not port_free(settings.host, settings.port):
@@ -39,5 +41,6 @@ def serve(argv: list[str]) -> int:
         finally:
             connection.close()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    app = create_app(settings)
+    uvicorn.run(app, **server.options(app, settings))
     return 0

@@ -13,16 +13,27 @@ from fastapi.staticfiles import StaticFiles
 from common.errors import UnavailableError
 from common.redisclient import connect_async, redact
 from producer import AsyncProducer
-from producer.gateway.teimodels import TeiModelPaths
-from producer.gateway import cohere, dashboard, errors, events, invocations, jobs, routes, taskroutes, tei
-from producer.gateway.batches import routes as batchroutes
+from producer.gateway.batches import routes as batches
 from producer.gateway.batches.runner import Runner
 from producer.gateway.batches.store import Store
-from producer.gateway.limits import BodyLimitMiddleware
-from producer.gateway.metrics import Metrics, MetricsMiddleware
-from producer.gateway.service import Gateway
+from producer.gateway.cohere import routes as cohere
+from producer.gateway.core import errors
+from producer.gateway.core.limits import BodyLimitMiddleware
+from producer.gateway.core.memory import ReleaseMemory
+from producer.gateway.core.metrics import Metrics, MetricsMiddleware
+from producer.gateway.core.service import Gateway
+from producer.gateway.fleet import dashboard
+from producer.gateway.fleet import routes as fleet
+from producer.gateway.jobs import events
+from producer.gateway.jobs import routes as jobs
+from producer.gateway.jobs.webhooks import Deliveries
+from producer.gateway.openai import routes as openai
+from producer.gateway.sagemaker import routes as sagemaker
 from producer.gateway.settings import GatewaySettings
-from producer.gateway.webhooks import Deliveries
+from producer.gateway.tasks import routes as tasks
+from producer.gateway.tei import routes as tei
+from producer.gateway.tei.paths import TeiModelPaths
+from producer.gateway.vllm import routes as vllm
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +74,12 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app = FastAPI(title="embedfleet gateway", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None if settings.keys else "/openapi.json",
                   description="OpenAI /v1/embeddings, vLLM /pooling and async jobs on an embedfleet fleet")
+    app.state.metrics = metrics  # the server's protocol counts the requests it refuses itself (server.py)
     if not settings.keys:
         _serve_docs(app)
     # events before jobs: jobs' /v1/jobs/{job_id} would match /v1/jobs/events.
-    routers = [routes.public, routes.protected, events.router, jobs.router, taskroutes.router, batchroutes.router,
-               tei.router, cohere.router, invocations.router, invocations.public]
+    routers = [fleet.public, openai.router, vllm.router, fleet.protected, events.router, jobs.router, tasks.router,
+               batches.router, tei.router, cohere.router, sagemaker.router, sagemaker.public]
     for router in routers:
         app.include_router(router)
     dashboard.install(app)
@@ -79,12 +91,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     # Added innermost first: the body limit, the metrics around it, the error boundary around all.
     # an upload's multipart framing (boundaries, part headers) comes on top of the file's own limit
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, reject=reject,
-                       paths={batchroutes.FILES_PATH: settings.max_file_bytes + 64 * 1024})
+                       paths={batches.FILES_PATH: settings.max_file_bytes + 64 * 1024})
     app.add_middleware(MetricsMiddleware, metrics=metrics,
                        routes=[route for router in [*routers, dashboard.public, dashboard.protected]
                                for route in router.routes])
     app.add_middleware(errors.ErrorBoundary, retry_after=settings.retry_after, on_error=metrics.error)
-    app.add_middleware(TeiModelPaths)  # outermost: /tei/<model>/<route> is routed as /<route> for <model>
+    app.add_middleware(TeiModelPaths)  # /tei/<model>/<route> is routed as /<route> for <model>
+    app.add_middleware(ReleaseMemory)  # outermost: a large request's memory is all freed when it trims the heap
     return app
 
 

@@ -6,8 +6,8 @@ from pydantic import Field, PrivateAttr, model_validator
 
 from common.config import Settings
 from common.protocol import keys
-from producer.gateway.apikeys import ApiKey, parse_api_keys
-from producer.gateway.webhookurls import WebhookPolicy
+from producer.gateway.core.apikeys import ApiKey, parse_api_keys
+from producer.gateway.jobs.webhookurls import WebhookPolicy
 
 
 class GatewaySettings(Settings):
@@ -17,7 +17,7 @@ class GatewaySettings(Settings):
                                                                "`Authorization: Bearer KEY`")
     api_keys: str | None = Field(None, repr=False, description="several keys, each with a weight and an "
                                  "optional rate: a JSON object {KEY: {name, weight, rate, burst}} inline or as "
-                                 "@FILE (producer/gateway/apikeys.py); every route but /health then needs one")
+                                 "@FILE (producer/gateway/core/apikeys.py); every route but /health then needs one")
     # Bounded by default: unbounded, a flood of requests (each a coroutine, its parsed body and, later, its
     # result) grows memory until the process dies, where 429 lets clients back off. 1024 per process is
     # Little's law with room to spare (1,000 requests/s answered in 1 s each), far above what one replica
@@ -29,6 +29,9 @@ class GatewaySettings(Settings):
     tei_model: str | None = Field(None, description="the served model that TEI's routes (/embed, /rerank, /info, "
                                   "...) use when a request names none; each model is also at /tei/<model>/")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1, description="largest request body accepted, in bytes")
+    # h11's own default (16 KiB), as Node's; nginx allows 4 x 8 KiB. A larger head is answered 431.
+    max_header_bytes: int = Field(16 * 1024, ge=1024, description="largest request line plus headers accepted, in "
+                                  "bytes (a larger one is answered 431 headers_too_large)")
     max_queue_depth: int | None = Field(10_000, ge=1, description="refuse new requests (429) while a model's "
                                                                   "queue holds this many")
     request_timeout: float = Field(60.0, gt=0, description="seconds /v1/embeddings and /pooling wait for a "
@@ -37,6 +40,8 @@ class GatewaySettings(Settings):
                                                     "?wait= may ask for")
     retry_after: int = Field(1, ge=0, description="seconds sent in Retry-After with 429 and 503 answers")
     log_level: str = Field("info", description="uvicorn log level")
+    access_log: bool = Field(True, description="log every HTTP request (uvicorn's access log; `embedfleet up` "
+                                               "turns it off unless given --access-log)")
     webhook_secret: str | None = Field(None, repr=False, description="key of the HMAC-SHA256 signature sent with "
                                        "each webhook (X-Embedfleet-Signature-256); without it POST /v1/jobs "
                                        "refuses a `webhook`")
@@ -48,7 +53,7 @@ class GatewaySettings(Settings):
     webhook_allow_hosts: str | None = Field(None, description="host names, addresses and CIDR networks, comma-"
                                             "separated, that webhooks may go to although they are not public "
                                             "(e.g. hooks.internal,10.8.0.0/16); everything else must be public "
-                                            "(producer/gateway/webhookurls.py)")
+                                            "(producer/gateway/jobs/webhookurls.py)")
     webhook_sweep_seconds: float = Field(5.0, gt=0, description="seconds between this replica's sweeps of the "
                                          "fleet's webhook delivery list (results no replica was woken for)")
     max_event_ids: int = Field(1000, ge=1, description="job ids one GET /v1/jobs/events stream may follow")

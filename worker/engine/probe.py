@@ -38,10 +38,11 @@ class Budget:
     source: str  # "probe", "flags", or "probe+flags"
     texts_per_s: dict[int, float] = field(default_factory=dict)  # best measured per length (probe only)
 
-    def describe(self) -> str:
+    def describe(self, packed: bool = False) -> str:
+        """The shape for a log line. Packed passes have no padding: their budget bounds the real tokens."""
         rates = ", ".join(f"{length} tok: {rate:.0f}/s" for length, rate in sorted(self.texts_per_s.items()))
-        return (f"{self.max_batch_tokens} padded tokens, {self.max_batch_size} rows ({self.source}"
-                f"{'; best texts/s ' + rates if rates else ''})")
+        return (f"{self.max_batch_tokens} {'tokens' if packed else 'padded tokens'}, {self.max_batch_size} rows "
+                f"({self.source}{'; best texts/s ' + rates if rates else ''})")
 
 
 def _lengths(max_len: int) -> list[int]:
@@ -135,7 +136,8 @@ def probe_budget(model, *, seconds: float = 5.0, max_tokens: int | None = None, 
     result = Budget(budget, cap, source,
                     {length: max(curve.values()) for length, curve in rates.items() if curve})
     log.info("batch budget probe (%.1f s): %s; texts/s by rows: %s", time.monotonic() - began,
-             result.describe(), {length: {r: round(v) for r, v in curve.items()} for length, curve in rates.items()})
+             result.describe(getattr(model, "forward_layout", "padded") == "packed"),
+             {length: {r: round(v) for r, v in curve.items()} for length, curve in rates.items()})
     return result
 
 

@@ -29,6 +29,7 @@ from worker.serving.steps import Steps
 from worker.serving.storing import Store
 
 log = logging.getLogger("embedfleet.worker")
+rounds_log = logging.getLogger("embedfleet.worker.rounds")  # a line per round (off: `worker --no-log-rounds`)
 
 
 class FinishStage:
@@ -82,10 +83,10 @@ class FinishStage:
             log.warning("worker %s: request %s: %s", self.name, request_id, problem)
         if not round_.size:  # it went back to its queue before the device (logged there)
             return
-        log.info("worker %s: round of %d: %d served, %d failed, %d requeued%s in %.3f s", self.name,
-                 round_.size, done.finished, done.failed, done.requeued,
-                 f", {done.late} answered late (their claim had lapsed)" if done.late else "",
-                 time.time() - round_.began)
+        rounds_log.info("worker %s: round of %d: %d served, %d failed, %d requeued%s in %.3f s", self.name,
+                        round_.size, done.finished, done.failed, done.requeued,
+                        f", {done.late} answered late (their claim had lapsed)" if done.late else "",
+                        time.time() - round_.began)
 
     def release(self, round_: Round) -> None:
         """The round's jobs are held no more (answered, or left to their leases); in-flight markers after the

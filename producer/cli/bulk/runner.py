@@ -57,7 +57,8 @@ def run(plan: Plan) -> int:
     source = plan.source
     with Producer(plan.settings["redis_url"], shards=plan.settings["shards"]) as producer:
         producer.check()
-        model = plan.model if source.is_batch else pick_model(plan.model, producer.models()).name
+        model = plan.model if source.is_batch else \
+            pick_model(plan.model, producer.models(), where=producer.where).name
         priority = {"priority": plan.priority} if plan.priority and priority_field(producer) else {}
         manifest = fingerprint(plan.source_path, {k: v for k, v in plan.settings.items()
                                                   if k not in ("redis_url", "shards")} | {"model": model})
@@ -137,12 +138,16 @@ class Window:
             while self.todo or self.inflight:
                 for unit in self._fill():
                     progress.advance(len(self.units[unit].inputs))
-                progress.in_flight(sum(len(self.units[unit].inputs) for unit in self.inflight))
+                progress.in_flight(self._texts_in_flight())
                 if not self.inflight:
                     continue
                 for unit in self._collect():
                     progress.advance(len(self.units[unit].inputs))
+                progress.in_flight(self._texts_in_flight())  # the last results leave none in flight
         return self.failures
+
+    def _texts_in_flight(self) -> int:
+        return sum(len(self.units[unit].inputs) for unit in self.inflight)
 
     def _collect(self) -> list[int]:
         """Settle every in-flight request whose result has landed (one MGET), else wait for the oldest."""

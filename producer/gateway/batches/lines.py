@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError as PydanticValidationError
 
-from common.errors import EmbedfleetError, PayloadTooLargeError, ValidationError, invalid_request
+from common.errors import EmbedfleetError, PayloadTooLargeError, ValidationError, echo, invalid_request
 from common.protocol import keys
-from producer.gateway.errors import error_response, status_of
-from producer.gateway.schemas import EmbedBody
+from producer.gateway.core.errors import error_response, status_of
+from producer.gateway.core.schemas import EmbedBody
 
 ENDPOINT = "/v1/embeddings"
 MAX_ERRORS = 100  # file errors reported in a failed batch's `errors` (the first ones)
@@ -132,13 +132,13 @@ def _request(raw: str, number: int, endpoint: str, seen: set[str]) -> tuple[str,
         return FileError("missing_required_parameter", f"line {number} has no text `custom_id`", number,
                          "custom_id")
     if custom_id in seen:
-        return FileError("duplicate_custom_id", f"custom_id {custom_id!r} on line {number} is used by an "
+        return FileError("duplicate_custom_id", f"custom_id {echo(repr(custom_id))} on line {number} is used by an "
                                                 "earlier line: each request needs its own", number, "custom_id")
     if item.get("method", "POST") != "POST":
-        return FileError("invalid_method", f"line {number}: method {item.get('method')!r} is not supported; "
+        return FileError("invalid_method", f"line {number}: method {echo(repr(item.get('method')))} is not supported; "
                                            "only POST", number, "method")
     if item.get("url") != endpoint:
-        return FileError("invalid_url", f"line {number}: url {item.get('url')!r} does not match the batch's "
+        return FileError("invalid_url", f"line {number}: url {echo(repr(item.get('url')))} does not match the batch's "
                                         f"endpoint {endpoint}", number, "url")
     if not isinstance(item.get("body"), dict):
         return FileError("invalid_request", f"line {number}: `body` must be a JSON object (a {endpoint} "

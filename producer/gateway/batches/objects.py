@@ -7,7 +7,7 @@ import hashlib
 import json
 import uuid
 
-from common.errors import NotFoundError
+from common.errors import NotFoundError, echo
 
 STATUS_TIMES = ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")
 ENDED = ("completed", "failed", "expired", "cancelled")
@@ -65,8 +65,8 @@ def page(items: list[dict], after: str | None, limit: int, what: str) -> dict:
     if after is not None:
         ids = [item["id"] for item in items]
         if after not in ids:
-            raise NotFoundError(f"`after`: no {what} with id {after} (a cursor is the id of an item of an earlier "
-                                "page)", param="after")
+            raise NotFoundError(f"`after`: no {what} with id {echo(after)} (a cursor is the id of an item of an "
+                                "earlier page)", param="after")
         items = items[ids.index(after) + 1:]
     data = items[:limit]
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,

@@ -1,7 +1,7 @@
 """OpenAI's /v1/files and /v1/batches routes (the `openai` client's files.* and batches.* calls).
 
 With API keys, files and batches belong to the key that created them (its fingerprint, as jobs do:
-producer/gateway/owners.py): another key's file or batch is answered exactly as one that does not exist.
+producer/gateway/core/owners.py): another key's file or batch is answered exactly as one that does not exist.
 """
 
 from __future__ import annotations
@@ -16,18 +16,18 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.errors import NotFoundError, ValidationError
+from common.errors import NotFoundError, ValidationError, echo
 from common.protocol import keys
 from producer.client.core import redis_errors
-from producer.gateway.auth import require_key
+from producer.gateway.core.auth import require_key
 from producer.gateway.batches import objects
 from producer.gateway.batches.lines import ENDPOINT
 from producer.gateway.batches.runner import Runner
 from producer.gateway.batches.store import BatchGone, Store, now
 from producer.gateway.batches.upload import UploadReader
-from producer.gateway.errors import JobNotCancellableError, RateLimitedError
-from producer.gateway.owners import may_see, owner_of
-from producer.gateway.service import Gateway, gateway
+from producer.gateway.core.errors import JobNotCancellableError, RateLimitedError
+from producer.gateway.core.owners import may_see, owner_of
+from producer.gateway.core.service import Gateway, gateway
 
 log = logging.getLogger(__name__)
 router = APIRouter(dependencies=[Depends(require_key)])
@@ -70,11 +70,11 @@ def _visible(found: dict | None, request: Request, gw: Gateway) -> bool:
 
 
 def _no_file(file_id: str) -> NotFoundError:
-    return NotFoundError(f"no file with id {file_id} (never uploaded, deleted, or expired)", param="file_id")
+    return NotFoundError(f"no file with id {echo(file_id)} (never uploaded, deleted, or expired)", param="file_id")
 
 
 def _no_batch(batch_id: str) -> NotFoundError:
-    return NotFoundError(f"no batch with id {batch_id} (never created, or expired)", param="batch_id")
+    return NotFoundError(f"no batch with id {echo(batch_id)} (never created, or expired)", param="batch_id")
 
 
 # -- files ---------------------------------------------------------------------------------------------
@@ -131,8 +131,8 @@ def _upload_ttl(fields: dict[str, str]) -> int:
     if purpose is None:
         raise ValidationError("the upload has no `purpose` field: send purpose=batch", param="purpose")
     if purpose != PURPOSE:
-        raise ValidationError(f"purpose {purpose!r} is not served here: this gateway keeps files for the Batch "
-                              "API only (purpose=batch)", param="purpose")
+        raise ValidationError(f"purpose {echo(repr(purpose))} is not served here: this gateway keeps files for the "
+                              "Batch API only (purpose=batch)", param="purpose")
     anchor, seconds = fields.get("expires_after[anchor]"), fields.get("expires_after[seconds]")
     if anchor is None and seconds is None:
         return keys.FILE_TTL
@@ -142,7 +142,7 @@ def _upload_ttl(fields: dict[str, str]) -> int:
         ttl = None
     if anchor != "created_at" or ttl is None or not keys.FILE_TTL_MIN <= ttl <= keys.FILE_TTL_MAX:
         raise ValidationError(f"expires_after needs anchor 'created_at' and seconds from {keys.FILE_TTL_MIN} "
-                              f"to {keys.FILE_TTL_MAX}, got anchor {anchor!r}, seconds {seconds!r}",
+                              f"to {keys.FILE_TTL_MAX}, got anchor {echo(repr(anchor))}, seconds {echo(repr(seconds))}",
                               param="expires_after")
     return ttl
 
@@ -211,15 +211,15 @@ async def delete_file(file_id: str, request: Request, gw: Gateway = Depends(gate
 @router.post("/v1/batches")
 async def create_batch(body: BatchBody, request: Request, gw: Gateway = Depends(gateway)) -> JSONResponse:
     if body.endpoint != ENDPOINT:
-        raise ValidationError(f"endpoint {body.endpoint!r} is not served here: this gateway runs embedding "
+        raise ValidationError(f"endpoint {echo(repr(body.endpoint))} is not served here: this gateway runs embedding "
                               f"batches only (endpoint {ENDPOINT})", param="endpoint")
     if body.completion_window != WINDOW:
-        raise ValidationError(f"completion_window {body.completion_window!r} is not supported: only {WINDOW!r}",
-                              param="completion_window")
+        raise ValidationError(f"completion_window {echo(repr(body.completion_window))} is not supported: only "
+                              f"{WINDOW!r}", param="completion_window")
     source = await _file(body.input_file_id, request, gw)
     if source["purpose"] != PURPOSE:
-        raise ValidationError(f"file {body.input_file_id} has purpose {source['purpose']!r}: a batch's input "
-                              "file is one uploaded with purpose=batch", param="input_file_id")
+        raise ValidationError(f"file {echo(body.input_file_id)} has purpose {echo(repr(source['purpose']))}: a "
+                              "batch's input file is one uploaded with purpose=batch", param="input_file_id")
     store = _store(request)
     created = now()
     meta = {"id": objects.new_batch_id(), "endpoint": body.endpoint, "input_file_id": body.input_file_id,
@@ -268,7 +268,7 @@ async def cancel_batch(batch_id: str, request: Request, gw: Gateway = Depends(ga
     except BatchGone:  # it expired since the read above
         raise _no_batch(batch_id) from None
     if found is not None and found not in ("cancelling", "cancelled"):
-        raise JobNotCancellableError(f"batch {batch_id} is {found}: only a validating or in_progress batch can "
+        raise JobNotCancellableError(f"batch {echo(batch_id)} is {found}: only a validating or in_progress batch can "
                                      "be cancelled", param="batch_id")
     _runner(request).poke()
     return JSONResponse(objects.batch_object(await _batch(batch_id, request, gw)))

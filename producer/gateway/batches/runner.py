@@ -27,7 +27,7 @@ import redis
 from common.errors import (DuplicateRequestError, EmbedfleetError, NoWorkerError, NotFoundError, QueueFullError,
                            UnavailableError)
 from common.protocol import keys
-from producer.gateway import encoding
+from producer.gateway.core import encoding
 from producer.gateway.batches import lines as batchlines, objects
 from producer.gateway.batches.lines import Line
 from producer.gateway.batches.output import write_outputs

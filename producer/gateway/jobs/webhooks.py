@@ -8,13 +8,13 @@ a replica claims the job (SET NX with a lease, WEBHOOK_LEASE); a replica that di
 the next sweep delivers again. Delivery is therefore at least once: a receiver dedupes on
 X-Embedfleet-Job.
 
-The request: POST <webhook>, the job's JSON (producer.gateway.jobresults.job_body), headers
+The request: POST <webhook>, the job's JSON (producer.gateway.jobs.results.job_body), headers
 X-Embedfleet-Job (the job id), X-Embedfleet-Attempt (1, 2, ...), and X-Embedfleet-Signature-256:
 `sha256=` + hex HMAC-SHA256 of the raw body keyed by --webhook-secret (GitHub's scheme). A 2xx ends the
 delivery; a 5xx, 429, timeout or connection failure is retried (pauses 0.5 s, 1 s, 2 s, ...) up to
 --webhook-attempts; any other status is the receiver's refusal and ends it.
 
-Each attempt checks the URL again with this replica's policy (producer/gateway/webhookurls.py): the host
+Each attempt checks the URL again with this replica's policy (producer/gateway/jobs/webhookurls.py): the host
 is resolved once, every address checked, and the connection made to a checked address; a refused URL or
 address ends the delivery unsent. Redirects are not followed (a 3xx is a refusal), and logs name a
 webhook by scheme://host[:port] only (its path and query may hold the receiver's tokens).
@@ -41,8 +41,8 @@ from common.protocol import keys
 from common.errors import DecodeError
 from common.redisclient import MAX_BLOCK, close_async
 from producer.client.core import read_result
-from producer.gateway.jobresults import job_body
-from producer.gateway.webhookurls import WebhookPolicy, WebhookRefusedError, loggable
+from producer.gateway.jobs.results import job_body
+from producer.gateway.jobs.webhookurls import WebhookPolicy, WebhookRefusedError, loggable
 
 log = logging.getLogger(__name__)
 

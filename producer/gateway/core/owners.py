@@ -15,7 +15,7 @@ import hmac
 
 from fastapi import Request
 
-from common.errors import NotFoundError
+from common.errors import NotFoundError, echo
 
 _LABEL = b"embedfleet job owner"  # this fingerprint is for nothing else
 
@@ -33,7 +33,7 @@ def owner_of(request: Request) -> str | None:
 
 def no_such_job(job_id: str) -> NotFoundError:
     """What every job route answers for an id that names no job this caller may see."""
-    return NotFoundError(f"no job with id {job_id} (never submitted, or its result expired)", param="id")
+    return NotFoundError(f"no job with id {echo(job_id)} (never submitted, or its result expired)", param="id")
 
 
 def may_see(options: dict | None, owner: str | None, keyed: bool) -> bool:

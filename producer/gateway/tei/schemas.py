@@ -35,7 +35,7 @@ class _TeiBody(BaseModel):
 
     @classmethod
     def known_fields(cls) -> tuple[str, ...]:
-        """What "did you mean" picks from for a misspelt field of this body (producer.gateway.errors)."""
+        """What "did you mean" picks from for a misspelt field of this body (producer.gateway.core.errors)."""
         return tuple(cls.model_fields)
 
 

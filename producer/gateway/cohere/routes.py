@@ -22,15 +22,15 @@ from pydantic import ValidationError as PydanticValidationError
 from common.bounds import MAX_TOKENS, bounded_int
 from common.capabilities import ModelCapabilities
 from common.codec import unencodable
-from common.errors import EmbedfleetError, InputTooLongError, ValidationError, invalid_request
+from common.errors import EmbedfleetError, InputTooLongError, ValidationError, echo, invalid_request
 from common.params import Dimensions
 from common.quantize import PACKED, quantize
 from common.result import Result
 from producer.client.core import pick_model
-from producer.gateway import chat, errors
-from producer.gateway.auth import admit, require_key
-from producer.gateway.schemas import EmbedBody, Priority
-from producer.gateway.service import Gateway, gateway
+from producer.gateway.core import chat, errors
+from producer.gateway.core.auth import admit, require_key
+from producer.gateway.core.schemas import EmbedBody, Priority
+from producer.gateway.core.service import Gateway, gateway
 
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 MaxTokens = bounded_int("`max_tokens`", 1, MAX_TOKENS, f"a positive number of tokens, at most {MAX_TOKENS}")
@@ -105,10 +105,10 @@ def check_against(body: CohereEmbedBody, caps: ModelCapabilities, types: list[st
     """What needs the model's capabilities, refused with Cohere's names before anything is queued."""
     if body.input_type is not None and body.input_type not in caps.prompts:
         if not caps.prompts:
-            raise ValidationError(f"Unsupported input_type {body.input_type!r}. This model does not define any "
-                                  "input_type task instructions (sentence-transformers prompts): omit input_type",
+            raise ValidationError(f"Unsupported input_type {echo(repr(body.input_type))}. This model does not define "
+                                  "any input_type task instructions (sentence-transformers prompts): omit input_type",
                                   param="input_type")
-        raise ValidationError(f"Unsupported input_type {body.input_type!r}. Supported values: "
+        raise ValidationError(f"Unsupported input_type {echo(repr(body.input_type))}. Supported values: "
                               f"{', '.join(sorted(caps.prompts))}", param="input_type")
     if body.max_tokens is not None and body.truncate != "NONE" and body.max_tokens > caps.max_model_len:
         raise ValidationError(f"`max_tokens`={body.max_tokens} exceeds the max length {caps.max_model_len} of "

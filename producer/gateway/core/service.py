@@ -18,10 +18,10 @@ from common.request import new_request_id, normalize_inputs
 from common.result import Result
 from producer import AsyncProducer
 from producer.client.core import pick_model, redis_errors
-from producer.gateway.apikeys import KeyLimiter
-from producer.gateway.metrics import Metrics
-from producer.gateway.owners import may_see, no_such_job
-from producer.gateway.schemas import EmbedBody
+from producer.gateway.core.apikeys import KeyLimiter
+from producer.gateway.core.metrics import Metrics
+from producer.gateway.core.owners import may_see, no_such_job
+from producer.gateway.core.schemas import EmbedBody
 from producer.gateway.settings import GatewaySettings
 
 
@@ -46,7 +46,7 @@ class Gateway:
         fields = body.request_fields()
         if priority is not None:
             fields["priority"] = priority
-        if body.messages is not None:  # one conversation, rendered by the worker (producer/gateway/chat.py)
+        if body.messages is not None:  # one conversation, rendered by the worker (producer/gateway/core/chat.py)
             return await self.producer.submit(None, body.model, reply_to=reply_to, request_id=request_id,
                                               **fields, **body.chat_fields())
         inputs = normalize_inputs(body.input)
@@ -64,8 +64,8 @@ class Gateway:
 
     async def run_task(self, inputs, model: str | None, task: str, fields: dict,
                        text_pair: list[str] | None = None) -> Result:
-        """A request of `task` (producer.gateway.taskroutes), submitted and waited for like `run`'s; `fields`
-        may hold `chat` (a conversation instead of `inputs`, which are None then: producer/gateway/chat.py)."""
+        """A request of `task` (producer.gateway.tasks.routes), submitted and waited for like `run`'s; `fields`
+        may hold `chat` (a conversation instead of `inputs`, which are None then: producer/gateway/core/chat.py)."""
         if fields.get("chat") is not None:
             return await self.settle(await self.producer.submit(None, model, task=task, **fields))
         if fields.get("truncate_prompt_tokens") == 0:
@@ -107,7 +107,7 @@ class Gateway:
     async def save_job_options(self, request_id: str, body: EmbedBody, owner: str | None = None) -> None:
         """Keep how to answer the job, where its webhook goes and (with API keys) whose it is (owners.py)."""
         options = {"encoding_format": body.encoding_format, "explicit_layout": body.explicit_layout}
-        if getattr(body, "webhook", None):  # a JobBody's: where the result goes (producer/gateway/webhooks.py)
+        if getattr(body, "webhook", None):  # a JobBody's: where the result goes (producer/gateway/jobs/webhooks.py)
             options["webhook"] = body.webhook
         if owner is not None:
             options["owner"] = owner

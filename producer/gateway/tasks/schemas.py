@@ -10,8 +10,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, fie
 from common.bounds import INT32_MAX, TokenId, bounded_int, token_id_problem
 from common.params import LEGACY_ACTIVATION, GatewayTruncation
 from producer.client.tasks import TOP_N_ALLOWED
-from producer.gateway.chat import ChatFields
-from producer.gateway.schemas import Input
+from producer.gateway.core.chat import ChatFields
+from producer.gateway.core.schemas import Input
 
 Texts = str | list[str]
 TopN = bounded_int("`top_n`", 0, INT32_MAX, TOP_N_ALLOWED)
@@ -29,7 +29,7 @@ class _Body(BaseModel):
 
     @classmethod
     def known_fields(cls) -> tuple[str, ...]:
-        """What "did you mean" picks from for a misspelt field of this body (producer.gateway.errors)."""
+        """What "did you mean" picks from for a misspelt field of this body (producer.gateway.core.errors)."""
         return tuple(cls.model_fields)
 
     def param_fields(self) -> dict:

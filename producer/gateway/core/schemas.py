@@ -1,4 +1,5 @@
-"""Request bodies of /v1/embeddings, /v1/jobs (OpenAI) and /pooling (vLLM), mapped onto PoolingParams."""
+"""The request body every family builds on: OpenAI's /v1/embeddings body with vLLM's pooling fields, mapped onto
+PoolingParams (/pooling's and /v1/jobs' bodies extend it: vllm/schemas.py, jobs/schemas.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from common.params import (LEGACY_ACTIVATION, ChunkSize, ChunkSpans, Dimensions,
                            GatewayTruncation, Output, PoolingParams, SparseTopK, check_embed_dtype)
 from common.request import INPUT_SHAPES
 from common.scheduling import priority_level, resolve_deadline
-from producer.gateway.chat import ChatFields
+from producer.gateway.core.chat import ChatFields
 
 EncodingFormat = Literal["float", "base64", "bytes", "bytes_only"]
 # OpenAI's four shapes of `input`, documented in the schema but checked by common.request.normalize_inputs,
@@ -46,7 +47,7 @@ Timeout = Annotated[float, scheduling(lambda seconds: resolve_deadline(None, sec
 
 class EmbedBody(ChatFields):
     """OpenAI's embeddings body plus vLLM's pooling extensions (every PoolingParams field), and vLLM's chat
-    `messages` instead of `input` (producer/gateway/chat.py)."""
+    `messages` instead of `input` (producer/gateway/core/chat.py)."""
 
     # Unknown fields are refused, as OpenAI does, so that a misspelt option is not silently ignored.
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -133,24 +134,3 @@ class EmbedBody(ChatFields):
 
 
 PARAM_FIELDS = frozenset(PoolingParams.model_fields) | set(LEGACY_ACTIVATION)
-
-
-class PoolingBody(EmbedBody):
-    """vLLM's /pooling body: the same fields; `encoding_format` also takes bytes and bytes_only; `task`
-    also token_embed (a 2-D array per input), classify (the label probabilities), token_classify (the
-    label probabilities of every token; bge-m3's lexical weight of every token) and sparse_embed ({indices, values}
-    per input; ours: bge-m3, SPLADE); omitted: the model's default (producer/gateway/routes.py). `plugin`
-    is vLLM's IO-processor task, refused with vLLM's words (no plugins here)."""
-
-    task: Literal["embed", "token_embed", "classify", "token_classify", "sparse_embed", "plugin"] | None = None
-    activation: bool | None = Field(None, description="vLLM's deprecated alias of use_activation")
-
-
-class JobBody(EmbedBody):
-    """POST /v1/jobs: the embeddings body, plus where to POST the result when it lands."""
-
-    # The URL's rules (https, a public host, no credentials) are the gateway's policy, checked with its
-    # flags in producer/gateway/webhookurls.py: one message that says what is allowed, not a regex's.
-    webhook: str | None = Field(None, max_length=2048,
-                                description="https URL of a public host the gateway POSTs the job's result to, "
-                                            "signed (X-Embedfleet-Signature-256), retried on failure")

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from common.errors import DecodeError, EmbedfleetError, NotFoundError, invalid_request
+from common.errors import DecodeError, EmbedfleetError, NotFoundError, echo, invalid_request
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,12 @@ class MethodNotAllowedError(EmbedfleetError):
     """A route called with a method it does not serve (GET /v1/embeddings)."""
 
     code = "method_not_allowed"
+
+
+class HeadersTooLargeError(EmbedfleetError):
+    """A request whose line and headers together are longer than --max-header-bytes (answered before routing)."""
+
+    code = "headers_too_large"
 
 
 class RateLimitedError(EmbedfleetError):
@@ -60,6 +66,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "duplicate_request": (409, "conflict_error"),
     "payload_too_large": (413, "invalid_request_error"),
     "result_too_large": (413, "invalid_request_error"),  # its result is over Redis's proto-max-bulk-len
+    "headers_too_large": (431, "invalid_request_error"),
     "queue_full": (429, "rate_limit_error"),
     "internal_error": (500, "server_error"),
     "poison": (500, "server_error"),  # its workers died with it --max-deliveries times
@@ -68,7 +75,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "redis_unavailable": (503, "service_unavailable_error"),
     "timeout": (504, "timeout_error"),
     "expired": (504, "timeout_error"),  # its own `deadline` / `timeout` passed while it was queued
-    "rate_limited": (429, "rate_limit_error"),  # an API key over its rate (producer/gateway/keys.py)
+    "rate_limited": (429, "rate_limit_error"),  # an API key over its rate (producer/gateway/core/apikeys.py)
 }
 RETRY_LATER = {"queue_full", "no_worker", "redis_unavailable"}  # answered with a Retry-After header
 
@@ -156,9 +163,9 @@ def install(app: FastAPI, retry_after: int, on_error: Callable[[str], None]) -> 
 
     async def http_error(request: Request, exc: StarletteHTTPException):
         if exc.status_code == 404:
-            err = NotFoundError(f"no route {request.method} {request.url.path}")
+            err = NotFoundError(f"no route {request.method} {echo(request.url.path)}")
         elif exc.status_code == 405:
-            err = MethodNotAllowedError(f"{request.method} is not allowed on {request.url.path}")
+            err = MethodNotAllowedError(f"{request.method} is not allowed on {echo(request.url.path)}")
         else:
             err = EmbedfleetError(str(exc.detail))
             err.code = next((c for c, (s, _) in STATUS.items() if s == exc.status_code), "internal_error")

@@ -15,11 +15,11 @@ from pydantic import ValidationError as PydanticValidationError
 
 from common.errors import invalid_request
 from common.result import Result
-from producer.gateway.auth import admit, require_key
-from producer.gateway.errors import shape_errors, vllm_and_cohere_shape, vllm_shape
-from producer.gateway.service import Gateway, gateway
-from producer.gateway.teimodels import tei_model
-from producer.gateway.taskschemas import (ClassifyBody, DetokenizeBody, RerankBody, ScoreBody, TeiDecodeBody,
+from producer.gateway.core.auth import admit, require_key
+from producer.gateway.core.errors import shape_errors, vllm_and_cohere_shape, vllm_shape
+from producer.gateway.core.service import Gateway, gateway
+from producer.gateway.tei.paths import tei_model
+from producer.gateway.tasks.schemas import (ClassifyBody, DetokenizeBody, RerankBody, ScoreBody, TeiDecodeBody,
                                           TeiRerankBody, TeiTokenizeBody, TokenizeBody, pick)
 from producer.client.tasks import check_rerank, rank, score_pairs
 

@@ -14,11 +14,15 @@ from pydantic import ValidationError as PydanticValidationError
 
 from common.errors import EmbedfleetError, ValidationError
 from producer.client.core import pick_model
-from producer.gateway import routes, taskroutes
-from producer.gateway.auth import admit, require_key
-from producer.gateway.schemas import EmbedBody, PoolingBody
-from producer.gateway.service import Gateway, gateway
-from producer.gateway.taskschemas import ClassifyBody, RerankBody, ScoreBody
+from producer.gateway.core.auth import admit, require_key
+from producer.gateway.core.schemas import EmbedBody
+from producer.gateway.core.service import Gateway, gateway
+from producer.gateway.fleet import routes as fleet
+from producer.gateway.openai import routes as openai
+from producer.gateway.tasks import routes as taskroutes
+from producer.gateway.tasks.schemas import ClassifyBody, RerankBody, ScoreBody
+from producer.gateway.vllm import routes as vllm
+from producer.gateway.vllm.schemas import PoolingBody
 
 public = APIRouter()
 router = APIRouter(dependencies=[Depends(require_key), Depends(admit)])
@@ -37,14 +41,14 @@ HANDLERS: tuple[tuple[str, type[BaseModel], frozenset[str], str], ...] = (
 
 async def _answer(name: str, data: dict, body: BaseModel, gw: Gateway) -> Response:
     if name == "EmbeddingRequest":
-        return await routes.create_embeddings(body, gw)
+        return await openai.create_embeddings(body, gw)
     if name == "ClassificationRequest":
         return await taskroutes.classify(body, gw)
     if name == "RerankRequest":
         return await taskroutes.rerank(data, gw)
     if name == "ScoreRequest":
         return await taskroutes.score(body, gw)
-    return await routes.create_pooling(body, gw)
+    return await vllm.create_pooling(body, gw)
 
 
 async def _tasks(gw: Gateway, data: dict) -> tuple[str, ...] | None:
@@ -82,4 +86,4 @@ async def invocations(data: Annotated[object, Body()], gw: Gateway = Depends(gat
 @public.post("/ping")
 async def ping(gw: Gateway = Depends(gateway)) -> Response:
     """SageMaker's health check: /health's answer (200 with a live worker, else 503)."""
-    return await routes.health(gw)
+    return await fleet.health(gw)

@@ -10,9 +10,9 @@ import hmac
 from fastapi import Depends, Request
 
 from common.errors import AuthError
-from producer.gateway.errors import RateLimitedError
-from producer.gateway.owners import fingerprint
-from producer.gateway.service import Gateway, gateway
+from producer.gateway.core.errors import RateLimitedError
+from producer.gateway.core.owners import fingerprint
+from producer.gateway.core.service import Gateway, gateway
 
 
 async def require_key(request: Request, gw: Gateway = Depends(gateway)) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from common.errors import EmbedfleetError
 from common.result import Result
 from producer.client.core import result_state
-from producer.gateway.encoding import embeddings_body
-from producer.gateway.errors import error_body
+from producer.gateway.core.encoding import embeddings_body
+from producer.gateway.core.errors import error_body
 
 
 def job_body(result: Result, options: dict) -> dict:

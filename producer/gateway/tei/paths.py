@@ -8,7 +8,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 from urllib.parse import unquote
 
-from common.errors import ValidationError
+from common.errors import ValidationError, echo
 
 PREFIX = "/tei/"
 # TEI's routes (router/src/http/server.rs) that answer here; "" is TEI's `POST /`
@@ -41,6 +41,6 @@ def tei_model(named: str | None, default: str | None) -> str | None:
     gateway's --tei-model); None: the only served model (producer.client.core.pick_model)."""
     path = _PATH_MODEL.get()
     if named is not None and path is not None and named != path:
-        raise ValidationError(f"the body names model '{named}' but the path {PREFIX}{path}/ names '{path}': name "
-                              "one, or the same", param="model")
+        raise ValidationError(f"the body names model '{echo(named)}' but the path {PREFIX}{echo(path)}/ names "
+                              f"'{echo(path)}': name one, or the same", param="model")
     return named or path or default

@@ -1,6 +1,6 @@
 """GET /v1/jobs/events?ids=a,b,c: each job's result as a Server-Sent Event the moment it lands.
 
-Every event is `event: job`, `id: <job id>`, and `data:` the job's JSON (producer.gateway.jobresults):
+Every event is `event: job`, `id: <job id>`, and `data:` the job's JSON (producer.gateway.jobs.results):
 the /v1/jobs/{id} body with `status: finished`, or the job's error with its status. Each id gets exactly
 one event; an id with no job gets one with status `not_found`. When every id has had its event, a final
 `event: done` ends the stream. After ?timeout= seconds (at most the gateway's max_wait) the ids still
@@ -9,7 +9,7 @@ those. A comment line every KEEPALIVE seconds keeps proxies from closing an idle
 
 Jobs live in Redis and waits go through the gateway's AsyncProducer, so any replica serves any job's
 events, whichever replica accepted it. With API keys, another key's job gets the event of an id with no
-job, at once, and is never waited for (producer/gateway/owners.py).
+job, at once, and is never waited for (producer/gateway/core/owners.py).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from fastapi.responses import StreamingResponse
 
 from common.protocol import keys
 from common.errors import EmbedfleetError, NotFoundError, ResultTimeoutError, ValidationError
-from producer.gateway.auth import require_key
-from producer.gateway.jobresults import job_body, unsettled_body
-from producer.gateway.owners import no_such_job, owner_of
-from producer.gateway.service import Gateway, gateway
+from producer.gateway.core.auth import require_key
+from producer.gateway.jobs.results import job_body, unsettled_body
+from producer.gateway.core.owners import no_such_job, owner_of
+from producer.gateway.core.service import Gateway, gateway
 
 router = APIRouter(dependencies=[Depends(require_key)])
 KEEPALIVE = 15.0  # seconds between comment lines on a quiet stream

@@ -1,12 +1,12 @@
 """Durable async jobs for web apps that should not hold a connection open while a worker computes.
 
 POST /v1/jobs -> 202 {id, status} (with `webhook`: the result is POSTed there, see
-producer/gateway/webhooks.py; GET /v1/jobs/events streams results as they land, see
-producer/gateway/events.py); GET /v1/jobs/{id}[?wait=S] -> 202 while queued/started, 200 with the
+producer/gateway/jobs/webhooks.py; GET /v1/jobs/events streams results as they land, see
+producer/gateway/jobs/events.py); GET /v1/jobs/{id}[?wait=S] -> 202 while queued/started, 200 with the
 /v1/embeddings body (plus `status`) once finished, or the job's own error in OpenAI's shape and status;
 DELETE /v1/jobs/{id} cancels a job no worker has taken yet. Jobs live in Redis, so any gateway replica
 answers for any job, and a gateway restart loses none. With API keys, a job is its creating key's alone:
-to any other key it does not exist (producer/gateway/owners.py).
+to any other key it does not exist (producer/gateway/core/owners.py).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from fastapi.responses import JSONResponse, Response
 
 from common.protocol import keys
 from common.errors import EmbedfleetError, InternalError, NotFoundError, UnavailableError, ValidationError
-from producer.gateway import encoding
-from producer.gateway.auth import admit, require_key
-from producer.gateway.errors import JobNotCancellableError
-from producer.gateway.owners import no_such_job, owner_of
+from producer.gateway.core import encoding
+from producer.gateway.core.auth import admit, require_key
+from producer.gateway.core.errors import JobNotCancellableError
+from producer.gateway.core.owners import no_such_job, owner_of
 from producer.client.core import redis_errors
-from producer.gateway.schemas import JobBody
-from producer.gateway.service import Gateway, gateway
+from producer.gateway.jobs.schemas import JobBody
+from producer.gateway.core.service import Gateway, gateway
 
 router = APIRouter(dependencies=[Depends(require_key)])
 PENDING = ("queued", "started")
@@ -51,7 +51,7 @@ async def create_job(body: JobBody, request: Request, gw: Gateway = Depends(gate
         await gw.settings.webhook_policy.check_at_submit(body.webhook, gw.settings.webhook_timeout)
     job_id = await gw.submit(body, reply_to=keys.WEBHOOK_STREAM if body.webhook else None)
     await gw.save_job_options(job_id, body, owner_of(request))
-    if body.webhook:  # the durable delivery list: any replica delivers (producer/gateway/webhooks.py)
+    if body.webhook:  # the durable delivery list: any replica delivers (producer/gateway/jobs/webhooks.py)
         with redis_errors():
             await gw.deliveries[await gw.producer.url_of(job_id)].register(job_id)
     response = _job(job_id, "queued")

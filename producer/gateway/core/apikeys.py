@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from producer.gateway.errors import RateLimitedError
+from producer.gateway.core.errors import RateLimitedError
 
 _OPTIONS = {"name", "weight", "rate", "burst"}
 

@@ -3,7 +3,7 @@ route, here chosen by the body) and GET /info, answered by the fleet's workers l
 
 What TEI decides in its router is decided here the same way: `normalize` and `dimensions` (TEI cuts any
 model's vector, then normalises), cosine similarity, and TEI's error body `{"error", "error_type"}`. Statuses
-still come from the gateway's one table (producer/gateway/errors.py), so a few differ from TEI's; docs/tei.md
+still come from the gateway's one table (producer/gateway/core/errors.py), so a few differ from TEI's; docs/tei.md
 lists them.
 """
 
@@ -24,11 +24,11 @@ from common.capabilities import ModelCapabilities
 from common.errors import EmbedfleetError, ValidationError, invalid_request
 from common.result import Result
 from producer.client.core import pick_model
-from producer.gateway.auth import admit, require_key
-from producer.gateway.errors import shape_errors
-from producer.gateway.service import Gateway, gateway
-from producer.gateway.teimodels import tei_model
-from producer.gateway.teischemas import (EmptyInputError, SimilarityParameters, TeiEmbedAllBody, TeiEmbedBody,
+from producer.gateway.core.auth import admit, require_key
+from producer.gateway.core.errors import shape_errors
+from producer.gateway.core.service import Gateway, gateway
+from producer.gateway.tei.paths import tei_model
+from producer.gateway.tei.schemas import (EmptyInputError, SimilarityParameters, TeiEmbedAllBody, TeiEmbedBody,
                                          TeiEmbedSparseBody, TeiSimilarityBody, tei_inputs)
 
 router = APIRouter(dependencies=[Depends(require_key)])
@@ -222,5 +222,5 @@ def _model_type(caps: ModelCapabilities) -> dict:
 def _parse(cls: type[BaseModel], data):
     try:
         return cls.model_validate(data)
-    except PydanticValidationError as exc:  # the same messages as a typed body's (producer/gateway/errors.py)
+    except PydanticValidationError as exc:  # the same messages as a typed body's (producer/gateway/core/errors.py)
         raise invalid_request(exc.errors(), cls.known_fields()) from exc

@@ -1,0 +1,1 @@
+"""Cohere's embed API, POST /v2/embed (routes)."""

@@ -1,0 +1,1 @@
+"""SageMaker's routes, POST /invocations and GET /ping (routes)."""

@@ -1,0 +1,1 @@
+"""vLLM's pooling API, POST /pooling (routes), and its body (schemas)."""
