@@ -49,8 +49,8 @@ def serve(model, url: str, docs: list[str], workers: int, chunks_per_job: int, *
     """Submit every document, serve them with `workers` BatchWorkers, return seconds and counts."""
     connection = redis.Redis.from_url(url)
     connection.flushall()
-    fleet = [BatchWorker(Engine(model, max_batch_tokens=8192, max_batch_size=32, chunks_per_job=chunks_per_job),
-                         connection, max_jobs=16, poll_timeout=1) for _ in range(workers)]
+    fleet = [BatchWorker(Engine(model, max_batch_tokens=8192, max_batch_size=32), connection, max_jobs=16,
+                         poll_timeout=1, chunks_per_job=chunks_per_job) for _ in range(workers)]
     threads = [threading.Thread(target=w.work, daemon=True) for w in fleet]
     for worker in fleet:
         worker.advertiser.advertise()

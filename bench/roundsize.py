@@ -1,7 +1,7 @@
 """How big a round must be for length sorting to pay: the engine alone (in process, no Redis) over the corpus's
 first `--limit` texts as requests of `--chunk` texts, run in rounds of N requests, at one fixed pass shape.
 A round sorts its own inputs by length before cutting passes; the bare loop of bench/throughput.py sorts all
-of them at once (the "all" row here). Why a round holds 16 passes of work (worker/serving/pipeline.py).
+of them at once (the "all" row here). Why a round holds 16 passes of work (worker/serving/yielding.py ROUND_PASSES).
 
     PYTHONPATH=. .venv/bin/python bench/roundsize.py [--limit 1000] [--chunk 16] [--rounds 2,8,16,32,all]
                                                      [--batch-tokens 1024] [--batch-size 16] [--repeat 2]

@@ -72,6 +72,7 @@ def main() -> None:
     worker = BatchWorker(engine, connect(args.redis_url), max_jobs=args.max_jobs, poll_timeout=1,
                          lease=args.lease, drain_timeout=args.drain_timeout,
                          watchdog=(args.watchdog, 0.0) if args.watchdog else None)
+    print(f"crashworker {worker.name} serving {args.model}")  # not flushed: block-buffered into a pipe
     worker.work()
 
 

@@ -130,13 +130,13 @@ def test_a_round_of_large_results_is_stored_in_calls_within_the_budget(redis_url
     worker.store.call_bytes = 1024 * 1024  # 400 KB results: two a call
     worker.advertiser.advertise()
     sent: list[int] = []
-    finish = worker.schema.finish
+    finish = worker.levels.finish
 
     def counted(answers, seconds):
         sent.append(sum(len(answer.blob) for answer in answers))
         return finish(answers, seconds)
 
-    worker.schema.finish = counted
+    worker.levels.finish = counted
     with Producer(redis_url) as producer:
         ids = producer.submit_many([[f"request {r} text {i}" for i in range(100)] for r in range(9)], MODEL)
         assert worker.work(burst=True)
@@ -148,8 +148,9 @@ def test_a_spread_request_answered_from_its_parts_is_held_to_the_same_limit(smal
     """The worker that joins the last part of a long request publishes the combined answer: over the limit, the
     request gets `result_too_large` instead (the plan's reply stream woken too), never a refused write."""
     connection = redis.Redis.from_url(small_redis.url)
+    engine = Engine(NullModel(f"null:{DIM}", MODEL))
     chunk_jobs = ChunkJobs(connection, [keys.queue_name(MODEL)], MODEL, result_ttl=60, chunks_per_job=1,
-                           limit=BulkLimit(connection))
+                           combine=engine.combine_parts, limit=BulkLimit(connection))
     request = EmbedRequest(model=MODEL, inputs=["long"] * 700, reply_to=keys.reply_stream_key("p1"))
     combined = Result.success(request.id, MODEL, np.ones((700, DIM), np.float32), "float32", "little", 700)
     chunk_jobs._publish(combined, {"request": request.encode(), "result_ttl": 60})

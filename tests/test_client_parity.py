@@ -47,8 +47,8 @@ def fleet(redis_client, long):
                        name="parity-null")
     idle = BatchWorker(Engine(NullModel("null:4", served_name="idle")), redis_client, poll_timeout=1,
                        name="parity-idle")
-    long_worker, parts = (BatchWorker(Engine(long, chunks_per_job=2), redis_client, max_jobs=1, poll_timeout=1,
-                                      name=name) for name in ("parity-long", "parity-parts"))
+    long_worker, parts = (BatchWorker(Engine(long), redis_client, max_jobs=1, poll_timeout=1, name=name,
+                                      chunks_per_job=2) for name in ("parity-long", "parity-parts"))
     for worker in (null, idle, long_worker):
         worker.advertiser.advertise()
     serving = threading.Thread(target=null.work, daemon=True)

@@ -175,7 +175,7 @@ def test_every_way_a_request_ends_has_the_same_effects(long_model, redis_url, re
     from tests.tinymodels import WORDS
     from worker.engine.engine import Engine
 
-    worker = BatchWorker(Engine(long_model, chunks_per_job=2), redis_client, max_jobs=64, name="contractworker")
+    worker = BatchWorker(Engine(long_model), redis_client, max_jobs=64, name="contractworker", chunks_per_job=2)
     worker.advertiser.advertise()
     reply = keys.reply_stream_key("contract")
     queue = keys.queue_name("contract")

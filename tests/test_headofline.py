@@ -17,7 +17,8 @@ from tests.test_yield import Recorded
 from tests.tinymodels import sample_texts
 from worker.engine.engine import Engine
 from worker.engine.models.loader import load_model
-from worker.serving.pipeline import CUT_IN_PASSES, BatchWorker
+from worker.serving.pipeline import BatchWorker
+from worker.serving.yielding import CUT_IN_PASSES
 
 MODEL = "minilm"
 
@@ -79,7 +80,7 @@ def test_work_behind_a_long_round_cuts_in_between_its_passes_and_never_starves_i
             assert model.waiting[1].wait(60)  # the long round's second pass is on the device
             small = producer.submit_many([[f"small question {k}"] for k in range(4)], MODEL)  # one pass
             deadline = time.monotonic() + 60
-            while not list(worker._handoffs[0].queue):  # a short round taken and prepared behind it
+            while not worker.handoff.waiting():  # a short round taken and prepared behind it
                 assert time.monotonic() < deadline, "the work behind the long round was never taken"
                 time.sleep(0.005)
             gate.set()

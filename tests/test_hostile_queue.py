@@ -46,7 +46,7 @@ def test_a_non_utf8_id_is_dropped_and_its_batch_is_served(engine, redis_client):
     worker = BatchWorker(engine, redis_client, max_jobs=64)
     worker.work(burst=True)
 
-    assert worker.batches == 1  # the bad ids were taken with the good ones, and dropped
+    assert worker.finishing.batches == 1  # the bad ids were taken with the good ones, and dropped
     assert_served(redis_client, first + rest)
     assert len(queue) == 0 and redis_client.llen(queue.intermediate_queue_key) == 0
     assert queue.started_job_registry.get_job_ids() == []
@@ -71,7 +71,7 @@ def test_job_data_of_the_wrong_shape_fails_alone(engine, redis_client):  # noqa:
     worker = BatchWorker(engine, redis_client, max_jobs=64)
     worker.work(burst=True)
 
-    assert worker.batches == 1
+    assert worker.finishing.batches == 1
     assert_served(redis_client, good)
     queue = rq_queue(redis_client, model)
     assert set(queue.failed_job_registry.get_job_ids()) == set(hostile)

@@ -188,7 +188,7 @@ def test_the_next_round_takes_what_the_round_on_the_device_computes(fleet, redis
     def open_when_the_next_round_waits() -> None:
         """The event, not a guess at how long preparing takes: the second round waits at the device's door
         (the take stage's hand-off to the forward stage is full) while the first is on it."""
-        while not (worker._handoffs is not None and worker._handoffs[0].full()):
+        while not (worker.handoff is not None and worker.handoff.full()):
             time.sleep(0.01)
         gate.set()
 

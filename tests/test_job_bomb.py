@@ -83,7 +83,7 @@ def test_a_zlib_bomb_among_good_jobs_fails_alone_small_and_in_bounded_memory(red
     worker = BatchWorker(engine, redis_client, max_jobs=64)
     grown, peak = memory_growth(lambda: worker.work(burst=True))
 
-    assert worker.batches == 1  # the bombs were taken with the good jobs
+    assert worker.finishing.batches == 1  # the bombs were taken with the good jobs
     for request in good:
         assert Result.decode(redis_client.get(result_key(request.id))).ok
     assert set(rq_queue(redis_client, NULL).failed_job_registry.get_job_ids()) == set(hostile)

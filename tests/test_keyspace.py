@@ -92,8 +92,8 @@ def test_every_key_written_in_a_full_scenario_is_described_in_keys_py(long_folde
         model = load_model(long_folder, served_name="m", max_embed_len=8 * MAX_LEN)
         cache = VectorCache(conn, model_identity("m", folder_digest(long_folder), "float32", "cpu"),
                             model.caps.embedding_size)
-        worker = BatchWorker(Engine(model, chunks_per_job=2), conn, cache=cache, max_jobs=64, poll_timeout=1,
-                             lease=1.0)
+        worker = BatchWorker(Engine(model), conn, cache=cache, max_jobs=64, poll_timeout=1, lease=1.0,
+                             chunks_per_job=2)
         worker.advertiser.advertise()
         long_text = " ".join(WORDS[i % len(WORDS)] for i in range(7 * MAX_LEN))
         with Producer(server.url) as producer:
@@ -118,7 +118,7 @@ def test_every_key_written_in_a_full_scenario_is_described_in_keys_py(long_folde
                 assert asyncio.run(async_side()).ok
                 for request_id in [*ids, *lost, bulk]:
                     assert producer.wait(request_id, timeout=60).ok
-                assert worker.recovered == 2
+                assert worker.upkeep.recovered == 2
             finally:
                 worker.stop()
                 thread.join(30)

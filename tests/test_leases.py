@@ -5,6 +5,7 @@ poison is capped, SIGTERM drains, the watchdog ends a hung forward pass. Real wo
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -204,3 +205,23 @@ def test_the_watchdog_ends_a_hung_forward_pass_and_the_lease_recovers_its_jobs(r
     schema = RqSchema(redis_client, queue.name, "rescuer", result_ttl=60, lease=LEASE)
     wait_for(lambda: [r.id for r in schema.recover()] == [hung], 3 * BOUND)
     assert redis_client.lrange(queue.key, 0, -1) == [hung.encode()]
+
+
+def test_a_worker_ended_by_its_watchdog_still_flushes_its_output(redis_url, redis_client):
+    """The watchdog's exit skips the interpreter's teardown (a hung device call would never let it finish), not
+    the flush of what the process wrote: crashworker's first line to stdout (a pipe, so block-buffered) is there
+    after the exit (common/processes.py exit_now)."""
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as a worker runs by default
+    proc = subprocess.Popen([sys.executable, "-m", "tests.crashworker", redis_url, MODEL, "--lease", str(LEASE),
+                             "--watchdog", "1"], cwd=ROOT, env=buffered, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    try:
+        wait_for_workers(redis_client, 1)
+        Producer(redis_url).submit(["hang"], MODEL)
+        assert proc.wait(30) == 70
+        assert proc.stdout.read().decode().startswith("crashworker embedfleet-"), "the output was lost"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        proc.stdout.close()

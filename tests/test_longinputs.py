@@ -103,8 +103,8 @@ def test_max_embed_len_is_bounded(long_model):
 
 
 def _worker(model, redis_client, name: str, chunks_per_job: int = 2, max_jobs: int = 1) -> BatchWorker:
-    worker = BatchWorker(Engine(model, chunks_per_job=chunks_per_job), redis_client, max_jobs=max_jobs,
-                         poll_timeout=1, name=name)
+    worker = BatchWorker(Engine(model), redis_client, max_jobs=max_jobs, poll_timeout=1, name=name,
+                         chunks_per_job=chunks_per_job)
     worker.advertiser.advertise()
     return worker
 
@@ -151,6 +151,8 @@ def producer_status(redis_url: str, request_id: str) -> str:
 
 class _FailingOnce:
     """The real model, whose forward pass fails for any batch holding a row of `poison` length."""
+
+    prepare = None  # tokenised by the engine
 
     def __init__(self, model, poison: int):
         self.model, self.poison = model, poison
@@ -320,7 +322,7 @@ def test_two_serving_workers_join_concurrent_parts_once(long_model, redis_url, r
     _, model = long_model
     texts = [words(int(m * MAX_LEN), seed=20 + k) for k, m in enumerate((7, 2.5, 5))]
     local = Engine(model).run([EmbedRequest(model="long", inputs=[t]) for t in texts])
-    fleet = [BatchWorker(Engine(model, chunks_per_job=1), redis_client, max_jobs=4, poll_timeout=1, name=f"w{k}")
+    fleet = [BatchWorker(Engine(model), redis_client, max_jobs=4, poll_timeout=1, name=f"w{k}", chunks_per_job=1)
              for k in range(2)]
     threads = [threading.Thread(target=w.work, daemon=True) for w in fleet]
     for worker, thread in zip(fleet, threads):

@@ -50,15 +50,21 @@ def advertised(engine, conn, **options) -> BatchWorker:
 
 class DeviceTime:
     """The real engine whose forward step also takes `seconds`, as a device's would: the null model alone
-    serves a backlog of thousands before a test can submit behind it."""
+    serves a backlog of thousands before a test can submit behind it. Without a forward-pass shape: its rounds
+    are cut by request count (max_jobs) alone."""
+
+    shaper = None
+
+    def shape(self):
+        return None
 
     def __init__(self, engine, seconds: float):
         self.engine, self.caps, self.seconds = engine, engine.caps, seconds
-        self.prepare, self.finish = engine.prepare, engine.finish
+        self.prepare, self.finish, self.combine_parts = engine.prepare, engine.finish, engine.combine_parts
 
-    def forward(self, work, between=None):
+    def forward(self, work, between=None, **known):
         time.sleep(self.seconds)
-        return self.engine.forward(work, between)
+        return self.engine.forward(work, between, **known)
 
 
 def rq(conn, name: str) -> Queue:
@@ -91,9 +97,9 @@ def test_each_level_is_its_own_rq_queue_and_rq_shows_the_jobs(engine, producer, 
     assert rq(redis_client, INTERACTIVE).job_ids == [interactive]
     assert {q.name for q in worker.queues} == {INTERACTIVE, BULK}  # `rq info` lists the worker on both
 
-    suspended, taken = worker.schema.take(10, None)  # highest first, and a round comes from one level
+    suspended, taken = worker.levels.take(10, None)  # highest first, and a round comes from one level
     assert not suspended and [(t.id, t.queue) for t in taken] == [(interactive, INTERACTIVE)]
-    suspended, taken = worker.schema.take(10, None)
+    suspended, taken = worker.levels.take(10, None)
     assert not suspended and [(t.id, t.queue) for t in taken] == [(i, BULK) for i in [*bulk_ids, vllm_bulk]]
     assert sorted(rq(redis_client, BULK).started_job_registry.get_job_ids()) == sorted([*bulk_ids, vllm_bulk])
     assert rq(redis_client, INTERACTIVE).started_job_registry.get_job_ids() == [interactive]
@@ -104,20 +110,20 @@ def test_recover_return_and_cancel_put_a_job_back_on_its_own_queue(engine, produ
     first, second, third = producer.submit_many([["a"], ["b"], ["c"]], MODEL, priority="bulk")
     interactive = producer.submit(["i"], MODEL)
     dead = BatchWorker(engine, redis_client, lease=0.2)
-    _, taken = dead.schema.take(3, None)  # interactive (a round of its own), then bulk's first two
-    _, more = dead.schema.take(2, None)
+    _, taken = dead.levels.take(3, None)  # interactive (a round of its own), then bulk's first two
+    _, more = dead.levels.take(2, None)
     assert [t.id for t in taken + more] == [interactive, first, second]
     time.sleep(0.3)  # the lease lapses: a live worker requeues each job on its own level
-    assert sorted(r.id for r in advertised(engine, redis_client).schema.recover()) == sorted([interactive, first,
+    assert sorted(r.id for r in advertised(engine, redis_client).levels.recover()) == sorted([interactive, first,
                                                                                              second])
     requeued = rq(redis_client, BULK).job_ids  # at the head (claims of one take lapse together: any order)
     assert sorted(requeued[:2]) == sorted([first, second]) and requeued[2:] == [third]
     assert rq(redis_client, INTERACTIVE).job_ids == [interactive]
 
     draining = BatchWorker(engine, redis_client)
-    _, taken = draining.schema.take(3, None)
-    _, more = draining.schema.take(2, None)
-    assert draining.schema.give_back(taken + more) == 3
+    _, taken = draining.levels.take(3, None)
+    _, more = draining.levels.take(2, None)
+    assert draining.levels.give_back(taken + more) == 3
     assert rq(redis_client, BULK).job_ids == requeued  # in the order they were taken
     assert rq(redis_client, INTERACTIVE).job_ids == [interactive]
 
@@ -202,11 +208,11 @@ def test_queued_tokens_follow_submit_take_cancel_and_requeue(engine, producer, r
     assert producer.cancel(ids[2])
     assert int(redis_client.get(counter)) == estimates[0] + estimates[1]
     worker = BatchWorker(engine, redis_client, lease=0.2)
-    _, taken = worker.schema.take(1, None)
+    _, taken = worker.levels.take(1, None)
     assert int(redis_client.get(counter)) == estimates[1]
-    assert worker.schema.give_back(taken) == 1
+    assert worker.levels.give_back(taken) == 1
     assert int(redis_client.get(counter)) == estimates[0] + estimates[1]
-    worker.schema.take(10, None)
+    worker.levels.take(10, None)
     assert redis_client.get(counter) is None  # the queue is empty: no estimate left (and no drift)
 
 
@@ -233,10 +239,10 @@ def test_an_idle_worker_in_the_shares_round_waits_on_the_interactive_queue(engin
     monkeypatch.setattr(levels_module, "LOWER_LEVEL_POLL", 60.0)  # a wait on the wrong queue would last 60 s
     worker = advertised(engine, redis_client, bulk_share=2)  # the second round reads bulk first
     first = producer.submit(["before"], MODEL)
-    assert [t.id for t in worker.schema.take(8, None)[1]] == [first]
-    assert worker.schema.rounds % 2 == 1  # the next round is the share's
+    assert [t.id for t in worker.levels.take(8, None)[1]] == [first]
+    assert worker.levels.rounds % 2 == 1  # the next round is the share's
     taken: list = []
-    thread = threading.Thread(target=lambda: taken.extend(worker.schema.take(8, 60)[1]), daemon=True)
+    thread = threading.Thread(target=lambda: taken.extend(worker.levels.take(8, 60)[1]), daemon=True)
     thread.start()
     wait_for(lambda: any(c.get("cmd") == "blmove" for c in redis_client.client_list()), 10)
     second = producer.submit(["an interactive question"], MODEL)

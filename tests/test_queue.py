@@ -111,7 +111,7 @@ def test_malformed_messages_fail_clearly_and_the_batch_goes_on(engine, redis_cli
     reply = "embedfleet:replies:test"
     worker = BatchWorker(engine, redis_client, max_jobs=64)
     worker.work(burst=True)
-    assert worker.batches == 1  # everything above was one batch
+    assert worker.finishing.batches == 1  # everything above was one batch
 
     queue = rq_queue(redis_client, model)
     reasons = {garbage.id: "malformed embed request", not_a_request.id: "malformed embed request",
@@ -152,17 +152,23 @@ def test_reply_stream_gets_the_id(engine, redis_client):
 
 
 class GatedEngine:
-    """The real engine, held inside its forward step until the test lets it go, to observe a busy worker."""
+    """The real engine, held inside its forward step until the test lets it go, to observe a busy worker.
+    Without a forward-pass shape: its rounds are cut by request count (max_jobs) alone."""
+
+    shaper = None
+
+    def shape(self):
+        return None
 
     def __init__(self, engine):
         self.engine, self.caps = engine, engine.caps
-        self.prepare, self.finish = engine.prepare, engine.finish
+        self.prepare, self.finish, self.combine_parts = engine.prepare, engine.finish, engine.combine_parts
         self.entered, self.release = threading.Event(), threading.Event()
 
-    def forward(self, work, between=None):
+    def forward(self, work, between=None, **known):
         self.entered.set()
         assert self.release.wait(20)
-        return self.engine.forward(work, between)
+        return self.engine.forward(work, between, **known)
 
 
 def wait_for(condition, timeout=10.0):
@@ -243,7 +249,7 @@ def test_leases_are_renewed_by_beats_and_only_until_the_job_timeout(engine, redi
 
         # hasty's 1 s timeout passes: its lease is no longer renewed, lapses, and a recover requeues it
         wait_for(lambda: redis_client.hget(f"rq:job:{hasty.id}", "lapses") == b"1")
-        wait_for(lambda: worker.recovered >= 1)  # counted once the recover script has returned
+        wait_for(lambda: worker.upkeep.recovered >= 1)  # counted once the recover script has returned
         assert redis_client.lrange(rq_queue(redis_client, engine.caps.name).key, 0, -1) == [hasty.id.encode()] \
             or worker.held_count() == 3  # requeued at the head, or already taken again (a second claim)
         seen = started_score(redis_client, patient)
@@ -301,7 +307,7 @@ def test_a_poisoned_request_fails_alone_retryably_and_its_neighbours_are_served(
 
     worker = BatchWorker(engine, redis_client)
     worker.work(burst=True)
-    assert worker.batches == 2  # the poisoned job was requeued once by its Retry, and failed again
+    assert worker.finishing.batches == 2  # the poisoned job was requeued once by its Retry, and failed again
 
     queue = rq_queue(redis_client, model)
     clean = engine_for(bert_cls)
@@ -331,19 +337,23 @@ def test_advertise_is_one_transaction_with_the_worker_beat_before_the_capabiliti
     assert commands[:3] == ["MULTI", "ZADD", "SET"] and commands[-1] == "EXEC"
 
 
-class BeatAfterStore(BatchWorker):
+def beat_after_store(worker: BatchWorker) -> BatchWorker:
     """The background heartbeat landing right after the store's EXEC, as the thread may at any time."""
+    finish_round = worker.finishing.finish_round
 
-    def finish_round(self, batch):
-        super().finish_round(batch)
-        self._beat()
+    def finish_then_beat(round_):
+        finish_round(round_)
+        worker.upkeep.beat()
+
+    worker.finishing.finish_round = finish_then_beat
+    return worker
 
 
 def test_a_beat_right_after_the_store_recreates_no_execution(engine, redis_client):
     requests = [EmbedRequest(model=engine.caps.name, inputs=[text]) for text in texts(2)]
     for request in requests:
         enqueue(redis_client, request)
-    BeatAfterStore(engine, redis_client).work(burst=True)
+    beat_after_store(BatchWorker(engine, redis_client)).work(burst=True)
     assert all(Result.decode(redis_client.get(result_key(r.id))).ok for r in requests)
     assert not redis_client.keys("rq:execution*")
     assert rq_queue(redis_client, engine.caps.name).started_job_registry.get_job_ids() == []

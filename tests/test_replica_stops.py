@@ -10,6 +10,8 @@ import re
 import signal
 import time
 
+import pytest
+
 from producer import Producer
 from tests.commands import ROOT, running
 from tests.test_queue import wait_for
@@ -96,4 +98,19 @@ def test_ctrl_c_reaches_each_engine_once_and_the_command_exits_130(redis_url, re
     for name in named:
         assert [line.split(": ", 2)[-1] for line in drain_lines(log, name)] == [
             "SIGINT: draining (a second signal exits at once)"], text[-3000:]
-    assert len(re.findall(r"stopped \(exited with code 0\)", text)) == 2, text[-3000:]
+    assert len(re.findall(r"stopped \(exited with code 130\)", text)) == 2, text[-3000:]  # drained, Ctrl-C'd
+
+
+@pytest.mark.parametrize("stop, code", [(signal.SIGINT, 130), (signal.SIGTERM, 0)])
+def test_a_single_engine_worker_exits_130_after_ctrl_c_and_0_after_sigterm(redis_url, redis_client, tmp_path,
+                                                                            stop, code):
+    """`embedfleet worker` with one engine (--replicas 1, the CPU default) is the engine itself, no supervisor:
+    Ctrl-C (SIGINT to its process group, as a terminal sends it) drains it and the command exits 130, the
+    shell's code for Ctrl-C (docs/cli.md), as a supervisor does; SIGTERM (docker stop, systemd) drains it to 0."""
+    with supervisor(redis_url, tmp_path, "--replicas", "1") as (worker, log, engine_pids):
+        wait_for(lambda: len(engines(redis_client)) == 1 or worker.poll() is not None, 120)
+        assert worker.poll() is None and not engine_pids(), log.read_text()[-3000:]  # serving, in this process
+        os.killpg(worker.pid, stop)
+        assert worker.wait(60) == code, log.read_text()[-3000:]
+        assert engines(redis_client) == {}  # drained and withdrawn either way
+    assert f"{signal.Signals(stop).name}: draining" in log.read_text()

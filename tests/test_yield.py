@@ -75,7 +75,7 @@ def test_a_bulk_round_pauses_between_passes_for_interactive_work_and_every_job_i
             question = tiny.tokenizer("an interactive question")["input_ids"]
             deadline = time.monotonic() + 60
             while not (any(question in batch for batch in model.passes)  # it ran already, or it waits
-                       or any(not ready.lower for ready in list(worker._handoffs[0].queue))):
+                       or any(not ready.lower for ready in worker.handoff.waiting())):
                 assert time.monotonic() < deadline, "the interactive request was never taken and prepared"
                 time.sleep(0.005)
             second.set()
@@ -111,7 +111,7 @@ def test_the_bulk_share_round_keeps_its_turn_and_interactive_work_still_runs_bet
     engine = Engine(model, max_batch_tokens=64, max_batch_size=4)
     worker = BatchWorker(engine, redis_client, max_jobs=1, poll_timeout=1, bulk_share=2)  # round 2 of 2: bulk first
     worker.advertiser.advertise()
-    levels, may_take = worker.schema, threading.Event()
+    levels, may_take = worker.levels, threading.Event()
     real_take = levels.take
 
     def take(*args, **kwargs):  # the real take; the share's round (the second) only once the test says so
@@ -132,7 +132,7 @@ def test_the_bulk_share_round_keeps_its_turn_and_interactive_work_still_runs_bet
             interactive = producer.submit(["an interactive question"], MODEL)
             may_take.set()  # the share's round: bulk first, though interactive work is queued
             deadline = time.monotonic() + 60
-            while not any(ready.lower and not ready.preemptible for ready in list(worker._handoffs[0].queue)):
+            while not any(ready.lower and not ready.preemptible for ready in worker.handoff.waiting()):
                 assert time.monotonic() < deadline, "the share's round was never prepared"
                 time.sleep(0.005)
             gate.set()
@@ -165,8 +165,8 @@ def test_a_round_holds_a_few_passes_of_work_not_a_fixed_number_of_requests(tiny,
         ids = producer.submit_many([[words(16 * r + t) for t in range(16)] for r in range(40)], MODEL)
         round_ = worker.take_round(None)
         taken = round_.size
-        worker._release(round_)
-        worker.schema.give_back(round_.runnable)
+        worker.finishing.release(round_)
+        worker.levels.give_back(round_.runnable)
         # 16 passes of 128 tokens (2,048 estimated tokens) hold about 13 of these 16-text requests, not 40
         assert 1 <= taken < len(ids)
         BatchWorker(engine, redis_client, max_jobs=64, poll_timeout=1).work(burst=True)  # a worker of its own

@@ -85,7 +85,7 @@ def serve(argv: list[str]) -> int:
                         pin_tokens=settings.max_batch_tokens is not None, pin_rows=settings.max_batch_size is not None,
                         source=budget.source)
     engine = Engine(model, max_batch_tokens=budget.max_batch_tokens, max_batch_size=budget.max_batch_size,
-                    chunks_per_job=settings.chunks_per_job, shaper=shaper)
+                    shaper=shaper)
     info = {"device": device, "dtype": dtype, "engine": engine_label, "fidelity": round(model.fidelity, 6),
             "forward": getattr(model, "forward_layout", "padded"), "replica": settings.replica or "1/1",
             "max_batch_tokens": budget.max_batch_tokens,
@@ -95,7 +95,7 @@ def serve(argv: list[str]) -> int:
     watchdog = (settings.watchdog_seconds, _per_token(settings.watchdog_per_token, budget))
     metrics = _metrics(settings, model.caps.name)
     worker = BatchWorker(engine, connection, cache=cache, max_jobs=settings.max_jobs, bulk_share=settings.bulk_share,
-                         metrics=metrics,
+                         metrics=metrics, chunks_per_job=settings.chunks_per_job,
                          result_ttl=settings.result_ttl, poll_timeout=settings.poll_timeout,
                          lease=settings.lease_seconds, max_deliveries=settings.max_deliveries,
                          drain_timeout=settings.drain_timeout, watchdog=watchdog, name=settings.name, info=info)
@@ -109,7 +109,7 @@ def serve(argv: list[str]) -> int:
         "cache off" if cache is None else f"cache on {redact(settings.cache_url or url)}, model identity "
                                           f"{cache.identity}, entries live {settings.cache_ttl} s")
     worker.work(burst=settings.burst)
-    return 0
+    return worker.lifecycle.exit_code  # 130 after Ctrl-C, as a supervisor of several engines exits
 
 
 def _maintenance_at_debug(record: logging.LogRecord) -> bool:

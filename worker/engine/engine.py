@@ -1,7 +1,8 @@
 """Engine: many requests in, one Result per request out, in three steps a pipelined worker can overlap:
 prepare (verify, tokenise), forward (the passes worker/engine/batcher.py plans) and finish (cut, normalise,
 cast). No Redis here: the serving side (worker/serving/steps.py) looks vectors up in its cache between the
-steps and hands them in as a round's `hits`."""
+steps and hands them to `forward` as `known` rows, and takes the long requests it spreads over the fleet out of
+a Work before its passes."""
 
 from __future__ import annotations
 
@@ -9,21 +10,25 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-from common.protocol import keys
+from common.capabilities import ModelCapabilities
 from common.errors import EmbedfleetError, InternalError
 from common.params import PoolingParams
 from common.request import EmbedRequest
 from common.result import Result
 from worker.engine import stageclock
 from worker.engine.batcher import cuts, plan_passes
+from worker.engine.chunking import combine
 from worker.engine.inputbounds import bound_inputs
-from worker.engine.shaper import Shape
+from worker.engine.models.base import Model
+from worker.engine.shaper import Shape, Shaper
 from worker.engine.latechunking import embed_spans
-from worker.engine.postprocess import cast, finish
+from worker.engine.postprocess import cast, cut_and_normalise
 from worker.engine.preprocess import Prepared, prepare_many
 from worker.engine.tasks.heads import finish_task
 from worker.engine.tasks.inputs import prepare_task
@@ -31,11 +36,14 @@ from worker.engine.tasks.sparse import head_outputs
 
 log = logging.getLogger(__name__)
 
+Known = dict[int, dict[int, np.ndarray]]  # request -> {row: its vector}, at hand before the passes
+
 
 @dataclass
 class Work:
     """The engine's work on one round of requests. Each request ends with a result (its own error, or its
-    embeddings once `finish` runs); `rows` and `failed` are filled by the forward passes."""
+    embeddings once `finish` runs) unless the caller took it out of `prepared` before the passes; `rows` and
+    `failed` are filled by the forward passes."""
 
     requests: list[EmbedRequest]
     results: list[Result | None]
@@ -43,20 +51,35 @@ class Work:
     prepared: dict[int, Prepared] = field(default_factory=dict)
     rows: dict[int, np.ndarray | list[np.ndarray]] = field(default_factory=dict)  # a list: per-token rows
     failed: dict[int, EmbedfleetError] = field(default_factory=dict)
-    # long requests whose chunks go to the fleet as sub-jobs (worker/serving/spread.py): no result from here
-    spread: dict[int, Prepared] = field(default_factory=dict)
     passes: int = 0  # forward passes cut by the budget (a failed pass's halves not counted)
     tokens: int = 0  # real tokens through those passes
     padded_tokens: int = 0  # rows * longest row, summed over the passes: what the device computed
-    # vectors at hand before the passes, filled by the serving side's cache (worker/serving/cache.py):
-    # request -> its inputs' cache keys, and request -> {row: vector}; those rows are not computed
-    cache_keys: dict[int, list[str]] = field(default_factory=dict)
-    hits: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)
 
     @property
     def texts(self) -> int:
         """Inputs that reach the forward passes."""
         return sum(len(p.token_lists) for p in self.prepared.values())
+
+
+class ServingEngine(Protocol):
+    """What the serving side (worker/serving) calls on an engine: Engine, or a test's wrapper of one."""
+
+    caps: ModelCapabilities
+    shaper: Shaper | None  # learns the forward-pass shape while serving (adverts, metrics); None: it does not
+
+    def shape(self) -> Shape | None:
+        """The forward-pass shape the next round runs at; None: no shape (rounds are cut by request count)."""
+        ...
+
+    def prepare(self, requests: list[EmbedRequest]) -> Work: ...
+
+    def forward(self, work: Work, between: Callable[[], None] | None = None, *, known: Known | None = None) -> None:
+        ...
+
+    def finish(self, work: Work) -> list[Result | None]: ...
+
+    def combine_parts(self, request: EmbedRequest, rows: np.ndarray, owners: list[int], weights: list[int],
+                      prompt_tokens: int) -> Result: ...
 
 
 @dataclass
@@ -85,27 +108,22 @@ class _Flat:
 class Engine:
     """Runs a loaded model over whole lists of requests; never raises for a bad request.
 
-    model: a LoadedModel (worker/engine/models/base.py) or anything with its `caps`, `embed(token_lists,
-        prompt_lengths)` and, for `prepare`, a tokenizer (see worker.engine.models.nullmodel for one without);
-        `outputs(token_lists, heads)` for a multi-head or sparse model (worker/engine/models/bgem3.py, splade.py).
+    model: a Model (worker/engine/models/base.py): a LoadedModel or another kind, or the null model.
     max_batch_tokens: padded-token budget of one forward pass (rows * longest row).
     max_batch_size: most rows in one forward pass.
     shaper: a worker.engine.shaper.Shaper that picks the shape per round and learns from every pass; None:
         the fixed shape above.
-    chunks_per_job: a request with more chunks than this (a long input, worker/engine/chunking.py) is not run
-        here but left in `Work.spread` for the worker to spread over the fleet; 0: every request runs here.
     Identical inputs in one round (same token ids, prompt length, head and pair split) are computed once.
     """
 
-    def __init__(self, model, *, max_batch_tokens: int = 16384, max_batch_size: int = 256,
-                 chunks_per_job: int = 0, shaper=None):
+    def __init__(self, model: Model, *, max_batch_tokens: int = 16384, max_batch_size: int = 256,
+                 shaper: Shaper | None = None):
         self.model = model
         self.caps = model.caps
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.shaper = shaper
         self.forward_passes = 0
-        self.chunks_per_job = chunks_per_job
         self.forward_rows = 0  # inputs the model ran over (after the cache and in-round dedup)
         self._resolved: dict[PoolingParams, PoolingParams | EmbedfleetError] = {}
 
@@ -121,7 +139,7 @@ class Engine:
         """Verify each request against the model and tokenise it; a bad one gets its error result here.
         Plain embed requests are tokenised together (preprocess.prepare_many), not one tokenizer call each."""
         work = Work(list(requests), [None] * len(requests))
-        tokenize = getattr(self.model, "prepare", None)  # a model that tokenises its own way (the null model)
+        tokenize = self.model.prepare  # a model that tokenises its own way (the null model), or None
         embeds: list[int] = []
         stageclock.lap("other")
         for index, request in enumerate(requests):
@@ -137,7 +155,7 @@ class Engine:
                         work.prepared[index] = prepared
                     stageclock.lap("tokenise")
                 elif tokenize is not None:
-                    self._place(work, index, resolved, tokenize(resolved))
+                    work.prepared[index] = tokenize(resolved)
                 else:
                     embeds.append(index)
         stageclock.lap("verify")
@@ -146,14 +164,11 @@ class Engine:
                 with self._failing_alone(work, index, requests[index]):
                     if isinstance(prepared, Exception):
                         raise prepared
-                    self._place(work, index, work.resolved[index], prepared)
+                    work.prepared[index] = prepared
             # request order, as if prepared one by one (tasks came first above): flat positions follow it
-            work.prepared, work.spread = dict(sorted(work.prepared.items())), dict(sorted(work.spread.items()))
+            work.prepared = dict(sorted(work.prepared.items()))
             stageclock.lap("tokenise")
         return work
-
-    def _place(self, work: Work, index: int, resolved: EmbedRequest, prepared: Prepared) -> None:
-        (work.spread if self._spreads(resolved, prepared) else work.prepared)[index] = prepared
 
     @contextlib.contextmanager
     def _failing_alone(self, work: Work, index: int, request: EmbedRequest):
@@ -171,11 +186,12 @@ class Engine:
         """The forward-pass shape the next round runs at (the shaper's, or the fixed one)."""
         return self.shaper.shape() if self.shaper is not None else Shape(self.max_batch_tokens, self.max_batch_size)
 
-    def forward(self, work: Work, between=None) -> None:
+    def forward(self, work: Work, between: Callable[[], None] | None = None, *, known: Known | None = None) -> None:
         """All inputs of all requests, sorted by length and cut by the token budget; one pass per batch.
         A late-chunking request (spans) gets a pass of its own: its rows are spans, not inputs.
         `between()` is called between two passes: the serving side runs higher-priority work there, and
-        this round goes on where it paused."""
+        this round goes on where it paused. `known`: vectors at hand before the passes (the serving side's
+        cache hits), request -> {row: vector}; those rows are not computed."""
         stageclock.lap("other")
         shape = self.shape()
         for index, prep in work.prepared.items():
@@ -184,7 +200,7 @@ class Engine:
         flat = self._flatten(work)
         if flat is None:
             return
-        known = self._known(work)
+        known = self._known(work, known or {})
         plan = plan_passes(flat.token_lists, flat.prompt_lengths, list(zip(flat.heads, flat.pair_starts)), known,
                            shape.tokens, shape.rows)
         flat.sharers = plan.sharers
@@ -244,7 +260,7 @@ class Engine:
         """Post-process every request that reached the forward pass; returns all results in input order."""
         stageclock.lap("other")
         for index, request in work.resolved.items():
-            if work.results[index] is not None or index in work.spread:
+            if work.results[index] is not None or index not in work.prepared:  # (taken out: spread by the caller)
                 continue
             if index in work.failed:
                 work.results[index] = Result.failure(request.id, self.caps.name, work.failed[index])
@@ -259,15 +275,26 @@ class Engine:
 
     # -- internals --------------------------------------------------------------------------------------
 
+    def combine_parts(self, request: EmbedRequest, rows: np.ndarray, owners: list[int], weights: list[int],
+                      prompt_tokens: int) -> Result:
+        """The result of a long request whose chunks were computed apart (its parts, spread over the fleet by
+        worker/serving/spread.py): the chunk rows (`owners`: each one's input; `weights`: its tokens) pooled per
+        input as a long input's chunks are (worker/engine/chunking.py), then cut, normalised and cast."""
+        pooled = combine(rows, owners, weights, len(request.inputs))
+        params = request.params
+        stored = cast(cut_and_normalise(pooled, params.dimensions, bool(params.use_activation)), params.embed_dtype)
+        return Result.success(request.id, self.caps.name, stored, params.embed_dtype, params.endianness,
+                              prompt_tokens)
+
     @staticmethod
-    def _known(work: Work) -> dict[int, np.ndarray]:
-        """Flat position -> the vector the cache gave for it (flat order is request by request, row by row)."""
+    def _known(work: Work, given: Known) -> dict[int, np.ndarray]:
+        """Flat position -> the vector given for it (flat order is request by request, row by row)."""
         known: dict[int, np.ndarray] = {}
         offset = 0
         for index, prep in work.prepared.items():
             if prep.spans is not None:  # late chunking runs apart (_span_pass): not in the flat positions
                 continue
-            for row, vector in work.hits.get(index, {}).items():
+            for row, vector in given.get(index, {}).items():
                 known[offset + row] = vector
             offset += len(prep.token_lists)
         return known
@@ -304,13 +331,6 @@ class Engine:
         except Exception as exc:  # this request fails alone
             log.exception("late-chunking pass failed")
             work.failed[index] = InternalError(f"forward pass failed: {type(exc).__name__}: {exc}")
-
-    def _spreads(self, request: EmbedRequest, prepared: Prepared) -> bool:
-        """More chunks than one job should hold (a part never spreads again; a prompt left out of pooling
-        stays in one worker, whose first chunk knows it)."""
-        return bool(self.chunks_per_job) and prepared.owners is not None and request.part_of is None \
-            and len(prepared.token_lists) > self.chunks_per_job and not prepared.prompt_length \
-            and keys.part_id(request.id, len(prepared.token_lists)) is not None
 
     def _pass(self, positions: np.ndarray, flat: _Flat, work: Work) -> bool:
         """One forward pass over these flat positions; if it fails, the batch again in halves, down to single
@@ -372,7 +392,7 @@ class Engine:
         try:
             if params.task != "embed" or params.outputs is not None:
                 return finish_task(self.model, request, vectors, prepared)
-            final = finish(vectors, params.dimensions, bool(params.use_activation))
+            final = cut_and_normalise(vectors, params.dimensions, bool(params.use_activation))
             stored = cast(final, params.embed_dtype)
             return Result.success(request.id, self.caps.name, stored, params.embed_dtype,
                                   params.endianness, prompt_tokens)

@@ -135,7 +135,7 @@ def choose(model, mode: PackedMode, dtype: torch.dtype = torch.float32) -> str:
     auto: packed on CUDA in half precision (where the varlen kernel runs and padding costs), else padded;
     on: packed wherever the gate passes (the CPU runs it exactly but without gain: tests, benches);
     off: padded. The gate runs here, in float32, packed against padded (MIN_COSINE: rounding only); a model
-    later cast to half precision then meets the dtype's own check on the packed path (embedding.finish), and
+    later cast to half precision then meets the dtype's own check on the packed path (embedding.ready_to_serve), and
     `unpack` serves it padded if the packed path alone fails there.
     """
     if mode == "off":

@@ -15,7 +15,7 @@ from common.quantize import INTEGER, quantize
 _FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
-def finish(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
+def cut_and_normalise(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
     """Cut float32 rows to their first `dimensions` values, then L2-normalise them if asked.
 
     Cutting first and normalising after gives the "full vector cut to d, renormalised" a Matryoshka

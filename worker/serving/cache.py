@@ -21,6 +21,7 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
 
 import numpy as np
 import redis
@@ -35,6 +36,15 @@ WARN_EVERY = 60.0  # seconds between two warnings about the same cache trouble
 RECENT_BYTES = 64 << 20  # vectors the forward stage keeps in memory for the rounds right behind it
 
 
+@dataclass
+class Lookup:
+    """One round's cacheable inputs: request -> its inputs' cache keys, and request -> {row: vector} found
+    (the hits: handed to the engine's forward pass as known rows, not computed)."""
+
+    keys: dict[int, list[str]] = field(default_factory=dict)
+    hits: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)
+
+
 def cacheable(request, prep) -> bool:
     """Only rows that are one pooled vector each, from one text's tokens: the embed task (a long input's
     chunks included), not late chunking (spans pooled from a whole input's states), per-token rows or a
@@ -43,7 +53,8 @@ def cacheable(request, prep) -> bool:
 
 
 class VectorCache:
-    """Pooled float32 vectors of one model in a Redis (keys.cache_key), for the Engine (`lookup`, `store`).
+    """Pooled float32 vectors of one model in a Redis (keys.cache_key), around the engine's steps
+    (worker/serving/steps.py: `lookup` and `store` in Redis, `recall` and `remember` in memory).
 
     connection: the cache's Redis (the queue's by default).
     identity: the model identity (worker/engine/identity.py model_identity).
@@ -79,46 +90,48 @@ class VectorCache:
         """The counters a worker advertises (`embedfleet status`)."""
         return {"cache_hits": self.hits, "cache_misses": self.misses}
 
-    # -- the engine's two calls ---------------------------------------------------------------------
+    # -- around the engine's steps ---------------------------------------------------------------------
 
-    def lookup(self, work) -> None:
-        """Fill `work.cache_keys` for every cacheable request and `work.hits` with the vectors found."""
+    def lookup(self, work) -> Lookup:
+        """The cache keys of every cacheable request of `work` (an engine Work), and the vectors found."""
+        found = Lookup()
         for index, request in work.resolved.items():
             prep = work.prepared.get(index)
             if request.cache and prep is not None and cacheable(request, prep):
-                work.cache_keys[index] = [self.key(ids, prompt_length)
-                                          for ids, prompt_length in zip(prep.token_lists, prep.prompt_lengths)]
-        wanted = list(dict.fromkeys(k for ks in work.cache_keys.values() for k in ks))
+                found.keys[index] = [self.key(ids, prompt_length)
+                                     for ids, prompt_length in zip(prep.token_lists, prep.prompt_lengths)]
+        wanted = list(dict.fromkeys(k for ks in found.keys.values() for k in ks))
         if not wanted:
-            return
+            return found
         try:
-            found = dict(zip(wanted, self.connection.mget(wanted)))
+            values = dict(zip(wanted, self.connection.mget(wanted)))
         except redis.RedisError as exc:
             self._warn("lookup", f"cache lookup failed ({exc}); computing {len(wanted)} inputs")
-            found = {}
-        for index, cache_keys in work.cache_keys.items():
+            values = {}
+        for index, cache_keys in found.keys.items():
             for row, key in enumerate(cache_keys):
-                vector = self._decode(found.get(key), key)
+                vector = self._decode(values.get(key), key)
                 if vector is None:
                     self.misses += 1
                 else:
                     self.hits += 1
-                    work.hits.setdefault(index, {})[row] = vector
+                    found.hits.setdefault(index, {})[row] = vector
+        return found
 
-    def recall(self, work) -> None:
+    def recall(self, found: Lookup) -> None:
         """The forward stage, before its passes: misses that a recent round computed become hits."""
-        for index, cache_keys in work.cache_keys.items():
-            hits = work.hits.setdefault(index, {})
+        for index, cache_keys in found.keys.items():
+            hits = found.hits.setdefault(index, {})
             for row, key in enumerate(cache_keys):
                 if row not in hits and (vector := self._recent.get(key)) is not None:
                     hits[row] = vector
                     self.hits += 1
                     self.misses -= 1
 
-    def remember(self, work) -> None:
+    def remember(self, work, found: Lookup) -> None:
         """The forward stage, after its passes: keep what this round computed for the next rounds."""
-        for index, cache_keys in work.cache_keys.items():
-            rows, hits = work.rows.get(index), work.hits.get(index, {})
+        for index, cache_keys in found.keys.items():
+            rows, hits = work.rows.get(index), found.hits.get(index, {})
             if rows is None:
                 continue
             for row, key in enumerate(cache_keys):
@@ -128,14 +141,14 @@ class VectorCache:
         while len(self._recent) > self._recent_max:
             self._recent.popitem(last=False)
 
-    def store(self, work) -> None:
+    def store(self, work, found: Lookup) -> None:
         """Write the vectors computed for cacheable requests (not the hits) in one pipeline."""
         entries: dict[str, bytes] = {}
-        for index, cache_keys in work.cache_keys.items():
+        for index, cache_keys in found.keys.items():
             rows = work.rows.get(index)
             if rows is None or index in work.failed:
                 continue
-            hits = work.hits.get(index, {})
+            hits = found.hits.get(index, {})
             for row, key in enumerate(cache_keys):
                 if row not in hits:
                     entries[key] = np.asarray(rows[row], dtype="<f4").tobytes()

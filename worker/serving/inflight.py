@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -52,14 +53,16 @@ class Parked:
 
 class InFlight:
     """One worker's side of in-flight dedup: markers it leads, followers it parks. Used from the take
-    stage (attach, poll), the finish stage (release) and the heartbeat (renew)."""
+    stage (attach, poll), the finish and forward stages (release) and the heartbeat (renew): the markers it
+    leads are under a lock; the parked followers are the take stage's alone."""
 
     def __init__(self, connection: redis.Redis, identity: str, ttl: int = keys.INFLIGHT_TTL):
         self.connection = connection
         self.identity = identity
         self.ttl = ttl
         self.parked: list[Parked] = []
-        self.leading: dict[str, str] = {}  # request id -> its marker key
+        self.leading: dict[str, str] = {}  # request id -> its marker key (under _lock)
+        self._lock = threading.Lock()
         self.attached = 0  # followers answered with their leader's bytes
         self.let_go = 0  # followers that ran on their own (their leader did not answer ok)
 
@@ -89,7 +92,8 @@ class InFlight:
         now = time.monotonic()
         for (marker, positions), leader in zip(markers.items(), leaders):
             if not leader:  # the first leads; the others of this round ride on the engine's in-round dedup
-                self.leading[requests[positions[0]].id] = marker
+                with self._lock:
+                    self.leading[requests[positions[0]].id] = marker
             elif keys.valid_request_id(leader):
                 for position in positions:
                     self.parked.append(Parked(jobs[position], requests[position], leader, marker, now))
@@ -135,7 +139,8 @@ class InFlight:
     def release(self, request_ids) -> None:
         """The leaders among these requests have answered (or were given back): drop their markers, so
         that their followers see the outcome and later identical requests lead anew."""
-        done = [(self.leading.pop(i), i) for i in request_ids if i in self.leading]
+        with self._lock:
+            done = [(self.leading.pop(i), i) for i in request_ids if i in self.leading]
         if not done:
             return
         try:
@@ -145,7 +150,8 @@ class InFlight:
 
     def renew(self) -> None:
         """Keep the markers of the requests this worker leads alive (the heartbeat, while it computes)."""
-        markers = list(self.leading.values())
+        with self._lock:
+            markers = list(self.leading.values())
         if markers:
             with self.connection.pipeline(transaction=False) as pipe:
                 for marker in markers:

@@ -24,7 +24,8 @@ class LiveStats:
         self.texts = 0
 
     def on_device(self, requests: int, texts: int) -> None:
-        self._on_device = (requests, texts)
+        with self._lock:
+            self._on_device = (requests, texts)
 
     def finished(self, texts: int) -> None:
         now = self._clock()
@@ -41,11 +42,11 @@ class LiveStats:
         current = int(now // BUCKET_SECONDS)
         with self._lock:
             history = [self._buckets.get(b, 0) for b in range(current - BUCKETS + 1, current + 1)]
+            requests, texts = self._on_device
         # The last minute: the current (partial) bucket and the five before it, over the time they span,
         # which is less than a minute for a worker that started less than a minute ago.
         span = min(now - self._started, (RATE_WINDOW - BUCKET_SECONDS) + (now - current * BUCKET_SECONDS))
         recent = sum(history[-(RATE_WINDOW // BUCKET_SECONDS):])
-        requests, texts = self._on_device
         return {"texts_per_s": round(recent / span, 3) if span > 0 else 0.0, "texts_history": history,
                 "history_bucket_s": BUCKET_SECONDS, "current_requests": requests, "current_texts": texts,
                 "rounds": self.rounds, "texts_done": self.texts, "started_at": self._started}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from common.errors import EmbedfleetError, InternalError
 from common.protocol.records import Answer, Kind, Outcome, Taken
@@ -21,17 +22,24 @@ from worker.engine.engine import Work
 from worker.serving import answers
 from worker.serving.jobdata import decode_job
 
+if TYPE_CHECKING:
+    from worker.engine.preprocess import Prepared
+    from worker.serving.cache import Lookup
+
 log = logging.getLogger("embedfleet.worker")
 
 
 @dataclass
 class Round:
-    """One round of taken jobs: the engine's Work for the runnable ones, answers for the rest."""
+    """One round of taken jobs: the engine's Work for the runnable ones, answers for the rest; what only the
+    serving side knows of that work (worker/serving/steps.py) beside it."""
 
     began: float
     runnable: list[Taken] = field(default_factory=list)
     answers: list[Answer] = field(default_factory=list)  # decided before the engine (bad data, cancels)
     work: Work | None = None
+    spread: dict[int, Prepared] = field(default_factory=dict)  # long requests set aside for the fleet (spread.py)
+    lookup: Lookup | None = None  # the cache's keys and hits for the work's inputs (cache.py); None: no cache
     reply_to: dict[str, str | None] = field(default_factory=dict)
     engine_error: BaseException | None = None
     # lower-level work only: pauses between its forward passes for higher-level work (worker/serving/levels.py)
@@ -55,18 +63,21 @@ class Round:
         """(job, verified request, prepared inputs) of each long request the engine left to spread."""
         if self.work is None:
             return []
-        return [(self.runnable[i], self.work.resolved[i], prepared) for i, prepared in self.work.spread.items()]
+        return [(self.runnable[i], self.work.resolved[i], prepared) for i, prepared in self.spread.items()]
 
 
-def passes_of(work: Work | None, shape) -> int | None:
-    """About how many forward passes `work` needs at `shape` (a worker.engine.shaper.Shape): the inputs it must
-    compute (not the cached ones) sorted by length and cut as the engine cuts them; None without a shape."""
+def passes_of(round_: Round, shape) -> int | None:
+    """About how many forward passes the round's work needs at `shape` (a worker.engine.shaper.Shape): the
+    inputs it must compute (not the cached ones) sorted by length and cut as the engine cuts them; None without
+    a shape."""
     if shape is None:
         return None
+    work = round_.work
     if work is None:
         return 0
+    hits = round_.lookup.hits if round_.lookup is not None else {}
     lengths = sorted(len(ids) for index, prepared in work.prepared.items()
-                     for row, ids in enumerate(prepared.token_lists) if row not in work.hits.get(index, ()))
+                     for row, ids in enumerate(prepared.token_lists) if row not in hits.get(index, ()))
     return sum(1 for _ in cuts(lengths, shape.tokens, shape.rows))
 
 
@@ -104,12 +115,12 @@ def triage(round_: Round, taken: list[Taken], model: str, max_deliveries: int, n
 
 def results(round_: Round, finish, model: str) -> list[Result | None]:
     """One result per runnable job (None: a long request spread over the fleet, answered by its parts):
-    `finish(work)`'s, or, where the engine failed the round, its error."""
+    `finish(round_)`'s (worker/serving/steps.py), or, where the engine failed the round, its error."""
     if round_.work is None:
         return []
     if round_.engine_error is None:
         try:
-            found = finish(round_.work)
+            found = finish(round_)
             if len(found) == len(round_.runnable):
                 return found
             round_.engine_error = InternalError(f"engine returned {len(found)} results for "

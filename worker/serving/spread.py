@@ -1,7 +1,8 @@
 """Spreading a long request's chunks over the fleet: sub-jobs ("parts") on the same queue, joined when the
 last one lands, answered once under the request's own id.
 
-    spread  (the worker that took the request, the Engine marked it in Work.spread): the plan goes under
+    spread  (the worker that took the request, which set it aside before the forward pass: `set_aside`): the plan
+            goes under
             keys.chunks_key(id), the parts (<id>-p<k>, token-id requests of at most chunks_per_job chunks,
             unnormalised float32) are enqueued at the head of the queue, and the request is acknowledged
             without an answer: its answer comes from the join
@@ -20,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+from collections.abc import Callable
 
 import numpy as np
 import redis
@@ -31,10 +33,9 @@ from common.errors import EmbedfleetError, InternalError
 from common.params import PoolingParams
 from common.request import EmbedRequest, PartOf
 from common.result import Result
-from worker.engine.chunking import combine
 from worker.serving import answers
 from worker.serving.jobdata import decode_job
-from worker.engine.postprocess import cast, finish
+from worker.engine.engine import Work
 from worker.engine.preprocess import Prepared
 from common.protocol.records import Answer, Outcome, Taken
 
@@ -42,17 +43,38 @@ log = logging.getLogger(__name__)
 
 _PART_ID = re.compile(r"(.+)-p(\d{1,9})")
 
+
+def set_aside(work: Work, chunks_per_job: int) -> dict[int, Prepared]:
+    """Take the requests to spread out of `work` (an engine Work, prepared, before its passes): embed requests
+    with more chunks than one job should hold (`chunks_per_job`; 0: none). A part never spreads again; a
+    prompt left out of pooling stays in one worker, whose first chunk knows it; an id whose parts' ids would
+    be invalid stays too."""
+    if not chunks_per_job:
+        return {}
+    spread: dict[int, Prepared] = {}
+    for index, prepared in list(work.prepared.items()):
+        request = work.resolved[index]
+        if request.params.task == "embed" and request.params.outputs is None and prepared.owners is not None \
+                and request.part_of is None and len(prepared.token_lists) > chunks_per_job \
+                and not prepared.prompt_length and keys.part_id(request.id, len(prepared.token_lists)) is not None:
+            spread[index] = work.prepared.pop(index)
+    return spread
+
+
 class ChunkJobs:
-    """Spreads and joins for one worker: `settle` rewrites a round's answers before they are written."""
+    """Spreads and joins for one worker: `settle` rewrites a round's answers before they are written.
+    `combine(request, rows, owners, weights, prompt_tokens) -> Result`: the engine's result from a spread
+    request's chunk rows (worker/engine/engine.py `Engine.combine_parts`)."""
 
     def __init__(self, connection: Redis, queues: list[str], model: str, *, result_ttl: int,
-                 chunks_per_job: int, limit=None):
+                 chunks_per_job: int, combine: Callable[..., Result], limit=None):
         self.connection = connection
         self.limit = limit  # Redis's value limit (worker/serving/storing.py's BulkLimit), or None: not checked
         self.queues = queues  # a request's parts go on its own level's queue
         self.model = model
         self.result_ttl = result_ttl
         self.chunks_per_job = chunks_per_job
+        self.combine = combine
         self.spread_requests = 0
         self.joined_parts = 0
 
@@ -173,11 +195,9 @@ class ChunkJobs:
         owners, weights = plan["owners"], plan["weights"]
         if sum(len(r) for r in rows) != len(owners) or len(weights) != len(owners):
             raise ValueError(f"the parts hold {sum(len(r) for r in rows)} rows for {len(owners)} chunks")
-        pooled = combine(np.vstack(rows), owners, weights, len(request.inputs))
-        params = request.params
-        stored = cast(finish(pooled, params.dimensions, bool(params.use_activation)), params.embed_dtype)
-        return Result.success(parent, self.model, stored, params.embed_dtype, params.endianness,
-                              sum(part.usage.prompt_tokens for part in parts))
+        if request.id != parent:  # answered under the id its parts joined, whatever the plan says
+            request = request.model_copy(update={"id": parent})
+        return self.combine(request, np.vstack(rows), owners, weights, sum(part.usage.prompt_tokens for part in parts))
 
     def _publish(self, result: Result, plan: dict) -> None:
         if result.ok and self.limit is not None:  # a combined answer Redis cannot take: its request fails alone

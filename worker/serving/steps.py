@@ -1,64 +1,73 @@
 """The model-side steps of one round as the serving pipeline runs them: the engine (worker/engine, no Redis)
-with the fleet's vector cache (worker/serving/cache.py) around it.
+with what only the serving side does around it: the fleet's vector cache (worker/serving/cache.py) and the long
+requests it spreads over the fleet (worker/serving/spread.py).
 
-    prepare   engine.prepare (verify, tokenise), then the cache's lookup (one MGET): rows found are `hits`
-    forward   the rows the rounds just before computed (in memory), engine.forward, remember its rows
+    prepare   engine.prepare (verify, tokenise); long requests set aside to spread; the cache's lookup (one
+              MGET): rows found are the round's hits
+    forward   the rows the rounds just before computed (in memory), engine.forward with the hits known,
+              remember its rows
     finish    the new vectors written to the cache (one pipeline), then engine.finish (cut, normalise, cast)
 
-Each step is what one stage of worker/serving/pipeline.py calls; `run` does the three back to back. Without
-a cache the steps are the engine's own.
+Each step is what one stage of the pipeline calls (take.py, forward.py, finish.py), on the round it carries
+(worker/serving/rounds.py); `run` does the three back to back. Without a cache the steps are the engine's own.
 """
 
 from __future__ import annotations
 
+import time
+
 from common.request import EmbedRequest
 from common.result import Result
 from worker.engine import stageclock
-from worker.engine.engine import Work
+from worker.engine.engine import ServingEngine
+from worker.serving.rounds import Round
+from worker.serving.spread import set_aside
 
 
 class Steps:
-    """`engine`: worker.engine.engine.Engine (or anything with its caps, prepare, forward and finish);
-    `cache`: a worker.serving.cache.VectorCache, or None."""
+    """`engine`: a worker.engine.engine.Engine (or another ServingEngine); `cache`: a
+    worker.serving.cache.VectorCache, or None; `chunks_per_job`: a request with more chunks is spread over the
+    fleet (0: none is)."""
 
-    def __init__(self, engine, cache=None):
+    def __init__(self, engine: ServingEngine, cache=None, chunks_per_job: int = 0):
         self.engine = engine
         self.cache = cache
+        self.chunks_per_job = chunks_per_job
 
-    def prepare(self, requests: list[EmbedRequest]) -> Work:
-        work = self.engine.prepare(requests)
+    def prepare(self, round_: Round, requests: list[EmbedRequest]) -> None:
+        """The round's `work`, `spread` and `lookup`."""
+        round_.work = work = self.engine.prepare(requests)
+        round_.spread = set_aside(work, self.chunks_per_job)
         if self.cache is not None:
             stageclock.lap("other")
-            self.cache.lookup(work)  # never raises: an unreachable cache is all misses
+            round_.lookup = self.cache.lookup(work)  # never raises: an unreachable cache is all misses
             stageclock.lap("cache")
-        return work
 
-    def forward(self, work: Work, between=None) -> None:
+    def forward(self, round_: Round, between=None) -> None:
         """`between()`: called between two passes (Engine.forward)."""
-        if self.cache is not None:
+        work, found = round_.work, round_.lookup
+        if found is not None:
             stageclock.lap("other")
-            self.cache.recall(work)  # in memory: what the rounds just before computed
+            self.cache.recall(found)  # in memory: what the rounds just before computed
             stageclock.lap("cache")
-        if between is None:
-            self.engine.forward(work)
-        else:
-            self.engine.forward(work, between)
-        if self.cache is not None:
+        self.engine.forward(work, between, known=found.hits if found is not None else None)
+        if found is not None:
             stageclock.lap("other")
-            self.cache.remember(work)
+            self.cache.remember(work, found)
             stageclock.lap("cache")
 
-    def finish(self, work: Work) -> list[Result]:
-        if self.cache is not None:
+    def finish(self, round_: Round) -> list[Result | None]:
+        if round_.lookup is not None:
             stageclock.lap("other")
-            self.cache.store(work)  # never raises: a cache that refuses writes only costs later misses
+            self.cache.store(round_.work, round_.lookup)  # never raises: a refused write only costs later misses
             stageclock.lap("cache")
-        return self.engine.finish(work)
+        return self.engine.finish(round_.work)
 
-    def run(self, requests: list[EmbedRequest]) -> list[Result]:
-        work = self.prepare(requests)
-        self.forward(work)
-        return self.finish(work)
+    def run(self, requests: list[EmbedRequest]) -> list[Result | None]:
+        round_ = Round(time.time())
+        self.prepare(round_, requests)
+        self.forward(round_)
+        return self.finish(round_)
 
     def stats(self) -> dict:
         """Counters for the worker's advert: the cache's hits and misses (none without a cache)."""

@@ -28,6 +28,7 @@ from redis import Redis
 from common.protocol import operations
 from common.protocol.records import Answer, Finished
 from worker.serving import answers as answering
+from worker.serving.levels import Levels
 
 log = logging.getLogger("embedfleet.worker")
 
@@ -76,12 +77,12 @@ class BulkLimit:
 
 
 class Store:
-    """Writes a round's answers with the finish script (`schema.finish`, worker/serving/levels.py), within the
+    """Writes a round's answers with the finish script (`levels.finish`, worker/serving/levels.py), within the
     limit, in calls of at most `call_bytes` of answers; `name`: the worker's, for its log lines."""
 
-    def __init__(self, schema, connection: Redis, model: str, name: str, limit: BulkLimit | None = None,
+    def __init__(self, levels: Levels, connection: Redis, model: str, name: str, limit: BulkLimit | None = None,
                  call_bytes: int = CALL_BYTES):
-        self.schema = schema
+        self.levels = levels
         self.call_bytes = call_bytes
         self.connection = connection
         self.model = model
@@ -111,7 +112,7 @@ class Store:
     def _call(self, call: list[Answer], seconds: float) -> Finished:
         """One finish script run; refused while Redis answers: the answers one by one."""
         try:
-            return self.schema.finish(call, seconds)
+            return self.levels.finish(call, seconds)
         except (redis.ConnectionError, redis.ResponseError) as exc:
             if not self._refused(exc):
                 raise
@@ -127,13 +128,13 @@ class Store:
         """One answer in its own call; refused twice while Redis answers: its request fails as too large."""
         for _ in range(2):
             try:
-                return self.schema.finish([answer], seconds)
+                return self.levels.finish([answer], seconds)
             except (redis.ConnectionError, redis.ResponseError) as exc:
                 if not self._refused(exc):
                     raise
         self.limit.refused(len(answer.blob))
         replaced = self._swapped[answer.taken.id] = self._too_large(answer, self.limit.current())
-        return self.schema.finish([replaced], seconds)
+        return self.levels.finish([replaced], seconds)
 
     def _refused(self, exc: redis.RedisError) -> bool:
         """Whether a failed write was refused by a Redis that answers (else: an outage, or another error)."""

@@ -5,16 +5,17 @@ A child that dies (a crash, SIGKILL, the watchdog's exit 70) is started again un
 doubles with each quick death (common/restarts.py, as `embedfleet up` does); the jobs it held come back when their
 leases lapse (common/protocol/operations.py `recover`, run by every live worker). One that keeps dying within a
 minute of its start (--max-restarts in a row) stops the others and the supervisor exits with its code, so that a
-container restarts whole rather than crash-looping a child unnoticed. A child that exits 0 (--burst) is done.
+container restarts whole rather than crash-looping a child unnoticed. A child that exits 0 (--burst), or 130 (it
+drained after a SIGINT of its own), is done.
 
-Stopping: each SIGTERM/SIGINT is forwarded once to every running child (the first: each drains what it holds and
-withdraws its advert; a second: each exits at once); the supervisor exits as soon as they have: 0 after SIGTERM,
-130 after SIGINT (the shell's code for Ctrl-C), or the code of an engine that could not drain (1: a second signal,
-or past its --drain-timeout). Each child runs in a session of its own (common/processes.py), so that a terminal's
-Ctrl-C, sent to the whole foreground process group, reaches the supervisor alone: a child that got it directly and
-again by the forward would take the second as `exit now`. A supervisor killed outright (SIGKILL, the OOM killer)
-cannot forward: each child then gets SIGTERM from the kernel (Linux) and drains, so that a supervisor started
-again never serves beside orphans.
+Stopping: each SIGTERM/SIGINT is forwarded once to every running child (the first: each drains what it holds,
+withdraws its advert and exits 0, or 130 after SIGINT; a second: each exits at once); the supervisor exits as soon
+as they have: 0 after SIGTERM, 130 after SIGINT (the shell's code for Ctrl-C), or the code of an engine that could
+not drain (1: a second signal, or past its --drain-timeout). Each child runs in a session of its own
+(common/processes.py), so that a terminal's Ctrl-C, sent to the whole foreground process group, reaches the
+supervisor alone: a child that got it directly and again by the forward would take the second as `exit now`. A
+supervisor killed outright (SIGKILL, the OOM killer) cannot forward: each child then gets SIGTERM from the kernel
+(Linux) and drains, so that a supervisor started again never serves beside orphans.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from common.restarts import Restarts, exit_reason
 
 log = logging.getLogger("embedfleet.worker")
 CHILD_POLL = 0.5  # seconds between looks at the children (a stop signal or a child's death wakes it at once)
+DONE = (0, EXIT_INTERRUPTED)  # a child that drained and exited: 130 after SIGINT (Ctrl-C), as a command does
 
 
 @dataclass
@@ -74,7 +76,7 @@ def run(children: list[Child], max_restarts: int) -> int:
             log.info("%s: worker pid %d stopped (%s)", child.label, child.process.pid,
                      exit_reason(child.process.returncode))
     failed = failed or next((child.process.returncode for child in ended
-                             if child.process.returncode not in (0, -signal.SIGTERM, -signal.SIGINT)), 0)
+                             if child.process.returncode not in (*DONE, -signal.SIGTERM, -signal.SIGINT)), 0)
     return failed or (EXIT_INTERRUPTED if received[:1] == [signal.SIGINT] else 0)
 
 
@@ -87,7 +89,7 @@ def _supervise(children: list[Child], max_restarts: int, received: list[int],
     seen: dict[int, subprocess.Popen] = {}  # child index -> the process whose death was dealt with
 
     def unseen_death() -> bool:  # every engine may die at once (a bad flag, the machine): each is dealt with
-        return any(child.process.poll() not in (None, 0) and seen.get(index) is not child.process
+        return any(child.process.poll() not in (None, *DONE) and seen.get(index) is not child.process
                    for index, child in enumerate(children))
 
     while any(child.process.poll() is None for child in children) or (not received and (due or unseen_death())):
@@ -98,7 +100,7 @@ def _supervise(children: list[Child], max_restarts: int, received: list[int],
             sent += 1
         for index, child in enumerate(children):
             code = child.process.poll()
-            if code in (None, 0) or received or index in due and due[index] > time.monotonic():
+            if code is None or code in DONE or received or index in due and due[index] > time.monotonic():
                 continue
             if index in due:  # its pause is over
                 del due[index]

@@ -17,7 +17,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -29,7 +29,9 @@ from worker.engine.models import folderchecks
 from worker.engine.pooling import Pooler
 
 if TYPE_CHECKING:  # types only: the leaf imports no sibling at run time
+    from common.request import EmbedRequest
     from worker.engine.backends import EngineChoice
+    from worker.engine.preprocess import Prepared
     from worker.engine.models.plaintext import MessageText
     from worker.engine.models.stconfig import STConfig
 
@@ -210,9 +212,28 @@ class LoadOptions:
     packed: str = "off"  # --packed auto|on|off: a batch run as one unpadded sequence (worker/engine/packed.py)
 
 
+class Model(Protocol):
+    """What the engine (worker/engine/engine.py) asks of every model: LoadedModel and its kinds (M3Model),
+    ClassifierModel, SpladeModel, NullModel. A kind serves the tasks its `caps` advertise and has what they
+    call: `tokenizer` and `prompt_length` (preprocess), `token_embed` (per-token rows), `outputs` (a multi-head
+    or sparse model's parts, worker/engine/tasks/sparse.py)."""
+
+    caps: ModelCapabilities
+    fidelity: float  # lowest probe cosine of the serving dtype against float32 (worker/engine/fidelity.py)
+    # a model that tokenises its own way (the null model): a request -> its inputs, prepared; None: the engine
+    # tokenises with the model's tokenizer (worker/engine/preprocess.py)
+    prepare: Callable[[EmbedRequest], Prepared] | None
+
+    def embed(self, token_lists: list[list[int]], prompt_lengths: list[int] | None = None):
+        """One forward pass over these rows: (n, d) float32 vectors, a torch tensor on the CPU or numpy."""
+        ...
+
+
 @dataclass
 class LoadedModel:
     """A tokenizer, a transformer, pooling, Dense layers and the capabilities requests are checked against."""
+
+    prepare = None  # tokenised by the engine (Model); not a field
 
     tokenizer: object
     module: nn.Module

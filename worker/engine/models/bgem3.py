@@ -43,7 +43,7 @@ def matches(folder: str, st: STConfig, hf_config) -> bool:
 def load(folder: str, st: STConfig, hf_config, options: LoadOptions) -> M3Model:
     """The dense path as any embedding folder, the two heads added, then the dtype cast or CPU engine."""
     loaded = load_m3(embedding.build(folder, st, hf_config, options), os.path.join(folder, st.transformer_path))
-    return embedding.finish(loaded, st, hf_config, options)
+    return embedding.ready_to_serve(loaded, st, hf_config, options)
 
 
 def _linear(path: str) -> nn.Linear:

@@ -1,7 +1,7 @@
 """Sequence-classification models (cross-encoders, classifiers): loading and the forward pass to logits.
 
-A ClassifierModel has LoadedModel's duck type (`caps`, `tokenizer`, `module`, `device`, `embed`,
-`token_embed`), so the engine batches it by the same token budget; its `embed` answers one row of logits per
+A ClassifierModel is a Model (worker/engine/models/base.py) with LoadedModel's `tokenizer`, `module`, `device` and
+`token_embed`, so the engine batches it by the same token budget; its `embed` answers one row of logits per
 input (a text, or a pair tokenised as one row: the budget counts both sides), its `token_embed` one row of
 logits per token (task token_classify).
 """
@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ClassifierModel:
+    prepare = None  # tokenised by the engine (worker/engine/models/base.py Model); not a field
     tokenizer: object
     module: nn.Module
     caps: ModelCapabilities

@@ -2,7 +2,7 @@
 (or pylate's ColBERT Transformer -> Dense), loaded with the class sentence-transformers picks
 (models/base.py feature_class: the encoder alone for a T5 folder).
 
-`build` makes the float32 torch LoadedModel (bge-m3's loader adds its heads to it); `finish` casts it to the
+`build` makes the float32 torch LoadedModel (bge-m3's loader adds its heads to it); `ready_to_serve` casts it to the
 serving dtype behind the fidelity check or hands the forward to a CPU engine.
 """
 
@@ -58,7 +58,7 @@ def _matryoshka(config, dims: list[int] | None) -> tuple[bool, tuple[int, ...] |
 
 def build(folder: str, st: STConfig, hf_config, options: LoadOptions) -> LoadedModel:
     """The folder's tokenizer, transformer (float32, on the device), pooling, Dense layers and capabilities."""
-    # Loaded in float32; `finish` casts it after the fidelity check (worker/engine/fidelity.py).
+    # Loaded in float32; `ready_to_serve` casts it after the fidelity check (worker/engine/fidelity.py).
     tokenizer, module = load_transformer(folder, st, feature_class(hf_config), options.device)
     decoder = is_decoder(hf_config)
 
@@ -124,7 +124,7 @@ def build(folder: str, st: STConfig, hf_config, options: LoadOptions) -> LoadedM
     return loaded
 
 
-def finish(loaded: LoadedModel, st: STConfig, hf_config, options: LoadOptions) -> LoadedModel:
+def ready_to_serve(loaded: LoadedModel, st: STConfig, hf_config, options: LoadOptions) -> LoadedModel:
     """The float32 torch model handed to a CPU engine, or packed where its gate passes and cast to the serving
     dtype behind the dtype's fidelity check, which then judges the path that serves (packed or padded).
 
@@ -157,4 +157,4 @@ def _cast(loaded: LoadedModel, dtype: torch.dtype) -> float:
 
 def load(folder: str, st: STConfig, hf_config, options: LoadOptions) -> LoadedModel:
     """A Transformer -> Pooling -> Dense -> Normalize folder (or a plain HF one, with vLLM's defaults)."""
-    return finish(build(folder, st, hf_config, options), st, hf_config, options)
+    return ready_to_serve(build(folder, st, hf_config, options), st, hf_config, options)

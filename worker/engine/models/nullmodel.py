@@ -21,7 +21,8 @@ def is_null(spec: str | None) -> bool:
 
 
 class NullModel:
-    """Each input counts as one token (usage.prompt_tokens = number of inputs)."""
+    """A Model (worker/engine/models/base.py) that tokenises its own way (`prepare`): each input counts as one
+    token (usage.prompt_tokens = number of inputs)."""
 
     device = "none"
     fidelity = 1.0

@@ -24,6 +24,7 @@ SPLADE_TASKS = ("sparse_embed", "tokenize", "detokenize")
 
 @dataclass
 class SpladeModel:
+    prepare = None  # tokenised by the engine (worker/engine/models/base.py Model); not a field
     tokenizer: object
     module: nn.Module  # an AutoModelForMaskedLM
     caps: ModelCapabilities

@@ -15,7 +15,7 @@ import numpy as np
 from common.errors import InputTooLongError
 from common.request import EmbedRequest
 from common.result import Result
-from worker.engine.postprocess import cast, finish
+from worker.engine.postprocess import cast, cut_and_normalise
 from worker.engine.preprocess import Prepared, prepare
 
 HEAD_PREFIX = "outputs:"
@@ -85,7 +85,7 @@ def finish_outputs(model, request: EmbedRequest, rows: list[dict], prepared: Pre
                               tokens).with_task("score")
     arrays = []
     if "dense" in heads:
-        dense = finish(np.stack([r["dense"] for r in rows]), params.dimensions, activate)
+        dense = cut_and_normalise(np.stack([r["dense"] for r in rows]), params.dimensions, activate)
         arrays.append(("dense", cast(dense, params.embed_dtype), None))
     if "sparse" in heads:
         sparse = [_keep(*r["sparse"], params.sparse_top_k, params.sparse_threshold) for r in rows]
@@ -125,4 +125,4 @@ def combined_score(query: dict, document: dict, weights) -> float:
 
 
 def _unit(vectors) -> np.ndarray:
-    return finish(vectors, None, True)  # postprocess's L2 normalisation, along the last axis
+    return cut_and_normalise(vectors, None, True)  # postprocess's L2 normalisation, along the last axis
