@@ -11,6 +11,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -117,13 +118,16 @@ def fleet(redis_url: str, worker_env: dict, gateway_env: dict, gateway_flags: tu
     base = {**os.environ, "PYTHONPATH": str(ROOT)}
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED"):
         base.pop(name, None)
+    logs = [tempfile.TemporaryFile(), tempfile.TemporaryFile()]  # files, not pipes: a full pipe would block them
     worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", "null:8",
                                "--served-model-name", MODEL, "--poll-timeout", "1", "--no-log-rounds"],
-                              env={**base, **worker_env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                              env={**base, **worker_env}, stdout=subprocess.DEVNULL, stderr=logs[0])
+    worker.log = logs[0]
     port = free_port()
     gateway = subprocess.Popen([sys.executable, "-m", "producer.gateway", "--redis-url", redis_url, "--port",
                                 str(port), "--log-level", "warning", "--no-access-log", *gateway_flags],
-                               env={**base, **gateway_env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                               env={**base, **gateway_env}, stdout=subprocess.DEVNULL, stderr=logs[1])
+    gateway.log = logs[1]
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -131,7 +135,8 @@ def fleet(redis_url: str, worker_env: dict, gateway_env: dict, gateway_flags: tu
             with contextlib.suppress(httpx.TransportError):
                 if httpx.get(f"{url}/v1/models", timeout=5).json().get("data"):
                     break
-            assert worker.poll() is None and gateway.poll() is None, "the worker or the gateway exited"
+            assert worker.poll() is None and gateway.poll() is None, \
+                f"the worker or the gateway exited:\n{_tail(worker.log)}\n{_tail(gateway.log)}"
             assert time.monotonic() < deadline, "the fleet did not come up"
             time.sleep(0.2)
         yield url, worker, gateway
@@ -145,6 +150,13 @@ def fleet(redis_url: str, worker_env: dict, gateway_env: dict, gateway_flags: tu
             if process.poll() is None:
                 process.kill()
                 process.wait()
+        for log in logs:
+            log.close()
+
+
+def _tail(log) -> str:
+    log.seek(0)
+    return log.read()[-3000:].decode(errors="replace")
 
 
 def _parent_chain(spans, span, root_id: str) -> list[str]:
@@ -203,6 +215,86 @@ def test_one_request_through_the_gateway_is_one_trace_with_the_workers_spans_und
     assert all(process.start_ns <= s.start_ns <= s.end_ns <= process.end_ns for s in steps), shown
     assert [s.start_ns for s in steps] == sorted(s.start_ns for s in steps), shown
     print(f"\nthe trace of one request:\n{shown}")
+
+
+_PYTHON_CALLER = r"""
+import json, sys
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from producer import Producer
+
+provider = TracerProvider(resource=Resource.create({"service.name": "app"}))
+provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=sys.argv[2] + "/v1/traces")))
+trace.set_tracer_provider(provider)
+with trace.get_tracer("app").start_as_current_span("handle a page") as span:
+    with Producer(sys.argv[1]) as producer:
+        vectors = producer.embed(["a text"], sys.argv[3])
+    context = span.get_span_context()
+provider.shutdown()
+print(json.dumps({"trace_id": format(context.trace_id, "032x"), "span_id": format(context.span_id, "016x"),
+                  "rows": len(vectors)}))
+"""
+
+
+def test_a_python_callers_span_is_the_parent_of_its_producers_and_the_workers_spans(redis_url):
+    """An application that traces (its own tracer provider) calls Producer.embed under a span of its own: the
+    producer's submit and wait, and the worker's spans, are in its trace, under that span."""
+    receiver = Receiver()
+    try:
+        with fleet(redis_url, {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, **FAST_EXPORT}, {}):
+            done = subprocess.run([sys.executable, "-c", _PYTHON_CALLER, redis_url, receiver.url, MODEL],
+                                  capture_output=True, text=True, timeout=120, cwd=ROOT,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+            assert done.returncode == 0, done.stderr[-3000:]
+            caller = json.loads(done.stdout.strip().splitlines()[-1])
+            spans = [s for s in receiver.wait_for(lambda got: WORKER_SPANS <= {
+                s.name for s in got if s.trace_id == caller["trace_id"]}) if s.trace_id == caller["trace_id"]]
+    finally:
+        receiver.close()
+    shown = tree(spans)
+    names = {s.name: s for s in spans}
+    assert names["handle a page"].service == "app" and names["handle a page"].span_id == caller["span_id"], shown
+    assert names[f"submit {MODEL}"].parent_id == caller["span_id"] and names["wait"].parent_id == caller["span_id"]
+    for span in spans:
+        if span.service == "embedfleet-worker":
+            assert f"submit {MODEL}" in _parent_chain(spans, span, caller["span_id"]), shown
+
+
+_BLOCKING = 20  # requests sent while the collector hangs
+
+
+def test_a_collector_that_never_answers_costs_a_request_nothing(redis_url):
+    """The gateway and the worker export to a receiver that takes each export and never answers: requests
+    still answer within a generous bound, the worker's heartbeat goes on (its advert's round count keeps up),
+    and the worker still exits promptly on SIGTERM (its last spans get 2 s)."""
+    receiver = Receiver(hang=True)
+    try:
+        variables = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, **FAST_EXPORT}
+        with fleet(redis_url, variables, variables) as (url, worker, _gateway):
+            receiver.wait_posts(1)  # the export thread is stuck on the collector from here on
+            with httpx.Client(base_url=url, timeout=60) as client:
+                for k in range(_BLOCKING):
+                    began = time.monotonic()
+                    _, _, traceparent = _caller()
+                    answer = client.post("/v1/embeddings", json={"model": MODEL, "input": [f"text {k}"]},
+                                         headers={"traceparent": traceparent})
+                    assert answer.status_code == 200, answer.text
+                    assert time.monotonic() - began < 10, f"request {k} waited on the collector"
+            from producer import Producer
+            with Producer(redis_url) as producer:
+                deadline = time.monotonic() + 30
+                while (producer.workers(MODEL) or [{}])[0].get("rounds", 0) < _BLOCKING:
+                    assert time.monotonic() < deadline, f"the heartbeat stopped: {producer.workers(MODEL)}"
+                    time.sleep(0.2)
+            worker.terminate()
+            began = time.monotonic()
+            worker.wait(60)
+            assert time.monotonic() - began < 20 and worker.returncode == 0, _tail(worker.log)
+    finally:
+        receiver.close()
 
 
 # -- tracing off ------------------------------------------------------------------------------------------
