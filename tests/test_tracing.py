@@ -185,13 +185,16 @@ def test_one_request_through_the_gateway_is_one_trace_with_the_workers_spans_und
                                 headers={"traceparent": traceparent}, timeout=60)
             assert answer.status_code == 200, answer.text
 
-            def complete(spans):
-                names = {s.name for s in spans if s.trace_id == trace_id}
+            def complete(spans):  # every span of the one request sent, whichever trace each is in
+                names = {s.name for s in spans if s.service == "embedfleet-worker" or s.trace_id == trace_id}
                 return WORKER_SPANS <= names and {"POST /v1/embeddings", f"submit {MODEL}", "wait"} <= names
 
-            spans = [s for s in receiver.wait_for(complete) if s.trace_id == trace_id]
+            received = receiver.wait_for(complete)
     finally:
         receiver.close()
+    lost = [s for s in received if s.service == "embedfleet-worker" and s.trace_id != trace_id]
+    assert not lost, f"worker spans outside the caller's trace {trace_id}:\n{tree(lost)}"
+    spans = [s for s in received if s.trace_id == trace_id]
     shown = tree(spans)
     services = {s.name: s.service for s in spans}
     assert services["POST /v1/embeddings"] == services[f"submit {MODEL}"] == "embedfleet-gateway", shown
@@ -211,7 +214,8 @@ def test_one_request_through_the_gateway_is_one_trace_with_the_workers_spans_und
     assert forward.attributes["embedfleet.request.inputs"] == 2 and forward.attributes["embedfleet.round.rows"] >= 2
     assert forward.attributes["embedfleet.request.tokens"] > 0 and forward.attributes["embedfleet.round.passes"] >= 1
     # each worker step lies within the process span, in pipeline order
-    steps = [next(s for s in spans if s.name == name) for name in ("take", "prepare", "forward", "finish", "publish")]
+    steps = [next(s for s in spans if s.name == name)
+             for name in ("queue wait", "take", "prepare", "forward", "finish", "publish")]
     assert all(process.start_ns <= s.start_ns <= s.end_ns <= process.end_ns for s in steps), shown
     assert [s.start_ns for s in steps] == sorted(s.start_ns for s in steps), shown
     print(f"\nthe trace of one request:\n{shown}")
@@ -250,10 +254,12 @@ def test_a_python_callers_span_is_the_parent_of_its_producers_and_the_workers_sp
                                   env={**os.environ, "PYTHONPATH": str(ROOT)})
             assert done.returncode == 0, done.stderr[-3000:]
             caller = json.loads(done.stdout.strip().splitlines()[-1])
-            spans = [s for s in receiver.wait_for(lambda got: WORKER_SPANS <= {
-                s.name for s in got if s.trace_id == caller["trace_id"]}) if s.trace_id == caller["trace_id"]]
+            received = receiver.wait_for(lambda got: WORKER_SPANS <= {s.name for s in got})
     finally:
         receiver.close()
+    lost = [s for s in received if s.trace_id != caller["trace_id"]]
+    assert not lost, f"spans outside the caller's trace {caller['trace_id']}:\n{tree(lost)}"
+    spans = received
     shown = tree(spans)
     names = {s.name: s for s in spans}
     assert names["handle a page"].service == "app" and names["handle a page"].span_id == caller["span_id"], shown

@@ -6,12 +6,13 @@ from __future__ import annotations
 # Python 3.11+, and only where our own CLI starts the worker, not for `python -m worker` run by hand).
 import worker.safepath  # noqa: F401
 
+import functools
 import logging
 import os
 import socket
 import sys
 
-from common import console
+from common import console, tracing
 from common.errors import StartupError
 from common.ports import looks_like_path
 from common.processes import exit_now
@@ -94,8 +95,9 @@ def serve(argv: list[str]) -> int:
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), **threads.facts()}
     watchdog = (settings.watchdog_seconds, _per_token(settings.watchdog_per_token, budget))
     metrics = _metrics(settings, model.caps.name)
+    traced = tracing.start("embedfleet-worker", settings.otlp_endpoint)
     worker = BatchWorker(engine, connection, cache=cache, max_jobs=settings.max_jobs, bulk_share=settings.bulk_share,
-                         metrics=metrics, chunks_per_job=settings.chunks_per_job,
+                         metrics=metrics, chunks_per_job=settings.chunks_per_job, traces=_traces(traced, settings),
                          result_ttl=settings.result_ttl, poll_timeout=settings.poll_timeout,
                          lease=settings.lease_seconds, max_deliveries=settings.max_deliveries,
                          drain_timeout=settings.drain_timeout, watchdog=watchdog, name=settings.name, info=info)
@@ -108,7 +110,11 @@ def serve(argv: list[str]) -> int:
         redact(url), worker.name,
         "cache off" if cache is None else f"cache on {redact(settings.cache_url or url)}, model identity "
                                           f"{cache.identity}, entries live {settings.cache_ttl} s")
-    worker.work(burst=settings.burst)
+    try:
+        worker.work(burst=settings.burst)
+    finally:
+        if traced is not None:
+            traced.shutdown()  # the last spans, for at most 2 s (a dead collector does not hold the exit)
     return worker.lifecycle.exit_code  # 130 after Ctrl-C, as a supervisor of several engines exits
 
 
@@ -130,6 +136,16 @@ def _gpu_count(settings: WorkerSettings, ids: list[str | None]) -> int:
     import torch  # noqa: PLC0415 - only to learn whether `cuda` is there
 
     return 1 if torch.cuda.is_available() else 0
+
+
+def _traces(traced, settings: WorkerSettings):
+    """What makes the spans of each request (worker/serving/traces.py's RoundTraces, from a worker name and a
+    model) when tracing is on (common.tracing.start), else None."""
+    if traced is None:
+        return None
+    from worker.serving.traces import RoundTraces  # noqa: PLC0415 - OpenTelemetry loads only when tracing is on
+
+    return functools.partial(RoundTraces, traced.tracer("worker"))
 
 
 def _metrics(settings: WorkerSettings, model: str):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,14 +44,18 @@ class Tracing:
     processor: BatchSpanProcessor
     endpoint: str
     protocol: str
+    _closing: threading.Thread | None = None
 
     def tracer(self, component: str) -> trace.Tracer:
         return self.provider.get_tracer(f"{TRACER_NAME}.{component}")
 
     def shutdown(self, timeout: float = SHUTDOWN_SECONDS) -> None:
-        """Send what is queued, for at most `timeout` seconds (its export thread is a daemon: a collector that
-        never answers does not hold the exit)."""
-        self.processor.shutdown(timeout_millis=int(timeout * 1000))
+        """Send what is queued, for at most `timeout` seconds: the SDK's own shutdown waits up to 30 s for a
+        collector, so it runs on a daemon thread that the exit does not wait for past `timeout`."""
+        if self._closing is None:
+            self._closing = threading.Thread(target=self.processor.shutdown, name="tracing-shutdown", daemon=True)
+            self._closing.start()
+        self._closing.join(timeout)
 
 
 def setup(service: str, endpoint: str | None, environ: Mapping[str, str]) -> Tracing:

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from common.protocol import keys
 from common.config import Settings
+from common.tracing import OTLP_ENDPOINT_HELP
 
 
 class WorkerSettings(Settings):
@@ -23,7 +24,7 @@ class WorkerSettings(Settings):
         ("reliability", ("lease_seconds", "max_deliveries", "drain_timeout", "watchdog_seconds",
                          "watchdog_per_token", "poll_timeout", "burst", "name")),
         ("vector cache", ("cache", "cache_url", "cache_ttl", "cache_max_memory")),
-        ("logs and metrics", ("log_rounds", "metrics_port", "metrics_host", "debug")),
+        ("logs, metrics and traces", ("log_rounds", "metrics_port", "metrics_host", "otlp_endpoint", "debug")),
         ("Redis", ("redis_url", "redis_tls_ca", "redis_tls_cert", "redis_tls_key", "redis_shards")),
     )
     internal_flags = frozenset({"replica"})
@@ -78,6 +79,7 @@ class WorkerSettings(Settings):
     metrics_port: int | None = Field(None, ge=1, le=65535, description="serve Prometheus metrics here (--gpus: "
                                      "GPU i's on this port + i)")
     metrics_host: str = Field("0.0.0.0", description="interface the metrics port listens on")
+    otlp_endpoint: str | None = Field(None, description=OTLP_ENDPOINT_HELP)
     gpus: str | None = Field(None, description="all or 0,1,...: one engine process per GPU")
     replicas: int | None = Field(None, ge=1, le=64, description="engine processes per device; default 1 "
                                  "(a GPU: 1 per 4 CPU cores, at most 8)")

@@ -37,7 +37,7 @@ class FinishStage:
     `served` count the rounds stored and the jobs finished (written by this stage alone)."""
 
     def __init__(self, name: str, steps: Steps, store: Store, chunk_jobs: ChunkJobs, *, ledger: Ledger,
-                 live: LiveStats, metrics=None):
+                 live: LiveStats, metrics=None, traces=None):
         self.name = name
         self.steps = steps
         self.model = steps.engine.caps.name
@@ -46,6 +46,7 @@ class FinishStage:
         self.ledger = ledger
         self.live = live
         self.metrics = metrics
+        self.traces = traces  # worker/serving/traces.py's RoundTraces when tracing is on, else None
         self.batches = 0
         self.served = 0
 
@@ -67,13 +68,22 @@ class FinishStage:
         """Answers for every job of the round, then the script that stores and acknowledges them (one call, or
         a few for a round of large results: worker/serving/storing.py)."""
         stageclock.lap("other")
+        round_.stamps.finish = time.time_ns()
+        # with tracing on: each request's span, open until its answer is published (a spread request's parts
+        # carry it: their spans are its children)
+        opened = self.traces.open(round_) if self.traces is not None else {}
         found = rounds.results(round_, self.steps.finish, self.model)
         written = rounds.answers_of(round_, found, self.model)
-        written = self.chunk_jobs.settle(round_, written)  # long requests spread, parts of them joined
+        written = self.chunk_jobs.settle(round_, written, self._context_of(opened))  # spread, and parts joined
+        round_.stamps.answered = time.time_ns()
         stageclock.lap("answers")
         done, written = self.store.write(written, time.time() - round_.began)
+        round_.stamps.published = time.time_ns()
         stageclock.lap("publish")
         self.release(round_)
+        if self.traces is not None:
+            self.traces.close(round_, opened, written)
+            stageclock.lap("traces")
         if self.metrics is not None:
             self.metrics.answered([answer.code for answer in written])
         self.batches += 1
@@ -87,6 +97,12 @@ class FinishStage:
                         round_.size, done.finished, done.failed, done.requeued,
                         f", {done.late} answered late (their claim had lapsed)" if done.late else "",
                         time.time() - round_.began)
+
+    def _context_of(self, opened: dict):
+        """job id -> (traceparent, tracestate) its spread parts carry; None without tracing."""
+        if self.traces is None:
+            return None
+        return lambda job_id: self.traces.carried(opened, job_id)
 
     def release(self, round_: Round) -> None:
         """The round's jobs are held no more (answered, or left to their leases); in-flight markers after the

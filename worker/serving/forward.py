@@ -105,6 +105,7 @@ class ForwardStage:
         if not nested:
             self.device.busy(began, texts, round_.passes, round_.lower)
             self.live.on_device(len(round_.runnable), texts)
+        round_.stamps.forward = time.time_ns()
         try:
             self.steps.forward(round_, between)
             if self.metrics is not None:
@@ -116,6 +117,7 @@ class ForwardStage:
             log.exception("worker %s: forward stage failed on a round of %d", self.name, round_.size)
             round_.engine_error = exc
         finally:
+            round_.stamps.forwarded = time.time_ns()
             if not nested:
                 self.device.free()
                 self.live.on_device(0, 0)

@@ -102,6 +102,8 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
         chunks_per_job: a request with more chunks than this (a long input, worker/engine/chunking.py) is spread
             over the fleet as parts of at most this many (worker/serving/spread.py); 0: every request runs here.
         metrics: a worker.serving.metrics.WorkerMetrics to record into, or None.
+        traces: (worker name, model) -> the worker.serving.traces.RoundTraces that makes each request's spans
+            (tracing on), or None.
         Other keyword arguments go to rq's SimpleWorker.
     """
 
@@ -110,7 +112,7 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
                  lease: float = LEASE_SECONDS, max_deliveries: int = MAX_DELIVERIES,
                  drain_timeout: float = DRAIN_TIMEOUT, watchdog: tuple[float, float] | None = None,
                  name: str | None = None, queue: str | None = None, info: dict | None = None,
-                 bulk_share: int = BULK_SHARE, chunks_per_job: int = 0, metrics=None, **kwargs):
+                 bulk_share: int = BULK_SHARE, chunks_per_job: int = 0, metrics=None, traces=None, **kwargs):
         if max_jobs < 1:
             raise ValueError(f"max_jobs must be at least 1, got {max_jobs}")
         if result_ttl < 1:
@@ -162,7 +164,8 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
                                        lifecycle=self.lifecycle, live=live, heartbeat=self.heartbeat_thread,
                                        watchdog=watchdog, metrics=metrics)
         self.finishing = FinishStage(self.name, self.steps, self.store, self.chunk_jobs, ledger=self.ledger, live=live,
-                                     metrics=metrics)
+                                     metrics=metrics,
+                                     traces=traces(self.name, engine.caps.name) if traces is not None else None)
         self.handoff: Handoff | None = None  # the current work()'s hand-offs
         self.push_exc_handler(self._answer_abandoned)
 

@@ -30,6 +30,22 @@ log = logging.getLogger("embedfleet.worker")
 
 
 @dataclass
+class Stamps:
+    """When a round passed each step, in nanoseconds since the epoch (time.time_ns): what its requests' spans
+    are made of when tracing is on (worker/serving/traces.py); 0: not reached. A few clock reads per round."""
+
+    take: int = 0  # the take began (a blocking take: its wait included)
+    taken: int = 0  # the take returned
+    tokenise: int = 0  # the engine's prepare began (verify, tokenise; the cache's lookup after it)
+    prepared: int = 0  # the round is ready for the device
+    forward: int = 0  # its forward passes began
+    forwarded: int = 0  # and ended (0: the round never reached the device)
+    finish: int = 0  # the finish stage took it up
+    answered: int = 0  # its answers are ready (cut, normalise, cast; long requests spread, parts joined)
+    published: int = 0  # the store-and-acknowledge script returned
+
+
+@dataclass
 class Round:
     """One round of taken jobs: the engine's Work for the runnable ones, answers for the rest; what only the
     serving side knows of that work (worker/serving/steps.py) beside it."""
@@ -46,6 +62,7 @@ class Round:
     lower: bool = False
     preemptible: bool = False  # lower and not the share's round: given back if higher-level work beats it
     passes: int | None = None  # forward passes its work needs, about (`passes_of`); None: not known
+    stamps: Stamps = field(default_factory=Stamps)
 
     @property
     def size(self) -> int:

@@ -78,13 +78,15 @@ class ChunkJobs:
         self.spread_requests = 0
         self.joined_parts = 0
 
-    def settle(self, round_, written: list[Answer]) -> list[Answer]:
+    def settle(self, round_, written: list[Answer], context_of=None) -> list[Answer]:
         """The round's answers with spread requests acknowledged (their parts enqueued) and parts joined.
-        `round_`: the pipeline's Round (its `spreads()` and `requests()`)."""
+        `round_`: the pipeline's Round (its `spreads()` and `requests()`); `context_of(job id)`: the trace context
+        (traceparent, tracestate) its parts carry (worker/serving/traces.py), None: they carry the request's."""
         where = {answer.taken.id: k for k, answer in enumerate(written)}
         for job, request, prepared in round_.spreads():
+            context = context_of(job.id) if context_of is not None else (request.traceparent, request.tracestate)
             try:
-                written[where[job.id]] = self._spread(job, request, prepared)
+                written[where[job.id]] = self._spread(job, request, prepared, context)
             except (redis.ConnectionError, redis.TimeoutError):
                 raise  # the round is stored later or recovered, as any
             except Exception as exc:  # this request fails (retried by rq), the round goes on
@@ -102,12 +104,14 @@ class ChunkJobs:
 
     # -- spread -----------------------------------------------------------------------------------------
 
-    def _spread(self, job: Taken, request: EmbedRequest, prepared: Prepared) -> Answer:
+    def _spread(self, job: Taken, request: EmbedRequest, prepared: Prepared,
+                context: tuple[str | None, str | None] = (None, None)) -> Answer:
         size = self.chunks_per_job
         groups = [prepared.token_lists[i:i + size] for i in range(0, len(prepared.token_lists), size)]
         parts = [EmbedRequest(id=keys.part_id(request.id, k), model=request.model, inputs=group,
                               params=PoolingParams(use_activation=False),  # raw rows: the join normalises
-                              part_of=PartOf(parent=request.id, index=k, parts=len(groups)))
+                              part_of=PartOf(parent=request.id, index=k, parts=len(groups)),
+                              traceparent=context[0], tracestate=context[1] if context[0] else None)
                  for k, group in enumerate(groups)]
         plan = packb({"request": request.encode(), "owners": prepared.owners,
                       "weights": [len(ids) for ids in prepared.token_lists],

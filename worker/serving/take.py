@@ -165,8 +165,10 @@ class TakeStage:
         if top:  # about one pass: its estimated tokens, and no more requests than a pass has rows
             jobs, passes = min(jobs, shape.rows) if shape is not None else jobs, 1
         max_tokens = passes * shape.tokens if shape is not None else 0  # 0: no limit but max_jobs
+        take_began = time.time_ns()
         suspended, taken = self.levels.take(jobs, block, before=self.rq.before_take, max_tokens=max_tokens, top=top)
         stageclock.lap("take")
+        taken_at = time.time_ns()
         began = time.monotonic()  # after the (maybe blocking) read: what is measured is the work
         if suspended:
             self.rq.suspended(self.burst)  # waits (logged) until `rq resume`
@@ -175,6 +177,7 @@ class TakeStage:
         if not taken and not answered and not resumed:
             return None
         round_ = Round(time.time(), lower=self.levels.lower(taken), preemptible=self.levels.preemptible(taken))
+        round_.stamps.take, round_.stamps.taken = take_began, taken_at
         self.ledger.hold(taken, round_.began)
         try:
             self.prepare(round_, taken, answered, resumed)
@@ -203,9 +206,11 @@ class TakeStage:
             for job, request in resumed:
                 round_.run(job, request)
                 requests.append(request)
+        round_.stamps.tokenise = time.time_ns()
         if requests:
             self.steps.prepare(round_, requests)
         round_.passes = rounds.passes_of(round_, self.steps.engine.shape())
+        round_.stamps.prepared = time.time_ns()
 
     def _flush_parked(self, handoff: Handoff) -> None:
         """Stopping: parked followers stop waiting for their leaders (answered now, or run in a last round)."""
