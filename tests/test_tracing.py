@@ -113,13 +113,15 @@ def test_a_python_caller_with_a_bad_tracestate_still_submits():
 # -- processes --------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def fleet(redis_url: str, worker_env: dict, gateway_env: dict, gateway_flags: tuple = ()):
-    """A worker process (null model, served as MODEL) and a gateway process; yields the gateway's URL."""
+def fleet(redis_url: str, worker_env: dict, gateway_env: dict, gateway_flags: tuple = (),
+          model: tuple = ("--model", "null:8")):
+    """A worker process (`model`: the null model by default, served as MODEL) and a gateway process; yields the
+    gateway's URL and both processes."""
     base = {**os.environ, "PYTHONPATH": str(ROOT)}
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED"):
         base.pop(name, None)
     logs = [tempfile.TemporaryFile(), tempfile.TemporaryFile()]  # files, not pipes: a full pipe would block them
-    worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", "null:8",
+    worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_url, *model,
                                "--served-model-name", MODEL, "--poll-timeout", "1", "--no-log-rounds"],
                               env={**base, **worker_env}, stdout=subprocess.DEVNULL, stderr=logs[0])
     worker.log = logs[0]
@@ -301,6 +303,66 @@ def test_a_collector_that_never_answers_costs_a_request_nothing(redis_url):
             assert time.monotonic() - began < 20 and worker.returncode == 0, _tail(worker.log)
     finally:
         receiver.close()
+
+
+def test_spread_parts_are_under_their_request_and_batch_lines_link_to_their_batch(redis_url, tmp_path):
+    """A long input spread over the fleet: each part's worker spans are children of its request's process
+    span, in the caller's trace. A Batch API line: a trace of its own whose `batch line` span links to the span
+    of the POST /v1/batches that created the batch, with the line's worker spans under it."""
+    from tests.test_longinputs import MAX_LEN, words
+    from tests.tinymodels import save_tiny_bert, wrap_sentence_transformers
+
+    folder = wrap_sentence_transformers(save_tiny_bert(str(tmp_path / "bert")), "mean", normalize=True,
+                                        max_seq_length=MAX_LEN)
+    receiver = Receiver()
+    variables = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, **FAST_EXPORT}
+    try:
+        with fleet(redis_url, variables, variables, model=("--model", folder, "--max-embed-len", str(8 * MAX_LEN),
+                                                           "--chunks-per-job", "2", "--probe-seconds", "1")) \
+                as (url, _worker, _gateway), httpx.Client(base_url=url, timeout=60) as client:
+            trace_id, caller_span, traceparent = _caller()
+            answer = client.post("/v1/embeddings", json={"model": MODEL, "input": words(7 * MAX_LEN, seed=3)},
+                                 headers={"traceparent": traceparent})
+            assert answer.status_code == 200, answer.text
+            lines = "".join(json.dumps({"custom_id": f"line-{k}", "method": "POST", "url": "/v1/embeddings",
+                                        "body": {"model": MODEL, "input": f"text {k}"}}) + "\n" for k in range(2))
+            uploaded = client.post("/v1/files", data={"purpose": "batch"}, files={"file": ("in.jsonl", lines)})
+            assert uploaded.status_code == 200, uploaded.text
+            batch_trace, batch_caller, batch_parent = _caller()
+            batch = client.post("/v1/batches", json={"input_file_id": uploaded.json()["id"], "endpoint":
+                                                     "/v1/embeddings", "completion_window": "24h"},
+                                headers={"traceparent": batch_parent})
+            assert batch.status_code == 200, batch.text
+
+            def complete(spans):
+                line_traces = {s.trace_id for s in spans if s.name == "batch line"}
+                return len(line_traces) == 2 and all(
+                    sum(s.name == f"process {MODEL}" and s.trace_id == t for s in spans) == 1 for t in line_traces) \
+                    and sum(s.name == f"process {MODEL}" and s.trace_id == trace_id for s in spans) >= 5
+
+            received = receiver.wait_for(complete)
+    finally:
+        receiver.close()
+    spans = [s for s in received if s.trace_id == trace_id]
+    shown = tree(spans)
+    processes = [s for s in spans if s.name == f"process {MODEL}"]
+    request = next(s for s in processes if s.parent_id != "" and
+                   next(p for p in spans if p.span_id == s.parent_id).name == f"submit {MODEL}")
+    parts = [s for s in processes if s is not request]
+    assert len(parts) == 4 and all(s.parent_id == request.span_id for s in parts), shown  # 8 chunks, 2 a part
+    assert {s.attributes["messaging.message.id"] for s in parts} == {f"{request.attributes['messaging.message.id']}"
+                                                                     f"-p{k}" for k in range(4)}, shown
+    for part in parts:
+        assert {s.name for s in spans if s.parent_id == part.span_id} >= {"queue wait", "forward", "publish"}, shown
+        assert _parent_chain(spans, part, caller_span)[-1] == "POST /v1/embeddings"
+    created = next(s for s in received if s.name == "POST /v1/batches")
+    assert created.trace_id == batch_trace and created.parent_id == batch_caller
+    for line in (s for s in received if s.name == "batch line"):
+        assert line.parent_id == "" and line.links == [(batch_trace, created.span_id)], tree(received)
+        assert line.attributes["embedfleet.batch.custom_id"] in ("line-0", "line-1")
+        line_spans = [s for s in received if s.trace_id == line.trace_id]
+        process = next(s for s in line_spans if s.name == f"process {MODEL}")
+        assert _parent_chain(line_spans, process, line.span_id)[-1] == f"submit {MODEL}", tree(line_spans)
 
 
 # -- tracing off ------------------------------------------------------------------------------------------
