@@ -45,7 +45,7 @@ from throughput import BareLoop, max_seq_length, sweep
 # the stage threads of worker/serving/pipeline.py and the stages they lap, in the order a round meets them
 THREADS = ("take", "forward", "finish")
 STAGES = ("take", "decode", "verify", "tokenise", "cache", "plan", "collate", "h2d", "forward", "pooling", "d2h",
-          "scatter", "cast", "answers", "publish", "other")
+          "scatter", "cast", "answers", "publish", "traces", "other")
 WEIGHTS = ("model.safetensors", "pytorch_model.bin", "config.json", "onnx", "openvino")
 
 

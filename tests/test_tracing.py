@@ -182,6 +182,10 @@ def test_one_request_through_the_gateway_is_one_trace_with_the_workers_spans_und
     try:
         with fleet(redis_url, {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, **FAST_EXPORT}, FAST_EXPORT,
                    ("--otlp-endpoint", receiver.url)) as (url, _worker, _gateway):
+            unsampled, _, not_recorded = _caller()  # first: a caller that did not sample its span
+            answer = httpx.post(f"{url}/v1/embeddings", json={"model": MODEL, "input": ["not traced"]},
+                                headers={"traceparent": not_recorded[:-2] + "00"}, timeout=60)
+            assert answer.status_code == 200, answer.text
             trace_id, caller_span, traceparent = _caller()
             answer = httpx.post(f"{url}/v1/embeddings", json={"model": MODEL, "input": ["one", "two three"]},
                                 headers={"traceparent": traceparent}, timeout=60)
@@ -196,11 +200,14 @@ def test_one_request_through_the_gateway_is_one_trace_with_the_workers_spans_und
         receiver.close()
     lost = [s for s in received if s.service == "embedfleet-worker" and s.trace_id != trace_id]
     assert not lost, f"worker spans outside the caller's trace {trace_id}:\n{tree(lost)}"
+    # the unsampled caller's spans would have left first (one queue, oldest first): none was recorded
+    assert not [s for s in received if s.trace_id == unsampled], "a caller's sampled=0 was not honoured"
     spans = [s for s in received if s.trace_id == trace_id]
     shown = tree(spans)
     services = {s.name: s.service for s in spans}
     assert services["POST /v1/embeddings"] == services[f"submit {MODEL}"] == "embedfleet-gateway", shown
     assert {services[name] for name in WORKER_SPANS} == {"embedfleet-worker"}, shown
+    assert [s.kind for s in spans].count("server") == 1, shown  # ours only: FastAPI's own spans are off
     server = next(s for s in spans if s.name == "POST /v1/embeddings")
     assert server.parent_id == caller_span and server.kind == "server", shown
     assert server.attributes["http.response.status_code"] == 200

@@ -42,6 +42,7 @@ class _Traced:
     queue: str
     enqueued: int  # ns since the epoch, as its producer stamped it
     began: int  # its take began (ns), as seen from this request: never before it was enqueued
+    taken: int  # the take returned (ns)
 
 
 class RoundTraces:
@@ -79,15 +80,17 @@ class RoundTraces:
         stamps, opened = round_.stamps, {}
         if round_.work is None:
             return opened
+        # a round of parked followers only, made when the worker stops, took nothing itself: its prepare
+        taken = stamps.taken or stamps.tokenise or stamps.finish
         for index, (job, request) in enumerate(zip(round_.runnable, round_.work.requests)):
-            enqueued = min(int(request.created_at * 1e9), stamps.taken)  # another host's clock may run ahead
-            began = max(stamps.take, enqueued)  # a blocking take that waited for this request began with it
+            enqueued = min(int(request.created_at * 1e9), taken)  # another host's clock may run ahead
+            began = min(max(stamps.take, enqueued), taken)  # a blocking take that waited for it began with it
             parent = spans.remote(request.traceparent, request.tracestate)
             span = spans.start(self.tracer, f"process {self.model}", parent, enqueued, kind="consumer", attributes={
                 "messaging.system": "rq", "messaging.operation.type": "process", "messaging.destination.name":
                 job.queue, "messaging.message.id": job.id, "embedfleet.model": self.model,
                 "embedfleet.worker": self.worker, "embedfleet.deliveries": job.deliveries})
-            opened[job.id] = _Traced(span, request, index, job.queue, enqueued, began)
+            opened[job.id] = _Traced(span, request, index, job.queue, enqueued, began, taken)
         return opened
 
     def _close(self, round_, traced: _Traced, code: str) -> None:
@@ -95,8 +98,8 @@ class RoundTraces:
         if span.is_recording():
             record = spans.record
             record(self.tracer, "queue wait", span, traced.enqueued, traced.began)
-            record(self.tracer, "take", span, traced.began, stamps.taken, {"embedfleet.round.requests": round_.size})
-            prepare = spans.start(self.tracer, "prepare", span, stamps.taken)
+            record(self.tracer, "take", span, traced.began, traced.taken, {"embedfleet.round.requests": round_.size})
+            prepare = spans.start(self.tracer, "prepare", span, traced.taken)
             record(self.tracer, "tokenise", prepare, stamps.tokenise, stamps.prepared, self._tokens(round_, traced))
             prepare.end(end_time=stamps.prepared)
             if stamps.forwarded:  # a round given back before the device has no forward pass
