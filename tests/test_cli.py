@@ -132,7 +132,7 @@ def test_worker_help_is_short_in_sections_and_hides_the_internal_replica_flag(en
     assert len(lines) < 100 and max(map(len, lines)) <= 100, done.stdout
     assert lines[0] == "usage: embedfleet worker [options]"
     for section in ("model:", "speed: batches, threads, processes:", "requests:", "reliability:", "vector cache:",
-                    "logs and metrics:", "Redis:"):
+                    "logs, metrics and traces:", "Redis:"):
         assert section in lines, section
     assert "--replicas N" in done.stdout and not re.search(r"--replica\b(?!s)", done.stdout)
     assert "EMBEDFLEET_REDIS_URL" in lines[-2] + lines[-1]  # the variables, said once

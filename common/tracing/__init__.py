@@ -30,8 +30,8 @@ MAX_TRACESTATE_MEMBERS = 32
 TRACEPARENT_FORMAT = "00-<32 lowercase hex: trace id, not all 0>-<16 lowercase hex: span id, not all 0>-<2 hex: flags>"
 
 
-OTLP_ENDPOINT_HELP = ("send traces to this OpenTelemetry collector (OTLP/HTTP base URL, e.g. http://localhost:4318; "
-                     "TEI's flag); also on with OTEL_EXPORTER_OTLP_ENDPOINT (docs/tracing.md)")
+OTLP_ENDPOINT_HELP = ("send traces to this OTLP/HTTP collector, e.g. http://localhost:4318 (TEI's flag; also: "
+                      "OTEL_EXPORTER_OTLP_ENDPOINT)")
 
 
 def traceparent_problem(value: str) -> str | None:

@@ -163,6 +163,7 @@ class AsyncProducer:
         return (await self.submit_many([inputs], model, params=params, reply_to=reply_to, text_pair=text_pair,
                                        request_ids=None if request_id is None else [request_id], **fields))[0]
 
+    @traced.submits
     async def submit_many(self, batches: list, model: str | None = None, *,
                           params: PoolingParams | None = None, reply_to: str | None = None,
                           text_pair: list[str] | None = None, priority: str | int | None = None,
@@ -179,20 +180,18 @@ class AsyncProducer:
         name = caps if isinstance(caps, str) else caps.name
         url = self.shards.url_for(name)
         link = self._links[url]
-        with traced.submit(name, keys.queue_name(name, level), len(batches)) as span:
-            requests = [build_request(inputs, caps, params, fields, reply_to or link.replies.stream, text_pair,
-                                      when, request_id, span.context) for inputs, request_id in zip(batches, chosen)]
-            ids = [r.id for r in requests]
-            span.requests(ids)
-            if reply_to is None:  # before the enqueue: a fast worker's reply may come before it returns
-                link.hub.expect(ids)
-                link.replies.start()
-            try:
-                with redis_errors():  # coalesced with concurrent submits; refused alone if the queue is full
-                    await link.submitter.submit(name, requests, level)
-            except BaseException:
-                link.hub.unexpect(ids)
-                raise
+        requests = [build_request(inputs, caps, params, fields, reply_to or link.replies.stream, text_pair, when,
+                                  request_id) for inputs, request_id in zip(batches, chosen)]
+        ids = [r.id for r in requests]
+        if reply_to is None:  # before the enqueue: a fast worker's reply may come before it returns
+            link.hub.expect(ids)
+            link.replies.start()
+        try:
+            with redis_errors():  # coalesced with concurrent submits; refused alone if the queue is full
+                await link.submitter.submit(name, requests, level)
+        except BaseException:
+            link.hub.unexpect(ids)
+            raise
         if self.shards:
             self._placed.remember(ids, url)
         return ids
@@ -203,15 +202,15 @@ class AsyncProducer:
             raw = await connection.get(keys.result_key(request_id))
         return read_result(request_id, raw)
 
+    @traced.waits
     async def wait(self, request_id: str, timeout: float = 60.0) -> Result:
         """Block until the result lands; raises TimeoutError or the request's own error.
 
         No round trip of its own: the wait joins the producer's coalesced reads. It rides out a Redis
         outage shorter than its timeout, and a wake-up counts only once the result it announces is there.
         """
-        with traced.wait(request_id):
-            result = await self._wait_result(await self._link_of(request_id), request_id, timeout)
-            result.raise_for_error()
+        result = await self._wait_result(await self._link_of(request_id), request_id, timeout)
+        result.raise_for_error()
         return result
 
     async def _wait_result(self, link: _Link, request_id: str, timeout: float) -> Result:

@@ -131,6 +131,7 @@ class Producer:
         return self.submit_many([inputs], model, params=params, reply_to=reply_to, text_pair=text_pair,
                                 request_ids=None if request_id is None else [request_id], **fields)[0]
 
+    @traced.submits
     def submit_many(self, batches: list, model: str | None = None, *, params: PoolingParams | None = None,
                     reply_to: str | None = None, text_pair: list[str] | None = None,
                     priority: str | int | None = None, deadline: float | None = None, timeout: float | None = None,
@@ -150,19 +151,16 @@ class Producer:
             served = self.models()
         caps, level, when = resolve_target(model, served, self._served.known, priority, deadline, timeout,
                                            self.where)
+        requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when, request_id)
+                    for inputs, request_id in zip(batches, chosen)]
         name = caps if isinstance(caps, str) else caps.name
-        queue = keys.queue_name(name, level)
-        with traced.submit(name, queue, len(batches)) as span:
-            requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when, request_id,
-                                      span.context) for inputs, request_id in zip(batches, chosen)]
-            ids = [r.id for r in requests]
-            span.requests(ids)
-            work = enqueue_args(queue, requests, max_depth=self.max_queue_depth)
-            with _redis_errors():
-                try:
-                    operations.enqueue(self.connection_for_model(name), work)
-                except operations.QueueFull as full:
-                    raise queue_full(name, full.depth, self.max_queue_depth) from None
+        work = enqueue_args(keys.queue_name(name, level), requests, max_depth=self.max_queue_depth)
+        with _redis_errors():
+            try:
+                operations.enqueue(self.connection_for_model(name), work)
+            except operations.QueueFull as full:
+                raise queue_full(name, full.depth, self.max_queue_depth) from None
+        ids = [r.id for r in requests]
         if self.shards:
             self._placed.remember(ids, self.shards.url_for(name))
         return ids
@@ -187,6 +185,7 @@ class Producer:
                 found[i] = read_result(request_ids[i], blob)
         return found
 
+    @traced.waits
     def wait(self, request_id: str, timeout: float = 60.0) -> Result:
         """Block until the result lands (no polling: BLPOP on the request's notify list).
 
@@ -196,10 +195,6 @@ class Producer:
         after `timeout` seconds, or the request's own error. A wake-up counts only once its result is there
         (anyone who can write to Redis can forge one).
         """
-        with traced.wait(request_id):
-            return self._wait(request_id, timeout)
-
-    def _wait(self, request_id: str, timeout: float) -> Result:
         deadline = time.monotonic() + timeout
         woke = None
         self.raise_if_unknown(request_id)

@@ -25,6 +25,7 @@ from common.request import EmbedRequest, normalize_inputs
 from common.scheduling import DEFAULT_PRIORITY, priority_level, resolve_deadline
 from common.result import Result
 from common.serializer import MsgpackSerializer
+from producer.client import traced
 
 SERIALIZER = MsgpackSerializer
 CAPS_CACHE_SECONDS = 2.0  # how long a producer trusts the advertised capabilities before re-reading them
@@ -171,7 +172,7 @@ def resolve_target(model: str | None, served: dict[str, ModelCapabilities], know
 def build_request(inputs, caps: ModelCapabilities | str, params: PoolingParams | None, fields: dict,
                   reply_to: str | None = None, text_pair: list[str] | None = None,
                   deadline: float | None = None, request_id: str | None = None,
-                  trace: tuple[str | None, str | None] = (None, None)) -> EmbedRequest:
+                  trace: tuple[str | None, str | None] | None = None) -> EmbedRequest:
     """A request checked against the advertised capabilities (the worker checks again).
 
     The request carries the params as the caller gave them, so the worker merges its own defaults.
@@ -179,12 +180,14 @@ def build_request(inputs, caps: ModelCapabilities | str, params: PoolingParams |
     live worker advertises): then only the request's own shape is checked here, and the worker verifies
     the rest when it starts.
     `request_id`: the caller's own id (checked by `chosen_ids`); None: a new random one.
-    `trace`: (traceparent, tracestate) of the producer's span (producer/client/traced.py), or Nones.
+    `trace`: (traceparent, tracestate) the request carries; None: the current span's, where the application
+    traces (the client's submit span, producer/client/traced.py), else none.
     `fields` may hold `cache` (False: bypass the fleet's vector cache) and `chat` (a ChatInput, or its dict: one
     conversation the worker renders with the model's chat template; `inputs` None) besides the PoolingParams
     fields.
     """
     fields = dict(fields)
+    trace = traced.current() if trace is None else trace
     cache = fields.pop("cache", True)
     chat = fields.pop("chat", None)  # a conversation (common/chat.py): its inputs are the one placeholder
     if chat is not None and inputs is None:
