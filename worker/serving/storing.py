@@ -7,7 +7,8 @@ lapse would compute the request again until it fails as poison. So:
 
 - the limit is read (CONFIG GET) at the first store, again every REREAD_SECONDS (CONFIG SET changes it live)
   and after a refused write or an outage (a restarted Redis may have another); where CONFIG is refused (an ACL
-  user without @dangerous, a managed Redis) Redis's default is assumed, and a refusal lowers it;
+  user without @dangerous, a managed Redis) it is never asked again (each ask would be one more entry in ACL
+  LOG): Redis's default is assumed, and a refusal lowers it;
 - an answer over the limit is replaced, before the script runs, by its request's `result_too_large` error:
   that request alone fails, once; its round-mates are stored;
 - the answers go in calls of at most CALL_BYTES of blobs (a larger answer alone), so that a round of many
@@ -49,17 +50,18 @@ class BulkLimit:
         self._value = DEFAULT_BULK_LIMIT
         self._read_at: float | None = None
         self._refused: tuple[int, float] | None = None  # (bytes Redis refused, when)
-        self._warned = False
+        self._config_refused = False
 
     def current(self) -> int:
         """The limit, read again when it may have changed. Raises what a Redis that does not answer raises."""
         now = time.monotonic()
-        if self._read_at is None or now - self._read_at >= self.reread:
+        if not self._config_refused and (self._read_at is None or now - self._read_at >= self.reread):
             found = operations.bulk_limit(self.connection)
-            if found is None and not self._warned:
-                log.warning("Redis refuses CONFIG GET proto-max-bulk-len: assuming its default of %d bytes; an "
-                            "answer that Redis refuses still fails its request alone", DEFAULT_BULK_LIMIT)
-                self._warned = True
+            if found is None:
+                log.warning("Redis refuses CONFIG GET proto-max-bulk-len: assuming its default of %d bytes (not "
+                            "asked again); an answer that Redis refuses still fails its request alone",
+                            DEFAULT_BULK_LIMIT)
+                self._config_refused = True
             self._value, self.read = (found, True) if found is not None else (DEFAULT_BULK_LIMIT, False)
             self._read_at = now
         if self._refused is not None and now - self._refused[1] < self.reread:
