@@ -186,22 +186,31 @@ def test_one_request_through_the_gateway_is_one_trace_with_the_workers_spans_und
             answer = httpx.post(f"{url}/v1/embeddings", json={"model": MODEL, "input": ["not traced"]},
                                 headers={"traceparent": not_recorded[:-2] + "00"}, timeout=60)
             assert answer.status_code == 200, answer.text
+            answer = httpx.post(f"{url}/v1/embeddings", json={"model": MODEL, "input": ["malformed context"]},
+                                headers={"traceparent": "00-not-a-trace-context-01"}, timeout=60)
+            assert answer.status_code == 200, answer.text  # ignored, as W3C says: never a refused request
             trace_id, caller_span, traceparent = _caller()
             answer = httpx.post(f"{url}/v1/embeddings", json={"model": MODEL, "input": ["one", "two three"]},
                                 headers={"traceparent": traceparent}, timeout=60)
             assert answer.status_code == 200, answer.text
 
-            def complete(spans):  # every span of the one request sent, whichever trace each is in
-                names = {s.name for s in spans if s.service == "embedfleet-worker" or s.trace_id == trace_id}
-                return WORKER_SPANS <= names and {"POST /v1/embeddings", f"submit {MODEL}", "wait"} <= names
+            def complete(spans):  # the worker's spans of both traced requests, whichever trace each is in
+                names = {s.name for s in spans if s.trace_id == trace_id}
+                workers = [s.name for s in spans if s.service == "embedfleet-worker"]
+                return all(workers.count(name) >= 2 for name in WORKER_SPANS) and \
+                    {"POST /v1/embeddings", f"submit {MODEL}", "wait"} <= names
 
             received = receiver.wait_for(complete)
     finally:
         receiver.close()
-    lost = [s for s in received if s.service == "embedfleet-worker" and s.trace_id != trace_id]
-    assert not lost, f"worker spans outside the caller's trace {trace_id}:\n{tree(lost)}"
     # the unsampled caller's spans would have left first (one queue, oldest first): none was recorded
     assert not [s for s in received if s.trace_id == unsampled], "a caller's sampled=0 was not honoured"
+    # the malformed header's request: a trace of its own, the gateway's span its root
+    (malformed,) = [s.trace_id for s in received if s.name == "POST /v1/embeddings" and s.trace_id != trace_id]
+    assert [s.parent_id for s in received if s.name == "POST /v1/embeddings" and s.trace_id == malformed] == [""]
+    lost = [s for s in received if s.service == "embedfleet-worker" and s.trace_id not in (trace_id, malformed)]
+    assert not lost, f"worker spans outside their callers' traces:\n{tree(lost)}"
+    assert sum(s.name == f"process {MODEL}" and s.trace_id == trace_id for s in received) == 1, tree(received)
     spans = [s for s in received if s.trace_id == trace_id]
     shown = tree(spans)
     services = {s.name: s.service for s in spans}
