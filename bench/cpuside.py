@@ -55,7 +55,9 @@ def build_tiny(folder: str) -> str:
     from transformers import BertConfig, BertModel
 
     source = model_path()
-    shutil.copytree(source, folder, dirs_exist_ok=True, ignore=lambda _d, names: [n for n in names if n in WEIGHTS])
+    # the top folder's weights and config only: 1_Pooling/config.json (and the like) stay
+    shutil.copytree(source, folder, dirs_exist_ok=True,
+                    ignore=lambda where, names: [n for n in names if n in WEIGHTS] if where == str(source) else [])
     config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=512)
     torch.manual_seed(0)
