@@ -391,13 +391,15 @@ def _check_task_shapes(result: Result) -> None:
 
 
 def publish(pipe, result: Result, ttl: int, reply_to: str | None = None, only_if_absent: bool = False) -> None:
-    """Queue on a Redis pipeline what makes a result visible: the blob, a wake-up on the request's notify
-    list (BLPOP waiters) and, for an AsyncProducer's request, an entry on its reply stream. A gateway
-    job's answer options (keys.job_options_key), if any, now expire with the result."""
+    """Queue on a Redis pipeline what makes a result visible, as the protocol's lib.lua `publish` does (tests'
+    stand-in worker, tests/answers.py): the blob and one wake-up, on the request's reply stream when it has one
+    (an AsyncProducer's request), else on its notify list. A gateway job's answer options
+    (keys.job_options_key), if any, now expire with the result."""
     pipe.set(keys.result_key(result.id), result.encode(), ex=ttl, nx=only_if_absent)
-    pipe.rpush(keys.notify_key(result.id), 1)
-    pipe.expire(keys.notify_key(result.id), ttl)
-    pipe.expire(keys.job_options_key(result.id), ttl)  # a gateway job's options go with its result
     if reply_to:
         pipe.xadd(reply_to, {"id": result.id}, maxlen=keys.REPLY_STREAM_MAXLEN, approximate=True)
         pipe.expire(reply_to, ttl)
+    else:
+        pipe.rpush(keys.notify_key(result.id), 1)
+        pipe.expire(keys.notify_key(result.id), ttl)
+    pipe.expire(keys.job_options_key(result.id), ttl)  # a gateway job's options go with its result

@@ -2,7 +2,7 @@
 in the forward pass and "hang" blocks it there (a device call that never returns). Vectors are a
 deterministic function of the text, so a clean run can be compared with a faulty one.
 
-    python -m tests.crashworker REDIS_URL MODEL [--lease S] [--watchdog S] [--max-jobs N]
+    python -m tests.crashworker REDIS_URL MODEL [--lease S] [--watchdog S] [--max-jobs N] [--rq-records lean|full]
 """
 
 from __future__ import annotations
@@ -66,12 +66,13 @@ def main() -> None:
     parser.add_argument("--watchdog", type=float, default=None)
     parser.add_argument("--max-jobs", type=int, default=16)
     parser.add_argument("--drain-timeout", type=float, default=30.0)
+    parser.add_argument("--rq-records", default="lean")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = Engine(CrashModel(args.model), max_batch_tokens=64, max_batch_size=64)
     worker = BatchWorker(engine, connect(args.redis_url), max_jobs=args.max_jobs, poll_timeout=1,
                          lease=args.lease, drain_timeout=args.drain_timeout,
-                         watchdog=(args.watchdog, 0.0) if args.watchdog else None)
+                         watchdog=(args.watchdog, 0.0) if args.watchdog else None, rq_records=args.rq_records)
     print(f"crashworker {worker.name} serving {args.model}")  # not flushed: block-buffered into a pipe
     worker.work()
 

@@ -45,13 +45,16 @@ class Fleet:
     """Tiny-BERT BatchWorker threads on one Redis, with the fleet's vector cache on as `embedfleet worker` has
     it by default: a text is computed once, and answered from the cache after, whichever route asks. (Without
     it the same text in another forward pass, padded with other texts, may differ in float32's last bits, on
-    either route: that is the model's arithmetic, not the answer's encoding, which is what is compared.)"""
+    either route: that is the model's arithmetic, not the answer's encoding, which is what is compared.)
+    They keep rq's full records (--rq-records full): the finished registry and each job's `deliveries` are
+    how these tests see that every line ran exactly once."""
 
     def __init__(self, folder: str, connection: redis.Redis, count: int = 1):
         model = load_model(folder, served_name=MODEL)
         identity = model_identity(MODEL, folder_digest(folder), "float32", "cpu")
         cache = VectorCache(connection, identity, model.caps.embedding_size)
-        self.workers = [BatchWorker(Engine(model), connection, cache=cache, poll_timeout=1) for _ in range(count)]
+        self.workers = [BatchWorker(Engine(model), connection, cache=cache, poll_timeout=1, rq_records="full")
+                        for _ in range(count)]
         self.threads = [threading.Thread(target=w.work, daemon=True) for w in self.workers]
         for worker, thread in zip(self.workers, self.threads):
             thread.start()

@@ -1,8 +1,10 @@
 """The protocol's contract: every way a request can end - served, failed, cancelled, expired, poison, spread
-and joined - has the same effects, written by the same scripts (common/protocol): the result blob, one element
-on the notify list, the reply stream entry, the gateway job options' TTL, rq's registries and job status. And
-what they leave for rq matches what rq 3.0's own SimpleWorker (and Job.cancel) leaves for the same job, but
-for the differences listed here on purpose. A change in rq's layout (a renamed registry, a new required
+and joined - has the same effects, written by the same scripts (common/protocol): the result blob, one wake-up
+on the path the request waits on (its reply stream, else its notify list), the gateway job options' TTL, rq's
+registries and job status. With --rq-records full, what they leave for rq matches what rq 3.0's own
+SimpleWorker (and Job.cancel) leaves for the same job, but for the differences listed here on purpose; with
+lean (the default), what they leave is full's less the records listed in LEAN_DROPS, and rq's own tools still
+show the queue, the claims and the failures. A change in rq's layout (a renamed registry, a new required
 field) fails here, loudly, before it misleads `rq info`."""
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from rq.job import Job, JobStatus
 from rq.results import Result as RqResult
 
 from common.errors import CancelledError
-from common.protocol import keys, operations
-from common.request import EmbedRequest
+from common.protocol import keys, operations, rqjobs
+from common.request import EmbedRequest, PartOf
 from common.result import Result
 from common.serializer import MsgpackSerializer
 from producer import Producer
@@ -71,10 +73,10 @@ def run_rq(conn, func) -> tuple[dict, Job]:
     return shapes(conn, job.id, queue.name, worker.name), job
 
 
-def run_ours(conn, engine, data: bytes | None) -> tuple[dict, Job]:  # noqa: F811
+def run_ours(conn, engine, data: bytes | None, records: str = "full") -> tuple[dict, Job]:  # noqa: F811
     request = EmbedRequest(id="contractjob", model=engine.caps.name, inputs=["served"])
     job = enqueue(conn, request, *([data] if data else []), result_ttl=600, failure_ttl=900, job_timeout=60)
-    worker = BatchWorker(engine, conn, name="contractworker")
+    worker = BatchWorker(engine, conn, name="contractworker", rq_records=records)
     worker.work(burst=True)
     return shapes(conn, job.id, rq_queue(conn, engine.caps.name).name, worker.name), job
 
@@ -127,6 +129,59 @@ def test_our_scripts_leave_what_rq_leaves(engine, redis_client, served):  # noqa
             assert fields == our_fields, pattern
 
 
+# What --rq-records lean leaves out of full's records (docs/capacity.md says who read each, and why none is
+# needed): a served job's hash (its answer is the result blob) and its finished-registry entry.
+LEAN_DROPS = {"finished": {"rq:job:<job>", "rq:finished:<queue>"}, "failed": set()}
+LEAN_FIELDS = {"successful_job_count", "total_working_time"}  # the worker's: full counts served jobs, lean not
+
+
+@pytest.mark.parametrize("served", [True, False], ids=["finished", "failed"])
+def test_lean_records_are_full_less_what_nothing_reads(engine, redis_client, served):  # noqa: F811
+    """Lean's contract: every key it leaves is one full leaves, alike; it drops only LEAN_DROPS; rq's API
+    still reads a failed job whole, and `rq info`'s queue and registry counts (its queues, claims, failures)."""
+    full, _ = run_ours(redis_client, engine, None if served else b"not a request", records="full")
+    redis_client.flushall()
+    lean, job = run_ours(redis_client, engine, None if served else b"not a request", records="lean")
+    ending = "finished" if served else "failed"
+    assert set(full) - set(lean) == LEAN_DROPS[ending] and set(lean) <= set(full)
+    for pattern in lean:
+        kind, fields, expires = full[pattern]
+        assert lean[pattern][0] == kind and lean[pattern][2] == expires, pattern
+        if pattern == "rq:worker:<worker>":
+            assert set(fields) - set(lean[pattern][1]) <= LEAN_FIELDS | {"failed_job_count"}, pattern
+        else:
+            assert lean[pattern][1] == fields, pattern
+    queue = rq_queue(redis_client, engine.caps.name)
+    assert queue.name in [q.name for q in Queue.all(connection=redis_client)]  # `rq info` lists the queue
+    assert (queue.count, queue.started_job_registry.count, queue.finished_job_registry.count,
+            queue.failed_job_registry.count) == (0, 0, 0, 0 if served else 1)
+    if served:
+        assert Result.decode(redis_client.get(keys.result_key(job.id))).ok  # its record is its answer
+    else:
+        failed = Job.fetch(job.id, connection=redis_client, serializer=MsgpackSerializer)
+        assert failed.get_status() == JobStatus.FAILED and failed.latest_result().type == RqResult.Type.FAILED
+        assert Worker.find_by_key("rq:worker:contractworker", redis_client).failed_job_count == 1
+
+
+@pytest.mark.parametrize("retry", [True, False], ids=["retry", "no retry"])
+def test_the_job_hash_a_producer_writes_is_rqs_own_field_by_field(retry):
+    """common/protocol/rqjobs.py builds rq's job hash without rq (rq builds one per queue, the template): the same
+    fields in the same order, the same values, but for the timestamps (now, in rq's format) - for requests of
+    each shape (a reply stream, token ids, a spread request's part)."""
+    queue = keys.queue_name("contract")
+    requests = [EmbedRequest(model="contract", inputs=["a text", "two"], reply_to=keys.reply_stream_key("r")),
+                EmbedRequest(model="contract", inputs=[[101, 7, 102]], params={"dimensions": 8}),
+                EmbedRequest(id="parent-p2", model="contract", inputs=["part"],
+                             part_of=PartOf(parent="parent", index=2, parts=4))]
+    for ours, theirs in zip(rqjobs.rq_fields(queue, requests, retry), rqjobs.built_by_rq(queue, requests, retry)):
+        assert list(ours) == list(theirs)
+        stamps = ("created_at", "enqueued_at")
+        assert {k: v for k, v in ours.items() if k not in stamps} == \
+            {k: v for k, v in theirs.items() if k not in stamps}
+        for stamp in stamps:
+            assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", ours[stamp]), ours[stamp]
+
+
 def test_a_cancel_leaves_what_rqs_job_cancel_leaves(redis_client):
     """rq's own Job.cancel() and ours (a producer's cancel) on the same queued job: the same status and
     registry; ours also takes the id out of its queue atomically against the workers and answers it."""
@@ -171,11 +226,13 @@ ENDINGS = {  # ending -> (answer's error code or None for rows, rq status, the r
 }
 
 
-def test_every_way_a_request_ends_has_the_same_effects(long_model, redis_url, redis_client):
+@pytest.mark.parametrize("records", ["full", "lean"])
+def test_every_way_a_request_ends_has_the_same_effects(long_model, redis_url, redis_client, records):
     from tests.tinymodels import WORDS
     from worker.engine.engine import Engine
 
-    worker = BatchWorker(Engine(long_model), redis_client, max_jobs=64, name="contractworker", chunks_per_job=2)
+    worker = BatchWorker(Engine(long_model), redis_client, max_jobs=64, name="contractworker", chunks_per_job=2,
+                         rq_records=records)
     worker.advertiser.advertise()
     reply = keys.reply_stream_key("contract")
     queue = keys.queue_name("contract")
@@ -193,26 +250,32 @@ def test_every_way_a_request_ends_has_the_same_effects(long_model, redis_url, re
             time.sleep(0.01)  # the expired one's deadline passes before any worker takes it
         worker.work(burst=True)  # serves the round, then the spread request's parts at the queue's head
 
-    stream = {entry[1][b"id"].decode() for entry in redis_client.xrange(reply)}
+    stream = [entry[1][b"id"].decode() for entry in redis_client.xrange(reply)]
     for ending, (code, status, registry) in ENDINGS.items():
         request_id = ids[ending]
-        result = Result.decode(redis_client.get(keys.result_key(request_id)))
+        result = Result.decode(redis_client.get(result_key := keys.result_key(request_id)))
         assert result.id == request_id and result.error_code == code, (ending, result.error_message)
         if code is None:
             assert result.embeddings.shape == (1, 32)
-        assert redis_client.lrange(keys.notify_key(request_id), 0, -1) == [b"1"], ending  # one wake-up
-        assert 0 < redis_client.ttl(keys.notify_key(request_id)) <= keys.RESULT_TTL, ending
-        assert request_id in stream, ending  # its reply stream entry
-        assert 0 < redis_client.ttl(keys.job_options_key(request_id)) <= keys.RESULT_TTL, ending  # went with it
+        assert stream.count(request_id) == 1, ending  # one wake-up, on the reply stream it was submitted with
+        assert not redis_client.exists(keys.notify_key(request_id)), ending  # and no other
+        assert 0 < redis_client.ttl(keys.job_options_key(request_id)) <= redis_client.ttl(result_key), ending
+        if records == "lean" and ending == "served":  # its answer is its record
+            assert not redis_client.exists(keys.rq_job_key(request_id))
+            assert redis_client.zscore(f"rq:{registry}:{queue}", request_id) is None
+            continue
         job = Job.fetch(request_id, connection=redis_client, serializer=MsgpackSerializer)
         assert job.get_status() == status, ending
-        assert redis_client.zscore(f"rq:{registry}:{queue}", request_id) is not None, ending
+        if records == "full" or registry != "finished":  # lean keeps no finished registry
+            assert redis_client.zscore(f"rq:{registry}:{queue}", request_id) is not None, ending
         assert 0 < redis_client.ttl(keys.rq_job_key(request_id)), ending
+    assert 0 < redis_client.ttl(reply) <= keys.RESULT_TTL
     assert redis_client.zcard(keys.rq_wip_key(queue)) == 0 and redis_client.llen(keys.rq_queue_key(queue)) == 0
     assert not redis_client.exists(keys.chunks_key(ids["joined"]))  # the join state went with the answer
-    parts = [m.decode() for m in redis_client.zrange(keys.rq_finished_key(queue), 0, -1)
-             if m.decode().startswith(ids["joined"] + "-p")]
+    parts = [k.decode().removeprefix("rq:job:") for k in redis_client.keys(f"rq:job:{ids['joined']}-p*")]
     assert len(parts) == 4 and not any(redis_client.exists(keys.result_key(p)) for p in parts)  # never answered alone
+    if records == "full":
+        assert {m.decode() for m in redis_client.zrange(keys.rq_finished_key(queue), 0, -1)} >= set(parts)
     assert redis_client.get(keys.queued_tokens_key(queue)) is None  # the parts were counted, and taken off
 
 

@@ -42,8 +42,9 @@ def producer(redis_url):
 
 
 def advertised(engine, conn, **options) -> BatchWorker:
-    """A registered, advertised worker that has not started serving: requests stay queued."""
-    worker = BatchWorker(engine, conn, poll_timeout=1, **options)
+    """A registered, advertised worker that has not started serving: requests stay queued. It keeps rq's full
+    records: the finished registry and the jobs' `ended_at` are how these tests see the order served."""
+    worker = BatchWorker(engine, conn, poll_timeout=1, rq_records="full", **options)
     worker.advertiser.advertise()
     return worker
 
@@ -158,7 +159,7 @@ def test_bulk_gets_its_bounded_share_while_interactive_traffic_runs(engine, prod
     advertised(engine, redis_client)
     bulk = producer.submit_many([[f"bulk {i}"] for i in range(400)], MODEL, priority="bulk")
     interactive = producer.submit_many([[f"interactive {i}"] for i in range(400)], MODEL)
-    assert BatchWorker(engine, redis_client, max_jobs=10, bulk_share=4).work(burst=True)
+    assert BatchWorker(engine, redis_client, max_jobs=10, bulk_share=4, rq_records="full").work(burst=True)
     last_interactive = max(ended_at(redis_client, interactive).values())
     bulk_before = sum(stamp < last_interactive for stamp in ended_at(redis_client, bulk).values())
     # one round in 4 reads bulk first: about 400 / 3 bulk jobs are served while interactive drains, and

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from common.errors import DecodeError
 from common.protocol import keys, operations
 from common.protocol.operations import RqSchema, take_from
-from common.protocol.records import Answer, Kind, Outcome
+from common.protocol.records import RQ_RECORDS, Answer, Kind, Outcome
 from common.request import EmbedRequest, PartOf
 from common.result import Result
 
@@ -39,6 +39,7 @@ VALUES = st.one_of(
     st.binary(max_size=12),
 )
 TYPES = ("string", "list", "set", "zset", "hash", "stream")
+RECORDS = st.sampled_from(RQ_RECORDS)  # each example runs the scripts as a lean or a full worker would
 
 
 def lua_integer(value: str | bytes) -> bool:
@@ -56,10 +57,13 @@ def plant(conn, key: str, kind: str) -> None:
 
 
 class Round:
-    """ROUND requests of a model of its own (no flush between examples), enqueued as the Producer does."""
+    """ROUND requests of a model of its own (no flush between examples), enqueued as the Producer does, taken
+    and finished by a worker that writes `records` of rq's bookkeeping (--rq-records)."""
 
-    def __init__(self, conn):
+    def __init__(self, conn, records: str = "lean"):
         self.conn = conn
+        self.records = records
+        self.reply = None  # the reply stream the round's requests wake on, if any (else their notify lists)
         self.model = f"hostile-{uuid.uuid4().hex[:10]}"
         self.queue = keys.queue_name(self.model)
         self.requests = [EmbedRequest(model=self.model, inputs=[f"text {i}"]) for i in range(ROUND)]
@@ -67,7 +71,7 @@ class Round:
         self.victim = self.ids[ROUND // 2]
         self.others = [i for i in self.ids if i != self.victim]
         operations.enqueue(conn, operations.enqueue_args(self.queue, self.requests))
-        self.schema = RqSchema(conn, self.queue, f"worker-{self.model}", result_ttl=600, lease=30)
+        self.schema = RqSchema(conn, self.queue, f"worker-{self.model}", result_ttl=600, lease=30, records=records)
 
     def take(self):
         suspended, taken = take_from([self.schema], ROUND + 5, None)
@@ -108,12 +112,23 @@ class Round:
         assert raw is not None, f"request {job_id} has no answer"
         return Result.decode(raw)
 
+    def served(self, job_id: str) -> bool:
+        """Answered and ended as served: in rq's finished registry with its status (full), or its job hash
+        gone, its answer its record (lean)."""
+        if not self.answered(job_id).ok:
+            return False
+        if self.records == "full":
+            return self.place_of(job_id) == {"finished"} and \
+                self.conn.hget(keys.rq_job_key(job_id), "status") == b"finished"
+        return self.place_of(job_id) == set() and not self.conn.exists(keys.rq_job_key(job_id))
+
     def assert_others_served(self) -> None:
         for job_id in self.others:
-            assert self.answered(job_id).ok
-            assert self.place_of(job_id) == {"finished"}
-            assert self.conn.lrange(keys.notify_key(job_id), 0, -1) == [b"1"]
-            assert self.conn.hget(keys.rq_job_key(job_id), "status") == b"finished"
+            assert self.served(job_id), (self.records, self.place_of(job_id))
+            if self.reply is None:  # one wake-up, on the path the request waits on
+                assert self.conn.lrange(keys.notify_key(job_id), 0, -1) == [b"1"]
+            else:
+                assert not self.conn.exists(keys.notify_key(job_id))
 
 
 TAKE_FIELDS = ("data", "status", "timeout", "result_ttl", "failure_ttl", "lapses", "tokens", "deliveries",
@@ -121,9 +136,9 @@ TAKE_FIELDS = ("data", "status", "timeout", "result_ttl", "failure_ttl", "lapses
 
 
 @EXAMPLES
-@given(field=st.sampled_from(TAKE_FIELDS), value=VALUES)
-def test_take_a_bad_field_fails_one_job_alone(redis_client, field, value):
-    round_ = Round(redis_client)
+@given(field=st.sampled_from(TAKE_FIELDS), value=VALUES, records=RECORDS)
+def test_take_a_bad_field_fails_one_job_alone(redis_client, field, value, records):
+    round_ = Round(redis_client, records)
     redis_client.hset(keys.rq_job_key(round_.victim), field, value)
     taken = round_.take()
     assert set(taken) == set(round_.ids)  # every id of the round was read in the one atomic take
@@ -131,6 +146,8 @@ def test_take_a_bad_field_fails_one_job_alone(redis_client, field, value):
     victim = taken[round_.victim]
     if victim.kind is Kind.BAD:
         assert field in victim.reason
+    if field.endswith("_callback_name") and victim.claimed:  # blanked as it is taken: never imported by anyone
+        assert redis_client.hget(keys.rq_job_key(round_.victim), field) == b""
     round_.schema.finish(round_.answers(taken), 0.1)
     round_.assert_others_served()
     places = round_.place_of(round_.victim)
@@ -138,19 +155,17 @@ def test_take_a_bad_field_fails_one_job_alone(redis_client, field, value):
         assert places == {"failed"} and round_.answered(round_.victim).error_code == "decode_error"
         assert field.encode() in zlib.decompress(redis_client.hget(keys.rq_job_key(round_.victim), "exc_info"))
     elif victim.kind is Kind.STARTED:
-        assert places == {"finished"} and round_.answered(round_.victim).ok
+        assert round_.served(round_.victim)
     else:  # what the field now says: cancelled, already ended, or no data (rq drops such an entry)
         assert victim.kind in (Kind.CANCELED, Kind.STALE, Kind.MISSING), victim.kind
-    if field.endswith("_callback_name") and victim.claimed:
-        assert redis_client.hget(keys.rq_job_key(round_.victim), field) == b""  # never imported by anyone
     assert not redis_client.exists(keys.rq_queue_key(round_.queue))  # nothing left behind in the queue
 
 
 @EXAMPLES
 @given(key=st.sampled_from(("job", "executions", "tokens", "canceled", "worker", "worker_executions")),
-       kind=st.sampled_from(TYPES))
-def test_take_a_key_of_a_foreign_type_loses_no_job(redis_client, key, kind):
-    round_ = Round(redis_client)
+       kind=st.sampled_from(TYPES), records=RECORDS)
+def test_take_a_key_of_a_foreign_type_loses_no_job(redis_client, key, kind, records):
+    round_ = Round(redis_client, records)
     target = {"job": keys.rq_job_key(round_.victim), "executions": keys.RQ_EXECUTIONS_PREFIX + round_.victim,
               "tokens": keys.queued_tokens_key(round_.queue), "canceled": keys.rq_canceled_key(round_.queue),
               "worker": keys.rq_worker_key(round_.schema.worker_name),
@@ -162,16 +177,16 @@ def test_take_a_key_of_a_foreign_type_loses_no_job(redis_client, key, kind):
     if key == "job":  # no job hash there any more (a planted hash holds no data): dropped, as rq drops it
         assert taken[round_.victim].kind is Kind.MISSING
     else:
-        assert round_.place_of(round_.victim) == {"finished"} and round_.answered(round_.victim).ok
+        assert round_.served(round_.victim)
 
 
 FINISH_FIELDS = ("retries_left", "enqueue_at_front_on_retry", "status")
 
 
 @EXAMPLES
-@given(field=st.sampled_from(FINISH_FIELDS), value=VALUES, retry=st.booleans())
-def test_finish_a_bad_field_answers_every_other_job(redis_client, field, value, retry):
-    round_ = Round(redis_client)
+@given(field=st.sampled_from(FINISH_FIELDS), value=VALUES, retry=st.booleans(), records=RECORDS)
+def test_finish_a_bad_field_answers_every_other_job(redis_client, field, value, retry, records):
+    round_ = Round(redis_client, records)
     taken = round_.take()
     redis_client.hset(keys.rq_job_key(round_.victim), field, value)  # changed while the job runs
     outcome = (lambda i: Outcome.RETRY if i == round_.victim else Outcome.FINISHED) if retry else \
@@ -180,7 +195,7 @@ def test_finish_a_bad_field_answers_every_other_job(redis_client, field, value, 
     round_.assert_others_served()
     places = round_.place_of(round_.victim)
     if not retry:
-        assert places == {"finished"} and round_.answered(round_.victim).ok
+        assert round_.served(round_.victim)
     elif places == {"queued"}:  # requeued: its retries_left (2, or the planted whole number) was above 0
         assert (field != "retries_left" or int(value) > 0) and done.requeued == 1
     else:  # failed: no retries left, or a count no script can trust (said among the problems)
@@ -191,11 +206,11 @@ def test_finish_a_bad_field_answers_every_other_job(redis_client, field, value, 
 @EXAMPLES
 @given(key=st.sampled_from(("job", "results", "executions", "notify", "result", "options", "reply", "wip",
                             "finished", "worker")),
-       kind=st.sampled_from(TYPES))
-def test_finish_a_key_of_a_foreign_type_answers_every_other_job(redis_client, key, kind):
-    round_ = Round(redis_client)
+       kind=st.sampled_from(TYPES), records=RECORDS)
+def test_finish_a_key_of_a_foreign_type_answers_every_other_job(redis_client, key, kind, records):
+    round_ = Round(redis_client, records)
     taken = round_.take()
-    reply = keys.reply_stream_key(uuid.uuid4().hex)
+    reply = round_.reply = keys.reply_stream_key(uuid.uuid4().hex)
     target = {"job": keys.rq_job_key(round_.victim), "results": keys.RQ_RESULTS_PREFIX + round_.victim,
               "executions": keys.RQ_EXECUTIONS_PREFIX + round_.victim, "notify": keys.notify_key(round_.victim),
               "result": keys.result_key(round_.victim), "options": keys.job_options_key(round_.victim),
@@ -206,7 +221,8 @@ def test_finish_a_key_of_a_foreign_type_answers_every_other_job(redis_client, ke
     for answer in answers:
         answer.reply_to = reply  # every request of the round waits on the same reply stream
     round_.schema.finish(answers, 0.1)
-    if key == "wip" or (key == "finished" and kind != "zset"):
+    if key == "wip" or (key == "finished" and kind != "zset" and records == "full") or \
+            (key == "job" and kind != "hash" and records == "lean"):
         # the round's claims (or its registry) are gone: every answer is still published, nothing is lost
         for job_id in round_.ids:
             assert round_.answered(job_id).ok
@@ -215,15 +231,15 @@ def test_finish_a_key_of_a_foreign_type_answers_every_other_job(redis_client, ke
     if key != "result":  # a result key planted first keeps the first answer (SET NX): the victim's is lost
         assert round_.answered(round_.victim).ok
     if key == "reply" and kind != "stream":
-        return  # no wake-up on a reply stream someone replaced: the notify lists still woke every waiter
+        return  # no wake-up on a reply stream someone replaced (that one write is lost, nothing else)
     woken = {entry[1].get(b"id", b"").decode() for entry in redis_client.xrange(reply)}
     assert set(round_.others) <= woken
 
 
 @EXAMPLES
-@given(field=st.sampled_from(("lapses", "tokens", "status")), value=VALUES)
-def test_recover_a_bad_field_requeues_every_job_once(redis_client, field, value):
-    round_ = Round(redis_client)
+@given(field=st.sampled_from(("lapses", "tokens", "status")), value=VALUES, records=RECORDS)
+def test_recover_a_bad_field_requeues_every_job_once(redis_client, field, value, records):
+    round_ = Round(redis_client, records)
     taken = round_.take()
     redis_client.hset(keys.rq_job_key(round_.victim), field, value)
     wip = keys.rq_wip_key(round_.queue)
@@ -249,9 +265,9 @@ def test_recover_a_bad_field_requeues_every_job_once(redis_client, field, value)
 
 @EXAMPLES
 @given(key=st.sampled_from(("job", "tokens", "canceled", "notify", "result", "reply", "queue_entry")),
-       kind=st.sampled_from(TYPES), value=VALUES)
-def test_cancel_a_hostile_key_or_field_cancels_only_its_own(redis_client, key, kind, value):
-    round_ = Round(redis_client)
+       kind=st.sampled_from(TYPES), value=VALUES, records=RECORDS)
+def test_cancel_a_hostile_key_or_field_cancels_only_its_own(redis_client, key, kind, value, records):
+    round_ = Round(redis_client, records)
     reply = keys.reply_stream_key(uuid.uuid4().hex)
     if key == "queue_entry":
         redis_client.hset(keys.rq_job_key(round_.victim), "tokens", value)
@@ -299,10 +315,11 @@ def test_join_a_bad_join_state_answers_its_request_and_no_other(redis_client, fi
     assert codes == [0, 0, 1]  # the other spread request completes, untouched
 
 
-def test_a_planted_callback_is_blanked_at_take_and_a_bad_round_stays_whole(redis_client):
+@pytest.mark.parametrize("records", RQ_RECORDS)
+def test_a_planted_callback_is_blanked_at_take_and_a_bad_round_stays_whole(redis_client, records):
     """The documented producer rights can write any job hash: a take still never stops half-way, whatever a
     round holds at once (several bad jobs, a foreign-typed claim registry for another queue)."""
-    round_ = Round(redis_client)
+    round_ = Round(redis_client, records)
     redis_client.hset(keys.rq_job_key(round_.ids[0]), mapping={"failure_callback_name": "this.s", "deliveries": "x"})
     redis_client.hset(keys.rq_job_key(round_.ids[1]), "lapses", "-3")
     redis_client.hset(keys.rq_job_key(round_.ids[2]), "timeout", "nan")
@@ -314,7 +331,7 @@ def test_a_planted_callback_is_blanked_at_take_and_a_bad_round_stays_whole(redis
     for job_id in round_.ids[:3]:
         assert round_.place_of(job_id) == {"failed"}
     for job_id in round_.ids[3:]:
-        assert round_.place_of(job_id) == {"finished"}
+        assert round_.served(job_id)
 
 
 @pytest.mark.parametrize("kind", [k for k in TYPES if k != "list"])

@@ -13,6 +13,7 @@ from rq import Queue, Retry, SimpleWorker, Worker
 from rq.job import JobStatus
 
 from common.codec import packb
+from common.protocol.records import RQ_RECORDS
 from common.protocol.keys import (FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, LEASE_GRACE, MODELS_KEY, RESULT_TTL,
                          model_key, model_workers_key, notify_key, queue_name, result_key)
 from common.request import EmbedRequest
@@ -55,7 +56,8 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-def test_burst_serves_in_batches_and_matches_single_embeddings(engine, redis_client):
+@pytest.mark.parametrize("records", RQ_RECORDS)
+def test_burst_serves_in_batches_and_matches_single_embeddings(engine, redis_client, records):
     pool = texts(12)  # 40 requests of 1-2 texts drawn from 12, so each text's reference is computed once
     requests = [EmbedRequest(model=engine.caps.name, inputs=[pool[i % 12], pool[(i * 5) % 12]][:1 + i % 2])
                 for i in range(40)]
@@ -63,7 +65,7 @@ def test_burst_serves_in_batches_and_matches_single_embeddings(engine, redis_cli
         enqueue(redis_client, request)
     passes = engine.forward_passes
 
-    assert BatchWorker(engine, redis_client, max_jobs=64).work(burst=True)
+    assert BatchWorker(engine, redis_client, max_jobs=64, rq_records=records).work(burst=True)
 
     assert engine.forward_passes - passes < len(requests)
     alone = {text: engine.run([EmbedRequest(model=engine.caps.name, inputs=[text])])[0].embeddings[0]
@@ -80,17 +82,21 @@ def test_burst_serves_in_batches_and_matches_single_embeddings(engine, redis_cli
 
     queue = rq_queue(redis_client, engine.caps.name)
     ids = {request.id for request in requests}
-    assert set(queue.finished_job_registry.get_job_ids()) == ids
     assert queue.started_job_registry.get_job_ids() == []
     assert redis_client.llen(queue.intermediate_queue_key) == 0 and len(queue) == 0
+    assert not redis_client.keys("rq:execution*")  # every Execution was cleaned up (lean writes none)
+    assert not redis_client.keys("rq:results:*")  # no rq result stream: the answer is the blob
+    if records == "lean":  # a served job's answer is its record: no hash, no finished registry
+        assert queue.finished_job_registry.get_job_ids() == [] and not redis_client.keys("rq:job:*")
+        return
+    assert set(queue.finished_job_registry.get_job_ids()) == ids
     for job in (queue.fetch_job(request.id) for request in requests):
         assert job.get_status() == JobStatus.FINISHED and job.ended_at and job.worker_name
-        assert not redis_client.exists(f"rq:results:{job.id}")  # no rq result stream: the answer is the blob
         assert 0 < redis_client.ttl(job.key) <= RESULT_TTL
-    assert not redis_client.keys("rq:execution*")  # every Execution was cleaned up
 
 
-def test_malformed_messages_fail_clearly_and_the_batch_goes_on(engine, redis_client):
+@pytest.mark.parametrize("records", RQ_RECORDS)
+def test_malformed_messages_fail_clearly_and_the_batch_goes_on(engine, redis_client, records):
     model = engine.caps.name
     good = [EmbedRequest(model=model, inputs=[text]) for text in texts(3)]
     invalid = EmbedRequest(model=model, inputs=["x"], params={"dimensions": 8})  # not a Matryoshka model
@@ -109,7 +115,7 @@ def test_malformed_messages_fail_clearly_and_the_batch_goes_on(engine, redis_cli
     enqueue(redis_client, good[2])
 
     reply = "embedfleet:replies:test"
-    worker = BatchWorker(engine, redis_client, max_jobs=64)
+    worker = BatchWorker(engine, redis_client, max_jobs=64, rq_records=records)
     worker.work(burst=True)
     assert worker.finishing.batches == 1  # everything above was one batch
 
@@ -130,8 +136,11 @@ def test_malformed_messages_fail_clearly_and_the_batch_goes_on(engine, redis_cli
         assert Result.decode(redis_client.get(result_key(request.id))).embeddings.shape == (1, 384)
     served_error = Result.decode(redis_client.get(result_key(invalid.id)))
     assert served_error.error_code == "invalid_request" and "dimensions" in served_error.error_message
-    assert queue.fetch_job(invalid.id).get_status() == JobStatus.FINISHED  # answered: its own error is its answer
-    assert set(queue.finished_job_registry.get_job_ids()) == {r.id for r in good} | {invalid.id}
+    if records == "full":
+        assert queue.fetch_job(invalid.id).get_status() == JobStatus.FINISHED  # answered: its own error is its answer
+        assert set(queue.finished_job_registry.get_job_ids()) == {r.id for r in good} | {invalid.id}
+    else:  # served (its own error is its answer): the answer is its record
+        assert queue.fetch_job(invalid.id) is None and queue.finished_job_registry.get_job_ids() == []
 
     assert queue.fetch_job(cancelled.id).get_status() == JobStatus.CANCELED
     assert queue.canceled_job_registry.get_job_ids() == [cancelled.id]
@@ -140,7 +149,7 @@ def test_malformed_messages_fail_clearly_and_the_batch_goes_on(engine, redis_cli
     assert not redis_client.exists(reply)
 
     counts = Worker.find_by_key(worker.key, redis_client)  # rq keeps the dead worker's hash for 60 s
-    assert (counts.successful_job_count, counts.failed_job_count) == (4, 4)
+    assert (counts.successful_job_count, counts.failed_job_count) == (4 if records == "full" else 0, 4)
 
 
 def test_reply_stream_gets_the_id(engine, redis_client):
@@ -178,13 +187,14 @@ def wait_for(condition, timeout=10.0):
         time.sleep(0.02)
 
 
-def test_worker_in_thread_is_registered_honestly_and_advertises(engine, redis_client):
+@pytest.mark.parametrize("records", RQ_RECORDS)
+def test_worker_in_thread_is_registered_honestly_and_advertises(engine, redis_client, records):
     name = engine.caps.name
     requests = [EmbedRequest(model=name, inputs=[text]) for text in texts(3)]
     for request in requests:  # queued before the start, so that they land in one batch
         enqueue(redis_client, request)
     gated = GatedEngine(engine)
-    worker = BatchWorker(gated, redis_client, poll_timeout=1, heartbeat_interval=0.2)
+    worker = BatchWorker(gated, redis_client, poll_timeout=1, heartbeat_interval=0.2, rq_records=records)
     thread = threading.Thread(target=worker.work, daemon=True)
     thread.start()
     try:
@@ -192,8 +202,11 @@ def test_worker_in_thread_is_registered_honestly_and_advertises(engine, redis_cl
         assert 0 < redis_client.ttl(model_key(name)) <= 30
         assert redis_client.sismember(MODELS_KEY, name)
         [seen] = Worker.all(connection=redis_client)
-        assert seen.name == worker.name and seen.get_state() == "busy"
-        assert seen.get_current_job().id in {r.id for r in requests}  # read from Redis, as `rq info` does
+        assert seen.name == worker.name
+        # busy, as `rq info` shows it: written by the take (full), by the next beat (lean)
+        wait_for(lambda: Worker.all(connection=redis_client)[0].get_state() == "busy")
+        current = seen.get_current_job()  # read from Redis, as rq's Worker API does (its executions)
+        assert current.id in {r.id for r in requests} if records == "full" else current is None
         queue = rq_queue(redis_client, name)
         assert set(queue.started_job_registry.get_job_ids()) == {r.id for r in requests}
         assert {queue.fetch_job(r.id).get_status() for r in requests} == {JobStatus.STARTED}
@@ -262,6 +275,7 @@ def test_leases_are_renewed_by_beats_and_only_until_the_job_timeout(engine, redi
 
 
 def test_a_result_ttl_under_one_second_is_refused(engine, redis_client):
+    """(A job's own result_ttl is a TTL of its rq records, which only --rq-records full keeps.)"""
     for ttl in (0, -1):
         with pytest.raises(ValueError, match=r"result_ttl must be at least 1 second, got -?\d"):
             BatchWorker(engine, redis_client, result_ttl=ttl)
@@ -270,8 +284,9 @@ def test_a_result_ttl_under_one_second_is_refused(engine, redis_client):
 
     request = EmbedRequest(model=engine.caps.name, inputs=["kept"])  # a job's own -1 gives way to the worker's
     job = enqueue(redis_client, request, result_ttl=-1)
-    BatchWorker(engine, redis_client, result_ttl=100).work(burst=True)
+    BatchWorker(engine, redis_client, result_ttl=100, rq_records="full").work(burst=True)
     assert Result.decode(redis_client.get(result_key(request.id))).ok
+    assert 0 < redis_client.ttl(result_key(request.id)) <= 100
     assert job.get_status() == JobStatus.FINISHED and 0 < redis_client.ttl(job.key) <= 100
 
 
@@ -294,7 +309,8 @@ class PoisonedModel(FaultyModel):
         return super().embed(token_lists, prompt_lengths)
 
 
-def test_a_poisoned_request_fails_alone_retryably_and_its_neighbours_are_served(bert_cls, redis_client):
+@pytest.mark.parametrize("records", RQ_RECORDS)
+def test_a_poisoned_request_fails_alone_retryably_and_its_neighbours_are_served(bert_cls, redis_client, records):
     engine = Engine(PoisonedModel.of(load_model(bert_cls, served_name="poisoned")))
     model = engine.caps.name
     healthy = [EmbedRequest(model=model, inputs=[[2, 10 + i, 3], [2, 20 + i, 30, 3]]) for i in range(6)]
@@ -305,7 +321,7 @@ def test_a_poisoned_request_fails_alone_retryably_and_its_neighbours_are_served(
     for request in healthy[3:]:
         enqueue(redis_client, request)
 
-    worker = BatchWorker(engine, redis_client)
+    worker = BatchWorker(engine, redis_client, rq_records=records)
     worker.work(burst=True)
     assert worker.finishing.batches == 2  # the poisoned job was requeued once by its Retry, and failed again
 
@@ -314,7 +330,8 @@ def test_a_poisoned_request_fails_alone_retryably_and_its_neighbours_are_served(
     for request in healthy:
         result = Result.decode(redis_client.get(result_key(request.id)))
         np.testing.assert_allclose(result.embeddings, clean.run([request])[0].embeddings, rtol=1e-4, atol=1e-5)
-        assert queue.fetch_job(request.id).get_status() == JobStatus.FINISHED
+        served = queue.fetch_job(request.id)  # lean: the answer is a served job's record
+        assert served.get_status() == JobStatus.FINISHED if records == "full" else served is None
     job = queue.fetch_job(poisoned.id)
     assert job.get_status() == JobStatus.FAILED and job.retries_left == 0
     assert queue.failed_job_registry.get_job_ids() == [poisoned.id]
@@ -353,7 +370,8 @@ def test_a_beat_right_after_the_store_recreates_no_execution(engine, redis_clien
     requests = [EmbedRequest(model=engine.caps.name, inputs=[text]) for text in texts(2)]
     for request in requests:
         enqueue(redis_client, request)
-    beat_after_store(BatchWorker(engine, redis_client)).work(burst=True)
+    # full: lean writes no execution records at all
+    beat_after_store(BatchWorker(engine, redis_client, rq_records="full")).work(burst=True)
     assert all(Result.decode(redis_client.get(result_key(r.id))).ok for r in requests)
     assert not redis_client.keys("rq:execution*")
     assert rq_queue(redis_client, engine.caps.name).started_job_registry.get_job_ids() == []

@@ -60,7 +60,8 @@ def test_a_bulk_round_pauses_between_passes_for_interactive_work_and_every_job_i
     first, second = threading.Event(), threading.Event()
     model = Recorded(tiny, {1: first, 3: second})
     engine = Engine(model, max_batch_tokens=64, max_batch_size=4)  # 4 rows a pass: 8 passes a 32-text request
-    worker = BatchWorker(engine, redis_client, max_jobs=64, poll_timeout=1)
+    # --rq-records full: the served jobs' `deliveries` is how this test sees that none ran twice
+    worker = BatchWorker(engine, redis_client, max_jobs=64, poll_timeout=1, rq_records="full")
     worker.advertiser.advertise()
     with Producer(redis_url) as producer:
         bulk = producer.submit_many([[words(32 * r + t) for t in range(32)] for r in range(3)], MODEL,
@@ -109,7 +110,8 @@ def test_the_bulk_share_round_keeps_its_turn_and_interactive_work_still_runs_bet
     gate = threading.Event()
     model = Recorded(tiny, {1: gate})
     engine = Engine(model, max_batch_tokens=64, max_batch_size=4)
-    worker = BatchWorker(engine, redis_client, max_jobs=1, poll_timeout=1, bulk_share=2)  # round 2 of 2: bulk first
+    worker = BatchWorker(engine, redis_client, max_jobs=1, poll_timeout=1, bulk_share=2,  # round 2 of 2: bulk first
+                         rq_records="full")  # the served jobs' `deliveries`: none ran twice
     worker.advertiser.advertise()
     levels, may_take = worker.levels, threading.Event()
     real_take = levels.take

@@ -100,7 +100,8 @@ def serve(argv: list[str]) -> int:
                          metrics=metrics, chunks_per_job=settings.chunks_per_job, traces=_traces(traced, settings),
                          result_ttl=settings.result_ttl, poll_timeout=settings.poll_timeout,
                          lease=settings.lease_seconds, max_deliveries=settings.max_deliveries,
-                         drain_timeout=settings.drain_timeout, watchdog=watchdog, name=settings.name, info=info)
+                         drain_timeout=settings.drain_timeout, watchdog=watchdog, name=settings.name, info=info,
+                         rq_records=settings.rq_records)
     logging.getLogger("embedfleet.worker").info(
         "serving model %s (%s, dim %d, max length %d, %s on %s, engine %s, %s, probe cosine vs float32 %.6f, "
         "batches of %s) "

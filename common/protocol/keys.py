@@ -1,10 +1,16 @@
 """Every Redis key and TTL embedfleet uses (rq's own keys are listed for the full picture).
 
     embedfleet:result:<id>          STRING  result blob (common.result), TTL RESULT_TTL
-    embedfleet:notify:<id>          LIST    one element pushed when the result lands (BLPOP wakes the
-                                            waiter), TTL RESULT_TTL
+    A request is woken one way, which its job says: through its `reply_to` stream when it has one, else
+    through its notify list; never both (lib.lua `publish`). A waiter that did not submit the request reads
+    the job's `reply_to` to know which (producer/client/waiters.py, blocking.py).
+    embedfleet:notify:<id>          LIST    one element pushed when the result of a request without a reply
+                                            stream lands (BLMOVE onto itself or BLPOP wakes its waiters),
+                                            TTL RESULT_TTL
     embedfleet:replies:<producer>   STREAM  one entry {id} per finished request of an AsyncProducer (its
-                                            `reply_to`), MAXLEN ~REPLY_STREAM_MAXLEN, TTL RESULT_TTL
+                                            `reply_to`), MAXLEN ~REPLY_STREAM_MAXLEN, TTL RESULT_TTL; an
+                                            entry {kick} restarts its own listener's XREAD with the streams
+                                            of other producers' requests it waits on (producer/client/replies.py)
     embedfleet:kick:<producer>      LIST    an AsyncProducer's own: one element interrupts its BLPOP over many
                                             notify lists so that it starts again with the ids waited for
                                             now (producer/client/notify.py), TTL KICK_TTL
@@ -23,9 +29,10 @@
                                             encoding_format, explicit layout, webhook URL, and with API
                                             keys its owner: a fingerprint of the key,
                                             producer/gateway/core/owners.py), TTL JOB_TTL +
-                                            RESULT_TTL while the job waits; `publish` gives it the result's TTL in
-                                            the result's own pipeline, so it outlives its result by at
-                                            most that round trip (and a job dropped unserved by RESULT_TTL)
+                                            RESULT_TTL while the job waits; saving it marks the job
+                                            (`options`), and the answer of a marked job gives it the result's
+                                            TTL in the same script (a job taken before its mark keeps it its
+                                            full time; a job dropped unserved outlives it by RESULT_TTL)
 
     embedfleet:chunks:<id>          HASH    a long request spread over the fleet as sub-jobs <id>-p<k>
                                             (worker/serving/spread.py): `plan` (msgpack: the request, each chunk's
@@ -101,8 +108,12 @@
                                             worker died holding it: past MAX_DELIVERIES it is poison),
                                             `tokens` (the producer's estimate, common.scheduling),
                                             `reply_to` (its producer's reply stream, also inside `data`:
-                                            here it is read even when `data` is not). TTL JOB_TTL while
-                                            queued, none while started, the result's (or FAILURE_TTL) after
+                                            here it is read even when `data` is not), `options` (the gateway
+                                            saved answer options for it). TTL JOB_KEY_TTL while queued and
+                                            (--rq-records lean) while started, none while started (full);
+                                            once answered: deleted (lean, a served job: its answer is the
+                                            result blob) or the result's TTL (full; and a failed job's
+                                            FAILURE_TTL in both)
     embedfleet:queued_tokens:<queue>  STRING  estimated tokens of the jobs in rq:queue:<queue>: INCRBY by the
                                             producer in the enqueue script, DECRBY by take (and by cancel),
                                             INCRBY by recover / give back; deleted whenever take finds the
@@ -111,15 +122,19 @@
     rq:wip:<queue>                  ZSET    rq's started registry: member <id>:<execution>, score = the
                                             claim's lease end + LEASE_GRACE (Redis server clock)
     rq:execution:<id>:<execution>   HASH    rq's record of one run of a job (take writes, finish and recover
-                                            delete it), TTL the lease + grace
-    rq:executions:<id>              ZSET    a job's runs (rq's Execution registry), TTL the lease + grace + 60
+                                            delete it), TTL the lease + grace; --rq-records full only
+    rq:executions:<id>              ZSET    a job's runs (rq's Execution registry), TTL the lease + grace + 60;
+                                            full only
     rq:results:<id>                 STREAM  rq's result record of a FAILED job (exc_string); a served job has
                                             none (its answer is the result blob), TTL FAILURE_TTL
-    rq:finished:<queue>, rq:failed:<queue>  ZSET  rq registries (score: when the entry expires)
+    rq:finished:<queue>             ZSET    rq's finished registry (score: when the entry expires); full only
+    rq:failed:<queue>               ZSET    rq's failed registry (score: when the entry expires)
     rq:canceled:<queue>             ZSET    rq's cancelled registry (score: when cancelled); entries older than
                                             CANCELED_TTL are dropped by take and cancel (rq never cleans it)
-    rq:worker:<name>, rq:workers, rq:workers:<queue>  HASH/SET  rq worker registration (rq's own)
-    rq:worker:<name>:executions     SET     the executions a worker holds (take adds, finish removes)
+    rq:worker:<name>, rq:workers, rq:workers:<queue>  HASH/SET  rq worker registration (rq's own; its
+                                            `state`, and finish's failed_job_count; full also the take's busy
+                                            state, successful_job_count and total_working_time)
+    rq:worker:<name>:executions     SET     the executions a worker holds (take adds, finish removes); full only
     rq:suspended                    STRING  set by `rq suspend`: take takes nothing while it exists
     rq:clean_registries:<queue>, rq:clean_groups  STRING  rq's own maintenance locks (short TTL)
 
@@ -140,7 +155,7 @@ PREFIX = "embedfleet"
 
 RESULT_TTL = 3600  # seconds a result blob (and its notify list) is kept
 RESULT_TTL_BOUND = 7 * 24 * 3600  # a job's own result_ttl above this (or unreadable) gives way to the worker's
-JOB_TTL = 24 * 3600  # seconds a job may wait in the queue before rq drops it
+JOB_TTL = 24 * 3600  # seconds a job may wait in the queue before rq drops it (rq's `ttl` field)
 FAILURE_TTL = 24 * 3600  # seconds a failed rq job stays in the failed registry (rq's default: forever)
 JOB_TIMEOUT = 600  # seconds a job may run: past it its lease is no longer renewed, so it lapses and the job
 #                    is requeued (a lapse counted toward poison); the watchdog catches a hung pass sooner
@@ -150,6 +165,11 @@ ADVERTISE_TTL = 30  # a worker that stops refreshing stops counting as alive aft
 HEARTBEAT_INTERVAL = 10
 LEASE_SECONDS = 6.0  # default --lease-seconds: a claim's life without a renewal (renewed every third)
 LEASE_GRACE = 60  # seconds a lapsed claim stays invisible to rq's own cleanup (layout, not policy)
+MAX_LEASE_SECONDS = 600  # the longest --lease-seconds
+# A queued job key's TTL: JOB_TTL, and the longest a claim on it may last past that (its timeout, a lease,
+# the grace), so that a job taken at the end of its wait keeps its hash while it runs (a lean take leaves the
+# TTL in place: no PERSIST) and a requeued one gets it again (recover, give back)
+JOB_KEY_TTL = JOB_TTL + JOB_TIMEOUT + MAX_LEASE_SECONDS + LEASE_GRACE
 RECOVER_LIMIT = 1000  # lapsed claims one recover run requeues (the rest on the next run)
 MAX_DELIVERIES = 3  # default --max-deliveries: a job whose worker died this often is failed as poison
 DRAIN_TIMEOUT = 30.0  # default --drain-timeout

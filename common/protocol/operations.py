@@ -1,11 +1,13 @@
 """Every write of the protocol, each one Lua script (common/protocol/scripts/): nothing else in the tree writes
 rq's job, execution and registry keys or a request's answer.
 
-    enqueue    requests -> rq jobs on a queue, all or none, each id new, within a depth limit
+    enqueue    requests -> rq jobs on a queue, each caller's all or none, each id new, within a depth limit;
+               one script run for the callers of an AsyncProducer's round
     take       queue -> started, for up to N jobs, atomically: no id is ever held outside a registry; each
                claim is a lease (its started-registry score) and each take counts a delivery. One take
                reads several queues in a given order (a model's priority levels, worker/serving/levels.py)
-    finish     answer (publish) + FINISHED / FAILED / requeued / CANCELED, only while the claim stands
+    finish     answer (publish; a served answer's blob SET just before, in the same write) + FINISHED / FAILED
+               / requeued / CANCELED, only while the claim stands; what it records of rq's: `records`
     refresh    renew a held round's leases (the worker's heartbeat)
     recover    requeue, at the queue's head, the jobs whose lease lapsed (their worker died): any live
                worker runs it, the script is atomic, so each lapsed claim is requeued exactly once
@@ -14,7 +16,9 @@ rq's job, execution and registry keys or a request's answer.
     join       one part of a spread request lands; the last one completes it
     publish    an answer outside a claim (an abandoned job, a spread request answered from its parts)
 
-An answer is published by one Lua function (lib.lua `publish`), whichever script ends the request.
+An answer is published by one Lua function (lib.lua `publish`, or its wake-up half `wake` after the blob's SET
+in the finish's own write), whichever script ends the request, with one wake-up: on the request's reply stream,
+else on its notify list.
 Leases (see keys.py): a claim's score is lease expiry + LEASE_GRACE, on the Redis server's clock (TIME),
 so rq's own StartedJobRegistry.cleanup sees a lapsed claim only LEASE_GRACE seconds after `recover` does.
 Everything the scripts read from Redis is judged before their first write (tests/test_protocol_hostile.py).
@@ -30,22 +34,17 @@ from uuid import uuid4
 
 import redis
 import redis.asyncio as aioredis
-from rq import Queue, Retry
 
 from common.errors import DuplicateRequestError
-from common.protocol import keys, scripts
-from common.protocol.records import Answer, Finished, Kind, Outcome, Recovered, Taken, rq_time
+from common.protocol import keys, rqjobs, scripts
+from common.protocol.records import RQ_RECORDS, Answer, Finished, Kind, Outcome, Recovered, Taken, rq_time
 from common.request import EmbedRequest
 from common.result import Result
 from common.scheduling import estimate_tokens
-from common.serializer import MsgpackSerializer
 
 # -- enqueue ------------------------------------------------------------------------------------------
 
-# rq builds its job hash on a pipeline of a client that never connects; the fields it would write are read
-# off that pipeline and handed to the enqueue script (so the jobs are byte for byte rq's own).
-_RECORDER = redis.Redis(host="embedfleet-recorder.invalid")
-_RQ_VERSION = (7, 0, 0)  # what rq would read with INFO; it only picks commands, never fields
+# rq's job hash of each request: common/protocol/rqjobs.py (rq's own fields, built fast)
 
 
 class QueueFull(Exception):
@@ -58,57 +57,59 @@ class QueueFull(Exception):
 
 @dataclass(frozen=True)
 class Enqueue:
-    """The script's keys and arguments for one enqueue: build once, run sync or async."""
+    """One caller's enqueue on one queue: build once, run sync or async, alone (`enqueue`) or in one script
+    run with other callers' enqueues on the same queue (`round_args`: an AsyncProducer's coalesced round)."""
 
-    keys: list[str]
-    args: list
+    queue: str
+    front: bool
+    max_depth: int
+    jobs: list  # this caller's part of the script's ARGV: its job count, then each job's values
+
+    @property
+    def keys(self) -> list[str]:
+        return [keys.rq_queue_key(self.queue), keys.RQ_QUEUES, keys.queued_tokens_key(self.queue)]
+
+    def same_script(self, other: Enqueue) -> bool:
+        """Whether the two can go in one script run (one queue, one place in it, one depth limit)."""
+        return (self.queue, self.front, self.max_depth) == (other.queue, other.front, other.max_depth)
 
 
 def enqueue_args(queue: str, requests: list[EmbedRequest], *, at_front: bool = False, retry: bool = True,
-                 max_depth: int | None = None) -> Enqueue:
+                 max_depth: int | None = None, fresh: bool = False) -> Enqueue:
     """The one builder of jobs, for the sync and async clients and a spread request's parts.
 
     retry: rq's Retry(max=JOB_RETRIES) (embedding is idempotent: a job whose worker died is retried rather
         than lost); a spread request's parts go without (a part's failure fails its request).
+    fresh: the ids are the producer's own new random ones (common.request.new_request_id), which the script
+        does not look up; False: ids a caller chose, each checked unused (ids are never reused).
     Raises whatever a request cannot be encoded with (the caller's own fault, before any I/O)."""
-    rq = Queue(queue, connection=_RECORDER, serializer=MsgpackSerializer)
-    rq.redis_server_version = _RQ_VERSION
-    pipe = _RECORDER.pipeline()
-    rq.enqueue_many([_job_data(r, retry) for r in requests], pipeline=pipe)
-    fields: dict[str, list] = {r.id: [] for r in requests}
-    for args, _ in pipe.command_stack:
-        if args[0] == "HSET" and args[1].startswith(keys.RQ_JOB_PREFIX):
-            fields[args[1][len(keys.RQ_JOB_PREFIX):]].extend(_text(a) for a in args[2:])
-    argv: list = ["1" if at_front else "0", max_depth or 0, keys.JOB_TTL]
-    for request in requests:
+    fields = rqjobs.rq_fields(queue, requests, retry)
+    jobs: list = [len(requests)]
+    for request, rq_job in zip(requests, fields):
         # the reply stream beside rq's fields too: an answer reaches its waiter even when `data` is unreadable
-        pairs = [*fields[request.id], *(("reply_to", request.reply_to) if request.reply_to else ())]
-        argv += [request.id, estimate_tokens(request), len(pairs) // 2, *pairs]
-    return Enqueue([keys.rq_queue_key(queue), keys.RQ_QUEUES, keys.queued_tokens_key(queue)], argv)
+        pairs = [item for pair in rq_job.items() for item in pair]
+        pairs += ["reply_to", request.reply_to] if request.reply_to else []
+        jobs += [request.id, "0" if fresh else "1", estimate_tokens(request), len(pairs) // 2, *pairs]
+    return Enqueue(queue, at_front, max_depth or 0, jobs)
 
 
-def _job_data(request: EmbedRequest, retry: bool):
-    part = request.part_of
-    what = f"embed part {part.index + 1} of {part.parts} of {part.parent}" if part else \
-        f"embed {len(request.inputs)} input(s) with {request.model}"
-    return Queue.prepare_data(
-        keys.JOB_FUNC, args=[request.encode()], job_id=request.id, timeout=keys.JOB_TIMEOUT,
-        result_ttl=keys.RESULT_TTL, ttl=keys.JOB_TTL, failure_ttl=keys.FAILURE_TTL,
-        retry=Retry(max=keys.JOB_RETRIES) if retry else None, description=what)
+def round_args(works: list[Enqueue], announce: bool = True) -> tuple[list[str], list]:
+    """(KEYS, ARGV) of one enqueue script run for callers whose enqueues share a script (Enqueue.same_script);
+    `announce`: also list the queue in rq:queues (a producer's first enqueue on it)."""
+    first = works[0]
+    args: list = ["1" if first.front else "0", first.max_depth, keys.JOB_KEY_TTL, "1" if announce else "0"]
+    for work in works:
+        args += work.jobs
+    return first.keys, args
 
 
-def _text(value):
-    """A field value as rq sends it (enums by value, numbers as they are)."""
-    return getattr(value, "value", value)
-
-
-def enqueue(connection: redis.Redis, work: Enqueue) -> None:
+def enqueue(connection: redis.Redis, work: Enqueue, announce: bool = True) -> None:
     """Run an enqueue; raises DuplicateRequestError (an id in use) or QueueFull, having written nothing."""
-    check_enqueued(scripts.ENQUEUE(connection, work.keys, work.args))
+    check_enqueued(scripts.ENQUEUE(connection, *round_args([work], announce))[0])
 
 
 def check_enqueued(reply: list) -> None:
-    """Raise what an enqueue script's reply says went wrong (see `enqueue`)."""
+    """Raise what one caller's reply of an enqueue script says went wrong (see `enqueue`)."""
     code = int(reply[0])
     if code == 0:
         raise DuplicateRequestError(f"request id {_str(reply[1])} is already in use: ids are never reused")
@@ -132,10 +133,16 @@ def _str(raw) -> str:
 
 
 class RqSchema:
-    """The claim scripts bound to one queue and one worker name; `lease` seconds per claim (keys.py)."""
+    """The claim scripts bound to one queue and one worker name; `lease` seconds per claim (keys.py);
+    `records`: what they write of rq's own bookkeeping, `lean` or `full` (the worker's --rq-records,
+    docs/capacity.md)."""
 
     def __init__(self, connection: redis.Redis, queue: str, worker_name: str, *, result_ttl: int,
-                 lease: float = keys.LEASE_SECONDS):
+                 lease: float = keys.LEASE_SECONDS, records: str = RQ_RECORDS[0]):
+        if records not in RQ_RECORDS:
+            raise ValueError(f"unknown rq records {records!r}: one of {', '.join(RQ_RECORDS)}")
+        self.records = records
+        self.known_empty = False  # whether the last take that read this queue left it empty
         self.connection = connection
         self.worker_name = worker_name
         self.result_ttl = result_ttl
@@ -155,37 +162,58 @@ class RqSchema:
         return take_from([self], max_jobs, block, before, max_tokens)
 
     def finish(self, answers: list[Answer], working_seconds: float) -> Finished:
-        """One script run for the whole list."""
+        """One round trip for the whole list: the blobs of served answers SET first (outside Lua: a script
+        copies each argument twice, ~120 us of Redis per 100 KB blob), then one script run that wakes their
+        waiters and ends every claim (finish.lua)."""
         stamp = datetime.now(timezone.utc)
-        args: list = [self.worker_name, f"{stamp.timestamp():.6f}", rq_time(stamp), f"{working_seconds:.6f}",
-                      self.result_ttl]
+        stored: list[tuple[str, bytes, bool]] = []
+        served: list = []  # a served answer in 5 values (finish.lua): each argument costs both sides
+        others: list = []
         for answer in answers:
             taken = answer.taken
+            reply_to = answer.reply_to if keys.is_reply_stream_key(answer.reply_to) else ""
             if answer.outcome is Outcome.FINISHED:  # no rq result stream (finish.lua says why)
-                payload, exc_info = b"", b""
                 ttl = taken.result_ttl or self.result_ttl  # rq's 0 / -1 are not honoured (see BatchWorker)
+                if answer.blob:
+                    stored.append((keys.result_key(taken.id), answer.blob, answer.only_if_absent))
+                    served += [taken.id, taken.execution, reply_to, "1" if taken.options else "", ttl]
+                    continue
+                payload, exc_info = b"", b""
             else:
                 payload = b64encode(zlib.compress(answer.reason.encode()))
                 exc_info = zlib.compress(answer.reason.encode())
                 ttl = taken.failure_ttl or keys.FAILURE_TTL
-            args += [taken.id, taken.execution, answer.outcome.value, answer.blob,
-                     answer.reply_to if keys.is_reply_stream_key(answer.reply_to) else "", payload, exc_info, ttl,
-                     "1" if answer.only_if_absent else "0", taken.started]
-        reply = scripts.FINISH(self.connection, self.finish_keys, args)
+            others += [taken.id, taken.execution, answer.outcome.value, answer.blob, reply_to, payload, exc_info, ttl,
+                       "1" if answer.only_if_absent else "0", taken.started, "1" if taken.options else "0"]
+        args = [self.worker_name, f"{stamp.timestamp():.6f}", rq_time(stamp), f"{working_seconds:.6f}",
+                self.result_ttl, self.records, len(stored), *served, *others]
+        try:
+            reply = self._finish(stored, args)
+        except redis.exceptions.NoScriptError:  # the server lost its scripts (a restart): again, by source
+            reply = self._finish(stored, args, by_source=True)
         return Finished(*(int(n) for n in reply[:4]), [(_str(i), _str(why)) for i, why in reply[4:]])
+
+    def _finish(self, stored: list[tuple[str, bytes, bool]], args: list, by_source: bool = False) -> list:
+        commands = [("SET", key, blob, "EX", self.result_ttl, *(("NX",) if nx else ())) for key, blob, nx in stored]
+        commands.append(scripts.FINISH.command(self.finish_keys, args, by_source))
+        replies = scripts.send_at_once(self.connection, commands)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies[-1]
 
     def refresh(self, held: list[Taken]) -> int:
         """Renew the lease of each job still held; returns how many were."""
         stamp = datetime.now(timezone.utc)
-        args: list = [f"{stamp.timestamp():.6f}", rq_time(stamp), keys.LEASE_GRACE]
+        args: list = [f"{stamp.timestamp():.6f}", rq_time(stamp), keys.LEASE_GRACE, self.records]
         for taken in held:
             args += [taken.id, taken.execution, self.lease]
         return int(scripts.REFRESH(self.connection, [self.wip_key], args))
 
     def recover(self, limit: int = keys.RECOVER_LIMIT) -> list[Recovered]:
         """Requeue, at the queue's head, up to `limit` jobs whose lease lapsed (any worker's)."""
-        args = [keys.LEASE_GRACE, limit, rq_time(datetime.now(timezone.utc))]
-        keys_ = [self.queue_key, self.wip_key, self.tokens_key]
+        args = [keys.LEASE_GRACE, limit, rq_time(datetime.now(timezone.utc)), keys.JOB_KEY_TTL]
+        keys_ = [self.queue_key, self.wip_key, self.tokens_key, keys.RQ_QUEUES]
         return [Recovered(_str(i), float(overdue), _str(owner))
                 for i, overdue, owner in scripts.RECOVER(self.connection, keys_, args)]
 
@@ -193,7 +221,7 @@ class RqSchema:
         """Return jobs this worker took but never started to the head of the queue, in their order."""
         if not jobs:
             return 0
-        args: list = [rq_time(datetime.now(timezone.utc))]
+        args: list = [rq_time(datetime.now(timezone.utc)), keys.JOB_KEY_TTL]
         for taken in jobs:
             args += [taken.id, taken.execution]
         keys_ = [self.queue_key, self.wip_key, keys.rq_worker_executions_key(self.worker_name), self.tokens_key]
@@ -201,22 +229,28 @@ class RqSchema:
 
 
 def take_from(schemas: list[RqSchema], max_jobs: int, block: float | None, before=None,
-              max_tokens: int = 0) -> tuple[bool, list[Taken]]:
+              max_tokens: int = 0, states: tuple[str, str] = ("", "")) -> tuple[bool, list[Taken]]:
     """(suspended, taken ids): up to `max_jobs` from the schemas' queues in their order (the first queue is
     emptied before the next is read), and no more jobs once their estimated tokens reach `max_tokens` (0: no
     limit; at least one job is taken), in one atomic script. With `block` seconds, first wait until the
     first queue has an id, without taking it (BLMOVE of the queue onto itself, LEFT to LEFT, moves
     nothing), then take in the same round trip. `before(pipe)` may queue commands ahead (the worker's rq
-    heartbeat). The schemas share one connection and worker name."""
+    heartbeat). The schemas share one connection, worker name and records. Each schema's `known_empty` says
+    afterwards whether this take saw its queue empty (False: it holds ids, or the take did not look).
+    `states`: the worker's rq state to write if it claims jobs / if it claims none ('': leave it)."""
     first = schemas[0]
     stamp = datetime.now(timezone.utc)
     args = [max_jobs, first.worker_name, f"{stamp.timestamp():.6f}", rq_time(stamp), uuid4().hex[:24],
-            keys.JOB_TIMEOUT, first.lease, keys.LEASE_GRACE, keys.CANCELED_TTL, max(0, int(max_tokens))]
+            keys.JOB_TIMEOUT, first.lease, keys.LEASE_GRACE, keys.CANCELED_TTL, max(0, int(max_tokens)),
+            first.records, *states]
     keys_ = first.worker_keys + [key for schema in schemas for key in schema.level_keys]
     try:
-        suspended, entries, _ = _take(first, keys_, args, block, before)
+        suspended, entries, _, empty = _take(first, keys_, args, block, before)
     except redis.exceptions.NoScriptError:  # the server lost its scripts (a restart): take again by source
-        suspended, entries, _ = _take(first, keys_, args, None, before, by_source=True)
+        suspended, entries, _, empty = _take(first, keys_, args, None, before, by_source=True)
+    if not suspended:
+        for schema, flag in zip(schemas, empty):
+            schema.known_empty = int(flag) == 1
     return bool(suspended), [_taken(entry, args[2], schemas) for entry in entries]
 
 
@@ -234,14 +268,15 @@ def _taken(entry: list, started: str, schemas: list[RqSchema]) -> Taken:
     queue = schemas[int(entry[0]) - 1].queue
     job_id, kind = _str(entry[1]), Kind(_str(entry[2]))
     if kind is Kind.CANCELED:  # a reply stream to wake
-        return Taken(job_id, kind, data=entry[4], queue=queue, reply_to=_reply_stream(entry[5]))
+        return Taken(job_id, kind, data=entry[4], queue=queue, reply_to=_reply_stream(entry[5]),
+                     options=_str(entry[6]) == "1")
     if not (kind is Kind.STARTED or kind is Kind.BAD):
         return Taken(job_id, kind, queue=queue)
-    _, _, _, execution, data, timeout, result_ttl, failure_ttl, deliveries, lapses, reason, reply_to = entry
+    _, _, _, execution, data, timeout, result_ttl, failure_ttl, deliveries, lapses, reason, reply_to, options = entry
     return Taken(job_id, kind, _str(execution), data, float(timeout),
                  _ttl(result_ttl, 0, keys.RESULT_TTL_BOUND) or None,
                  _ttl(failure_ttl, keys.FAILURE_TTL, keys.FAILURE_TTL), started, int(deliveries), int(lapses),
-                 queue, _str(reason), _reply_stream(reply_to))
+                 queue, _str(reason), _reply_stream(reply_to), _str(options) == "1")
 
 
 def _reply_stream(raw) -> str | None:
@@ -300,7 +335,8 @@ def _cancel_args(queue: str, answer: Result, reply_to: str | None) -> tuple[list
 
 async def save_job_options(connection: aioredis.Redis, request_id: str, options: str) -> None:
     """The gateway's answer options of an async job, kept while it waits, then for its result's time."""
-    await scripts.SAVE_OPTIONS.run_async(connection, [keys.job_options_key(request_id), keys.result_key(request_id)],
+    await scripts.SAVE_OPTIONS.run_async(connection, [keys.job_options_key(request_id), keys.result_key(request_id),
+                                                      keys.rq_job_key(request_id)],
                                          [options, keys.JOB_TTL + keys.RESULT_TTL])
 
 

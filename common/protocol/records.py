@@ -9,6 +9,10 @@ from enum import Enum
 
 from common.protocol import keys
 
+# What the scripts write of rq's own bookkeeping (the worker's --rq-records; docs/capacity.md says what each
+# records): the first is the default.
+RQ_RECORDS = ("lean", "full")
+
 # rq's utcformat, as the job hash and the worker hash store timestamps.
 _RQ_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 
@@ -54,6 +58,7 @@ class Taken:
     queue: str = ""  # the rq queue it was taken from: finish, refresh and return use that queue's keys
     reason: str = ""  # Kind.BAD: what in its job hash no producer writes
     reply_to: str | None = None  # the reply stream its producer waits on (the job's `reply_to` field)
+    options: bool = False  # the gateway saved answer options for it (embedfleet:job:<id>): they expire with it
 
     @property
     def claimed(self) -> bool:

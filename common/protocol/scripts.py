@@ -57,6 +57,34 @@ class Script:
         else:
             pipe.evalsha(self.sha, len(keys_), *keys_, *args)
 
+    def command(self, keys_: list[str], args: list, by_source: bool = False) -> tuple:
+        """The run as a raw command (by SHA, or `by_source`), for `send_at_once`."""
+        return ("EVAL", self.source, len(keys_), *keys_, *args) if by_source else \
+            ("EVALSHA", self.sha, len(keys_), *keys_, *args)
+
+
+def send_at_once(client: redis.Redis, commands: list[tuple]) -> list:
+    """Run `commands` (a script's `command`s among them) as one pipeline sent in ONE write; their raw replies
+    in order, an error reply in place of its value. (A redis-py pipeline writes one piece per 6 KB, and each
+    write lets the GIL go and waits to take it back: a worker's finish thread, which sends a round's result
+    blobs, spent a third of its time there.)"""
+    pool = client.connection_pool
+    connection = pool.get_connection()
+    try:
+        connection.send_packed_command([b"".join(connection.pack_commands(commands))])
+        replies: list = []
+        for _ in commands:
+            try:
+                replies.append(connection.read_response())
+            except redis.ResponseError as exc:  # its reply was read whole: the next ones follow
+                replies.append(exc)
+        return replies
+    except BaseException:  # a reply half read (or none): this connection is in no known state
+        connection.disconnect()
+        raise
+    finally:
+        pool.release(connection)
+
 
 ENQUEUE, TAKE, FINISH, REFRESH = Script("enqueue"), Script("take"), Script("finish"), Script("refresh")
 RECOVER, GIVE_BACK, CANCEL = Script("recover"), Script("giveback"), Script("cancel")

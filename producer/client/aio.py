@@ -1,10 +1,11 @@
 """AsyncProducer: the asyncio face of Producer, for web apps and the gateway.
 
 Per Redis (shard) it holds at most four connections, however many requests wait: two for short
-commands (coalesced submits and result reads), one blocked on its reply stream (producer/client/replies.py: wakes
-the requests it submitted) and, once it waits on ids it did not submit, one blocked on their notify lists
-(producer/client/notify.py). Every wait is a future in a WaitHub (producer/client/waiters.py) that reads the results of
-ids that woke together in one round trip. Submits are native asyncio and coalesced (producer/client/asubmit.py).
+commands (coalesced submits and result reads), one blocked on its reply stream (producer/client/replies.py:
+wakes the requests it submitted, and those of other producers it waits on, on their streams) and, once it
+waits on ids submitted without a reply stream, one blocked on their notify lists (producer/client/notify.py).
+Every wait is a future in a WaitHub (producer/client/waiters.py) that reads the results of ids that woke
+together in one round trip. Submits are native asyncio and coalesced (producer/client/asubmit.py).
 Everything else is a read of producer/client/reads.py, shared with Producer, run on asyncio pipelines: no
 thread, no call into the blocking client.
 """
@@ -56,9 +57,9 @@ class _Link:
     def __post_init__(self):
         self.redis = connect_async(self.url, max_connections=COMMAND_CONNECTIONS)
         self.hub = WaitHub(self.redis, self.status)
-        self.replies = ReplyListener(connect_async(self.url, max_connections=1), self.hub)
+        self.replies = ReplyListener(connect_async(self.url, max_connections=1), self.hub, self.redis)
         self.notify = NotifyListener(lambda: connect_async(self.url, max_connections=1), self.redis, self.hub)
-        self.hub.notify = self.notify
+        self.hub.notify, self.hub.replies = self.notify, self.replies
         self.submitter = asubmit.Submitter(self.redis, self.max_queue_depth)
 
     async def close(self) -> None:
@@ -188,7 +189,7 @@ class AsyncProducer:
             link.replies.start()
         try:
             with redis_errors():  # coalesced with concurrent submits; refused alone if the queue is full
-                await link.submitter.submit(name, requests, level)
+                await link.submitter.submit(name, requests, level, fresh=request_ids is None)
         except BaseException:
             link.hub.unexpect(ids)
             raise
@@ -324,6 +325,8 @@ class AsyncProducer:
 
     async def cancel(self, request_id: str) -> bool:
         target = await self._read(reads.cancel(self.shards, self._placed, request_id))
+        if target is None:  # answered already
+            return False
         link = self._links[target.url]
         with redis_errors():
             cancelled = await operations.cancel_async(link.redis, target.queue, target.answer, target.reply_to)

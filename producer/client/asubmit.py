@@ -1,10 +1,10 @@
 """Native asyncio enqueue, coalesced: concurrent submits share one round trip (no thread per submit).
 
-Whatever callers are waiting when the previous round returns go in the next one: one pipeline holding one
-enqueue script per caller (common/protocol/operations.py), so that 10,000 concurrent submits cost a few round
-trips on one connection instead of 10,000 queued for the pool (which would also starve the result reads).
-Each caller's enqueue is its own script run, so each fails alone: an id already in use, or a queue past its
-depth limit, which each script checks against the queue as the callers before it in the round left it (in
+Whatever callers are waiting when the previous round returns go in the next one: one enqueue script run per
+queue for all of them (common/protocol/scripts/enqueue.lua), so that 10,000 concurrent submits cost a few
+round trips and script runs on one connection instead of 10,000 queued for the pool (which would also starve
+the result reads). The script answers each caller on its own, so each fails alone: an id already in use, or
+a queue past its depth limit, checked against the queue as the callers before it in the round left it (in
 arrival order). A request that cannot be encoded fails in its caller's own submit, before it joins a round.
 """
 
@@ -33,21 +33,23 @@ class _Submit:
 
 
 class Submitter:
-    """Enqueues the requests of concurrent callers together, one script run per caller, one round trip per
+    """Enqueues the requests of concurrent callers together, one script run per queue, one round trip per
     round. `max_queue_depth` is checked per caller, in arrival order (common/protocol/scripts/enqueue.lua)."""
 
     def __init__(self, connection: aioredis.Redis, max_queue_depth: int | None):
         self.connection = connection
         self.max_queue_depth = max_queue_depth
+        self._announced: set[str] = set()  # queues this producer listed in rq:queues (once each)
         self._waiting: list[_Submit] = []
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
 
-    async def submit(self, model: str, requests: list[EmbedRequest], level: str = DEFAULT_PRIORITY) -> None:
+    async def submit(self, model: str, requests: list[EmbedRequest], level: str = DEFAULT_PRIORITY,
+                     fresh: bool = False) -> None:
         """Enqueue `requests` on `model`'s queue of that priority level, all or none; raises QueueFullError,
         DuplicateRequestError, a ValidationError for a request that cannot be encoded, or the Redis error of
-        its round."""
-        work = enqueue_args(keys.queue_name(model, level), requests, self.max_queue_depth)  # may fail alone
+        its round. `fresh`: their ids are new random ones (not looked up)."""
+        work = enqueue_args(keys.queue_name(model, level), requests, self.max_queue_depth, fresh)  # may fail alone
         item = _Submit(model, work, len(requests))
         self._waiting.append(item)
         self._wakeup.set()
@@ -100,13 +102,31 @@ class Submitter:
                 item.done.set_result(None)
 
     async def _send(self, round_: list[_Submit]) -> list:
-        replies = await self._pipeline(round_)
+        """One reply per caller of the round, in its order: an enqueue script run per group of callers that
+        share one (the same queue), all in one pipeline."""
+        groups: list[list[int]] = []
+        for i, item in enumerate(round_):
+            group = next((g for g in groups if round_[g[0]].work.same_script(item.work)), None)
+            if group is None:
+                groups.append([i])
+            else:
+                group.append(i)
+        replies = await self._pipeline(round_, groups)
         if any(isinstance(reply, redis.exceptions.NoScriptError) for reply in replies):
-            replies = await self._pipeline(round_, by_source=True)  # a new or restarted server
-        return replies
+            replies = await self._pipeline(round_, groups, by_source=True)  # a new or restarted server
+        out: list = [None] * len(round_)
+        for group, reply in zip(groups, replies):
+            for position, i in enumerate(group):
+                out[i] = reply if isinstance(reply, Exception) else reply[position]
+        for group, reply in zip(groups, replies):
+            if not isinstance(reply, Exception):
+                self._announced.add(round_[group[0]].work.queue)
+        return out
 
-    async def _pipeline(self, round_: list[_Submit], by_source: bool = False) -> list:
+    async def _pipeline(self, round_: list[_Submit], groups: list[list[int]], by_source: bool = False) -> list:
         pipe = self.connection.pipeline(transaction=False)
-        for item in round_:
-            scripts.ENQUEUE.queue(pipe, item.work.keys, item.work.args, by_source)
+        for group in groups:
+            works = [round_[i].work for i in group]
+            keys_, args = operations.round_args(works, announce=works[0].queue not in self._announced)
+            scripts.ENQUEUE.queue(pipe, keys_, args, by_source)
         return await pipe.execute(raise_on_error=False)

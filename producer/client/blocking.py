@@ -8,24 +8,26 @@ from collections.abc import Mapping
 import numpy as np
 import redis
 
+from common import tracing
 from common.capabilities import ModelCapabilities
-from common.errors import NotFoundError, ResultTimeoutError
 from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
-from common.protocol import keys, operations
+from common.protocol import keys, operations, scripts
 from common.redisclient import block_for, check_access, connect
+from common.request import EmbedRequest
 from common.result import Result, SparseVector
 from common.shards import ShardMap
 from producer.client import fleetview, reads, traced
-from producer.client.core import (PENDING, Placements, Served, build_request, chosen_ids, enqueue_args, looked_at,
-                                  lost_error, pick_model, queue_full, read_result, redis_errors as _redis_errors,
+from producer.client.core import (Placements, Sent, Served, build_request, chosen_ids, enqueue_args, looked_at,
+                                  pick_model, queue_full, read_result, redis_errors as _redis_errors,
                                   resolve_target)
 from producer.client.fleet import LevelStats, level_stats
 from producer.client.rounds import run
+from producer.client.syncwait import FIRST_BLOCK, SyncWaits
 from producer.client.tasks import check_rerank, rank, score_pairs
 
 
-class Producer:
+class Producer(SyncWaits):
     """A client of the fleet: `submit` enqueues, `get`/`wait` read results, `embed` does both. What it reads
     and what that means is producer/client/reads.py, shared with AsyncProducer; this class moves the bytes.
 
@@ -48,6 +50,8 @@ class Producer:
         self.where = looked_at(self.shards.urls())  # named by a NoWorkerError: which Redis had no worker
         self._served = Served()
         self._placed = Placements()
+        self._sent = Sent()  # ids this producer submitted, with the stream each wakes on (None: its notify list)
+        self._announced: set[tuple[str, str]] = set()  # (Redis URL, queue) this producer listed in rq:queues
 
     def close(self) -> None:
         for connection in self.links.values():
@@ -145,6 +149,15 @@ class Producer:
         `deadline` (unix time) / `timeout` (seconds from now): a request still queued then is answered
         `expired` (ExpiredError) and never computed. See common/scheduling.py.
         """
+        name, url, work, requests = self._prepare(batches, model, params, reply_to, text_pair, priority, deadline,
+                                                  timeout, request_ids, fields)
+        with _redis_errors():
+            reply = scripts.ENQUEUE(self.links[url], *self._round(url, work))
+        return self._enqueued(name, url, work, requests, reply_to, reply[0])
+
+    def _prepare(self, batches, model, params, reply_to, text_pair, priority, deadline, timeout, request_ids,
+                 fields) -> tuple[str, str, operations.Enqueue, list[EmbedRequest]]:
+        """(model name, Redis URL, the enqueue, the requests) of a submit, checked; no I/O but the adverts."""
         chosen = chosen_ids(request_ids, len(batches))
         served = self.models(refresh=False)
         if model not in served:  # a worker may have come up since the cached read
@@ -154,16 +167,57 @@ class Producer:
         requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when, request_id)
                     for inputs, request_id in zip(batches, chosen)]
         name = caps if isinstance(caps, str) else caps.name
-        work = enqueue_args(keys.queue_name(name, level), requests, max_depth=self.max_queue_depth)
-        with _redis_errors():
-            try:
-                operations.enqueue(self.connection_for_model(name), work)
-            except operations.QueueFull as full:
-                raise queue_full(name, full.depth, self.max_queue_depth) from None
+        work = enqueue_args(keys.queue_name(name, level), requests, max_depth=self.max_queue_depth,
+                            fresh=request_ids is None)
+        return name, self.shards.url_for(name), work, requests
+
+    def _round(self, url: str, work: operations.Enqueue) -> tuple[list, list]:
+        """The enqueue script's KEYS and ARGV (rq:queues is told of the queue on its first use)."""
+        return operations.round_args([work], announce=(url, work.queue) not in self._announced)
+
+    def _enqueued(self, name: str, url: str, work: operations.Enqueue, requests: list[EmbedRequest],
+                  reply_to: str | None, reply: list) -> list[str]:
+        """The ids, once the script's reply says they are enqueued; else QueueFullError or DuplicateRequestError."""
+        try:
+            operations.check_enqueued(reply)
+        except operations.QueueFull as full:
+            raise queue_full(name, full.depth, self.max_queue_depth) from None
+        self._announced.add((url, work.queue))
         ids = [r.id for r in requests]
+        self._sent.remember(ids, reply_to)
         if self.shards:
-            self._placed.remember(ids, self.shards.url_for(name))
+            self._placed.remember(ids, url)
         return ids
+
+    def _ask(self, timeout: float, inputs, model: str | None = None, **submit) -> Result:
+        """submit + wait. A new request on its notify list, which no queue-depth limit can refuse, goes in one
+        round trip: its enqueue, the first wait for its wake-up (FIRST_BLOCK at most) and the read of its
+        result, sent together; a slower answer is waited for as `wait` does."""
+        if self.max_queue_depth is not None or submit.get("reply_to") or submit.get("request_id") or \
+                tracing.client_on():  # the caller's traces have their submit and wait spans (producer/client/traced.py)
+            return self.wait(self.submit(inputs, model, **submit), timeout)
+        deadline = time.monotonic() + timeout
+        params, text_pair = submit.pop("params", None), submit.pop("text_pair", None)
+        name, url, work, requests = self._prepare([inputs], model, params, None, text_pair, None, None, None, None,
+                                                  submit)
+        connection, request_id = self.links[url], requests[0].id
+        notify = keys.notify_key(request_id)
+        with _redis_errors():
+            pipe = connection.pipeline(transaction=False)
+            scripts.ENQUEUE.queue(pipe, *self._round(url, work))
+            reply, _, raw = pipe.blmove(notify, notify, min(block_for(timeout), FIRST_BLOCK), "LEFT", "LEFT") \
+                .get(keys.result_key(request_id)).execute(raise_on_error=False)
+            if isinstance(reply, redis.exceptions.NoScriptError):  # a new or restarted server: by source
+                reply, raw = scripts.ENQUEUE(connection, *self._round(url, work)), None
+            for answer in (reply, raw):
+                if isinstance(answer, Exception):
+                    raise answer
+        self._enqueued(name, url, work, requests, None, reply[0])
+        result = read_result(request_id, raw)
+        if result is None:
+            result = self._follow_list(connection, request_id, deadline, timeout)
+        result.raise_for_error()
+        return result
 
     # -- results ---------------------------------------------------------------------------------
     def get(self, request_id: str) -> Result | None:
@@ -185,67 +239,16 @@ class Producer:
                 found[i] = read_result(request_ids[i], blob)
         return found
 
-    @traced.waits
-    def wait(self, request_id: str, timeout: float = 60.0) -> Result:
-        """Block until the result lands (no polling: BLPOP on the request's notify list).
-
-        Raises NotFoundError at once for an id with neither a job nor a result, UnavailableError (retryable)
-        when both vanish while it waits (Redis lost the request: restarted without its data, flushed, or it
-        evicted the job; looked at every MAX_BLOCK seconds), ResultTimeoutError (a built-in TimeoutError)
-        after `timeout` seconds, or the request's own error. A wake-up counts only once its result is there
-        (anyone who can write to Redis can forge one).
-        """
-        deadline = time.monotonic() + timeout
-        woke = None
-        self.raise_if_unknown(request_id)
-        connection = self.connection_of(request_id)
-        while True:
-            result = self.get(request_id)
-            if result is not None:
-                result.raise_for_error()
-                return result
-            if woke is not None:  # a wake-up without its result: expired, forged, or lost with its job
-                status = self.status(request_id)
-                if status == "not_found":
-                    raise lost_error(request_id)
-                if status not in PENDING:
-                    raise NotFoundError(f"the result of request {request_id} has expired")
-                with _redis_errors():  # else every BLPOP would take it again (a result lands with a new one)
-                    connection.delete(keys.notify_key(request_id))
-                woke = None
-                continue  # look for the result once more: it may have landed just before the DEL
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ResultTimeoutError(f"no result for request {request_id} after {timeout:g} s "
-                                   f"(status: {self.status(request_id)})")
-            with _redis_errors():
-                woke = connection.blpop([keys.notify_key(request_id)], timeout=block_for(left))
-                if woke is not None:  # hand the wake-up on to any other waiter on the same id
-                    connection.pipeline().rpush(woke[0], woke[1]).expire(woke[0], keys.RESULT_TTL).execute()
-                elif not self._exists(request_id):  # it was there when the wait began: Redis lost it
-                    raise lost_error(request_id)
-
-    def raise_if_unknown(self, request_id: str) -> None:
-        """NotFoundError for an id that was never submitted (or whose job and result both expired)."""
-        if not self._exists(request_id):
-            raise NotFoundError(f"no request with id {request_id} (never submitted, or it expired)", param="id")
-
-    def _exists(self, request_id: str) -> bool:
-        """Whether the request has a job or a result (one round trip)."""
-        with _redis_errors():
-            pipe = self.connection_of(request_id).pipeline(transaction=False)
-            return any(pipe.exists(keys.result_key(request_id)).exists(keys.rq_job_key(request_id)).execute())
-
     def embed(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> np.ndarray:
         """Submit and wait: the embeddings as a numpy array of shape (n, d)."""
-        return self.wait(self.submit(inputs, model, **fields), timeout).embeddings
+        return self._ask(timeout, inputs, model, **fields).embeddings
 
     # -- the other tasks (common.params.Task): submit with a task, wait, read its part of the result --------
     def score(self, text_1, text_2, model: str | None = None, *, timeout: float = 60.0, **fields) -> np.ndarray:
         """Scores of (text_1, text_2) pairs, one text against many or two lists pairwise: a cross-encoder's
         (through its activation), the cosine of two embeddings, or MaxSim of token vectors (ColBERT)."""
         firsts, seconds = score_pairs(text_1, text_2)
-        return self.wait(self.submit(firsts, model, text_pair=seconds, task="score", **fields), timeout).scores
+        return self._ask(timeout, firsts, model, text_pair=seconds, task="score", **fields).scores
 
     def rerank(self, query: str, documents: list[str], model: str | None = None, *, top_n: int | None = None,
                return_documents: bool = False, timeout: float = 60.0, **fields) -> list[dict]:
@@ -256,32 +259,32 @@ class Producer:
 
     def classify(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> Result:
         """`.scores` (n, labels): probabilities (raw logits with use_activation=False); `.labels` names them."""
-        return self.wait(self.submit(inputs, model, task="classify", **fields), timeout)
+        return self._ask(timeout, inputs, model, task="classify", **fields)
 
     def token_embed(self, inputs, model: str | None = None, *, timeout: float = 60.0,
                     **fields) -> list[np.ndarray]:
         """One (tokens, d) array per input: every token's vector (multi-vector, ColBERT-style)."""
-        return self.wait(self.submit(inputs, model, task="token_embed", **fields), timeout).multi_vectors
+        return self._ask(timeout, inputs, model, task="token_embed", **fields).multi_vectors
 
     def sparse_embed(self, inputs, model: str | None = None, *, timeout: float = 60.0,
                      **fields) -> list[SparseVector]:
         """One sparse vector per input (bge-m3's lexical weights, a SPLADE model's): `.indices` (vocabulary ids,
         ascending) and `.values`; `sparse_top_k` and `sparse_threshold` keep fewer."""
-        return self.wait(self.submit(inputs, model, task="sparse_embed", **fields), timeout).sparse
+        return self._ask(timeout, inputs, model, task="sparse_embed", **fields).sparse
 
     def encode(self, inputs, model: str | None = None, *, outputs=("dense", "sparse", "colbert"),
                timeout: float = 60.0, **fields) -> Result:
         """Several outputs of one forward pass of a multi-head model (bge-m3), in one result: `.dense` (n, d),
         `.sparse` (SparseVector per input), `.colbert` ((tokens, d) per input), as `outputs` asks."""
-        return self.wait(self.submit(inputs, model, outputs=list(outputs), **fields), timeout)
+        return self._ask(timeout, inputs, model, outputs=list(outputs), **fields)
 
     def tokenize(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> list[dict]:
         """Per text, by the model's own tokenizer: {ids, tokens, offsets, special}."""
-        return self.wait(self.submit(inputs, model, task="tokenize", **fields), timeout).items
+        return self._ask(timeout, inputs, model, task="tokenize", **fields).items
 
     def detokenize(self, token_ids, model: str | None = None, *, timeout: float = 60.0, **fields) -> list[str]:
         """Per token-id list, its text."""
-        return self.wait(self.submit(token_ids, model, task="detokenize", **fields), timeout).items
+        return self._ask(timeout, token_ids, model, task="detokenize", **fields).items
 
     def status(self, request_id: str) -> str:
         """queued | started | finished | failed | cancelled | not_found; `started` too for a long request
@@ -291,5 +294,8 @@ class Producer:
     def cancel(self, request_id: str) -> bool:
         """Cancel a request that no worker has taken yet; True if it was pending and is now cancelled."""
         target = self._read(reads.cancel(self.shards, self._placed, request_id))
+        if target is None:  # answered already
+            return False
         with _redis_errors():
             return operations.cancel(self.links[target.url], target.queue, target.answer, target.reply_to)
+

@@ -79,6 +79,32 @@ class Placements:
             self._urls.popitem(last=False)
 
 
+@dataclass(frozen=True)
+class SentTo:
+    """How a request this client submitted wakes: `stream`, its reply stream, or None: its notify list."""
+
+    stream: str | None
+
+
+class Sent:
+    """Request id -> SentTo, for the last REMEMBERED_IDS ids this client submitted: a wait on one of them
+    knows how it wakes without reading its job."""
+
+    def __init__(self, size: int = REMEMBERED_IDS):
+        self.size = size
+        self._ids: OrderedDict[str, SentTo] = OrderedDict()
+
+    def get(self, request_id: str) -> SentTo | None:
+        return self._ids.get(request_id)
+
+    def remember(self, request_ids: list[str], reply_to: str | None) -> None:
+        sent = SentTo(reply_to if keys.is_reply_stream_key(reply_to) else None)
+        for request_id in request_ids:
+            self._ids[request_id] = sent
+        while len(self._ids) > self.size:
+            self._ids.popitem(last=False)
+
+
 WORKER_FIELDS = {"model": str, "device": str, "dtype": str, "max_batch_tokens": int, "max_batch_size": int,
                  "budget_source": str, "max_jobs": int, "host": str, "pid": int, "cuda_visible_devices": str,
                  # the engine (worker/engine/backends) and its probe cosine against float32 torch
@@ -232,11 +258,13 @@ def chosen_ids(request_ids: list[str] | None, count: int) -> list[str | None]:
     return list(request_ids)
 
 
-def enqueue_args(queue: str, requests: list[EmbedRequest], max_depth: int | None = None) -> operations.Enqueue:
-    """The enqueue of `requests` on `queue` (common/protocol/operations.py); a request that cannot be encoded
+def enqueue_args(queue: str, requests: list[EmbedRequest], max_depth: int | None = None,
+                 fresh: bool = False) -> operations.Enqueue:
+    """The enqueue of `requests` on `queue` (common/protocol/operations.py); `fresh`: their ids are new random
+    ones (none chosen by the caller), which the script does not look up. A request that cannot be encoded
     fails here, as the caller's own ValidationError, before any I/O."""
     try:
-        return operations.enqueue_args(queue, requests, max_depth=max_depth)
+        return operations.enqueue_args(queue, requests, max_depth=max_depth, fresh=fresh)
     except (OverflowError, TypeError, ValueError) as exc:  # msgpack refused a value the models let through
         raise ValidationError(f"the request cannot be encoded: {exc}", param="input") from exc
 

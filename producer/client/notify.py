@@ -1,6 +1,8 @@
-"""Waits on ids another producer submitted: one BLPOP over all their notify lists, on one connection.
+"""Waits on ids a Producer submitted (without a reply stream): one BLPOP over all their notify lists, on one
+connection.
 
-Their results wake no reply stream of ours, only the request's notify list (common.result.publish). One
+Their results wake no reply stream, only the request's notify list (lib.lua `publish`; the requests of
+other AsyncProducers wake on their own streams, which the ReplyListener reads: producer/client/replies.py). One
 BLPOP names every such list plus this producer's kick list; a wait that starts meanwhile pushes one
 element on the kick list, which ends the BLPOP so that the next one names the new id too. A popped
 wake-up is pushed back (another process may wait on the same id) and the id is read by the WaitHub.

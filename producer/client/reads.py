@@ -139,15 +139,19 @@ class Cancel:
     reply_to: str | None
 
 
-def cancel(shards: ShardMap, placed: Placements, request_id: str) -> Read[Cancel]:
-    """The cancel of `request_id`, read from its job; NotFoundError for an id with no job."""
+def cancel(shards: ShardMap, placed: Placements, request_id: str) -> Read[Cancel | None]:
+    """The cancel of `request_id`, read from its job; None for a request answered already (a served job's hash
+    may be gone: its result is its record); NotFoundError for an id with neither."""
     if not keys.valid_request_id(request_id):
         raise NotFoundError(f"no request with id {echo(repr(request_id))}")
     url = yield from locate(shards, placed, request_id)
     # HGETs, not one HMGET: the README's producer ACL grants HGET
-    replies = yield {url: [("HGET", keys.rq_job_key(request_id), name) for name in ("origin", "reply_to", "data")]}
-    origin, reply_to, data = map(ok, replies[url])
+    replies = yield {url: [*(("HGET", keys.rq_job_key(request_id), name) for name in ("origin", "reply_to", "data")),
+                           ("EXISTS", keys.result_key(request_id))]}
+    origin, reply_to, data, answered = map(ok, replies[url])
     if data is None:  # rq's own test for a job (Job.fetch): a hash without data is none
+        if answered:
+            return None
         raise NotFoundError(f"no request with id {request_id}")
     queue = text(origin or b"")
     answer = Result.failure(request_id, model_of_queue(queue), CancelledError(

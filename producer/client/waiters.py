@@ -5,6 +5,10 @@ entries, notify-list pops, a listener's reconnect) only mark ids as due; one rea
 every due id in one round trip (MGETs in one pipeline) and resolves their futures with the decoded result.
 Ten thousand waits cost one read per batch of ids that woke together, never a connection each.
 
+A request wakes one way (common/protocol/keys.py): ids this producer submitted through its reply stream;
+another's request through its own `reply_to` stream (read from its job at the first look: the reply
+listener then reads that stream too) or, without one, its notify list (the notify listener).
+
 A wake-up counts only once its result is there (anyone who can write to Redis can forge one); a result
 that is missing after a wake-up means a forged wake-up (the job is still pending) or an expired result.
 """
@@ -44,17 +48,18 @@ class Look(enum.IntEnum):
 class WaitHub:
     """Futures per request id, resolved by one reader task.
 
-    `streaming` says whether this producer's reply stream is being listened to; ids this producer
-    submitted (`expect`) then wake through it. Other ids are handed to `notify` (a NotifyListener) once a
-    first look found no result.
+    Ids this producer submitted (`expect`) wake through its reply stream. Other ids, once a first look found
+    no result, are handed to `replies` (the ReplyListener, which reads their request's stream too) or to
+    `notify` (a NotifyListener), as their job says.
     """
 
     def __init__(self, connection: aioredis.Redis, status: Callable[[str], Awaitable[str]]):
         self.connection = connection
         self.status = status  # the producer's status(id), for a wake-up without its result
         self.notify = None  # set by the producer: the NotifyListener of this Redis
-        self.streaming = True
+        self.replies = None  # ... and its ReplyListener
         self._own: dict[str, float] = {}  # ids submitted with our reply stream, no result seen yet
+        self._paths: dict[str, str | None] = {}  # another's id -> its reply stream, or None: its notify list
         self._waiters: dict[str, list[asyncio.Future]] = {}
         self._due: dict[str, Look] = {}
         self._subscribers: set[asyncio.Queue] = set()
@@ -93,8 +98,7 @@ class WaitHub:
             futures.remove(future)
         if not futures:
             del self._waiters[request_id]
-            if self.notify is not None:
-                self.notify.discard(request_id)
+            self._forget(request_id)
 
     def subscribe(self) -> asyncio.Queue:
         """A queue that gets every result of an id this producer submitted, once, as it lands."""
@@ -138,16 +142,11 @@ class WaitHub:
         (and, while someone iterates `results()`, at every id of ours without a result yet)."""
         self._mark([*self._waiters, *(self._own if self._subscribers else ())], Look.RECONNECT)
 
-    def stream_lost(self) -> None:
-        """The reply-stream listener died (it logged why): every wait goes through notify lists now."""
-        self.streaming = False
-        self.recheck()
-
     def waits_for(self, request_id: str) -> bool:
         return request_id in self._waiters
 
     def is_own(self, request_id: str) -> bool:
-        return self.streaming and request_id in self._own
+        return request_id in self._own
 
     def close(self, exc: BaseException) -> None:
         """Fail every pending wait and subscription with `exc`; stop reading."""
@@ -226,9 +225,10 @@ class WaitHub:
         # Own ids too: their wake-up comes through the reply stream, but a job that vanished (its hash
         # deleted or expired, or lost with a Redis restarted empty: no result) never sends one, and the wait
         # would last its whole timeout. A first look and a look after a reconnect make sure the job is there.
-        vanished = [i for i in missing if due[i] in (Look.FIRST, Look.RECONNECT)]
-        if vanished:
-            await self._fail_vanished(vanished)
+        suspects = [i for i in missing if due[i] in (Look.FIRST, Look.RECONNECT)]
+        if suspects:
+            await self._look_up(suspects)
+        follow = []
         for request_id in missing:
             if request_id not in self._waiters:
                 continue
@@ -236,8 +236,68 @@ class WaitHub:
                 task = asyncio.get_running_loop().create_task(self._check_pending(request_id))
                 self._checks.add(task)
                 task.add_done_callback(self._checks.discard)
-            elif not self.is_own(request_id) and self.notify is not None:
-                self.notify.add(request_id)
+            elif not self.is_own(request_id):
+                follow.append(request_id)
+        if follow:
+            await self._follow(follow)
+
+    async def _look_up(self, request_ids: list[str]) -> None:
+        """Fail the ids whose job and result are both gone; learn how another's id wakes (its job's
+        `reply_to`). Own ids are asked about together: one EXISTS over their jobs, each id only if some is gone
+        (answered meanwhile, its job removed, or vanished)."""
+        own = [i for i in request_ids if i in self._own]
+        foreign = [i for i in request_ids if i not in self._own]
+        pipe = self.connection.pipeline(transaction=False)
+        chunks = [own[start:start + READ_CHUNK] for start in range(0, len(own), READ_CHUNK)]
+        for chunk in chunks:
+            pipe.exists(*(Job.key_for(i) for i in chunk))
+        for request_id in foreign:
+            pipe.hget(Job.key_for(request_id), "reply_to")
+            pipe.exists(keys.result_key(request_id), Job.key_for(request_id))
+        replies = await pipe.execute()
+        suspects = [i for chunk, found in zip(chunks, replies) if found < len(chunk) for i in chunk]
+        rest = replies[len(chunks):]
+        for request_id, field, found in zip(foreign, rest[::2], rest[1::2]):
+            self._paths[request_id] = field.decode() if keys.is_reply_stream_key(field) else None
+            if not found:
+                self._fail(request_id, _not_found(request_id))
+        if suspects:
+            await self._fail_vanished(suspects)
+
+    async def _follow(self, request_ids: list[str]) -> None:
+        """Another's ids still waited for, without a result: each on its own path (its stream or notify list)."""
+        streams: dict[str, list[str]] = {}
+        for request_id in request_ids:
+            stream = self._paths.get(request_id)
+            if stream is None:
+                if self.notify is not None:
+                    self.notify.add(request_id)
+            elif self.replies is not None and not self.replies.watches(request_id):
+                streams.setdefault(stream, []).append(request_id)
+        if not streams:
+            return
+        # the stream's last entry first, then one more look at the results: an answer after that look is an
+        # entry after that one, which the listener reads
+        pipe = self.connection.pipeline(transaction=False)
+        for stream in streams:
+            pipe.xrevrange(stream, count=1)
+        for (stream, ids), newest in zip(streams.items(), await pipe.execute(raise_on_error=False)):
+            if isinstance(newest, redis.ResponseError):  # not a stream (Redis is input): looked at, not read
+                for request_id in ids:
+                    self._poll(request_id)
+                continue
+            self.replies.watch(stream, ids, newest[0][0] if newest else b"0-0")
+        self._mark([i for ids in streams.values() for i in ids], Look.RECHECK)
+
+    def _poll(self, request_id: str) -> None:
+        async def poll() -> None:
+            while request_id in self._waiters:
+                self.look_at([request_id])
+                await asyncio.sleep(OUTAGE_RECHECK)
+
+        task = asyncio.get_running_loop().create_task(poll())
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
 
     def _land(self, request_id: str, blob: bytes) -> None:
         try:
@@ -250,8 +310,7 @@ class WaitHub:
                     future.set_result(result)
                 else:
                     future.set_exception(result)
-        if self.notify is not None:
-            self.notify.discard(request_id)
+        self._forget(request_id)
         if self._own.pop(request_id, None) is not None and isinstance(result, Result):
             for queue in self._subscribers:
                 queue.put_nowait(result)
@@ -264,8 +323,7 @@ class WaitHub:
             pipe.exists(keys.result_key(request_id), Job.key_for(request_id))
         for request_id, found in zip(request_ids, await pipe.execute()):
             if not found:
-                self._fail(request_id, self._lost(request_id) or NotFoundError(
-                    f"no request with id {request_id} (never submitted, or it expired)", param="id"))
+                self._fail(request_id, self._lost(request_id) or _not_found(request_id))
 
     async def _check_pending(self, request_id: str) -> None:
         try:
@@ -278,7 +336,7 @@ class WaitHub:
         if status not in PENDING:
             self._fail(request_id, self._lost(request_id)
                        or NotFoundError(f"the result of request {request_id} has expired"))
-        elif self.notify is not None and not self.is_own(request_id):
+        elif self.notify is not None and not self.is_own(request_id) and self._paths.get(request_id) is None:
             await self.notify.forged(request_id)  # drop the forged element, then look once more
             self._mark([request_id], Look.RECHECK)
 
@@ -293,11 +351,22 @@ class WaitHub:
         for future in self._waiters.pop(request_id, []):
             if not future.done():
                 future.set_exception(error)
+        self._forget(request_id)
+
+    def _forget(self, request_id: str) -> None:
+        """Nobody waits for `request_id` any more: the listeners leave it."""
+        self._paths.pop(request_id, None)
         if self.notify is not None:
             self.notify.discard(request_id)
+        if self.replies is not None:
+            self.replies.discard(request_id)
 
     def _prune(self) -> None:
         """Ids whose job expired unserved never get a result: forget them after the job's TTL."""
         horizon = time.monotonic() - keys.JOB_TTL
         if self._own and next(iter(self._own.values())) < horizon:
             self._own = {i: t for i, t in self._own.items() if t >= horizon}
+
+
+def _not_found(request_id: str) -> NotFoundError:
+    return NotFoundError(f"no request with id {request_id} (never submitted, or it expired)", param="id")

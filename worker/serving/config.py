@@ -65,8 +65,11 @@ class WorkerSettings(Settings):
     poll_timeout: int = Field(5, description="seconds one blocking take waits")
     burst: bool = Field(False, description="exit once the queue is empty")
     name: str | None = Field(None, description="rq worker name; default: a unique one per start")
-    lease_seconds: float = Field(keys.LEASE_SECONDS, gt=0, le=600, description="a taken job's claim lives this "
-                                 "long unrenewed")
+    lease_seconds: float = Field(keys.LEASE_SECONDS, gt=0, le=keys.MAX_LEASE_SECONDS,
+                                 description="a taken job's claim lives this long unrenewed")
+    rq_records: Literal["lean", "full"] = Field(
+        "lean", description="rq's own records to write: lean (what rq's tools and embedfleet read) or full "
+                            "(also all rq's worker writes; docs/capacity.md)")
     max_deliveries: int = Field(keys.MAX_DELIVERIES, ge=1, description="fail as poison a request whose worker died "
                                                                        "with it N times")
     drain_timeout: float = Field(keys.DRAIN_TIMEOUT, gt=0, description="seconds SIGTERM's drain may take")

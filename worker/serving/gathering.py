@@ -98,6 +98,10 @@ class Gathering:
         self.max_jobs = max_jobs
         self.clock = clock
 
+    def due(self, device: OnDevice, prepare_seconds: float) -> bool:
+        """Whether the next round is to be taken now whatever is queued: no time is left to gather in."""
+        return device.free_at - max(GATHER_LEAD, 2 * prepare_seconds) <= self.clock()
+
     def plan(self, device: OnDevice, queued: int, prepare_seconds: float, reach: int) -> Gather | None:
         """When to take the next round while `device` runs, with `queued` jobs waiting and a round's take and
         prepare taking `prepare_seconds`; None: now. `reach`: how many levels, from the highest, may cut in

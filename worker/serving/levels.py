@@ -16,7 +16,10 @@ request waits for about one forward pass of bulk work, not for a round.
 A take reads every level without waiting; only when all are empty does an idle worker block, on the
 highest level's queue only (Redis can wait on one list without popping it) and for at most
 LOWER_LEVEL_POLL seconds at a time, so work that lands on a lower level of an idle worker is taken within
-that time.
+that time. When the last take took no lower-level work and saw every lower level empty, the first read is
+left out and the take blocks at once: a lower level's new work then waits as long as an idle worker's would
+(one script run fewer per round for a worker that keeps up with its interactive work; a worker busy with
+lower-level work reads every level first, as before).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from redis import Redis
 
 from common.protocol import keys
 from common.protocol.operations import RqSchema, take_from
-from common.protocol.records import Answer, Finished, Recovered, Taken
+from common.protocol.records import RQ_RECORDS, Answer, Finished, Recovered, Taken
 
 BULK_SHARE = 4  # default --bulk-share: one round in this many reads the lowest level first
 LOWER_LEVEL_POLL = 0.25  # seconds an idle worker blocks on the highest level before reading the others
@@ -37,17 +40,20 @@ class Levels:
     """RqSchemas of one worker over `queues` (highest level first), with the take order of the share."""
 
     def __init__(self, connection: Redis, queues: list[str], worker_name: str, *, result_ttl: int,
-                 lease: float = keys.LEASE_SECONDS, share: int = BULK_SHARE):
+                 lease: float = keys.LEASE_SECONDS, share: int = BULK_SHARE, records: str = RQ_RECORDS[0]):
         if share < 2:
             raise ValueError(f"the bulk share must be at least 2 (one round in N reads bulk first), got {share}")
         self.connection = connection
-        self.schemas = {queue: RqSchema(connection, queue, worker_name, result_ttl=result_ttl, lease=lease)
-                        for queue in queues}
+        self.records = records  # what the scripts write of rq's own bookkeeping (--rq-records)
+        self.schemas = {queue: RqSchema(connection, queue, worker_name, result_ttl=result_ttl, lease=lease,
+                                        records=records) for queue in queues}
         self.order = list(self.schemas.values())
         self.share = share
         self.rounds = 0  # rounds that took something
         self.lower_first = False  # whether the last take read the lowest level first (the share's round)
         self.share_round = False  # ... and interactive work was queued then: that round does not yield
+        self.took_lower = True  # whether the last take took lower-level work (then the next reads all first)
+        self.state = ""  # the rq worker state the takes last wrote (lean: written as it changes, by the take)
 
     @property
     def queue_keys(self) -> list[str]:
@@ -63,17 +69,34 @@ class Levels:
             self.lower_first = self.share_round = False
             return take_from(self.order[:top], max_jobs, None, before, max_tokens)
         order = self.order
-        self.lower_first = len(order) > 1 and self.rounds % self.share == self.share - 1
+        quiet_below = not self.took_lower and all(schema.known_empty for schema in self.order[1:])
+        # the share's round reads the lowest level first, unless the last take saw nothing there to share
+        self.lower_first = len(order) > 1 and self.rounds % self.share == self.share - 1 and not quiet_below
         if self.lower_first:
             order = order[-1:] + order[:-1]
+        # the rq worker state (lean): busy once it claims jobs, idle once a take that may wait claims none
+        busy = "busy" if self.records == "lean" and self.state != "busy" else ""
+        idle = "idle" if self.records == "lean" and self.state != "idle" and block is not None else ""
         if len(order) == 1 or block is None:
-            suspended, taken = take_from(order, max_jobs, block, before, max_tokens)
+            suspended, taken = take_from(order, max_jobs, block, before, max_tokens, (busy, idle))
+        elif quiet_below:  # nothing below to read first: wait on the highest level
+            suspended, taken = take_from(self.order, max_jobs, min(block, LOWER_LEVEL_POLL), before, max_tokens,
+                                         (busy, idle))
         else:  # Redis waits on one list only: take what is there at any level, and only if none, wait
-            suspended, taken = take_from(order, max_jobs, None, before, max_tokens)
+            suspended, taken = take_from(order, max_jobs, None, before, max_tokens, (busy, ""))
             if not taken and not suspended:  # all empty: wait on the highest level (not the share's first)
-                suspended, taken = take_from(self.order, max_jobs, min(block, LOWER_LEVEL_POLL), None, max_tokens)
+                suspended, taken = take_from(self.order, max_jobs, min(block, LOWER_LEVEL_POLL), None, max_tokens,
+                                             (busy, idle))
+        claimed = any(job.claimed for job in taken)
+        if suspended:
+            self.state = ""  # rq wrote `suspended`: the next take writes its state again
+        elif claimed and busy:
+            self.state = "busy"
+        elif not claimed and idle:
+            self.state = "idle"
         if taken:
             self.rounds += 1
+        self.took_lower = self.lower(taken)
         # the share's round holds its place only when interactive work was there to hold it against
         self.share_round = self.lower_first and bool(taken) and self.higher_waiting()
         return suspended, taken

@@ -101,6 +101,7 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
         bulk_share: one round in this many reads the lowest priority level first (worker/serving/levels.py).
         chunks_per_job: a request with more chunks than this (a long input, worker/engine/chunking.py) is spread
             over the fleet as parts of at most this many (worker/serving/spread.py); 0: every request runs here.
+        rq_records: what the protocol scripts write of rq's own bookkeeping, "lean" or "full" (docs/capacity.md).
         metrics: a worker.serving.metrics.WorkerMetrics to record into, or None.
         traces: (worker name, model) -> the worker.serving.traces.RoundTraces that makes each request's spans
             (tracing on), or None.
@@ -112,7 +113,8 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
                  lease: float = LEASE_SECONDS, max_deliveries: int = MAX_DELIVERIES,
                  drain_timeout: float = DRAIN_TIMEOUT, watchdog: tuple[float, float] | None = None,
                  name: str | None = None, queue: str | None = None, info: dict | None = None,
-                 bulk_share: int = BULK_SHARE, chunks_per_job: int = 0, metrics=None, traces=None, **kwargs):
+                 bulk_share: int = BULK_SHARE, chunks_per_job: int = 0, metrics=None, traces=None,
+                 rq_records: str = "lean", **kwargs):
         if max_jobs < 1:
             raise ValueError(f"max_jobs must be at least 1, got {max_jobs}")
         if result_ttl < 1:
@@ -133,7 +135,9 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
         self.result_ttl = result_ttl
         self.queue = self.queues[0]
         self.levels = Levels(connection, [q.name for q in self.queues], self.name, result_ttl=result_ttl,
-                             lease=lease, share=bulk_share)
+                             lease=lease, share=bulk_share, records=rq_records)
+        self._rq_beat_at = float("-inf")  # rq's worker heartbeat before a blocking take: once an interval
+        self._rq_beat_every = heartbeat_interval
         self.metrics = metrics  # worker/serving/metrics.py's WorkerMetrics, or None
         self.stages = stageclock.Stages()  # seconds per thread and stage (worker/engine/stageclock.py)
         if metrics is not None:
@@ -257,10 +261,13 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
             self.run_maintenance_tasks()
 
     def _idle(self, pipe) -> None:
-        """In a take's own round trip: idle unless jobs are held, and rq's heartbeat."""
-        if not self.held_count():
+        """In a take's own round trip: idle unless jobs are held (lean: the take writes rq's worker state as it
+        changes, worker/serving/levels.py), and rq's heartbeat once a heartbeat interval."""
+        if self.levels.records == "full" and not self.held_count():
             self.set_state(WorkerStatus.IDLE, pipeline=pipe)
-        self.heartbeat(pipeline=pipe)
+        if time.monotonic() - self._rq_beat_at >= self._rq_beat_every:
+            self._rq_beat_at = time.monotonic()
+            self.heartbeat(pipeline=pipe)
 
     def _answer_abandoned(self, job, exc_type, exc_value, tb):
         """rq's maintenance fails abandoned jobs without telling the producer; leave it an error blob."""

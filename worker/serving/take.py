@@ -126,11 +126,13 @@ class TakeStage:
         many levels, from the highest, the take reads (0: a whole round, from every level)."""
         if self.device.take_now.is_set() or self.lifecycle.stopped:
             return 0
+        now = self.device.now()
+        if self.gathering.due(now, self._prepare_seconds):
+            return 0  # no time left to gather in: the queue's depth is not asked (an LLEN per level)
         try:
             queued = self.levels.queued()
         except _OUTAGES:
             return 0  # the take that follows meets the outage and rides it out
-        now = self.device.now()
         plan = self.gathering.plan(now, queued, self._prepare_seconds, self.levels.levels_up_to(now.lower))
         if plan is None:
             return 0

@@ -7,15 +7,17 @@
 -- KEYS[3] rq:worker:<name>:executions    SET     SREM
 -- KEYS[4] embedfleet:queued_tokens:<q>   STRING  INCRBY the returned jobs' `tokens` (DEL if no whole number)
 -- per id: rq:execution:<id>:<execution> HASH (DEL), rq:executions:<id> ZSET (ZREM), rq:job:<id> HASH
---         (HMGET status/deliveries/tokens; when still started: HSET status/enqueued_at, HINCRBY deliveries -1)
--- ARGV: 1 now (rq time), then per job: id, execution
+--         (HMGET status/deliveries/tokens; when still started: HSET status/enqueued_at, HINCRBY deliveries -1,
+--         EXPIRE: it waits with a queued job's TTL again)
+-- ARGV: 1 now (rq time), 2 a queued job key's TTL (s), then per job: id, execution
 -- Returns the number of jobs returned (a claim that had lapsed was requeued by recover instead).
 
-if #ARGV % 2 ~= 1 then return redis.error_reply('give back: bad arguments') end
+local job_ttl = integer(ARGV[2])
+if #ARGV % 2 ~= 0 or not job_ttl or job_ttl <= 0 then return redis.error_reply('give back: bad arguments') end
 if not usable(KEYS[1], 'list') or not usable(KEYS[2], 'zset') then return 0 end
 local executions_ok = usable(KEYS[3], 'set')
 local tokens, back = 0, {}
-for i = 2, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
   local id, execution = ARGV[i], ARGV[i + 1]
   local member = id .. ':' .. execution
   if valid_id(id) and redis.call('ZSCORE', KEYS[2], member) then
@@ -39,6 +41,7 @@ for _, job in ipairs(back) do
   if job.requeue then
     redis.call('HSET', JOB .. job.id, 'status', 'queued', 'enqueued_at', ARGV[1])
     if job.deliveries then redis.call('HINCRBY', JOB .. job.id, 'deliveries', -1) end
+    redis.call('EXPIRE', JOB .. job.id, job_ttl)
     ids[#ids + 1] = job.id
   end
 end

@@ -60,31 +60,57 @@ local function wrote(reply)
   return type(reply) ~= 'table' or reply['err'] == nil
 end
 
+-- `bulk` through pcall: false if the key refused it (a foreign type refuses the first chunk: none got in)
+local function pbulk(command, key, args)
+  for i = 1, #args, 4000 do
+    if not wrote(redis.pcall(command, key, unpack(args, i, math.min(i + 3999, #args)))) then return false end
+  end
+  return true
+end
+
 -- The one way an answer becomes visible, whichever way its request ended (served, failed, cancelled,
--- expired, poison, joined): the result blob, a wake-up on the request's notify list (BLPOP waiters), an
--- entry on its reply stream (an AsyncProducer's waiters), and the gateway job's options now expire with
--- the result. nx: keep an answer already stored (the first answer stays). Producers may write the notify
--- list and reply streams, so those writes go through pcall: a key of a foreign type (or a stream whose
--- last id is the largest possible one) loses that one wake-up, never the script.
-local function publish(id, blob, ttl, nx, reply_to)
+-- expired, poison, joined): the result blob and one wake-up, on the path its request waits on: its reply
+-- stream (an AsyncProducer's waiters, `reply_to`) or else its notify list (BLPOP / BLMOVE waiters), never
+-- both; and the gateway job's options, when the job says it has some (`options`), now expire with the
+-- result. nx: keep an answer already stored (the first answer stays). Producers may write the notify list
+-- and reply streams, so those writes go through pcall: a key of a foreign type (or a stream whose last id
+-- is the largest possible one) loses that one wake-up, never the script. A reply stream gets its TTL once
+-- per script (expire_streams), however many of its requests the script answers.
+local streams = {}
+
+-- the wake-up half of publish, for a blob stored just before (finish: a served answer's blob is SET by the
+-- same pipeline, outside Lua, which would copy it twice)
+local function wake(id, ttl, reply_to, options)
+  if reply_to and reply_to ~= '' then
+    if wrote(redis.pcall('XADD', reply_to, 'MAXLEN', '~', REPLY_MAXLEN, '*', 'id', id)) then
+      streams[reply_to] = math.max(streams[reply_to] or 0, ttl)
+    end
+  elseif wrote(redis.pcall('RPUSH', NOTIFY .. id, 1)) then
+    redis.call('EXPIRE', NOTIFY .. id, ttl)
+  end
+  if options then redis.call('EXPIRE', OPTIONS .. id, ttl) end
+end
+
+local function publish(id, blob, ttl, nx, reply_to, options)
   if nx then
     redis.call('SET', RESULT .. id, blob, 'EX', ttl, 'NX')
   else
     redis.call('SET', RESULT .. id, blob, 'EX', ttl)
   end
-  if wrote(redis.pcall('RPUSH', NOTIFY .. id, 1)) then redis.call('EXPIRE', NOTIFY .. id, ttl) end
-  redis.call('EXPIRE', OPTIONS .. id, ttl)
-  if reply_to and reply_to ~= '' and wrote(redis.pcall('XADD', reply_to, 'MAXLEN', '~', REPLY_MAXLEN, '*', 'id', id)) then
-    redis.call('EXPIRE', reply_to, ttl)
-  end
+  wake(id, ttl, reply_to, options)
+end
+
+-- the TTL of every reply stream this script published to (call once, after the last publish)
+local function expire_streams()
+  for stream, ttl in pairs(streams) do redis.call('EXPIRE', stream, ttl) end
 end
 
 -- a queue's estimated-tokens counter moved by `delta` (producers add, takers subtract: an estimate). One
--- that holds no whole number, or would drop below zero, is reset: deleted, then given a positive `delta`.
+-- that holds no whole number or is of a foreign type (the INCRBY is refused), or would drop below zero, is
+-- reset: deleted, then given a positive `delta`.
 local function move_counter(key, delta)
   if delta == 0 then return end
-  local t = kind(key)
-  local left = (t == 'string' or t == 'none') and redis.pcall('INCRBY', key, delta) or nil
+  local left = redis.pcall('INCRBY', key, delta)
   if type(left) ~= 'number' or left < 0 then
     redis.call('DEL', key)
     if delta > 0 then redis.call('INCRBY', key, delta) end

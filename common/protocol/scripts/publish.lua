@@ -10,5 +10,6 @@
 local id, blob, ttl = ARGV[1], ARGV[2], integer(ARGV[3])
 if not (valid_id(id) and ttl and ttl > 0 and blob ~= '') then return redis.error_reply('publish: bad arguments') end
 if KEYS[1] then redis.call('DEL', KEYS[1]) end
-publish(id, blob, ttl, ARGV[4] == '1', ARGV[5])
+publish(id, blob, ttl, ARGV[4] == '1', ARGV[5], true)  -- a rare path: the options key, if any, goes too
+expire_streams()
 return 1
