@@ -35,8 +35,9 @@ def test_a_one_text_request_behind_a_2048_input_one_is_answered_first(redis_url,
     # a pinned shape of 64 rows: the big request is 32 passes (its own round), whatever the probe would pick
     proc = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", minilm_path,
                              "--served-model-name", MODEL, "--poll-timeout", "1", "--max-batch-size", "64",
-                             "--max-batch-tokens", "4096"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                             "--max-batch-tokens", "4096",
+                             "--rq-records", "full"],  # served jobs keep their records: deliveries, ended_at below
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         with Producer(redis_url) as producer:
             wait_for(lambda: MODEL in producer.models(), 120, "the worker's advert", proc)
@@ -68,7 +69,8 @@ def test_work_behind_a_long_round_cuts_in_between_its_passes_and_never_starves_i
     tiny = load_model(bert_mean, served_name=MODEL)
     model = Recorded(tiny, {1: gate})
     engine = Engine(model, max_batch_tokens=64, max_batch_size=4)  # 64 texts: 16 passes or more
-    worker = BatchWorker(engine, redis_client, max_jobs=64, poll_timeout=1)
+    worker = BatchWorker(engine, redis_client, max_jobs=64, poll_timeout=1,
+                         rq_records="full")  # served jobs keep their records: deliveries counted below
     worker.advertiser.advertise()
     thread = threading.Thread(target=worker.work, daemon=True)
     thread.start()
