@@ -138,6 +138,7 @@ class Fleet:
         if flush:  # a module's fleet on the session's Redis starts from nothing other modules left
             self.redis.flushall()
         self.workers: list[BatchWorker] = []
+        self._bursts: set[str] = set()  # names of the workers serving a burst: those end by themselves
         self._stack = contextlib.ExitStack()
         self._producer: Producer | None = None
 
@@ -146,6 +147,8 @@ class Fleet:
         worker = self._stack.enter_context(serve(worker, None if isinstance(worker, BatchWorker) else self.redis,
                                                  burst=burst, **options))
         self.workers.append(worker)
+        if burst:
+            self._bursts.add(worker.name)
         return worker
 
     @property
@@ -165,6 +168,9 @@ class Fleet:
         return self
 
     def __exit__(self, *exc) -> None:
+        for worker in self.workers:  # all told at once: each ends within its poll, not one poll after another
+            if worker.name not in self._bursts:
+                worker.stop()
         try:
             self._stack.__exit__(*exc)
         finally:
