@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,13 +41,17 @@ def socket_listening():
         yield sock.getsockname()[1]
 
 
-def advertised(producer, model: str, worker: subprocess.Popen, timeout: float = 120) -> dict:
-    """The advert of the worker process `worker` once it serves `model` (it must not exit meanwhile)."""
+def advertised(producer, model: str, worker: subprocess.Popen | threading.Thread, timeout: float = 120,
+               name: str | None = None) -> dict:
+    """The advert of `worker` once it serves `model`: a worker process, or a thread of this one (it must not end
+    meanwhile); `name`: the advert of that worker, among others of the model's."""
     deadline = time.monotonic() + timeout
-    while not producer.workers(model):
-        assert worker.poll() is None and time.monotonic() < deadline, "no worker came up"
-        time.sleep(0.2)
-    return producer.workers(model)[0]
+    pause = 0.2 if isinstance(worker, subprocess.Popen) else 0.01  # a thread advertises within milliseconds
+    while not (found := [w for w in producer.workers(model) if name is None or w["name"] == name]):
+        alive = worker.poll() is None if isinstance(worker, subprocess.Popen) else worker.is_alive()
+        assert alive and time.monotonic() < deadline, "no worker came up"
+        time.sleep(pause)
+    return found[0]
 
 
 def running(pid: int) -> bool:

@@ -9,7 +9,7 @@ from hypothesis import settings
 from common.redisserver import RedisServer
 from tests.systemtools import INSTALL, untested
 
-pytest_plugins = ["tests.tinymodels", "tests.hashed"]  # tiny random model folders; the `fleet` of "hashed"
+pytest_plugins = ["tests.tinymodels", "tests.hashed"]  # tiny random model folders; workers of the model "hashed"
 
 # Shared, noisy 2-core machines: hypothesis' per-example deadline would make tests flaky.
 settings.register_profile("embedfleet", deadline=None)
@@ -94,3 +94,14 @@ def minilm_engine(minilm_path):
     from worker.engine.models.loader import load_model
 
     return Engine(load_model(minilm_path, served_name="minilm"), max_batch_tokens=8192)
+
+
+@pytest.fixture
+def fleet(redis_url):
+    """Workers serving in threads of this test (`fleet.serve(engine or worker, **options)`), a Producer
+    (`fleet.producer`) and gateways (`fleet.gateway(**settings)`) on the test's flushed Redis; every worker
+    stopped, joined and checked at the end (tests/harness.py). Module fixtures open a `harness.Fleet` of their own."""
+    from tests.harness import Fleet  # torch loads only for the tests that run a worker
+
+    with Fleet(redis_url) as running:
+        yield running

@@ -1,19 +1,16 @@
-"""A live fleet for the real-client tests: BatchWorker threads serving loaded engines, a real uvicorn gateway,
-and a guard that fails a test whose client library tries to reach anything but this machine."""
+"""A live fleet for the real-client tests: BatchWorker threads serving loaded engines (tests/harness.py), a
+real uvicorn gateway, and a guard that fails a test whose client library tries to reach anything but this machine."""
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
 import socket
-import threading
 from collections.abc import Iterator
 
 import httpx
-import redis
 
-from tests import gatewayserver
-from worker.serving.pipeline import BatchWorker
+from tests.harness import Fleet
 
 # What a worker started by `embedfleet worker` advertises about itself (GET /info reads it).
 WORKER_INFO = {"device": "cpu", "dtype": "float32", "max_batch_tokens": 8192, "max_batch_size": 64,
@@ -25,23 +22,10 @@ def live_gateway(redis_url: str, engines: list, **fields) -> Iterator[str]:
     """One serving worker thread per engine, advertised before the gateway starts; yields the gateway's URL.
     The Redis is flushed first: a module-scoped fleet on the session's redis-server starts from nothing that
     other modules' tests left (their `redis_url` fixture flushes per test, these fixtures once)."""
-    connection = redis.Redis.from_url(redis_url)
-    connection.flushall()
-    workers = [BatchWorker(engine, connection, poll_timeout=1, info=WORKER_INFO) for engine in engines]
-    threads = [threading.Thread(target=worker.work, daemon=True) for worker in workers]
-    for worker, thread in zip(workers, threads):
-        worker.advertiser.advertise()
-        thread.start()
-    server = gatewayserver.Server(gatewayserver.settings(redis_url, **fields))
-    try:
-        yield server.url
-    finally:
-        server.stop()
-        for worker in workers:
-            worker.stop()
-        for thread in threads:
-            thread.join(30)
-        connection.close()
+    with Fleet(redis_url, flush=True) as fleet:
+        for engine in engines:
+            fleet.serve(engine, info=WORKER_INFO)
+        yield fleet.gateway(**fields).url
 
 
 @contextlib.contextmanager

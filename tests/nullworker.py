@@ -4,10 +4,11 @@ the producer and gateway side that need real workers but no real vectors."""
 from __future__ import annotations
 
 import contextlib
-import threading
+from collections.abc import Iterator
 
 import redis
 
+from tests.harness import serve
 from worker.engine.engine import Engine
 from worker.engine.models.nullmodel import NullModel
 from worker.serving.pipeline import BatchWorker
@@ -15,18 +16,18 @@ from worker.serving.pipeline import BatchWorker
 NULL = "null"
 
 
+def null_engine(dimensions: int = 4) -> Engine:
+    return Engine(NullModel(f"null:{dimensions}", served_name=NULL), max_batch_tokens=1 << 20, max_batch_size=4096)
+
+
 @contextlib.contextmanager
-def null_worker(redis_url: str, dimensions: int = 4):
-    """An advertised worker; call `.serve()` to start it (the queue stays untouched until then)."""
-    engine = Engine(NullModel(f"null:{dimensions}", served_name=NULL), max_batch_tokens=1 << 20,
-                    max_batch_size=4096)
-    worker = BatchWorker(engine, redis.Redis.from_url(redis_url), max_jobs=512, poll_timeout=1)
+def null_worker(redis_url: str, dimensions: int = 4) -> Iterator[BatchWorker]:
+    """An advertised worker; call `.serve()` to start it (the queue stays untouched until then). It serves in a
+    thread (tests/harness.py's `serve`) until the `with` ends."""
+    connection = redis.Redis.from_url(redis_url)
+    worker = BatchWorker(null_engine(dimensions), connection, max_jobs=512, poll_timeout=1)
     worker.advertiser.advertise()
-    thread = threading.Thread(target=worker.work, daemon=True)
-    worker.serve = thread.start
-    try:
+    with contextlib.ExitStack() as serving:
+        serving.callback(connection.close)  # last: after the worker's thread has ended
+        worker.serve = lambda: serving.enter_context(serve(worker))
         yield worker
-    finally:
-        worker.stop()
-        if thread.ident is not None:
-            thread.join(30)

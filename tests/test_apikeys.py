@@ -16,6 +16,7 @@ from producer.gateway.core.apikeys import ApiKey, KeyLimiter, parse_api_keys
 from producer.gateway.core.errors import RateLimitedError
 from tests.commands import assert_one_line_error, clean_env, embedfleet
 from tests.gatewayserver import Server, settings
+from tests.harness import burst
 from worker.engine.engine import Engine
 from worker.engine.models.nullmodel import NullModel
 from worker.serving.pipeline import BatchWorker
@@ -93,28 +94,20 @@ def test_a_full_gateway_holds_each_key_to_its_weighted_share():
 
 
 @pytest.fixture
-def fleet(redis_url, redis_client):
+def keyed_gateway(fleet):
     """A keyed gateway and a null-model worker serving in a thread."""
-    worker = BatchWorker(Engine(NullModel("null:4", MODEL)), redis_client, poll_timeout=1)
-    thread = threading.Thread(target=worker.work, daemon=True)
-    thread.start()
-    worker.advertiser.advertise()
-    server = Server(settings(redis_url, api_keys=json.dumps(KEYS)))
-    try:
-        yield server
-    finally:
-        server.stop()
-        worker.stop()
-        thread.join(30)
+    fleet.serve(Engine(NullModel("null:4", MODEL)))
+    return fleet.gateway(api_keys=json.dumps(KEYS))
 
 
 def client(server: Server, key: str) -> httpx.Client:
     return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
 
 
-def test_a_key_over_its_rate_gets_429_with_retry_after_and_others_go_on(fleet):
+def test_a_key_over_its_rate_gets_429_with_retry_after_and_others_go_on(keyed_gateway):
     body = {"model": MODEL, "input": "hello"}
-    with client(fleet, "sk-batch") as batch, client(fleet, "sk-web") as web, client(fleet, "wrong") as wrong:
+    with client(keyed_gateway, "sk-batch") as batch, client(keyed_gateway, "sk-web") as web, \
+            client(keyed_gateway, "wrong") as wrong:
         assert [batch.post("/v1/embeddings", json=body).status_code for _ in range(2)] == [200, 200]
         refused = batch.post("/v1/embeddings", json=body)
         assert refused.status_code == 429, refused.text
@@ -150,7 +143,7 @@ def test_priority_and_deadline_over_http(redis_url, redis_client):
             past = http.post("/v1/embeddings", json={"model": MODEL, "input": "x", "deadline": 1})
             assert past.status_code == 400 and past.json()["error"]["param"] == "deadline"
             time.sleep(0.2)
-            assert worker.work(burst=True)
+            assert burst(worker)
             expired = http.get(f"/v1/jobs/{late}")
             assert expired.status_code == 504 and expired.json()["error"]["code"] == "expired", expired.text
             assert http.get(f"/v1/jobs/{bulk}").status_code == 200
@@ -177,7 +170,7 @@ def test_without_keys_a_full_gateway_answers_429_until_a_request_is_answered(red
                 assert time.monotonic() < deadline, "the held requests were not queued"
                 time.sleep(0.02)
             refused = http.post("/v1/jobs", json=body)
-            assert worker.work(burst=True)
+            assert burst(worker)
             for thread in threads:
                 thread.join(30)
             after = http.post("/v1/jobs", json=body)  # nothing held now

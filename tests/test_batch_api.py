@@ -10,7 +10,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
@@ -29,6 +28,7 @@ from producer.gateway.batches import objects
 from producer.gateway.batches.store import LeaseLost, Store, now
 from tests import gatewayserver
 from tests.commands import ROOT, clean_env
+from tests.harness import Fleet
 from tests.test_keyspace import KeyRecorder, documented_patterns
 from tests.tinymodels import sample_texts
 from worker.engine.engine import Engine
@@ -41,47 +41,29 @@ MODEL = "tiny"
 BULK_QUEUE = keys.queue_name(MODEL, "bulk")
 
 
-class Fleet:
-    """Tiny-BERT BatchWorker threads on one Redis, with the fleet's vector cache on as `embedfleet worker` has
-    it by default: a text is computed once, and answered from the cache after, whichever route asks. (Without
-    it the same text in another forward pass, padded with other texts, may differ in float32's last bits, on
-    either route: that is the model's arithmetic, not the answer's encoding, which is what is compared.)
-    They keep rq's full records (--rq-records full): the finished registry and each job's `deliveries` are
-    how these tests see that every line ran exactly once."""
-
-    def __init__(self, folder: str, connection: redis.Redis, count: int = 1):
-        model = load_model(folder, served_name=MODEL)
-        identity = model_identity(MODEL, folder_digest(folder), "float32", "cpu")
-        cache = VectorCache(connection, identity, model.caps.embedding_size)
-        self.workers = [BatchWorker(Engine(model), connection, cache=cache, poll_timeout=1, rq_records="full")
-                        for _ in range(count)]
-        self.threads = [threading.Thread(target=w.work, daemon=True) for w in self.workers]
-        for worker, thread in zip(self.workers, self.threads):
-            thread.start()
-            worker.advertiser.advertise()
-
-    def stop(self):
-        for worker in self.workers:
-            worker.stop()
-        for thread in self.threads:
-            thread.join(30)
+def serve_tiny(fleet: Fleet, folder: str) -> BatchWorker:
+    """A tiny-BERT worker serving in `fleet`, with the fleet's vector cache on as `embedfleet worker` has it by
+    default: a text is computed once, and answered from the cache after, whichever route asks. (Without it the
+    same text in another forward pass, padded with other texts, may differ in float32's last bits, on either
+    route: that is the model's arithmetic, not the answer's encoding, which is what is compared.) It keeps rq's
+    full records (--rq-records full): the finished registry and each job's `deliveries` are how these tests see
+    that every line ran exactly once."""
+    model = load_model(folder, served_name=MODEL)
+    identity = model_identity(MODEL, folder_digest(folder), "float32", "cpu")
+    return fleet.serve(Engine(model), cache=VectorCache(fleet.redis, identity, model.caps.embedding_size),
+                       rq_records="full")
 
 
 @pytest.fixture(scope="module")
 def shared(redis_server, bert_mean):
     """One worker and one gateway for the module's tests (not flushed between them: each test's files and
     batches have ids of their own)."""
-    connection = redis.Redis.from_url(redis_server.url)
-    connection.flushall()
-    fleet = Fleet(bert_mean, connection)
-    server = gatewayserver.Server(gatewayserver.settings(redis_server.url, max_file_bytes=300_000,
-                                                         max_body_bytes=50_000, batch_in_flight=8,
-                                                         batch_poll_seconds=0.2))
-    yield server, connection
-    server.stop()
-    fleet.stop()
-    resume(connection)
-    connection.close()
+    with Fleet(redis_server.url, flush=True) as fleet:
+        serve_tiny(fleet, bert_mean)
+        server = fleet.gateway(max_file_bytes=300_000, max_body_bytes=50_000, batch_in_flight=8,
+                               batch_poll_seconds=0.2)
+        yield server, fleet.redis
+        resume(fleet.redis)
 
 
 @pytest.fixture
@@ -430,10 +412,10 @@ async def one_by_one(url: str, bodies: list[dict]) -> list[httpx.Response]:
 
 def test_a_gateway_killed_mid_batch_loses_nothing_and_runs_nothing_twice(tmp_path, bert_mean):
     # A Redis of its own: no other test's gateway may take the batch over; the restarted gateway must.
-    with RedisServer(tmp_path / "redis") as server:
-        connection = redis.Redis.from_url(server.url)
+    with RedisServer(tmp_path / "redis") as server, Fleet(server.url) as fleet:
+        connection = fleet.redis
         recorder = KeyRecorder(server.url)  # every key written, matched against keys.py's layout at the end
-        fleet = Fleet(bert_mean, connection)
+        serve_tiny(fleet, bert_mean)
         port, env, log = free_port(), clean_env(tmp_path / "cache"), tmp_path / "gateway.log"
         gateway = GatewayProcess(server.url, port, log, env)
         try:
@@ -486,8 +468,6 @@ def test_a_gateway_killed_mid_batch_loses_nothing_and_runs_nothing_twice(tmp_pat
                 assert_same_bytes(raw_line, answer)
         finally:
             gateway.stop()
-            fleet.stop()
-            connection.close()
 
 
 # -- the lease fences a replica that lost it ------------------------------------------------------------------

@@ -37,7 +37,8 @@ def small_redis(configured_redis):
 
 
 @pytest.fixture
-def fleet(small_redis):
+def served_small_redis(small_redis):
+    """The 1 MB Redis, a null worker of DIM dimensions serving on it."""
     with null_worker(small_redis.url, dimensions=DIM) as worker:
         worker.serve()
         yield small_redis
@@ -76,11 +77,11 @@ def stored_values(connection: redis.Redis, key: str) -> list[int]:
     return [connection.hstrlen(key, field) for field in connection.hkeys(key)]
 
 
-def test_big_files_are_stored_in_parts_and_read_back_whole(fleet):
+def test_big_files_are_stored_in_parts_and_read_back_whole(served_small_redis):
     content = big_batch()
     assert len(content) > 1024 * 1024  # one SET of it would be refused by this Redis
-    server = gateway_on(fleet.url, file_part_bytes=PART)
-    connection = redis.Redis.from_url(fleet.url)
+    server = gateway_on(served_small_redis.url, file_part_bytes=PART)
+    connection = redis.Redis.from_url(served_small_redis.url)
     try:
         client = client_of(server)
         uploaded = client.files.create(file=("big.jsonl", content), purpose="batch")
@@ -106,12 +107,12 @@ def test_big_files_are_stored_in_parts_and_read_back_whole(fleet):
         connection.close()
 
 
-def test_an_output_redis_refuses_fails_the_batch_with_a_reason_in_one_drive(fleet, caplog):
+def test_an_output_redis_refuses_fails_the_batch_with_a_reason_in_one_drive(served_small_redis, caplog):
     """Parts larger than this Redis takes (a misconfigured --file-part-bytes): the first drive that writes the
     output meets the refusal, sees that Redis still answers, and fails the batch; it is never retried."""
     content = batch_file([{"model": NULL, "input": ["short"] * 4} for _ in range(100)])
-    server = gateway_on(fleet.url, file_part_bytes=4 * 1024 * 1024)
-    connection = redis.Redis.from_url(fleet.url)
+    server = gateway_on(served_small_redis.url, file_part_bytes=4 * 1024 * 1024)
+    connection = redis.Redis.from_url(served_small_redis.url)
     try:
         client = client_of(server)
         with caplog.at_level(logging.INFO, logger="producer.gateway.batches.runner"):
@@ -135,11 +136,11 @@ def test_an_output_redis_refuses_fails_the_batch_with_a_reason_in_one_drive(flee
         connection.close()
 
 
-def test_an_answer_redis_refuses_fails_the_batch_with_a_reason(fleet):
+def test_an_answer_redis_refuses_fails_the_batch_with_a_reason(served_small_redis):
     """One line's answer (150 inputs x 1024 floats as JSON: ~1.2 MB) is over what this Redis takes in one
     value: collecting it is refused twice while Redis answers, and the batch fails saying so."""
     content = batch_file([{"model": NULL, "input": "a"}, {"model": NULL, "input": ["b"] * 150}])
-    server = gateway_on(fleet.url, file_part_bytes=PART)
+    server = gateway_on(served_small_redis.url, file_part_bytes=PART)
     try:
         client = client_of(server)
         uploaded = client.files.create(file=("huge.jsonl", content), purpose="batch")
@@ -151,10 +152,10 @@ def test_an_answer_redis_refuses_fails_the_batch_with_a_reason(fleet):
         server.stop()
 
 
-def test_past_its_window_a_batch_expires_from_any_state(fleet):
+def test_past_its_window_a_batch_expires_from_any_state(served_small_redis):
     """A batch left `finalizing` (every line answered) or `validating` by a replica that died, found past
     its completion window: it expires (the answers it has are kept in its files), never stays as it was."""
-    server = gateway_on(fleet.url, file_part_bytes=PART)
+    server = gateway_on(served_small_redis.url, file_part_bytes=PART)
     client = client_of(server)
     uploaded = client.files.create(file=("two.jsonl", batch_file([{"model": NULL, "input": "a"}] * 2)),
                                    purpose="batch")
@@ -162,7 +163,7 @@ def test_past_its_window_a_batch_expires_from_any_state(fleet):
     ok_line = b'{"custom_id":"req-0","answered":true}'
 
     async def left_by_a_dead_replica():
-        connection = aioredis.Redis.from_url(fleet.url)
+        connection = aioredis.Redis.from_url(served_small_redis.url)
         store = Store(connection)
         for batch_id in (finalizing, validating):
             meta = {"id": batch_id, "endpoint": "/v1/embeddings", "input_file_id": uploaded.id,
@@ -188,9 +189,9 @@ def test_past_its_window_a_batch_expires_from_any_state(fleet):
         server.stop()
 
 
-def test_uploads_past_the_bound_get_429_and_one_too_large_leaves_nothing(fleet):
-    server = gateway_on(fleet.url, max_concurrent_uploads=1, max_file_bytes=200_000)
-    connection = redis.Redis.from_url(fleet.url)
+def test_uploads_past_the_bound_get_429_and_one_too_large_leaves_nothing(served_small_redis):
+    server = gateway_on(served_small_redis.url, max_concurrent_uploads=1, max_file_bytes=200_000)
+    connection = redis.Redis.from_url(served_small_redis.url)
     release = threading.Event()
     boundary = "b0undary"
 
@@ -266,8 +267,8 @@ def test_a_line_over_the_routes_body_limit_fails_alone_with_413():
     assert len(spaced) > 1000 and batchlines.parse(spaced, max_body_bytes=1000)[0][0].error is None  # as JSON
 
 
-def test_truncate_prompt_tokens_0_and_a_too_large_line_answer_as_the_route(fleet):
-    server = gateway_on(fleet.url, max_body_bytes=2000)
+def test_truncate_prompt_tokens_0_and_a_too_large_line_answer_as_the_route(served_small_redis):
+    server = gateway_on(served_small_redis.url, max_body_bytes=2000)
     try:
         client = client_of(server)
         zero = {"model": NULL, "input": ["a", "b"], "truncate_prompt_tokens": 0}

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import math
-import threading
 
 import httpx
 import msgpack
@@ -17,8 +16,8 @@ import redis
 
 from common.protocol.keys import result_key
 from common.request import EmbedRequest
-from producer import AsyncProducer, Producer
-from tests import gatewayserver
+from producer import AsyncProducer
+from tests.harness import Fleet
 from tests.sparsemodels import M3_COLBERT_DIM, save_tiny_m3
 from tests.tinymodels import cosines, sample_texts
 from worker.engine.engine import Engine
@@ -27,7 +26,6 @@ from worker.engine.models.loader import load_model
 from worker.serving.cache import VectorCache
 from worker.serving.inflight import request_digest
 from worker.serving.metrics import WorkerMetrics
-from worker.serving.pipeline import BatchWorker
 
 TEXTS = sample_texts(6, seed=7, max_words=20)
 ALL = ("dense", "sparse", "colbert")
@@ -47,26 +45,15 @@ def reference(m3):
 
 
 @pytest.fixture(scope="module")
-def fleet(m3, redis_server):
+def m3_fleet(m3, redis_server):
     """One worker serving the folder as "m3" (cache on, metrics kept), the gateway, and a Producer."""
-    connection = redis.Redis.from_url(redis_server.url)
-    connection.flushall()
-    engine = Engine(load_model(m3, served_name="m3"), max_batch_tokens=4096, max_batch_size=64)
-    cache = VectorCache(connection, model_identity("m3", folder_digest(m3), "float32", "cpu"),
-                        engine.caps.embedding_size)
-    worker = BatchWorker(engine, connection, cache=cache, poll_timeout=1, metrics=WorkerMetrics("m3"))
-    thread = threading.Thread(target=worker.work, daemon=True)
-    thread.start()
-    worker.advertiser.advertise()
-    server = gatewayserver.Server(gatewayserver.settings(redis_server.url))
-    try:
-        with Producer(redis_server.url) as producer, httpx.Client(base_url=server.url, timeout=60) as http:
-            yield producer, http, worker
-    finally:
-        server.stop()
-        worker.stop()
-        thread.join(30)
-        connection.close()
+    with Fleet(redis_server.url, flush=True) as fleet:
+        engine = Engine(load_model(m3, served_name="m3"), max_batch_tokens=4096, max_batch_size=64)
+        cache = VectorCache(fleet.redis, model_identity("m3", folder_digest(m3), "float32", "cpu"),
+                            engine.caps.embedding_size)
+        worker = fleet.serve(engine, cache=cache, metrics=WorkerMetrics("m3"))
+        with httpx.Client(base_url=fleet.gateway().url, timeout=60) as http:
+            yield fleet.producer, http, worker
 
 
 def _passes(worker) -> float:
@@ -87,15 +74,15 @@ def assert_matches_flagembedding(result, expected, texts=TEXTS):
     assert len(result.sparse) == len(result.colbert) == len(texts)
 
 
-def test_advertised_tasks_and_outputs(fleet):
-    producer, _, _ = fleet
+def test_advertised_tasks_and_outputs(m3_fleet):
+    producer, _, _ = m3_fleet
     caps = producer.models()["m3"]
     assert caps.outputs == ALL and caps.token_size == M3_COLBERT_DIM
     assert {"embed", "sparse_embed", "token_embed", "token_classify", "score"} <= set(caps.tasks)
 
 
-def test_three_outputs_equal_flagembedding_from_one_forward_pass(fleet, reference):
-    producer, _, worker = fleet
+def test_three_outputs_equal_flagembedding_from_one_forward_pass(m3_fleet, reference):
+    producer, _, worker = m3_fleet
     before = _passes(worker)
     result = producer.encode(TEXTS, "m3", outputs=ALL, cache=False)
     assert _passes(worker) - before == 1  # the six texts fit one batch: one encoder pass gave all three
@@ -104,8 +91,8 @@ def test_three_outputs_equal_flagembedding_from_one_forward_pass(fleet, referenc
     assert result.usage.prompt_tokens > 0
 
 
-def test_each_output_alone_and_the_vllm_tasks(fleet, reference):
-    producer, _, _ = fleet
+def test_each_output_alone_and_the_vllm_tasks(m3_fleet, reference):
+    producer, _, _ = m3_fleet
     expected = reference[1]
     np.testing.assert_allclose(producer.embed(TEXTS, "m3"), expected["dense_vecs"], atol=1e-5)  # dense unchanged
     for got, want in zip(producer.sparse_embed(TEXTS, "m3"), expected["lexical_weights"]):
@@ -118,8 +105,8 @@ def test_each_output_alone_and_the_vllm_tasks(fleet, reference):
         only.dense  # noqa: B018 - the property raises
 
 
-def test_blob_decodes_with_numpy_and_msgpack_only(fleet, reference):
-    producer, _, _ = fleet
+def test_blob_decodes_with_numpy_and_msgpack_only(m3_fleet, reference):
+    producer, _, _ = m3_fleet
     request_id = producer.submit(TEXTS, "m3", outputs=list(ALL), embed_dtype="float16", endianness="big")
     producer.wait(request_id)
     raw = redis.Redis.from_url(producer.url_for_submit("m3")).get(result_key(request_id))
@@ -146,8 +133,8 @@ def test_blob_decodes_with_numpy_and_msgpack_only(fleet, reference):
     assert parts == [len(v) for v in expected["colbert_vecs"]]
 
 
-def test_sparse_top_k_and_threshold(fleet):
-    producer, _, _ = fleet
+def test_sparse_top_k_and_threshold(m3_fleet):
+    producer, _, _ = m3_fleet
     full = producer.sparse_embed(TEXTS, "m3")
     top = producer.sparse_embed(TEXTS, "m3", sparse_top_k=3)
     for whole, cut in zip(full, top):
@@ -158,8 +145,8 @@ def test_sparse_top_k_and_threshold(fleet):
         assert cut.to_dict() == {k: v for k, v in whole.to_dict().items() if v > cutoff}
 
 
-def test_cache_and_inflight_key_on_the_outputs(fleet, reference):
-    producer, _, worker = fleet
+def test_cache_and_inflight_key_on_the_outputs(m3_fleet, reference):
+    producer, _, worker = m3_fleet
     text = [TEXTS[0]]
     dense = producer.embed(text, "m3")  # fills the vector cache with the dense vector of this text
     both = producer.encode(text, "m3", outputs=["dense", "sparse"])  # must not be answered from that entry
@@ -173,7 +160,7 @@ def test_cache_and_inflight_key_on_the_outputs(fleet, reference):
     assert len(digests) == 4
 
 
-def test_async_client(fleet, redis_server, reference):
+def test_async_client(m3_fleet, redis_server, reference):
     async def main():
         async with AsyncProducer(redis_server.url) as producer:
             return (await producer.sparse_embed(TEXTS, "m3"),
@@ -184,8 +171,8 @@ def test_async_client(fleet, redis_server, reference):
     assert_matches_flagembedding(result, reference[1])
 
 
-def test_score_weights_equal_compute_score(fleet, reference):
-    producer, http, _ = fleet
+def test_score_weights_equal_compute_score(m3_fleet, reference):
+    producer, http, _ = m3_fleet
     model = reference[0]
     query, docs = TEXTS[0], TEXTS[1:4]
     for weights in ([1.0, 1.0, 1.0], [0.4, 0.2, 0.4]):
@@ -199,8 +186,8 @@ def test_score_weights_equal_compute_score(fleet, reference):
     np.testing.assert_allclose(producer.score(query, docs, "m3"), expected["dense"], atol=1e-5)  # no weights: dense
 
 
-def test_http_routes(fleet, reference):
-    _, http, _ = fleet
+def test_http_routes(m3_fleet, reference):
+    _, http, _ = m3_fleet
     expected = reference[1]
     body = http.post("/v1/embeddings", json={"model": "m3", "input": TEXTS}).json()
     assert cosines([d["embedding"] for d in body["data"]], expected["dense_vecs"]).min() >= 0.99999
@@ -228,8 +215,8 @@ def test_http_routes(fleet, reference):
         assert [i["index"] for i in items] == sorted(i["index"] for i in items)
 
 
-def test_bad_requests_are_clear_400s(fleet):
-    _, http, _ = fleet
+def test_bad_requests_are_clear_400s(m3_fleet):
+    _, http, _ = m3_fleet
     answer = http.post("/embed_sparse", json={"model": "m3", "inputs": "x", "sparse_top_k": 0})
     assert answer.status_code in (400, 422) and "sparse_top_k" in answer.text
     answer = http.post("/pooling", json={"model": "m3", "input": "x", "task": "token_embed", "sparse_top_k": 3})
@@ -238,8 +225,8 @@ def test_bad_requests_are_clear_400s(fleet):
     assert answer.status_code == 400 and "score_weights" in answer.json()["error"]["message"]
 
 
-def test_outputs_checked_against_the_model(m3, fleet):
-    producer, _, _ = fleet
+def test_outputs_checked_against_the_model(m3, m3_fleet):
+    producer, _, _ = m3_fleet
     from common.errors import ValidationError
 
     with pytest.raises(ValidationError, match="`outputs`"):
@@ -266,9 +253,9 @@ def test_long_inputs_refused_for_sparse_and_colbert(m3):
 
 
 
-def test_pooling_outputs_and_sparse_embed(fleet, reference):
+def test_pooling_outputs_and_sparse_embed(m3_fleet, reference):
     """/pooling with `outputs`: one object per input, a key per output; `task: sparse_embed`: {indices, values}."""
-    _, http, worker = fleet
+    _, http, worker = m3_fleet
     expected = reference[1]
     before = _passes(worker)
     body = http.post("/pooling", json={"model": "m3", "input": TEXTS, "outputs": list(ALL), "cache": False})
@@ -300,8 +287,8 @@ def test_pooling_outputs_and_sparse_embed(fleet, reference):
     assert refused.status_code == 400 and "outputs" in refused.text
 
 
-def test_rerank_with_weights(fleet, reference):
-    producer, http, _ = fleet
+def test_rerank_with_weights(m3_fleet, reference):
+    producer, http, _ = m3_fleet
     query, docs = TEXTS[0], TEXTS[1:5]
     expected = reference[0].compute_score([(query, d) for d in docs], weights_for_different_modes=[0.4, 0.2, 0.4])
     order = list(np.argsort(-np.asarray(expected["colbert+sparse+dense"]), kind="stable"))
@@ -311,11 +298,11 @@ def test_rerank_with_weights(fleet, reference):
     assert [r["index"] for r in producer.rerank(query, docs, "m3", score_weights=[0.4, 0.2, 0.4])] == order
 
 
-def test_a_malformed_version_2_blob_is_a_decode_error(fleet):
+def test_a_malformed_version_2_blob_is_a_decode_error(m3_fleet):
     from common.errors import DecodeError
     from common.result import Result
 
-    producer, _, _ = fleet
+    producer, _, _ = m3_fleet
     good = producer.encode(TEXTS[:2], "m3", outputs=["sparse"])
     assert Result.decode(good.encode()).sparse[1].to_dict() == good.sparse[1].to_dict()
     for broken in (good.encode()[:-4],  # bytes missing

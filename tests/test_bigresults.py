@@ -18,6 +18,7 @@ from common.request import EmbedRequest
 from common.result import Result
 from producer import Producer
 from tests.commands import ROOT
+from tests.harness import burst
 from worker.engine.engine import Engine
 from worker.engine.models.nullmodel import NullModel
 from worker.serving.pipeline import BatchWorker
@@ -139,7 +140,7 @@ def test_a_round_of_large_results_is_stored_in_calls_within_the_budget(redis_url
     worker.levels.finish = counted
     with Producer(redis_url) as producer:
         ids = producer.submit_many([[f"request {r} text {i}" for i in range(100)] for r in range(9)], MODEL)
-        assert worker.work(burst=True)
+        assert burst(worker)
         assert all(producer.wait(request_id, timeout=20).shape == (100, 1024) for request_id in ids)
     assert len(sent) == 5 and max(sent) <= 1024 * 1024, sent  # 9 answers, two a call
 

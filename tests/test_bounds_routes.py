@@ -23,7 +23,7 @@ HUGE = "word " * 1_400_000  # 7 MB, 1.4M tokens
 
 
 @pytest.fixture(scope="module")
-def fleet(minilm_engine, bert_mean):
+def two_models(minilm_engine, bert_mean):
     """minilm and a tiny BERT ("tiny") on one gateway: TEI's routes must be told which."""
     tiny = Engine(load_model(bert_mean, served_name="tiny"))
     with RedisServer() as server, live_gateway(server.url, [minilm_engine, tiny]) as url, \
@@ -31,8 +31,8 @@ def fleet(minilm_engine, bert_mean):
         yield server.url, client
 
 
-def test_a_7mb_input_is_refused_and_a_small_request_sent_meanwhile_is_answered(fleet):
-    _, http = fleet
+def test_a_7mb_input_is_refused_and_a_small_request_sent_meanwhile_is_answered(two_models):
+    _, http = two_models
     with ThreadPoolExecutor(2) as pool:
         huge = pool.submit(http.post, "/v1/embeddings", json={"model": "minilm", "input": HUGE})
         small = pool.submit(http.post, "/v1/embeddings", json={"model": "minilm", "input": "a small one"})
@@ -52,15 +52,15 @@ def test_a_7mb_input_is_refused_and_a_small_request_sent_meanwhile_is_answered(f
         assert tokenized.status_code == 400 and "(/tokenize too)" in tokenized.text, tokenized.text[:300]
 
 
-def test_a_text_read_as_unknown_tokens_gets_a_word(fleet):
-    _, http = fleet
+def test_a_text_read_as_unknown_tokens_gets_a_word(two_models):
+    _, http = two_models
     answer = http.post("/v1/embeddings", json={"model": "minilm", "input": "x" * 20_000})
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "input"
     assert "read as the unknown token [UNK]" in answer.json()["error"]["message"]
 
 
-def test_an_empty_text_is_refused_as_openais_input(fleet):
-    _, http = fleet
+def test_an_empty_text_is_refused_as_openais_input(two_models):
+    _, http = two_models
     for body in ({"model": "minilm", "input": ""}, {"model": "minilm", "input": ["a", ""]}):
         answer = http.post("/v1/embeddings", json=body)
         assert answer.status_code == 400 and answer.json()["error"]["param"] == "input", answer.text
@@ -69,16 +69,16 @@ def test_an_empty_text_is_refused_as_openais_input(fleet):
 
 @pytest.mark.parametrize("field, value", [("truncate", "yes"), ("truncate", 1), ("normalize", "false"),
                                           ("truncate", "true")])
-def test_tei_booleans_are_strict(fleet, field, value):
-    _, http = fleet
+def test_tei_booleans_are_strict(two_models, field, value):
+    _, http = two_models
     answer = http.post("/embed", json={"model": "minilm", "inputs": "a", field: value})
     assert answer.status_code in (400, 422) and answer.json()["error_type"] == "Validation", answer.text
     assert field in answer.json()["error"]
     assert http.post("/embed", json={"model": "minilm", "inputs": "a", field: True}).status_code == 200
 
 
-def test_each_model_has_a_tei_root_of_its_own(fleet, monkeypatch):
-    _, http = fleet
+def test_each_model_has_a_tei_root_of_its_own(two_models, monkeypatch):
+    _, http = two_models
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_TELEMETRY", True)
     offline = forbid_internet(monkeypatch)
     assert http.post("/embed", json={"inputs": "a"}).status_code == 400  # several served: which?
@@ -99,8 +99,8 @@ def test_each_model_has_a_tei_root_of_its_own(fleet, monkeypatch):
     assert offline == []
 
 
-def test_the_tei_model_flag_names_the_model_of_the_bare_routes(fleet):
-    redis_url, http = fleet
+def test_the_tei_model_flag_names_the_model_of_the_bare_routes(two_models):
+    redis_url, http = two_models
     server = gatewayserver.Server(gatewayserver.settings(redis_url, tei_model="tiny"))
     try:
         with httpx.Client(base_url=server.url, timeout=60) as other:

@@ -104,8 +104,8 @@ def wait_for(condition, timeout: float = 30.0, what: str = "condition") -> None:
 
 
 @pytest.mark.parametrize("suffix", [".txt", ".json", ".jsonl", ".csv", ".parquet"])
-def test_each_input_format_gives_every_text_in_order_with_its_id(tmp_path, fleet, env, suffix):
-    fleet()
+def test_each_input_format_gives_every_text_in_order_with_its_id(tmp_path, hashed_worker, env, suffix):
+    hashed_worker()
     lines = texts()
     ids = None if suffix == ".txt" else [f"doc-{i}" for i in range(LINES)]
     source, out = tmp_path / f"in{suffix}", tmp_path / "out.parquet"
@@ -123,8 +123,8 @@ def test_each_input_format_gives_every_text_in_order_with_its_id(tmp_path, fleet
     assert not checkpoint_path(out).exists()
 
 
-def test_npy_and_jsonl_outputs_hold_the_same_vectors(tmp_path, fleet, env):
-    fleet()
+def test_npy_and_jsonl_outputs_hold_the_same_vectors(tmp_path, hashed_worker, env):
+    hashed_worker()
     lines = texts(300)
     source = tmp_path / "in.txt"
     write_input(source, lines)
@@ -137,8 +137,8 @@ def test_npy_and_jsonl_outputs_hold_the_same_vectors(tmp_path, fleet, env):
     assert_rows(np.array([r["embedding"] for r in rows], np.float32), lines)
 
 
-def test_an_openai_batch_file_in_and_out(tmp_path, fleet, env):
-    fleet()
+def test_an_openai_batch_file_in_and_out(tmp_path, hashed_worker, env):
+    hashed_worker()
     requests = [{"custom_id": f"req-{i}", "method": "POST", "url": "/v1/embeddings",
                  "body": {"model": MODEL, "input": [f"first {i}", f"second {i}"]}} for i in range(30)]
     requests[4]["body"]["dimensions"] = 4
@@ -169,9 +169,9 @@ def test_an_openai_batch_file_in_and_out(tmp_path, fleet, env):
 @pytest.mark.parametrize(("stop", "suffix"), [(signal.SIGKILL, ".parquet"), (signal.SIGINT, ".npy")],
                          ids=["SIGKILL-parquet", "SIGINT-npy"])
 def test_killed_mid_run_it_resumes_to_the_same_bytes_and_never_queues_more_than_its_window(
-        tmp_path, fleet, env, redis_client, stop, suffix):
+        tmp_path, hashed_worker, env, redis_client, stop, suffix):
     window, chunk = 4, 16
-    fleet(seconds_per_text=0.0015)
+    hashed_worker(seconds_per_text=0.0015)
     lines = texts()
     source = tmp_path / "in.csv"
     write_input(source, lines, [f"doc-{i}" for i in range(LINES)])
@@ -210,8 +210,8 @@ def test_killed_mid_run_it_resumes_to_the_same_bytes_and_never_queues_more_than_
     assert depth.most == window, f"the queue held {depth.most} of the run's requests; its window is {window}"
 
 
-def test_bad_files_and_columns_are_one_line_and_leave_no_output(tmp_path, fleet, env):
-    fleet()
+def test_bad_files_and_columns_are_one_line_and_leave_no_output(tmp_path, hashed_worker, env):
+    hashed_worker()
     out = tmp_path / "out.parquet"
     table = tmp_path / "in.csv"
     write_input(table, ["a", "b"], [1, 2])
@@ -231,8 +231,8 @@ def test_bad_files_and_columns_are_one_line_and_leave_no_output(tmp_path, fleet,
     assert not out.exists() and not list(tmp_path.glob(".out*"))
 
 
-def test_a_checkpoint_of_another_run_is_refused_until_no_resume(tmp_path, fleet, env):
-    fleet()
+def test_a_checkpoint_of_another_run_is_refused_until_no_resume(tmp_path, hashed_worker, env):
+    hashed_worker()
     source, out = tmp_path / "in.txt", tmp_path / "out.npy"
     write_input(source, texts(40))
     checkpoint_path(out).write_bytes(b"")  # a run killed before its first record: simply started over
@@ -247,8 +247,8 @@ def test_a_checkpoint_of_another_run_is_refused_until_no_resume(tmp_path, fleet,
     assert_rows(np.load(out), texts(40))
 
 
-def test_a_fleet_that_stops_answering_ends_the_run_with_its_progress_kept(tmp_path, fleet, env, redis_client):
-    fleet()
+def test_a_fleet_that_stops_answering_ends_the_run_with_its_progress_kept(tmp_path, hashed_worker, env, redis_client):
+    hashed_worker()
     source, out = tmp_path / "in.txt", tmp_path / "out.npy"
     write_input(source, texts(64))
     suspend(redis_client)
@@ -263,10 +263,10 @@ def test_a_fleet_that_stops_answering_ends_the_run_with_its_progress_kept(tmp_pa
     assert_rows(np.load(out), texts(64))
 
 
-def test_the_progress_bar_moves_as_results_land_and_ends_on_done(tmp_path, fleet, env):
+def test_the_progress_bar_moves_as_results_land_and_ends_on_done(tmp_path, hashed_worker, env):
     """The bar on a terminal (a pty, as a user's shell gives it): each frame's count of texts done, in order,
     steps up as results land, and the last frame says done, with nothing left in flight."""
-    fleet(seconds_per_text=0.0005)
+    hashed_worker(seconds_per_text=0.0005)
     source, out = tmp_path / "in.txt", tmp_path / "out.npy"
     write_input(source, texts())
     parent, child = pty.openpty()

@@ -15,6 +15,7 @@ from common.errors import StartupError
 from common.request import EmbedRequest
 from common.result import Result
 from producer.client.core import parse_worker_info
+from tests.harness import burst
 from tests.test_queue import enqueue
 from tests.tinymodels import engine_for, sample_texts
 from worker.serving.cache import VectorCache, check_placement
@@ -62,7 +63,7 @@ def test_worker_repeat_runs_no_forward_pass_and_is_byte_identical(minilm_path, m
     texts = sample_texts(12, seed=3)
     first = EmbedRequest(model="minilm", inputs=texts)
     enqueue(redis_client, first)
-    assert engine.worker(redis_client).work(burst=True)
+    assert burst(engine.worker(redis_client))
     passes, rows = engine.forward_passes, engine.forward_rows
     assert rows == len(set(texts)) and engine.cache.misses == len(texts) and engine.cache.hits == 0
 
@@ -70,7 +71,7 @@ def test_worker_repeat_runs_no_forward_pass_and_is_byte_identical(minilm_path, m
     for req in again:
         enqueue(redis_client, req)
     worker = engine.worker(redis_client)
-    assert worker.work(burst=True)
+    assert burst(worker)
 
     assert (engine.forward_passes, engine.forward_rows) == (passes, rows)  # no forward pass at all
     assert engine.cache.hits == 2 * len(texts)
@@ -312,7 +313,7 @@ def test_the_worker_dedups_a_request_full_of_duplicates(bert_mean, redis_client)
     distinct = sample_texts(4, seed=17)
     request_ = EmbedRequest(model=engine.caps.name, inputs=[distinct[i % 4] for i in range(40)], cache=False)
     enqueue(redis_client, request_)
-    assert engine.worker(redis_client).work(burst=True)
+    assert burst(engine.worker(redis_client))
     result = Result.decode(redis_client.get(result_key(request_.id)))
     assert engine.forward_rows == 4 and result.ok and result.shape == (40, 32)
     assert all((result.embeddings[i] == result.embeddings[i % 4]).all() for i in range(40))

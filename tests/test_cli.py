@@ -6,7 +6,6 @@ import json
 import re
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -17,20 +16,12 @@ from common.redisserver import free_port
 from producer import Producer
 from tests.commands import assert_one_line_error, clean_env, embedfleet, socket_listening
 from worker.serving.config import WorkerSettings
-from worker.serving.pipeline import BatchWorker
 
 
 @pytest.fixture
-def serving(minilm_engine, redis_client):
-    worker = BatchWorker(minilm_engine, redis_client, poll_timeout=1, info={
-        "device": "cpu", "dtype": "float32", "max_batch_tokens": 8192, "max_batch_size": 256,
-        "budget_source": "flags", "max_jobs": 64})
-    worker.advertiser.advertise()
-    thread = threading.Thread(target=worker.work, daemon=True)
-    thread.start()
-    yield
-    worker.stop()
-    thread.join(30)
+def serving(fleet, minilm_engine):
+    fleet.serve(minilm_engine, info={"device": "cpu", "dtype": "float32", "max_batch_tokens": 8192,
+                                     "max_batch_size": 256, "budget_source": "flags", "max_jobs": 64})
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import dataclasses
 import inspect
-import threading
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -26,6 +25,7 @@ from common.request import new_request_id
 from common.result import Result
 from producer import AsyncProducer, Producer
 from producer.client.fleet import LevelStats
+from tests.harness import burst, serve
 from tests.test_longinputs import MAX_LEN, _one_round, long_model, words  # noqa: F401 - `long_model` is a fixture
 from worker.engine.engine import Engine
 from worker.engine.models.nullmodel import NullModel
@@ -38,7 +38,7 @@ BAD_ID = "not an id!"  # no request of ours has such an id
 # -- the fleet and the two clients ---------------------------------------------------------------------
 
 @contextlib.contextmanager
-def fleet(redis_client, long):
+def parity_fleet(redis_client, long):
     """`null` serving in a thread; `idle` (the null model too) and `long` (the tiny BERT, parts of 2 chunks)
     advertised, run by hand: their queues hold what a scenario puts there until it runs them. `parts` is a
     second worker of `long`, for the parts of a request that `long` spread over the fleet."""
@@ -49,15 +49,10 @@ def fleet(redis_client, long):
                        name="parity-idle")
     long_worker, parts = (BatchWorker(Engine(long), redis_client, max_jobs=1, poll_timeout=1, name=name,
                                       chunks_per_job=2) for name in ("parity-long", "parity-parts"))
-    for worker in (null, idle, long_worker):
+    for worker in (idle, long_worker):
         worker.advertiser.advertise()
-    serving = threading.Thread(target=null.work, daemon=True)
-    serving.start()
-    try:
+    with serve(null):
         yield SimpleNamespace(null=null, idle=idle, long=long_worker, parts=parts, redis=redis_client)
-    finally:
-        null.stop()
-        serving.join()  # the event is the thread's end (it notices within a poll): pytest-timeout bounds a hang
 
 
 class Face:
@@ -147,7 +142,7 @@ def started_then_finished(face: Face, fleet) -> dict:
 def failed(face: Face, fleet) -> dict:
     request_id = face("submit", "a", "idle")
     fleet.redis.hset(keys.rq_job_key(request_id), "data", b"not rq job data")  # what no producer writes
-    fleet.idle.work(burst=True)  # answers it failed, never run
+    burst(fleet.idle)  # answers it failed, never run
     return {"status": face("status", request_id), "wait": face("wait", request_id, 30),
             "get": face("get", request_id)}
 
@@ -156,7 +151,7 @@ def spread(face: Face, fleet) -> dict:
     request_id = face("submit", [LONG_TEXT], "long")
     _one_round(fleet.long)  # tokenised and spread: its job is finished, its parts queued
     parts_run = face("status", request_id)
-    fleet.parts.work(burst=True)  # the parts; the last one's join answers the request
+    burst(fleet.parts)  # the parts; the last one's join answers the request
     return {"parts run": parts_run, "wait": face("wait", request_id, 30), "status": face("status", request_id)}
 
 
@@ -203,7 +198,7 @@ TABLE = [
 def test_both_clients_answer_alike(row, redis_url, redis_client, long_model):  # noqa: F811
     seen = {}
     for kind in ("sync", "async"):
-        with fleet(redis_client, long_model[1]) as workers:
+        with parity_fleet(redis_client, long_model[1]) as workers:
             face = Face(kind, redis_url, row.options)
             try:
                 seen[kind] = normal(row.steps(face, workers), face.ids)

@@ -24,6 +24,7 @@ from common.request import EmbedRequest, PartOf
 from common.result import Result
 from common.serializer import MsgpackSerializer
 from producer import Producer
+from tests.harness import burst
 from tests.test_queue import engine, enqueue, rq_queue  # noqa: F401 - `engine` is a fixture
 from worker.serving.pipeline import BatchWorker
 from worker.serving.rqpubsub import PromptUnsubscribe
@@ -77,7 +78,7 @@ def run_ours(conn, engine, data: bytes | None, records: str = "full") -> tuple[d
     request = EmbedRequest(id="contractjob", model=engine.caps.name, inputs=["served"])
     job = enqueue(conn, request, *([data] if data else []), result_ttl=600, failure_ttl=900, job_timeout=60)
     worker = BatchWorker(engine, conn, name="contractworker", rq_records=records)
-    worker.work(burst=True)
+    burst(worker)
     return shapes(conn, job.id, rq_queue(conn, engine.caps.name).name, worker.name), job
 
 
@@ -248,7 +249,7 @@ def test_every_way_a_request_ends_has_the_same_effects(long_model, redis_url, re
         assert producer.cancel(ids["cancelled"])
         while time.time() < EmbedRequest.decode(_request_bytes(redis_client, ids["expired"])).deadline:
             time.sleep(0.01)  # the expired one's deadline passes before any worker takes it
-        worker.work(burst=True)  # serves the round, then the spread request's parts at the queue's head
+        burst(worker)  # serves the round, then the spread request's parts at the queue's head
 
     stream = [entry[1][b"id"].decode() for entry in redis_client.xrange(reply)]
     for ending, (code, status, registry) in ENDINGS.items():

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from common.request import EmbedRequest
+from tests.harness import burst
 from tests.test_queue import enqueue
 from tests.tinymodels import sample_texts
 from worker.engine import stageclock
@@ -20,7 +21,6 @@ from worker.engine.models.base import pad_batch
 from worker.engine.models.loader import load_model
 from worker.engine.preprocess import prepare, prepare_many
 from worker.serving.metrics import WorkerMetrics
-from worker.serving.pipeline import BatchWorker
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +138,7 @@ def test_the_worker_reports_where_each_threads_time_goes(tiny, redis_client):
     for inputs in [sample_texts(16, seed=s) for s in range(6)]:
         enqueue(redis_client, req(inputs), queue="m")
     metrics = WorkerMetrics("m")
-    BatchWorker(tiny, redis_client, max_jobs=2, metrics=metrics).work(burst=True)
+    burst(tiny, redis_client, max_jobs=2, metrics=metrics)
     text = metrics.render().decode()
     seconds = {}
     for line in text.splitlines():

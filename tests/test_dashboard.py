@@ -23,8 +23,8 @@ def gateway(redis_url):
     server.stop()
 
 
-def test_fleet_data_is_behind_the_key_and_the_page_loads_nothing_from_elsewhere(gateway, fleet):
-    worker = fleet()
+def test_fleet_data_is_behind_the_key_and_the_page_loads_nothing_from_elsewhere(gateway, hashed_worker):
+    worker = hashed_worker()
     assert httpx.get(f"{gateway.url}/v1/fleet").status_code == 401
     answer = httpx.get(f"{gateway.url}/v1/fleet", headers={"Authorization": f"Bearer {KEY}"})
     assert answer.status_code == 200
@@ -41,8 +41,8 @@ def test_fleet_data_is_behind_the_key_and_the_page_loads_nothing_from_elsewhere(
     assert httpx.get(f"{gateway.url}/dashboard/config.json").json() == {"api_key_required": True}
 
 
-def test_without_a_key_the_page_does_not_ask_and_the_data_is_open(redis_url, fleet):
-    fleet()
+def test_without_a_key_the_page_does_not_ask_and_the_data_is_open(redis_url, hashed_worker):
+    hashed_worker()
     server = gatewayserver.Server(gatewayserver.settings(redis_url))
     try:
         assert httpx.get(f"{server.url}/dashboard/config.json").json() == {"api_key_required": False}
@@ -76,13 +76,13 @@ def chromium():
     return webdriver.Chrome(service=webdriver.ChromeService(executable_path=driver), options=options)
 
 
-def test_the_dashboard_shows_a_running_worker_in_a_real_browser(gateway, fleet, redis_url, tmp_path):
+def test_the_dashboard_shows_a_running_worker_in_a_real_browser(gateway, hashed_worker, redis_url, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     from producer import Producer
 
-    worker = fleet(heartbeat_interval=0.3)
+    worker = hashed_worker(heartbeat_interval=0.3)
     with Producer(redis_url) as producer:
         producer.embed([f"text {i}" for i in range(20)], MODEL)  # something for texts/s to show
     browser = chromium()

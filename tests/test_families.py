@@ -11,7 +11,7 @@ import functools
 import json
 import os
 import shutil
-import threading
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -20,13 +20,13 @@ import redis
 from common.errors import StartupError
 from common.request import EmbedRequest
 from producer import Producer
+from tests.harness import Fleet
 from tests.stfamilies import FAMILIES, FLAT_TEMPLATE, build, save_family, with_template
 from tests.tinymodels import cosines, sample_texts, wrap_sentence_transformers
 from worker.engine.backends import EngineChoice
 from worker.engine.engine import Engine
 from worker.engine.models.loader import load_model
 from worker.engine.preprocess import prepare
-from worker.serving.pipeline import BatchWorker
 
 MIN_COSINE = 0.99999
 # Short and mixed texts, unicode, code, whitespace, and inputs over every folder's max length (truncated by
@@ -71,28 +71,16 @@ def reference(folders: dict, name: str) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def serving(redis_url: str, models: dict) -> Producer:
+def serving(redis_url: str, models: dict) -> Iterator[Producer]:
     """A BatchWorker thread per loaded model (served under its dict key), and a Producer on the same Redis."""
-    connection = redis.Redis.from_url(redis_url)
-    workers = [BatchWorker(Engine(model, max_batch_tokens=2048, max_batch_size=16), connection, poll_timeout=1)
-               for model in models.values()]
-    threads = [threading.Thread(target=worker.work, daemon=True) for worker in workers]
-    for worker, thread in zip(workers, threads):
-        worker.advertiser.advertise()
-        thread.start()
-    try:
-        with Producer(redis_url) as producer:
-            yield producer
-    finally:
-        for worker in workers:
-            worker.stop()
-        for thread in threads:
-            thread.join(30)
-        connection.close()
+    with Fleet(redis_url) as fleet:
+        for model in models.values():
+            fleet.serve(Engine(model, max_batch_tokens=2048, max_batch_size=16))
+        yield fleet.producer
 
 
 @pytest.fixture(scope="module")
-def fleet(folders, redis_server):
+def every_family(folders, redis_server):
     """Every family on the torch engine, one worker each, all in this process."""
     redis.Redis.from_url(redis_server.url).flushall()
     with serving(redis_server.url, {name: load_model(folder, served_name=name)
@@ -101,8 +89,8 @@ def fleet(folders, redis_server):
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_family_matches_sentence_transformers_on_torch(fleet, folders, name):
-    vectors = fleet.embed(TEXTS, name, **_params(name))
+def test_family_matches_sentence_transformers_on_torch(every_family, folders, name):
+    vectors = every_family.embed(TEXTS, name, **_params(name))
     expected = reference(folders, name)
     assert vectors.shape == expected.shape
     assert cosines(vectors, expected).min() >= MIN_COSINE
@@ -123,7 +111,7 @@ def test_family_matches_sentence_transformers_on_a_cpu_engine(folders, redis_ser
     assert cosines(vectors, reference(folders, name)).min() >= MIN_COSINE
 
 
-def test_the_t5_folders_load_the_encoder_alone(fleet, folders):
+def test_the_t5_folders_load_the_encoder_alone(every_family, folders):
     from transformers import T5EncoderModel
 
     for name in ("t5_encoder", "t5_full"):

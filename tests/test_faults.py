@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -17,6 +16,7 @@ from common.protocol import keys
 from common.errors import UnavailableError
 from common.serializer import MsgpackSerializer
 from producer import Producer
+from tests.harness import burst, serve
 from tests.test_leases import MODEL, workers
 from tests.tinymodels import sample_texts
 from worker.serving.pipeline import BatchWorker
@@ -54,7 +54,7 @@ def test_jobs_of_a_worker_killed_mid_batch_are_retried_by_the_next_worker(
     # beat (3 beats + 60 s, BatchWorker.get_heartbeat_ttl). Fast-forward that clock.
     for member in redis_client.zrange(queue.started_job_registry.key, 0, -1):
         redis_client.zadd(queue.started_job_registry.key, {member: 1})
-    BatchWorker(minilm_engine, redis_client, poll_timeout=1, rq_records=records).work(burst=True)  # maintenance first
+    burst(minilm_engine, redis_client, rq_records=records)  # maintenance runs first
 
     for request_id in ids:
         result = producer.wait(request_id, timeout=5)
@@ -78,18 +78,12 @@ def test_queued_requests_survive_a_redis_restart_and_a_live_worker_rides_it_out(
     restartable_redis.restart()
     assert producer.queue_depth("minilm") == 5  # AOF kept the queue and the jobs
 
-    thread = threading.Thread(target=worker.work, daemon=True)
-    thread.start()
-    try:
+    with serve(worker):  # its exit asserts the worker's thread ended, after the restarts too
         assert all(producer.wait(i, timeout=30).ok for i in queued)
 
         restartable_redis.restart()  # under a worker blocked in BLMOVE: it backs off and reconnects
         after = producer.submit(["submitted after the second restart"], "minilm")
         assert producer.wait(after, timeout=60).ok
-    finally:
-        worker.stop()
-        thread.join(30)
-    assert not thread.is_alive()
 
 
 def test_every_request_accepted_before_a_redis_restart_completes_after_it(restartable_redis):

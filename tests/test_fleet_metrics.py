@@ -17,6 +17,7 @@ from common.redisserver import free_port
 from producer import Producer
 from tests.commands import ROOT, clean_env
 from tests.gatewayserver import Server, settings
+from tests.harness import burst
 from tests.test_queue import wait_for
 from tests.tinymodels import bert_mean, engine_for  # noqa: F401 - `bert_mean` is a fixture
 from worker.engine.engine import Engine
@@ -56,7 +57,7 @@ def test_worker_metrics_parse_and_move_when_work_is_done(bert_mean, redis_client
         bad = producer.submit(["x" * 10], model)
         redis_client.hset(f"rq:job:{bad}", "data", b"not zlib")  # undecodable: fails alone, decode_error
         time.sleep(0.1)
-        assert worker.work(burst=True)
+        assert burst(worker)
         assert all(producer.wait(i, 10).ok for i in [*interactive, bulk])
         assert producer.status(late) == producer.status(bad) == "failed"
 
@@ -106,7 +107,7 @@ def test_gateway_fleet_gauges_per_model_and_priority_move_with_the_queues(gatewa
         assert value(queued, "embedfleet_queue_depth", model=model) == 4
         assert value(queued, "embedfleet_live_workers", model=model) == 1
 
-        assert worker.work(burst=True)
+        assert burst(worker)
         worker.advertiser.withdraw()
         drained = scrape(url)
         for priority in ("interactive", "bulk"):  # a model with no live worker is still reported (scale to zero)

@@ -16,6 +16,7 @@ from common.protocol.keys import JOB_FUNC, result_key
 from common.request import EmbedRequest
 from common.result import Result
 from producer import Producer
+from tests.harness import burst
 from tests.test_queue import enqueue, rq_queue
 from worker.engine.engine import Engine
 from worker.engine.models.nullmodel import NullModel
@@ -72,7 +73,7 @@ def test_raw_queue_payloads_fail_alone_and_the_worker_stays_up(redis_client, bad
         enqueue(redis_client, request)
 
     worker = BatchWorker(null_engine(), redis_client, max_jobs=64)
-    worker.work(burst=True)  # returns: no stage died
+    burst(worker)  # returns: no stage died
 
     for request in good:
         result = Result.decode(redis_client.get(result_key(request.id)))
@@ -111,7 +112,7 @@ def test_request_fields_end_in_a_result_or_a_clear_submit_time_error(redis_url, 
         except EmbedfleetError as exc:  # refused before enqueue: a code and a message that says what
             assert exc.code and exc.message and "Traceback" not in exc.message
             return
-        worker.work(burst=True)
+        burst(worker)
         result = producer.get(request_id)
     assert result is not None
     if result.ok:

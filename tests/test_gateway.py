@@ -52,7 +52,9 @@ def _settings(redis_url: str, **fields) -> GatewaySettings:
 
 
 @pytest.fixture(scope="module")
-def fleet(redis_server, minilm_path):
+def gateways(redis_server, minilm_path):
+    """A real `python -m worker` process serving MiniLM, two gateways on it (main: an API key and a 256 KiB body
+    limit; tight: no key, queue depth 2, 0.5 s timeout, 4 inputs), a Producer, the reference vectors."""
     redis.Redis.from_url(redis_server.url).flushall()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_server.url, "--model",
@@ -166,24 +168,24 @@ def test_entry_point_takes_the_flags_up_passes(redis_server):
 
 
 # -- OpenAI /v1/embeddings ---------------------------------------------------------------------------
-def test_openai_client_base64_default_and_float_match_producer(fleet):
-    client = openai.OpenAI(base_url=f"{base(fleet)}/v1", api_key=KEY)
+def test_openai_client_base64_default_and_float_match_producer(gateways):
+    client = openai.OpenAI(base_url=f"{base(gateways)}/v1", api_key=KEY)
     for kwargs in ({}, {"encoding_format": "float"}):  # no encoding_format: the client asks for base64
         response = client.embeddings.create(model=MODEL, input=TEXTS, **kwargs)
         got = np.array([item.embedding for item in sorted(response.data, key=lambda d: d.index)])
-        np.testing.assert_allclose(got, fleet.reference, atol=1e-6)
+        np.testing.assert_allclose(got, gateways.reference, atol=1e-6)
         assert response.model == MODEL and response.object == "list"
         usage = response.usage
         assert usage.prompt_tokens > len(TEXTS) and usage.total_tokens == usage.prompt_tokens
     single = client.embeddings.create(model=MODEL, input=TEXTS[0])
-    np.testing.assert_allclose(single.data[0].embedding, fleet.reference[0], atol=1e-6)
+    np.testing.assert_allclose(single.data[0].embedding, gateways.reference[0], atol=1e-6)
 
 
-def test_token_ids_and_default_model(fleet):
+def test_token_ids_and_default_model(gateways):
     ids = [[101, 7592, 2088, 102], [101, 2307, 102]]
-    expected = fleet.producer.embed(ids, MODEL)
+    expected = gateways.producer.embed(ids, MODEL)
     for body, rows in (({"input": ids}, expected), ({"input": ids[0]}, expected[:1])):
-        response = fleet.main.post("/v1/embeddings", json=body)  # no model: the only served one
+        response = gateways.main.post("/v1/embeddings", json=body)  # no model: the only served one
         assert response.status_code == 200, response.text
         got = np.array([d["embedding"] for d in response.json()["data"]])
         np.testing.assert_allclose(got, rows, atol=1e-6)
@@ -192,10 +194,10 @@ def test_token_ids_and_default_model(fleet):
 # -- vLLM /pooling -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("embed_dtype,endianness", [("float32", "native"), ("float16", "little"),
                                                     ("float32", "big"), ("float16", "big")])
-def test_pooling_bytes_decode_with_numpy(fleet, embed_dtype, endianness):
+def test_pooling_bytes_decode_with_numpy(gateways, embed_dtype, endianness):
     body = {"model": MODEL, "input": TEXTS, "encoding_format": "bytes", "embed_dtype": embed_dtype,
             "endianness": endianness}
-    response = fleet.main.post("/pooling", json=body)
+    response = gateways.main.post("/pooling", json=body)
     assert response.status_code == 200 and response.headers["content-type"] == "application/octet-stream"
     meta = json.loads(response.headers["metadata"])
     assert meta["model"] == MODEL and meta["usage"]["prompt_tokens"] > 0 and len(meta["data"]) == len(TEXTS)
@@ -206,47 +208,47 @@ def test_pooling_bytes_decode_with_numpy(fleet, embed_dtype, endianness):
         assert item["endianness"] == (sys.byteorder if endianness == "native" else endianness)
         chunk = response.content[item["start"]:item["end"]]
         rows.append(np.frombuffer(chunk, dtype=np.dtype(embed_dtype).newbyteorder(order)).reshape(item["shape"]))
-    np.testing.assert_allclose(np.stack(rows), fleet.reference, atol=1e-6 if embed_dtype == "float32" else 1e-3)
-    only = fleet.main.post("/pooling", json={**body, "encoding_format": "bytes_only"})
+    np.testing.assert_allclose(np.stack(rows), gateways.reference, atol=1e-6 if embed_dtype == "float32" else 1e-3)
+    only = gateways.main.post("/pooling", json={**body, "encoding_format": "bytes_only"})
     assert only.content == response.content and "metadata" not in only.headers
 
 
 @pytest.mark.parametrize("embed_dtype", ["fp8_e4m3", "fp8_e5m2"])
-def test_fp8_through_bytes_base64_and_float(fleet, embed_dtype):
+def test_fp8_through_bytes_base64_and_float(gateways, embed_dtype):
     """vLLM's fp8 outputs: the bits of torch's float8 cast, one byte per dimension, in every encoding."""
     import torch
 
     torch_dtype = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[embed_dtype]
-    bits = torch.tensor(fleet.reference.astype(np.float32)).to(torch_dtype).view(torch.uint8).numpy()
+    bits = torch.tensor(gateways.reference.astype(np.float32)).to(torch_dtype).view(torch.uint8).numpy()
     widened = torch.tensor(bits).view(torch_dtype).float().numpy()
     body = {"model": MODEL, "input": TEXTS, "embed_dtype": embed_dtype}
-    response = fleet.main.post("/pooling", json={**body, "encoding_format": "bytes"})
+    response = gateways.main.post("/pooling", json={**body, "encoding_format": "bytes"})
     assert response.status_code == 200, response.text
     meta = json.loads(response.headers["metadata"])
     assert [(d["embed_dtype"], d["shape"], d["end"] - d["start"]) for d in meta["data"]] == \
         [(embed_dtype, [bits.shape[1]], bits.shape[1])] * len(TEXTS)
     assert np.array_equal(np.frombuffer(response.content, np.uint8).reshape(bits.shape), bits)
     for path, key in (("/pooling", "data"), ("/v1/embeddings", "embedding")):
-        encoded = fleet.main.post(path, json={**body, "encoding_format": "base64"}).json()["data"]
+        encoded = gateways.main.post(path, json={**body, "encoding_format": "base64"}).json()["data"]
         assert np.array_equal(np.stack([np.frombuffer(base64.b64decode(d[key]), np.uint8) for d in encoded]), bits)
-        floats = fleet.main.post(path, json={**body, "encoding_format": "float"}).json()["data"]
+        floats = gateways.main.post(path, json={**body, "encoding_format": "float"}).json()["data"]
         np.testing.assert_array_equal(np.array([d[key] for d in floats], np.float32), widened)
-    assert np.abs(widened - fleet.reference).max() < (0.07 if embed_dtype == "fp8_e4m3" else 0.13)
+    assert np.abs(widened - gateways.reference).max() < (0.07 if embed_dtype == "fp8_e4m3" else 0.13)
 
 
-def test_pooling_json_float_and_base64(fleet):
+def test_pooling_json_float_and_base64(gateways):
     for fmt in ("float", "base64"):
-        response = fleet.main.post("/pooling", json={"model": MODEL, "input": TEXTS, "encoding_format": fmt,
+        response = gateways.main.post("/pooling", json={"model": MODEL, "input": TEXTS, "encoding_format": fmt,
                                                      "embed_dtype": "float16", "endianness": "big"})
         assert response.status_code == 200, response.text
         data = response.json()["data"]
         assert [d["object"] for d in data] == ["pooling"] * 3 and [d["index"] for d in data] == [0, 1, 2]
         got = np.array([d["data"] for d in data]) if fmt == "float" else \
             np.stack([np.frombuffer(base64.b64decode(d["data"]), dtype=">f2") for d in data])
-        np.testing.assert_allclose(got.astype(np.float32), fleet.reference, atol=1e-3)
+        np.testing.assert_allclose(got.astype(np.float32), gateways.reference, atol=1e-3)
 
 
-def test_openai_client_embeds_a_long_input_in_chunks(fleet, minilm_path):
+def test_openai_client_embeds_a_long_input_in_chunks(gateways, minilm_path):
     """Chunked processing (--max-embed-len) behind the unchanged openai client: 3.5x the model's 256 tokens,
     spread over the fleet as parts (--chunks-per-job 2), equal to chunks embedded by hand."""
     from openai import OpenAI
@@ -256,55 +258,56 @@ def test_openai_client_embeds_a_long_input_in_chunks(fleet, minilm_path):
     text = " ".join(f"{TEXTS[i % 3]} Part {i}." for i in range(80))
     expected, tokens = hand_reference(minilm_path, text, max_len=256)
     assert tokens > 3 * 256
-    client = OpenAI(base_url=str(fleet.main.base_url) + "/v1", api_key=KEY)
+    client = OpenAI(base_url=str(gateways.main.base_url) + "/v1", api_key=KEY)
     answer = client.embeddings.create(model=MODEL, input=[text, TEXTS[0]])
     assert cosine(answer.data[0].embedding, expected) >= 0.99999
-    assert cosine(answer.data[1].embedding, fleet.reference[0]) >= 0.99999
-    assert answer.usage.prompt_tokens == tokens + fleet.producer.wait(fleet.producer.submit([TEXTS[0]], MODEL)
+    assert cosine(answer.data[1].embedding, gateways.reference[0]) >= 0.99999
+    assert answer.usage.prompt_tokens == tokens + gateways.producer.wait(gateways.producer.submit([TEXTS[0]], MODEL)
                                                                        ).usage.prompt_tokens
 
 
-def test_late_chunking_spans_through_every_encoding(fleet):
+def test_late_chunking_spans_through_every_encoding(gateways):
     text = " ".join(TEXTS * 4)
-    expected = fleet.producer.wait(fleet.producer.submit([text], MODEL, chunk_size=16), timeout=30)
+    expected = gateways.producer.wait(gateways.producer.submit([text], MODEL, chunk_size=16), timeout=30)
     assert expected.spans is not None and len(expected.spans) == len(expected.embeddings) > 2
     spans = [{"input_index": 0, "token_span": [s, e], "char_span": [cs, ce]} for _, s, e, cs, ce in expected.spans]
     body = {"model": MODEL, "input": text, "chunk_size": 16}
-    floats = fleet.main.post("/v1/embeddings", json=body).json()["data"]
+    floats = gateways.main.post("/v1/embeddings", json=body).json()["data"]
     assert [{k: d[k] for k in ("input_index", "token_span", "char_span")} for d in floats] == spans
     np.testing.assert_allclose([d["embedding"] for d in floats], expected.embeddings, atol=1e-6)
-    encoded = fleet.main.post("/pooling", json={**body, "encoding_format": "base64"}).json()["data"]
+    encoded = gateways.main.post("/pooling", json={**body, "encoding_format": "base64"}).json()["data"]
     np.testing.assert_array_equal(
         np.stack([np.frombuffer(base64.b64decode(d["data"]), np.float32) for d in encoded]), expected.embeddings)
-    raw = fleet.main.post("/pooling", json={**body, "encoding_format": "bytes"})
+    raw = gateways.main.post("/pooling", json={**body, "encoding_format": "bytes"})
     meta = json.loads(raw.headers["metadata"])["data"]
     assert [{k: d[k] for k in ("input_index", "token_span", "char_span")} for d in meta] == spans
-    by_chars = fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": text,
+    by_chars = gateways.main.post("/v1/embeddings", json={"model": MODEL, "input": text,
                                                         "chunk_spans": [[0, 10], [10, len(text)]]})
     assert by_chars.status_code == 200 and [d["char_span"][0] for d in by_chars.json()["data"]] == [0, 8]
-    refused = fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": [text, text], "chunk_spans": [[0, 4]]})
+    refused = gateways.main.post("/v1/embeddings",
+                                 json={"model": MODEL, "input": [text, text], "chunk_spans": [[0, 4]]})
     assert refused.status_code == 400 and "exactly one text" in refused.text
 
 
 # -- async jobs --------------------------------------------------------------------------------------
-def test_job_round_trip_keeps_its_encoding_format(fleet):
-    created = fleet.main.post("/v1/jobs", json={"model": MODEL, "input": TEXTS, "encoding_format": "base64"})
+def test_job_round_trip_keeps_its_encoding_format(gateways):
+    created = gateways.main.post("/v1/jobs", json={"model": MODEL, "input": TEXTS, "encoding_format": "base64"})
     assert created.status_code == 202 and created.json()["status"] == "queued"
     job_id = created.json()["id"]
-    done = fleet.main.get(f"/v1/jobs/{job_id}", params={"wait": 30})
+    done = gateways.main.get(f"/v1/jobs/{job_id}", params={"wait": 30})
     assert done.status_code == 200 and done.json()["status"] == "finished"
     got = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in done.json()["data"]])
-    np.testing.assert_allclose(got, fleet.reference, atol=1e-6)
+    np.testing.assert_allclose(got, gateways.reference, atol=1e-6)
 
 
-def test_long_poll_returns_as_soon_as_the_result_lands(fleet):
+def test_long_poll_returns_as_soon_as_the_result_lands(gateways):
     answers = {}
-    with paused(fleet):
-        job_id = fleet.main.post("/v1/jobs", json={"model": MODEL, "input": TEXTS}).json()["id"]
-        assert fleet.main.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
+    with paused(gateways):
+        job_id = gateways.main.post("/v1/jobs", json={"model": MODEL, "input": TEXTS}).json()["id"]
+        assert gateways.main.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
 
         def poll():
-            answers["response"] = fleet.main.get(f"/v1/jobs/{job_id}", params={"wait": 30})
+            answers["response"] = gateways.main.get(f"/v1/jobs/{job_id}", params={"wait": 30})
 
         poller = threading.Thread(target=poll)
         poller.start()
@@ -316,28 +319,28 @@ def test_long_poll_returns_as_soon_as_the_result_lands(fleet):
     assert answers["response"].status_code == 200 and answers["response"].json()["status"] == "finished"
     assert elapsed < 10, f"the long poll took {elapsed:.1f} s after the worker resumed (wait=30)"
     got = np.array([d["embedding"] for d in answers["response"].json()["data"]])
-    np.testing.assert_allclose(got, fleet.reference, atol=1e-6)
+    np.testing.assert_allclose(got, gateways.reference, atol=1e-6)
 
 
-def test_cancel_a_pending_job(fleet):
-    with paused(fleet):
-        job_id = fleet.main.post("/v1/jobs", json={"model": MODEL, "input": TEXTS}).json()["id"]
-        cancelled = fleet.main.delete(f"/v1/jobs/{job_id}")
+def test_cancel_a_pending_job(gateways):
+    with paused(gateways):
+        job_id = gateways.main.post("/v1/jobs", json={"model": MODEL, "input": TEXTS}).json()["id"]
+        cancelled = gateways.main.delete(f"/v1/jobs/{job_id}")
         assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
-        assert_error(fleet.main.delete(f"/v1/jobs/{job_id}"), 409, "job_not_cancellable")
-        assert_error(fleet.main.get(f"/v1/jobs/{job_id}"), 409, "cancelled")
-    assert fleet.producer.wait(fleet.producer.submit(TEXTS[:1], MODEL), 30).ok  # the worker went on
-    assert_error(fleet.main.get(f"/v1/jobs/{job_id}"), 409, "cancelled")
-    assert_error(fleet.main.delete("/v1/jobs/no-such-job"), 404, "not_found")
-    assert_error(fleet.main.get("/v1/jobs/no-such-job", params={"wait": 5}), 404, "not_found")
+        assert_error(gateways.main.delete(f"/v1/jobs/{job_id}"), 409, "job_not_cancellable")
+        assert_error(gateways.main.get(f"/v1/jobs/{job_id}"), 409, "cancelled")
+    assert gateways.producer.wait(gateways.producer.submit(TEXTS[:1], MODEL), 30).ok  # the worker went on
+    assert_error(gateways.main.get(f"/v1/jobs/{job_id}"), 409, "cancelled")
+    assert_error(gateways.main.delete("/v1/jobs/no-such-job"), 404, "not_found")
+    assert_error(gateways.main.get("/v1/jobs/no-such-job", params={"wait": 5}), 404, "not_found")
 
 
 # -- errors, each triggered for real -----------------------------------------------------------------
-def test_queue_full_is_429_with_retry_after(fleet):
-    with paused(fleet):
+def test_queue_full_is_429_with_retry_after(gateways):
+    with paused(gateways):
         statuses = []
         for _ in range(4):  # the tight gateway allows 2 queued requests per model
-            response = fleet.tight.post("/v1/jobs", json={"model": MODEL, "input": TEXTS[:1]})
+            response = gateways.tight.post("/v1/jobs", json={"model": MODEL, "input": TEXTS[:1]})
             statuses.append(response.status_code)
             if response.status_code == 429:
                 break
@@ -346,31 +349,31 @@ def test_queue_full_is_429_with_retry_after(fleet):
         assert response.headers["retry-after"] == "1"
 
 
-def test_timeout_is_504_and_the_request_is_withdrawn(fleet):
-    with paused(fleet):
-        before = fleet.producer.queue_depth(MODEL)
+def test_timeout_is_504_and_the_request_is_withdrawn(gateways):
+    with paused(gateways):
+        before = gateways.producer.queue_depth(MODEL)
         start = time.monotonic()
-        assert_error(fleet.tight.post("/v1/embeddings", json={"model": MODEL, "input": TEXTS}), 504, "timeout")
+        assert_error(gateways.tight.post("/v1/embeddings", json={"model": MODEL, "input": TEXTS}), 504, "timeout")
         assert time.monotonic() - start < 5
-        assert fleet.producer.queue_depth(MODEL) == before  # cancelled: no worker will spend time on it
+        assert gateways.producer.queue_depth(MODEL) == before  # cancelled: no worker will spend time on it
 
 
-def test_client_errors(fleet):
-    assert_error(fleet.main.post("/v1/embeddings", json={"model": "nope", "input": "x"}), 404,
+def test_client_errors(gateways):
+    assert_error(gateways.main.post("/v1/embeddings", json={"model": "nope", "input": "x"}), 404,
                  "model_not_found", "model")
-    assert_error(fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": "x", "dimensions": 128}),
+    assert_error(gateways.main.post("/v1/embeddings", json={"model": MODEL, "input": "x", "dimensions": 128}),
                  400, "invalid_request", "dimensions")
-    assert_error(fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": "x", "dimensions": 0}),
+    assert_error(gateways.main.post("/v1/embeddings", json={"model": MODEL, "input": "x", "dimensions": 0}),
                  400, "invalid_request", "dimensions")
-    assert_error(fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": [1.5]}), 400,
+    assert_error(gateways.main.post("/v1/embeddings", json={"model": MODEL, "input": [1.5]}), 400,
                  "invalid_request", "input")
-    assert_error(fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": "x", "bogus": 1}), 400,
+    assert_error(gateways.main.post("/v1/embeddings", json={"model": MODEL, "input": "x", "bogus": 1}), 400,
                  "invalid_request", "bogus")
     not_json = {"content": b"{not json", "headers": {"content-type": "application/json"}}
-    assert_error(fleet.main.post("/v1/embeddings", **not_json), 400, "decode_error")
-    assert_error(fleet.tight.post("/v1/embeddings", json={"model": MODEL, "input": ["x"] * 5}), 400,
+    assert_error(gateways.main.post("/v1/embeddings", **not_json), 400, "decode_error")
+    assert_error(gateways.tight.post("/v1/embeddings", json={"model": MODEL, "input": ["x"] * 5}), 400,
                  "invalid_request", "input")
-    client = openai.OpenAI(base_url=f"{base(fleet)}/v1", api_key=KEY)
+    client = openai.OpenAI(base_url=f"{base(gateways)}/v1", api_key=KEY)
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="nope", input="x")
 
@@ -391,41 +394,41 @@ def test_client_errors(fleet):
     ({"input": [[1, 2**64]]}, "token id 18446744073709551616 (input 0, position 1) is out of range"),
     ({"input": "x", "priority": -(2**63)}, "from -2147483648 to 2147483647"),
 ])
-def test_the_same_mistake_gets_the_same_error_from_python_and_http(fleet, fields, says):
-    answer = fleet.tight.post("/v1/embeddings", json={"model": MODEL, **fields})
+def test_the_same_mistake_gets_the_same_error_from_python_and_http(gateways, fields, says):
+    answer = gateways.tight.post("/v1/embeddings", json={"model": MODEL, **fields})
     http = assert_error(answer, 400, "invalid_request")
     keywords = dict(fields)
     inputs = keywords.pop("input")
     with pytest.raises(ValidationError) as caught:
-        fleet.producer.submit(inputs, MODEL, **keywords)
+        gateways.producer.submit(inputs, MODEL, **keywords)
     assert (http["code"], http["param"], http["message"]) == (caught.value.code, caught.value.param,
                                                               caught.value.message)
     assert says in http["message"] and http["param"] is not None
 
 
-def test_dimensions_of_the_full_size_and_offline_docs(fleet):
-    answer = fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": TEXTS, "dimensions": 384})
+def test_dimensions_of_the_full_size_and_offline_docs(gateways):
+    answer = gateways.main.post("/v1/embeddings", json={"model": MODEL, "input": TEXTS, "dimensions": 384})
     assert answer.status_code == 200, answer.text
-    np.testing.assert_allclose([d["embedding"] for d in answer.json()["data"]], fleet.reference, atol=1e-5)
+    np.testing.assert_allclose([d["embedding"] for d in answer.json()["data"]], gateways.reference, atol=1e-5)
 
-    docs = fleet.tight.get("/docs")
+    docs = gateways.tight.get("/docs")
     assert docs.status_code == 200 and "/docs/assets/swagger-ui-bundle.js" in docs.text and "cdn" not in docs.text
-    assert fleet.tight.get("/docs/assets/swagger-ui-bundle.js").status_code == 200
-    assert fleet.tight.get("/openapi.json").json()["paths"]["/v1/embeddings"]
-    assert fleet.main.get("/docs").status_code == 404  # with an API key there are no docs (docs/http.md says so)
-    assert fleet.main.get("/openapi.json").status_code == 404
+    assert gateways.tight.get("/docs/assets/swagger-ui-bundle.js").status_code == 200
+    assert gateways.tight.get("/openapi.json").json()["paths"]["/v1/embeddings"]
+    assert gateways.main.get("/docs").status_code == 404  # with an API key there are no docs (docs/http.md says so)
+    assert gateways.main.get("/openapi.json").status_code == 404
 
 
-def test_body_limit_on_content_length_and_on_bytes_read(fleet):
+def test_body_limit_on_content_length_and_on_bytes_read(gateways):
     big = {"model": MODEL, "input": ["word " * 1000] * 60}  # ~300 KB, over the 256 KiB limit
-    assert_error(fleet.main.post("/v1/embeddings", json=big), 413, "payload_too_large")
+    assert_error(gateways.main.post("/v1/embeddings", json=big), 413, "payload_too_large")
     chunks = (json.dumps(big)[i:i + 65536].encode() for i in range(0, 320_000, 65536))
-    assert_error(fleet.main.post("/v1/embeddings", content=chunks, headers={"content-type": "application/json"}),
+    assert_error(gateways.main.post("/v1/embeddings", content=chunks, headers={"content-type": "application/json"}),
                  413, "payload_too_large")  # chunked: no Content-Length to trust
 
 
-def test_auth(fleet):
-    url = base(fleet)
+def test_auth(gateways):
+    url = base(gateways)
     assert_error(httpx.get(f"{url}/v1/models"), 401, "unauthorized")
     assert_error(httpx.post(f"{url}/v1/embeddings", json={"input": "x"}, headers={"Authorization": "Bearer nope"}),
                  401, "unauthorized")
@@ -435,7 +438,7 @@ def test_auth(fleet):
         openai.OpenAI(base_url=f"{url}/v1", api_key="wrong").embeddings.create(model=MODEL, input="x")
 
 
-def test_redis_down_is_503(fleet):
+def test_redis_down_is_503(gateways):
     server = Server(_settings(f"redis://127.0.0.1:{free_port()}/0"))
     try:
         assert_error(httpx.post(f"{server.url}/v1/embeddings", json={"input": "x"}), 503, "redis_unavailable")
@@ -446,8 +449,8 @@ def test_redis_down_is_503(fleet):
 
 
 # -- models, health, metrics -------------------------------------------------------------------------
-def test_models_and_health(fleet):
-    models = fleet.main.get("/v1/models").json()
+def test_models_and_health(gateways):
+    models = gateways.main.get("/v1/models").json()
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == [MODEL]
     entry = models["data"][0]
     assert entry["object"] == "model" and entry["live_workers"] == 1
@@ -456,12 +459,12 @@ def test_models_and_health(fleet):
     assert worker["budget_source"].startswith("probe")  # the probe's guess, then learned while serving
     assert worker["max_batch_tokens"] >= 256 and worker["max_batch_size"] >= 1
     assert entry["capabilities"]["embedding_size"] == 384 and entry["capabilities"]["name"] == MODEL
-    assert fleet.main.get("/health").json() == {"status": "ok", "redis": "ok", "models": {MODEL: 1}}
+    assert gateways.main.get("/health").json() == {"status": "ok", "redis": "ok", "models": {MODEL: 1}}
 
 
-def test_metrics_parse(fleet):
-    fleet.main.post("/v1/embeddings", json={"model": "nope", "input": "x"})
-    families = {f.name: f for f in text_string_to_metric_families(fleet.main.get("/metrics").text)}
+def test_metrics_parse(gateways):
+    gateways.main.post("/v1/embeddings", json={"model": "nope", "input": "x"})
+    families = {f.name: f for f in text_string_to_metric_families(gateways.main.get("/metrics").text)}
     requests = families["embedfleet_gateway_requests"].samples
     assert any(s.labels["route"] == "/v1/embeddings" and s.labels["status"] == "200" for s in requests)
     assert any(s.labels["route"] == "/v1/jobs/{job_id}" for s in requests)  # templates, never raw ids
@@ -472,12 +475,12 @@ def test_metrics_parse(fleet):
     assert any(s.name.endswith("_bucket") for s in families["embedfleet_gateway_request_seconds"].samples)
 
 
-def test_no_live_worker_is_503(fleet):
+def test_no_live_worker_is_503(gateways):
     """Runs last: stops the worker for good."""
-    fleet.worker.terminate()
-    fleet.worker.wait(30)
-    health = fleet.main.get("/health")
+    gateways.worker.terminate()
+    gateways.worker.wait(30)
+    health = gateways.main.get("/health")
     assert_error(health, 503, "no_worker")
     assert health.headers["retry-after"] == "1"
-    assert_error(fleet.main.post("/v1/embeddings", json={"model": MODEL, "input": "x"}), 503, "no_worker", "model")
-    assert_error(fleet.main.post("/v1/embeddings", json={"input": "x"}), 503, "no_worker")
+    assert_error(gateways.main.post("/v1/embeddings", json={"model": MODEL, "input": "x"}), 503, "no_worker", "model")
+    assert_error(gateways.main.post("/v1/embeddings", json={"input": "x"}), 503, "no_worker")

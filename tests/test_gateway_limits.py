@@ -42,7 +42,8 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
+def gateway_process(tmp_path_factory):
+    """A real `python -m producer.gateway` process over a real null-model worker process, on a Redis of its own."""
     with RedisServer(tmp_path_factory.mktemp("redis")) as redis_server:  # its own: other tests flush theirs
         yield from _fleet(redis_server)
 
@@ -86,8 +87,8 @@ def _fleet(redis_server):
     ("POST", "/pooling", {"model": LONG, "input": "hi"}),
     ("GET", f"/tei/{LONG}/info", None),
 ])
-def test_a_long_id_is_quoted_with_its_length_not_echoed_whole(fleet, method, path, body):
-    response = httpx.request(method, fleet.url + path, json=body, timeout=30)
+def test_a_long_id_is_quoted_with_its_length_not_echoed_whole(gateway_process, method, path, body):
+    response = httpx.request(method, gateway_process.url + path, json=body, timeout=30)
     assert response.status_code == 404, response.text
     error = response.json()["error"]
     message = error if isinstance(error, str) else error["message"]  # TEI's shape: the message is `error`
@@ -95,24 +96,24 @@ def test_a_long_id_is_quoted_with_its_length_not_echoed_whole(fleet, method, pat
 
 
 # -- a request head over the limit -----------------------------------------------------------------------------
-def test_a_200_kb_header_is_answered_431_in_the_gateways_error_shape(fleet):
+def test_a_200_kb_header_is_answered_431_in_the_gateways_error_shape(gateway_process):
     for method, body in (("GET", None), ("POST", {"model": MODEL, "input": "hi"})):
         path = "/health" if method == "GET" else "/v1/embeddings"
-        response = httpx.request(method, fleet.url + path, json=body, headers={"X-Big": "x" * 200_000},
+        response = httpx.request(method, gateway_process.url + path, json=body, headers={"X-Big": "x" * 200_000},
                                  timeout=30)
         assert response.status_code == 431, response.text
         error = response.json()["error"]
         assert error["code"] == "headers_too_large" and error["type"] == "invalid_request_error"
         assert "16384 bytes" in error["message"] and "--max-header-bytes" in error["message"]
     # the gateway is unharmed, and counted what it refused
-    assert httpx.post(f"{fleet.url}/v1/embeddings", json={"model": MODEL, "input": "hi"}).status_code == 200
-    metrics = httpx.get(f"{fleet.url}/metrics").text
+    assert httpx.post(f"{gateway_process.url}/v1/embeddings", json={"model": MODEL, "input": "hi"}).status_code == 200
+    metrics = httpx.get(f"{gateway_process.url}/metrics").text
     assert any(line.startswith("embedfleet_gateway_errors_total") and 'code="headers_too_large"' in line
                and not line.endswith(" 0.0") for line in metrics.splitlines()), metrics
 
 
-def test_a_request_that_is_not_http_gets_a_json_400(fleet):
-    port = int(fleet.url.rsplit(":", 1)[1])
+def test_a_request_that_is_not_http_gets_a_json_400(gateway_process):
+    port = int(gateway_process.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
         answer = b""
@@ -150,17 +151,17 @@ def _settles(pid: int, bound: float, timeout: float = 20) -> float:
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
-def test_large_bodies_leave_no_lasting_memory(fleet):
+def test_large_bodies_leave_no_lasting_memory(gateway_process):
     """Measured before the fix: +14 to +21 MB of RSS after two refused 7 MB bodies, +34 to +46 MB after answered
     ones (glibc kept the freed heap). Now the heap is trimmed after each large request: refused bodies leave
     about nothing; answered ones (each a JSON answer of 2,000 x 384 Python floats) leave +8 to +27 MB of
     pymalloc arenas that later requests reuse: it stays flat."""
-    pid = fleet.gateway.pid
+    pid = gateway_process.gateway.pid
     base = _rss_mb(pid)
 
     def post(model: str) -> int:
         body = json.dumps({"model": model, "input": ["word " * 700] * 2000}).encode()  # 7 MB, 2,000 inputs
-        return httpx.post(f"{fleet.url}/v1/embeddings", content=body, timeout=120,
+        return httpx.post(f"{gateway_process.url}/v1/embeddings", content=body, timeout=120,
                           headers={"content-type": "application/json"}).status_code
 
     assert [post("no-such-model") for _ in range(2)] == [404, 404]  # read, parsed, refused

@@ -13,11 +13,11 @@ import time
 from common.protocol import keys
 from producer import Producer
 from tests.commands import ROOT
+from tests.harness import serve
 from tests.test_yield import Recorded
 from tests.tinymodels import sample_texts
 from worker.engine.engine import Engine
 from worker.engine.models.loader import load_model
-from worker.serving.pipeline import BatchWorker
 from worker.serving.yielding import CUT_IN_PASSES
 
 MODEL = "minilm"
@@ -69,12 +69,8 @@ def test_work_behind_a_long_round_cuts_in_between_its_passes_and_never_starves_i
     tiny = load_model(bert_mean, served_name=MODEL)
     model = Recorded(tiny, {1: gate})
     engine = Engine(model, max_batch_tokens=64, max_batch_size=4)  # 64 texts: 16 passes or more
-    worker = BatchWorker(engine, redis_client, max_jobs=64, poll_timeout=1,
-                         rq_records="full")  # served jobs keep their records: deliveries counted below
-    worker.advertiser.advertise()
-    thread = threading.Thread(target=worker.work, daemon=True)
-    thread.start()
-    with Producer(redis_url) as producer:
+    with serve(engine, redis_client, max_jobs=64,
+               rq_records="full") as worker, Producer(redis_url) as producer:  # served jobs keep their records
         try:
             assert producer.wait(producer.submit(["warm up"], MODEL), timeout=60).ok  # the device's time per text
             long_texts = sample_texts(64, seed=36, max_words=12)
@@ -90,8 +86,6 @@ def test_work_behind_a_long_round_cuts_in_between_its_passes_and_never_starves_i
             answers = [producer.wait(request_id, timeout=60) for request_id in [*small, big]]
         finally:
             gate.set()
-            worker.stop()
-            thread.join(30)
     assert all(answer.ok for answer in answers)
     own = {tuple(ids) for ids in tiny.tokenizer(long_texts)["input_ids"]}
     assert len(own) > 48  # distinct inputs (identical ones run once): many passes

@@ -12,6 +12,7 @@ from common.protocol.keys import FAILURE_TTL, JOB_FUNC, RESULT_TTL, notify_key, 
 from common.request import EmbedRequest, job_reply_to
 from common.result import Result
 from common.serializer import MsgpackSerializer
+from tests.harness import burst
 from tests.test_queue import engine, enqueue, rq_queue, texts  # noqa: F401 - `engine` is a fixture
 from worker.serving.pipeline import BatchWorker
 
@@ -44,7 +45,7 @@ def test_a_non_utf8_id_is_dropped_and_its_batch_is_served(engine, redis_client):
     rest = good_requests(redis_client, model, 10)
 
     worker = BatchWorker(engine, redis_client, max_jobs=64)
-    worker.work(burst=True)
+    burst(worker)
 
     assert worker.finishing.batches == 1  # the bad ids were taken with the good ones, and dropped
     assert_served(redis_client, first + rest)
@@ -69,7 +70,7 @@ def test_job_data_of_the_wrong_shape_fails_alone(engine, redis_client):  # noqa:
     good += good_requests(redis_client, model, 10)
 
     worker = BatchWorker(engine, redis_client, max_jobs=64)
-    worker.work(burst=True)
+    burst(worker)
 
     assert worker.finishing.batches == 1
     assert_served(redis_client, good)
@@ -110,7 +111,7 @@ def test_reply_to_outside_the_reply_streams_is_never_written(engine, redis_clien
         enqueue(redis_client, request)
     good = good_requests(redis_client, model, 5)
 
-    BatchWorker(engine, redis_client).work(burst=True)
+    burst(engine, redis_client)
 
     assert redis_client.lrange("victim:list", 0, -1) == [b"precious"] and redis_client.ttl("victim:list") == -1
     assert redis_client.get("embedfleet:replies:typed") == b"a string, not a stream"
@@ -123,7 +124,7 @@ def test_a_request_for_another_model_is_refused(engine, redis_client):  # noqa: 
     model = engine.caps.name
     stray = EmbedRequest(model="someone-else", inputs=["x"])
     enqueue(redis_client, stray, queue=model)
-    BatchWorker(engine, redis_client).work(burst=True)
+    burst(engine, redis_client)
     answer = Result.decode(redis_client.get(result_key(stray.id)))
     assert answer.error_code == "invalid_request" and answer.error_param == "model"
     assert "someone-else" in answer.error_message and answer.model == model
@@ -143,7 +144,7 @@ def test_every_key_a_hostile_message_creates_expires(engine, redis_client):  # n
     redis_client.rpush(queue.key, "no-such-job")
     ids.append("no-such-job")
 
-    BatchWorker(engine, redis_client).work(burst=True)
+    burst(engine, redis_client)
 
     created = [key for key in redis_client.keys("*") if any(i.encode() in key for i in ids)]
     assert created
@@ -161,7 +162,7 @@ def test_a_job_hash_changed_by_hand_fails_alone_with_its_reason(engine, redis_cl
     bad = good_requests(redis_client, model, 3)
     for request, (field, value) in zip(bad, [("deliveries", "x"), ("lapses", "-3"), ("timeout", "nan")]):
         redis_client.hset(f"rq:job:{request.id}", field, value)
-    BatchWorker(engine, redis_client, max_jobs=64).work(burst=True)
+    burst(engine, redis_client, max_jobs=64)
     assert_served(redis_client, good)
     for request, field in zip(bad, ["deliveries", "lapses", "timeout"]):
         result = Result.decode(redis_client.get(result_key(request.id)))

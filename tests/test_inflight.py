@@ -10,6 +10,7 @@ import pytest
 from common.protocol.keys import inflight_key, result_key
 from common.request import EmbedRequest
 from common.result import Result
+from tests.harness import burst, serve
 from tests.test_queue import enqueue
 from tests.tinymodels import sample_texts
 from worker.serving.cache import VectorCache
@@ -46,8 +47,8 @@ class Slowed:
 
 
 @pytest.fixture
-def fleet(bert_mean, redis_client):
-    """Two workers of the same model files (so the same identity), each with its own loaded copy."""
+def twin(bert_mean, redis_client):
+    """A worker of the model files (so of the same identity as every other it builds), with its own loaded copy."""
     identity = model_identity("m", folder_digest(bert_mean), "float32", "cpu")
 
     def worker(delay: float = 0.0, max_jobs: int = 1, gate=None, fail_to_one: bool = False) -> BatchWorker:
@@ -58,33 +59,22 @@ def fleet(bert_mean, redis_client):
     return worker
 
 
-def serve(*workers: BatchWorker) -> None:
-    threads = [threading.Thread(target=w.work, kwargs={"burst": True}) for w in workers]
-    for thread in threads:
-        thread.start()
-    for thread in threads:  # the event is the thread's end: pytest-timeout bounds a follower that hangs
-        thread.join()
-
-
 def results(redis_client, requests) -> list[Result]:
     return [Result.decode(redis_client.get(result_key(r.id))) for r in requests]
 
 
-def test_twenty_identical_requests_are_served_by_the_forward_passes_of_one(fleet, redis_client):
+def test_twenty_identical_requests_are_served_by_the_forward_passes_of_one(twin, redis_client):
     requests = [EmbedRequest(model="m", inputs=TEXTS) for _ in range(20)]
     for request in requests:
         enqueue(redis_client, request)
     device = threading.Event()  # the leader's forward pass runs once every other request is waiting
-    first, second = fleet(gate=device), fleet(gate=device)
-    serving = threading.Thread(target=serve, args=(first, second))
-    serving.start()
-    deadline = time.monotonic() + 60
-    while len(first.inflight.parked) + len(second.inflight.parked) < 19:
-        assert time.monotonic() < deadline, "the 19 followers never all waited"
-        time.sleep(0.01)
-    device.set()
-    serving.join(timeout=90)
-    assert not serving.is_alive()
+    first, second = twin(gate=device), twin(gate=device)
+    with serve(first, burst=True, stop_seconds=90), serve(second, burst=True, stop_seconds=90):
+        deadline = time.monotonic() + 60
+        while len(first.inflight.parked) + len(second.inflight.parked) < 19:
+            assert time.monotonic() < deadline, "the 19 followers never all waited"
+            time.sleep(0.01)
+        device.set()
 
     engines = (first.engine, second.engine)
     assert sum(e.forward_rows for e in engines) == len(TEXTS)  # one request's inputs, once
@@ -96,7 +86,7 @@ def test_twenty_identical_requests_are_served_by_the_forward_passes_of_one(fleet
     assert not redis_client.keys("embedfleet:inflight:*")  # released once the leader answered
 
 
-def test_followers_run_on_their_own_when_the_leader_fails(fleet, redis_client):
+def test_followers_run_on_their_own_when_the_leader_fails(twin, redis_client):
     leader = EmbedRequest(model="m", inputs=TEXTS)
     enqueue(redis_client, leader)
     # every pass of the leader's round fails (the engine retries a failed batch in halves down to a single
@@ -104,25 +94,20 @@ def test_followers_run_on_their_own_when_the_leader_fails(fleet, redis_client):
     # leader fails for good. Then the device is sound again, for followers this worker took too. Its first
     # pass is held until the followers wait.
     device = threading.Event()
-    failing = fleet(fail_to_one=True, gate=device)
-    healthy = fleet()
-    taken = threading.Thread(target=failing.work, kwargs={"burst": True})
-    taken.start()
-    while not redis_client.exists(inflight_key(request_digest(failing.inflight.identity, leader))):
-        time.sleep(0.01)  # the failing worker leads
-    followers = [EmbedRequest(model="m", inputs=TEXTS) for _ in range(5)]
-    for request in followers:
-        enqueue(redis_client, request)
-    serving = threading.Thread(target=serve, args=(healthy,))
-    serving.start()
-    deadline = time.monotonic() + 60
-    while len(failing.inflight.parked) + len(healthy.inflight.parked) < len(followers):
-        assert time.monotonic() < deadline, "the followers never all waited"
-        time.sleep(0.01)
-    device.set()
-    taken.join(timeout=60)
-    serving.join(timeout=60)
-    assert not taken.is_alive() and not serving.is_alive()
+    failing = twin(fail_to_one=True, gate=device)
+    healthy = twin()
+    with serve(failing, burst=True, stop_seconds=60):
+        while not redis_client.exists(inflight_key(request_digest(failing.inflight.identity, leader))):
+            time.sleep(0.01)  # the failing worker leads
+        followers = [EmbedRequest(model="m", inputs=TEXTS) for _ in range(5)]
+        for request in followers:
+            enqueue(redis_client, request)
+        with serve(healthy, burst=True, stop_seconds=60):
+            deadline = time.monotonic() + 60
+            while len(failing.inflight.parked) + len(healthy.inflight.parked) < len(followers):
+                assert time.monotonic() < deadline, "the followers never all waited"
+                time.sleep(0.01)
+            device.set()
 
     assert Result.decode(redis_client.get(result_key(leader.id))).error_code == "internal_error"
     answers = results(redis_client, followers)
@@ -131,55 +116,51 @@ def test_followers_run_on_their_own_when_the_leader_fails(fleet, redis_client):
     assert failing.inflight.attached + healthy.inflight.attached == 0
 
 
-def test_a_follower_of_a_dead_leader_runs_once_the_marker_lapses(fleet, redis_client):
+def test_a_follower_of_a_dead_leader_runs_once_the_marker_lapses(twin, redis_client):
     """A leader whose worker died leaves its marker until INFLIGHT_TTL: the follower waits that long at
     most, then runs on its own (here the dead worker's marker is written with a 1 s TTL)."""
-    worker = fleet(max_jobs=8)
+    worker = twin(max_jobs=8)
     followers = [EmbedRequest(model="m", inputs=TEXTS) for _ in range(3)]  # taken in one round: all wait
     marker = inflight_key(request_digest(worker.inflight.identity, followers[0]))
     redis_client.set(marker, "a" * 32, ex=1)  # the dead leader's id: no result will ever come
     for follower in followers:
         enqueue(redis_client, follower)
 
-    serve(worker)
+    burst(worker)
 
     assert all(answer.ok for answer in results(redis_client, followers))
     assert worker.inflight.let_go == 3 and worker.engine.forward_rows == len(TEXTS)
 
 
-def test_cache_false_never_attaches(fleet, redis_client):
-    worker = fleet()
+def test_cache_false_never_attaches(twin, redis_client):
+    worker = twin()
     request = EmbedRequest(model="m", inputs=TEXTS, cache=False)
     redis_client.set(inflight_key(request_digest(worker.inflight.identity, request)), "b" * 32, ex=60)
     enqueue(redis_client, request)
-    serve(worker)
+    burst(worker)
     assert results(redis_client, [request])[0].ok and worker.inflight.attached == worker.inflight.let_go == 0
 
 
-def test_a_stopping_worker_leaves_no_follower_parked(fleet, redis_client):
+def test_a_stopping_worker_leaves_no_follower_parked(twin, redis_client):
     """stop() finishes every job taken: a parked follower stops waiting and runs in a last round."""
-    worker = fleet()
+    worker = twin()
     follower = EmbedRequest(model="m", inputs=TEXTS)
     redis_client.set(inflight_key(request_digest(worker.inflight.identity, follower)), "c" * 32, ex=600)
     enqueue(redis_client, follower)
-    thread = threading.Thread(target=worker.work)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not worker.inflight.parked:
-        assert time.monotonic() < deadline, "the follower was never parked"
-        time.sleep(0.01)
-    worker.stop()
-    thread.join(timeout=30)
-    assert not thread.is_alive()
+    with serve(worker):  # its exit: stop(), then the thread must end within 30 s
+        deadline = time.monotonic() + 30
+        while not worker.inflight.parked:
+            assert time.monotonic() < deadline, "the follower was never parked"
+            time.sleep(0.01)
     answer, = results(redis_client, [follower])
     assert answer.ok and worker.inflight.let_go == 1 and worker.held_count() == 0
 
 
-def test_the_next_round_takes_what_the_round_on_the_device_computes(fleet, redis_client):
+def test_the_next_round_takes_what_the_round_on_the_device_computes(twin, redis_client):
     """The next round is prepared (and looked up) while this one is on the device, before its vectors reach
     Redis: the forward stage hands them on from memory."""
     gate = threading.Event()
-    worker = fleet(gate=gate, max_jobs=1)  # the first pass is held on the device until the test opens it
+    worker = twin(gate=gate, max_jobs=1)  # the first pass is held on the device until the test opens it
     first = EmbedRequest(model="m", inputs=TEXTS)
     second = EmbedRequest(model="m", inputs=TEXTS, params={"embed_dtype": "float16"})  # not the same request
     for request in (first, second):
@@ -194,7 +175,7 @@ def test_the_next_round_takes_what_the_round_on_the_device_computes(fleet, redis
 
     opener = threading.Thread(target=open_when_the_next_round_waits, daemon=True)
     opener.start()
-    serve(worker)
+    burst(worker)
 
     assert worker.engine.forward_rows == len(TEXTS) and worker.inflight.attached == 0
     assert (worker.steps.cache.hits, worker.steps.cache.misses) == (len(TEXTS), len(TEXTS))

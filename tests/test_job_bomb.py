@@ -14,6 +14,7 @@ from common.protocol.keys import JOB_FUNC, result_key
 from common.request import EmbedRequest
 from common.result import Result
 from common.serializer import MsgpackSerializer
+from tests.harness import burst
 from tests.nullworker import NULL
 from tests.test_queue import enqueue, rq_queue, texts
 from worker.engine.engine import Engine
@@ -70,7 +71,7 @@ def good_requests(conn, count: int) -> list[EmbedRequest]:
 
 def test_a_zlib_bomb_among_good_jobs_fails_alone_small_and_in_bounded_memory(redis_client):
     engine = Engine(NullModel("null:4", served_name=NULL), max_batch_tokens=1 << 20, max_batch_size=4096)
-    BatchWorker(engine, redis_client).work(burst=True)  # a first round: what any worker holds once it runs
+    burst(engine, redis_client)  # a first round: what any worker holds once it runs
     hostile = {}
     good = good_requests(redis_client, 10)
     for label, (data, says) in bombs().items():
@@ -81,7 +82,7 @@ def test_a_zlib_bomb_among_good_jobs_fails_alone_small_and_in_bounded_memory(red
     good += good_requests(redis_client, 10)
 
     worker = BatchWorker(engine, redis_client, max_jobs=64)
-    grown, peak = memory_growth(lambda: worker.work(burst=True))
+    grown, peak = memory_growth(lambda: burst(worker))
 
     assert worker.finishing.batches == 1  # the bombs were taken with the good jobs
     for request in good:

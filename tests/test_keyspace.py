@@ -17,6 +17,7 @@ import redis
 from common.protocol import keys, operations
 from common.redisserver import RedisServer
 from producer import AsyncProducer, Producer
+from tests.harness import serve
 from worker.serving.pipeline import BatchWorker
 
 MAX_LEN = 32
@@ -112,16 +113,11 @@ def test_every_key_written_in_a_full_scenario_is_described_in_keys_py(long_folde
                     await operations.save_job_options(aproducer.redis, request_id, "{}")
                     return await aproducer.wait(request_id, timeout=60)
 
-            thread = threading.Thread(target=worker.work, daemon=True)
-            thread.start()
-            try:
+            with serve(worker):
                 assert asyncio.run(async_side()).ok
                 for request_id in [*ids, *lost, bulk]:
                     assert producer.wait(request_id, timeout=60).ok
                 assert worker.upkeep.recovered == 2
-            finally:
-                worker.stop()
-                thread.join(30)
         conn.close()
         written = recorder.stop()
 

@@ -14,6 +14,7 @@ from common.errors import DecodeError, InputTooLongError, InternalError
 from common.request import EmbedRequest
 from common.result import Result
 from producer import Producer
+from tests.harness import burst, serve
 from tests.tinymodels import WORDS, save_tiny_bert, st_reference, wrap_sentence_transformers
 from worker.engine.engine import Engine
 from worker.engine.models.loader import load_model
@@ -129,7 +130,7 @@ def test_chunks_spread_over_two_workers_equal_the_reference(long_model, redis_ur
         assert producer.get(request_id) is None and producer.status(request_id) == "started"
         assert redis_client.llen(first.queue.key) == 5
         part = _one_round(first)  # one part here, the rest on the second worker
-        assert second.work(burst=True)
+        assert burst(second)
         result = producer.wait(request_id, timeout=30)
     expected, tokens = hand_reference(folder, text)
     short, short_tokens = hand_reference(folder, "a short one")
@@ -174,9 +175,7 @@ def test_a_failed_part_fails_the_request_once_and_nothing_hangs(long_model, redi
     with Producer(redis_url) as producer:
         request_id = producer.submit([text], "long")
         _one_round(spreader)
-        failing = BatchWorker(Engine(_FailingOnce(model, poison=9)), redis_client, max_jobs=4, poll_timeout=1,
-                              name="failing")
-        failing.work(burst=True)
+        burst(Engine(_FailingOnce(model, poison=9)), redis_client, max_jobs=4, name="failing")
         with pytest.raises(InternalError, match=r"chunk part 2 of 2 failed: forward pass failed"):
             producer.wait(request_id, timeout=10)
     # The part is failed in rq (not retried alone) and left no answer of its own.
@@ -259,8 +258,7 @@ def test_a_poisoned_part_fails_the_request_and_a_corrupt_plan_fails_only_its_req
         redis_client.hset(f"rq:job:{keys.part_id(poisoned, 0)}", "lapses", 3)
         redis_client.hset(keys.chunks_key(corrupt), "plan", b"\xc1 not msgpack")  # Redis holds anything
         plain = producer.submit(["a short one"], "long")
-        server = BatchWorker(Engine(model), redis_client, max_jobs=16, poll_timeout=1, name="server")
-        server.work(burst=True)
+        burst(Engine(model), redis_client, max_jobs=16, name="server")
         with pytest.raises(Exception) as info:
             producer.wait(poisoned, timeout=10)
         assert info.value.code == "poison" and "chunk part 1 of 2 failed" in info.value.message
@@ -317,30 +315,18 @@ def test_worker_refuses_a_max_embed_len_at_or_below_the_max_length_in_one_line(l
 def test_two_serving_workers_join_concurrent_parts_once(long_model, redis_url, redis_client):
     """Two workers serving at once (their own loops, threads), parts of one chunk each: every request is
     answered once, equal to the same request chunked in one worker, and no join state is left."""
-    import threading
-
     _, model = long_model
     texts = [words(int(m * MAX_LEN), seed=20 + k) for k, m in enumerate((7, 2.5, 5))]
     local = Engine(model).run([EmbedRequest(model="long", inputs=[t]) for t in texts])
-    fleet = [BatchWorker(Engine(model), redis_client, max_jobs=4, poll_timeout=1, name=f"w{k}", chunks_per_job=1)
-             for k in range(2)]
-    threads = [threading.Thread(target=w.work, daemon=True) for w in fleet]
-    for worker, thread in zip(fleet, threads):
-        worker.advertiser.advertise()
-        thread.start()
-    try:
-        with Producer(redis_url) as producer:
-            ids = [producer.submit([t], "long") for t in texts]
-            results = [producer.wait(i, timeout=60) for i in ids]
-    finally:
-        for worker in fleet:
-            worker.stop()
-        for thread in threads:
-            thread.join(30)
+    options = {"max_jobs": 4, "chunks_per_job": 1}
+    with serve(Engine(model), redis_client, name="w0", **options) as first, \
+            serve(Engine(model), redis_client, name="w1", **options) as second, Producer(redis_url) as producer:
+        ids = [producer.submit([t], "long") for t in texts]
+        results = [producer.wait(i, timeout=60) for i in ids]
     for result, alone in zip(results, local):
         assert cosine(result.embeddings[0], alone.embeddings[0]) >= 0.99999
         assert result.usage.prompt_tokens == alone.usage.prompt_tokens
-    assert sum(w.chunk_jobs.joined_parts for w in fleet) == sum(len(alone_parts(t, model)) for t in texts)
+    assert sum(w.chunk_jobs.joined_parts for w in (first, second)) == sum(len(alone_parts(t, model)) for t in texts)
     assert not any(redis_client.exists(keys.chunks_key(i)) for i in ids)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -20,6 +19,7 @@ from common.protocol.keys import notify_key, result_key
 from common.protocol.records import RQ_RECORDS
 from common.request import EmbedRequest
 from common.result import Result
+from tests.harness import burst, serve
 from tests.test_queue import GatedEngine, enqueue, rq_queue, wait_for
 from tests.tinymodels import sample_texts
 from worker.engine.engine import Engine
@@ -55,7 +55,7 @@ def test_no_job_is_lost_or_answered_twice(tiny, redis_client, jobs, max_jobs, re
         expected[request.id] = kind
 
     worker = BatchWorker(tiny, redis_client, max_jobs=max_jobs, rq_records=records)
-    worker.work(burst=True)
+    burst(worker)
 
     queue = rq_queue(redis_client, "tiny")
     finished = set(queue.finished_job_registry.get_job_ids())
@@ -90,24 +90,20 @@ def test_a_deep_queue_costs_the_worker_only_its_prefetch_bound(tiny, redis_clien
     for request in requests:
         enqueue(redis_client, request)
     gated = GatedEngine(tiny)
-    worker = BatchWorker(gated, redis_client, max_jobs=8, poll_timeout=1, rq_records=records)
-    thread = threading.Thread(target=worker.work, daemon=True)
-    thread.start()
     queue = rq_queue(redis_client, "tiny")
-    try:
-        assert gated.entered.wait(10)
-        wait_for(lambda: worker.held_count() == 16)  # one round on the device, the next one prepared
-        time.sleep(0.5)  # ... and no more, however long the device takes
-        assert worker.held_count() == 16 and len(queue.started_job_registry.get_job_ids()) == 16
-        assert len(queue) == 300 - 16
-        info = rq_info(redis_client)  # `rq info` reads the same truth
-        assert f"queue {queue.name} {300 - 16}, 16 executing, 0 finished, 0 failed" in info, info
-        assert f"worker {worker.name} (" in info and ") busy " in info, info
-    finally:
-        gated.release.set()
-        worker.stop()
-        thread.join(20)
-    assert not thread.is_alive()
+    # its exit: stop() and the join
+    with serve(gated, redis_client, max_jobs=8, stop_seconds=20, rq_records=records) as worker:
+        try:
+            assert gated.entered.wait(10)
+            wait_for(lambda: worker.held_count() == 16)  # one round on the device, the next one prepared
+            time.sleep(0.5)  # ... and no more, however long the device takes
+            assert worker.held_count() == 16 and len(queue.started_job_registry.get_job_ids()) == 16
+            assert len(queue) == 300 - 16
+            info = rq_info(redis_client)  # `rq info` reads the same truth
+            assert f"queue {queue.name} {300 - 16}, 16 executing, 0 finished, 0 failed" in info, info
+            assert f"worker {worker.name} (" in info and ") busy " in info, info
+        finally:
+            gated.release.set()
     assert queue.started_job_registry.get_job_ids() == []  # a stop finishes what it took ...
     served = sum(bool(redis_client.exists(result_key(r.id))) for r in requests)
     assert served >= 16 and len(queue) == 300 - served  # ... and leaves the rest queued
@@ -129,18 +125,14 @@ def test_rq_suspend_pauses_the_worker_and_resume_restarts_it(tiny, redis_client)
     suspend(redis_client)
     request = EmbedRequest(model="tiny", inputs=["paused"])
     enqueue(redis_client, request)
-    worker = BatchWorker(tiny, redis_client, poll_timeout=1)
-    thread = threading.Thread(target=worker.work, daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: [w.get_state() for w in Worker.all(connection=redis_client)] == ["suspended"])
-        assert not redis_client.exists(result_key(request.id)) and len(rq_queue(redis_client, "tiny")) == 1
-        resume(redis_client)
-        wait_for(lambda: redis_client.exists(result_key(request.id)))
-    finally:
-        resume(redis_client)
-        worker.stop()
-        thread.join(10)
+    with serve(tiny, redis_client, stop_seconds=10):
+        try:
+            wait_for(lambda: [w.get_state() for w in Worker.all(connection=redis_client)] == ["suspended"])
+            assert not redis_client.exists(result_key(request.id)) and len(rq_queue(redis_client, "tiny")) == 1
+            resume(redis_client)
+            wait_for(lambda: redis_client.exists(result_key(request.id)))
+        finally:
+            resume(redis_client)
     assert Result.decode(redis_client.get(result_key(request.id))).ok
 
 
@@ -178,7 +170,7 @@ def test_the_null_model_answers_unit_vectors_through_the_whole_path(redis_client
                 for n, params in ((1, {}), (3, {"dimensions": 8}), (2, {"embed_dtype": "float16"}))]
     for request in requests:
         enqueue(redis_client, request)
-    BatchWorker(engine, redis_client).work(burst=True)
+    burst(engine, redis_client)
     for request in requests:
         result = Result.decode(redis_client.get(result_key(request.id)))
         width = request.params.dimensions or 16

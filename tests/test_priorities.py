@@ -19,6 +19,7 @@ from common.request import EmbedRequest
 from common.scheduling import estimate_tokens, priority_level
 from common.serializer import MsgpackSerializer
 from producer import Producer
+from tests.harness import burst, serve
 from tests.test_queue import wait_for
 from worker.engine.engine import Engine
 from worker.engine.models.nullmodel import NullModel
@@ -136,16 +137,11 @@ def test_a_deep_bulk_backlog_lets_an_interactive_request_through_within_a_few_ro
                                                                                          redis_client):
     worker = advertised(DeviceTime(engine, 0.01), redis_client, max_jobs=8)
     bulk = producer.submit_many([[f"bulk {i}"] for i in range(3000)], MODEL, priority="bulk")
-    thread = threading.Thread(target=worker.work, daemon=True)
-    thread.start()
-    try:
+    with serve(worker):
         wait_for(lambda: redis_client.zcard(f"rq:finished:{BULK}") >= 16)  # the backlog is being served
         submitted = rq_time(datetime.now(timezone.utc))
         interactive = producer.submit(["now, please"], MODEL)
         assert producer.wait(interactive, 30).ok
-    finally:
-        worker.stop()
-        thread.join(30)
     served_at = ended_at(redis_client, [interactive])[interactive]
     bulk_ended = {i: stamp for i, stamp in ended_at(redis_client, bulk).items() if stamp}
     rounds_between = {stamp for stamp in bulk_ended.values() if submitted < stamp < served_at}
@@ -159,7 +155,7 @@ def test_bulk_gets_its_bounded_share_while_interactive_traffic_runs(engine, prod
     advertised(engine, redis_client)
     bulk = producer.submit_many([[f"bulk {i}"] for i in range(400)], MODEL, priority="bulk")
     interactive = producer.submit_many([[f"interactive {i}"] for i in range(400)], MODEL)
-    assert BatchWorker(engine, redis_client, max_jobs=10, bulk_share=4, rq_records="full").work(burst=True)
+    assert burst(engine, redis_client, max_jobs=10, bulk_share=4, rq_records="full")
     last_interactive = max(ended_at(redis_client, interactive).values())
     bulk_before = sum(stamp < last_interactive for stamp in ended_at(redis_client, bulk).values())
     # one round in 4 reads bulk first: about 400 / 3 bulk jobs are served while interactive drains, and
@@ -175,7 +171,7 @@ def test_an_expired_request_is_never_computed_and_its_waiter_gets_expired(engine
     on_time = producer.submit(["in time"], MODEL, timeout=60)
     time.sleep(0.3)
     passes = engine.forward_passes
-    assert BatchWorker(engine, redis_client).work(burst=True)
+    assert burst(engine, redis_client)
     assert engine.forward_passes - passes == 1  # one pass, for the request still in time
     for request_id, queue in ((late, INTERACTIVE), (late_bulk, BULK)):
         with pytest.raises(ExpiredError, match="still queued .* after its deadline") as err:
@@ -229,7 +225,7 @@ def test_bulk_waits_for_a_model_scaled_to_zero_while_interactive_is_told_no_work
         producer.submit(["typo"], "no-such-model", priority="bulk")
     queued = producer.submit(["later"], MODEL, priority="bulk")
     assert rq(redis_client, BULK).job_ids == [queued]
-    assert BatchWorker(engine, redis_client).work(burst=True)  # the autoscaler started one
+    assert burst(engine, redis_client)  # the autoscaler started one
     assert producer.wait(queued, 5).embeddings.shape == (1, 8)
 
 

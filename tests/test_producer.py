@@ -23,6 +23,7 @@ from common.result import Result
 from common.serializer import MsgpackSerializer
 from producer import AsyncProducer, Producer
 from producer.client.core import looked_at
+from tests.harness import burst
 from tests.tinymodels import sample_texts
 from worker.serving.pipeline import BatchWorker
 
@@ -55,16 +56,9 @@ def idle_worker(engine, redis_client):
 
 
 @pytest.fixture
-def serving_worker(engine, redis_client):
+def serving_worker(fleet, engine):
     """A worker serving in a thread until the test ends."""
-    worker = BatchWorker(engine, redis_client, poll_timeout=1)
-    thread = threading.Thread(target=worker.work, daemon=True)
-    thread.start()
-    worker.advertiser.advertise()
-    yield worker
-    worker.stop()
-    thread.join(30)
-    assert not thread.is_alive()
+    return fleet.serve(engine)
 
 
 def corpus_texts() -> list[str]:
@@ -103,7 +97,7 @@ def test_requests_submitted_before_a_worker_starts_are_batched(producer, engine,
     assert len(ids) == 40 and all(producer.get(i) is None for i in ids)
     passes = engine.forward_passes
 
-    idle_worker.work(burst=True)
+    burst(idle_worker)
 
     used = engine.forward_passes - passes
     assert used < len(ids), f"{used} forward passes for {len(ids)} requests"
@@ -126,7 +120,7 @@ def test_pending_request_get_none_wait_times_out_then_result_expires(producer, i
     with pytest.raises(TimeoutError, match=rf"no result for request {request_id} after 0.3 s \(status: queued\)"):
         producer.wait(request_id, timeout=0.3)
 
-    idle_worker.work(burst=True)
+    burst(idle_worker)
 
     result = producer.wait(request_id, timeout=5)
     assert result.ok and result.model == "minilm" and result.embeddings.shape == (1, 384)
@@ -179,7 +173,7 @@ def test_wait_wakes_on_the_result_without_polling(producer, idle_worker, redis_c
 
     request_id = producer.submit("wake me up")
     gets, blmoves = calls("get"), calls("blmove")
-    late = threading.Timer(1.5, idle_worker.work, kwargs={"burst": True})  # the result lands later
+    late = threading.Timer(1.5, burst, args=(idle_worker,))  # the result lands later
     late.start()
     assert producer.wait(request_id, timeout=30).ok
     late.join(30)
@@ -243,7 +237,7 @@ def test_over_long_input_fails_alone_with_the_limit(producer, idle_worker):
     long_text = "many words " * 300
     bad = producer.submit([long_text])
     good = producer.submit(["fine"])
-    idle_worker.work(burst=True)
+    burst(idle_worker)
 
     with pytest.raises(InputTooLongError, match=r"256") as info:
         producer.wait(bad, 5)
@@ -257,7 +251,7 @@ def test_malformed_message_fails_its_job_and_the_worker_goes_on(producer, idle_w
     queue = Queue(keys.queue_name("minilm"), connection=redis_client, serializer=MsgpackSerializer)
     queue.enqueue(keys.JOB_FUNC, b"\xc1 not msgpack", job_id="garbage")
     after = producer.submit(["after"])
-    idle_worker.work(burst=True)
+    burst(idle_worker)
 
     assert producer.wait(good, 5).ok and producer.wait(after, 5).ok
     job = queue.fetch_job("garbage")
@@ -275,7 +269,7 @@ def test_cancel_a_pending_request(producer, idle_worker):
     assert queue.fetch_job(request_id).get_status() == JobStatus.CANCELED  # rq agrees
     assert request_id in queue.canceled_job_registry.get_job_ids() and len(queue) == 0
     assert producer.cancel(request_id) is False
-    idle_worker.work(burst=True)
+    burst(idle_worker)
     assert producer.get(request_id).error_code == "cancelled"
 
 
@@ -304,7 +298,7 @@ def test_async_waiters_share_one_reply_connection(redis_url, redis_client, idle_
             waits = [asyncio.ensure_future(aproducer.wait(i, timeout=60)) for i in [*ids, foreign]]
             await asyncio.sleep(0.5)
             blocked = int(redis_client.info("clients")["blocked_clients"])
-            serve = asyncio.get_running_loop().run_in_executor(None, idle_worker.work, True)
+            serve = asyncio.get_running_loop().run_in_executor(None, burst, idle_worker)
             results = await asyncio.gather(*waits)
             await serve
             return blocked, results
@@ -340,7 +334,7 @@ def test_many_foreign_long_polls_do_not_starve_other_commands(redis_url, idle_wo
             await asyncio.sleep(0.5)
             assert await asyncio.wait_for(aproducer.get(foreign[0]), 5) is None  # not stuck behind BLPOPs
             assert await asyncio.wait_for(aproducer.status(foreign[0]), 5) == "queued"
-            serve = asyncio.get_running_loop().run_in_executor(None, idle_worker.work, True)
+            serve = asyncio.get_running_loop().run_in_executor(None, burst, idle_worker)
             results = await asyncio.gather(*waits)
             await serve
             return results

@@ -19,6 +19,7 @@ from common.protocol.keys import (FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, L
 from common.request import EmbedRequest
 from common.result import Result
 from common.serializer import MsgpackSerializer
+from tests.harness import burst, serve
 from tests.tinymodels import engine_for
 from worker.serving.advertise import Advertiser
 from worker.serving.config import WorkerSettings
@@ -65,7 +66,7 @@ def test_burst_serves_in_batches_and_matches_single_embeddings(engine, redis_cli
         enqueue(redis_client, request)
     passes = engine.forward_passes
 
-    assert BatchWorker(engine, redis_client, max_jobs=64, rq_records=records).work(burst=True)
+    assert burst(BatchWorker(engine, redis_client, max_jobs=64, rq_records=records))
 
     assert engine.forward_passes - passes < len(requests)
     alone = {text: engine.run([EmbedRequest(model=engine.caps.name, inputs=[text])])[0].embeddings[0]
@@ -116,7 +117,7 @@ def test_malformed_messages_fail_clearly_and_the_batch_goes_on(engine, redis_cli
 
     reply = "embedfleet:replies:test"
     worker = BatchWorker(engine, redis_client, max_jobs=64, rq_records=records)
-    worker.work(burst=True)
+    burst(worker)
     assert worker.finishing.batches == 1  # everything above was one batch
 
     queue = rq_queue(redis_client, model)
@@ -155,7 +156,7 @@ def test_malformed_messages_fail_clearly_and_the_batch_goes_on(engine, redis_cli
 def test_reply_stream_gets_the_id(engine, redis_client):
     request = EmbedRequest(model=engine.caps.name, inputs=["hi"], reply_to="embedfleet:replies:test")
     enqueue(redis_client, request)
-    BatchWorker(engine, redis_client).work(burst=True)
+    burst(BatchWorker(engine, redis_client))
     [(_, fields)] = redis_client.xrange("embedfleet:replies:test")
     assert fields == {b"id": request.id.encode()}
 
@@ -195,34 +196,30 @@ def test_worker_in_thread_is_registered_honestly_and_advertises(engine, redis_cl
         enqueue(redis_client, request)
     gated = GatedEngine(engine)
     worker = BatchWorker(gated, redis_client, poll_timeout=1, heartbeat_interval=0.2, rq_records=records)
-    thread = threading.Thread(target=worker.work, daemon=True)
-    thread.start()
-    try:
-        assert gated.entered.wait(10)
-        assert 0 < redis_client.ttl(model_key(name)) <= 30
-        assert redis_client.sismember(MODELS_KEY, name)
-        [seen] = Worker.all(connection=redis_client)
-        assert seen.name == worker.name
-        # busy, as `rq info` shows it: written by the take (full), by the next beat (lean)
-        wait_for(lambda: Worker.all(connection=redis_client)[0].get_state() == "busy")
-        current = seen.get_current_job()  # read from Redis, as rq's Worker API does (its executions)
-        assert current.id in {r.id for r in requests} if records == "full" else current is None
-        queue = rq_queue(redis_client, name)
-        assert set(queue.started_job_registry.get_job_ids()) == {r.id for r in requests}
-        assert {queue.fetch_job(r.id).get_status() for r in requests} == {JobStatus.STARTED}
-        beat = redis_client.zscore(model_workers_key(name), worker.name)
-        wait_for(lambda: redis_client.zscore(model_workers_key(name), worker.name) > beat)  # beats while busy
+    with serve(worker, stop_seconds=10):  # its exit: stop(), then the thread must end within 10 s
+        try:
+            assert gated.entered.wait(10)
+            assert 0 < redis_client.ttl(model_key(name)) <= 30
+            assert redis_client.sismember(MODELS_KEY, name)
+            [seen] = Worker.all(connection=redis_client)
+            assert seen.name == worker.name
+            # busy, as `rq info` shows it: written by the take (full), by the next beat (lean)
+            wait_for(lambda: Worker.all(connection=redis_client)[0].get_state() == "busy")
+            current = seen.get_current_job()  # read from Redis, as rq's Worker API does (its executions)
+            assert current.id in {r.id for r in requests} if records == "full" else current is None
+            queue = rq_queue(redis_client, name)
+            assert set(queue.started_job_registry.get_job_ids()) == {r.id for r in requests}
+            assert {queue.fetch_job(r.id).get_status() for r in requests} == {JobStatus.STARTED}
+            beat = redis_client.zscore(model_workers_key(name), worker.name)
+            wait_for(lambda: redis_client.zscore(model_workers_key(name), worker.name) > beat)  # beats while busy
 
-        gated.release.set()
-        wait_for(lambda: all(redis_client.exists(result_key(r.id)) for r in requests))
-        wait_for(lambda: Worker.all(connection=redis_client)[0].get_state() == "idle")
-        assert Worker.all(connection=redis_client)[0].get_current_job() is None
-        assert queue.started_job_registry.get_job_ids() == []
-    finally:
-        gated.release.set()
-        worker.stop()
-        thread.join(10)
-    assert not thread.is_alive()
+            gated.release.set()
+            wait_for(lambda: all(redis_client.exists(result_key(r.id)) for r in requests))
+            wait_for(lambda: Worker.all(connection=redis_client)[0].get_state() == "idle")
+            assert Worker.all(connection=redis_client)[0].get_current_job() is None
+            assert queue.started_job_registry.get_job_ids() == []
+        finally:
+            gated.release.set()
     assert Worker.all(connection=redis_client) == []
     assert not redis_client.exists(model_key(name))
     assert redis_client.zscore(model_workers_key(name), worker.name) is None
@@ -251,27 +248,23 @@ def test_leases_are_renewed_by_beats_and_only_until_the_job_timeout(engine, redi
     enqueue(redis_client, hasty, job_timeout=1)
     gated, lease = GatedEngine(engine), 0.9  # renewed every 0.3 s
     worker = BatchWorker(gated, redis_client, poll_timeout=1, lease=lease)
-    thread = threading.Thread(target=worker.work, daemon=True)
-    thread.start()
-    try:
-        assert gated.entered.wait(10)
-        first = started_score(redis_client, patient)
-        assert first < time.time() + lease + LEASE_GRACE + 1  # the lease, seen by rq LEASE_GRACE later
-        wait_for(lambda: started_score(redis_client, patient) > first)  # a beat renewed it ...
-        assert started_score(redis_client, patient) < time.time() + lease + LEASE_GRACE + 1  # ... by a lease
+    with serve(worker, stop_seconds=10):
+        try:
+            assert gated.entered.wait(10)
+            first = started_score(redis_client, patient)
+            assert first < time.time() + lease + LEASE_GRACE + 1  # the lease, seen by rq LEASE_GRACE later
+            wait_for(lambda: started_score(redis_client, patient) > first)  # a beat renewed it ...
+            assert started_score(redis_client, patient) < time.time() + lease + LEASE_GRACE + 1  # ... by a lease
 
-        # hasty's 1 s timeout passes: its lease is no longer renewed, lapses, and a recover requeues it
-        wait_for(lambda: redis_client.hget(f"rq:job:{hasty.id}", "lapses") == b"1")
-        wait_for(lambda: worker.upkeep.recovered >= 1)  # counted once the recover script has returned
-        assert redis_client.lrange(rq_queue(redis_client, engine.caps.name).key, 0, -1) == [hasty.id.encode()] \
-            or worker.held_count() == 3  # requeued at the head, or already taken again (a second claim)
-        seen = started_score(redis_client, patient)
-        wait_for(lambda: started_score(redis_client, patient) > seen)  # patient's lease lives on
-    finally:
-        gated.release.set()
-        worker.stop()
-        thread.join(10)
-    assert not thread.is_alive()
+            # hasty's 1 s timeout passes: its lease is no longer renewed, lapses, and a recover requeues it
+            wait_for(lambda: redis_client.hget(f"rq:job:{hasty.id}", "lapses") == b"1")
+            wait_for(lambda: worker.upkeep.recovered >= 1)  # counted once the recover script has returned
+            assert redis_client.lrange(rq_queue(redis_client, engine.caps.name).key, 0, -1) == [hasty.id.encode()] \
+                or worker.held_count() == 3  # requeued at the head, or already taken again (a second claim)
+            seen = started_score(redis_client, patient)
+            wait_for(lambda: started_score(redis_client, patient) > seen)  # patient's lease lives on
+        finally:
+            gated.release.set()
 
 
 def test_a_result_ttl_under_one_second_is_refused(engine, redis_client):
@@ -284,7 +277,7 @@ def test_a_result_ttl_under_one_second_is_refused(engine, redis_client):
 
     request = EmbedRequest(model=engine.caps.name, inputs=["kept"])  # a job's own -1 gives way to the worker's
     job = enqueue(redis_client, request, result_ttl=-1)
-    BatchWorker(engine, redis_client, result_ttl=100, rq_records="full").work(burst=True)
+    burst(BatchWorker(engine, redis_client, result_ttl=100, rq_records="full"))
     assert Result.decode(redis_client.get(result_key(request.id))).ok
     assert 0 < redis_client.ttl(result_key(request.id)) <= 100
     assert job.get_status() == JobStatus.FINISHED and 0 < redis_client.ttl(job.key) <= 100
@@ -322,7 +315,7 @@ def test_a_poisoned_request_fails_alone_retryably_and_its_neighbours_are_served(
         enqueue(redis_client, request)
 
     worker = BatchWorker(engine, redis_client, rq_records=records)
-    worker.work(burst=True)
+    burst(worker)
     assert worker.finishing.batches == 2  # the poisoned job was requeued once by its Retry, and failed again
 
     queue = rq_queue(redis_client, model)
@@ -371,7 +364,7 @@ def test_a_beat_right_after_the_store_recreates_no_execution(engine, redis_clien
     for request in requests:
         enqueue(redis_client, request)
     # full: lean writes no execution records at all
-    beat_after_store(BatchWorker(engine, redis_client, rq_records="full")).work(burst=True)
+    burst(beat_after_store(BatchWorker(engine, redis_client, rq_records="full")))
     assert all(Result.decode(redis_client.get(result_key(r.id))).ok for r in requests)
     assert not redis_client.keys("rq:execution*")
     assert rq_queue(redis_client, engine.caps.name).started_job_registry.get_job_ids() == []

@@ -17,6 +17,7 @@ from common.protocol.records import RQ_RECORDS
 from common.request import EmbedRequest
 from common.result import Result
 from producer import AsyncProducer
+from tests.harness import burst
 from tests.test_queue import engine, enqueue, rq_queue, wait_for  # noqa: F401 - `engine` is a fixture
 from worker.serving.heartbeat import Heartbeat
 from worker.serving.pipeline import BatchWorker
@@ -46,7 +47,7 @@ def test_abandoned_batch_is_failed_or_retried_by_rq_maintenance(engine, redis_cl
     assert answer.error_code == "internal_error" and "died" in answer.error_message
     assert queue.get_job_ids() == [retried.id] and not redis_client.exists(result_key(retried.id))
 
-    rescuer.work(burst=True)
+    burst(rescuer)
     assert Result.decode(redis_client.get(result_key(retried.id))).ok
     served = queue.fetch_job(retried.id)  # lean: a served job's answer is its record
     assert served.get_status() == JobStatus.FINISHED if records == "full" else served is None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 
 import openai
@@ -15,7 +14,6 @@ from tests import gatewayserver
 from tests.commands import ROOT
 from worker.engine.engine import Engine
 from worker.engine.models.loader import load_model
-from worker.serving.pipeline import BatchWorker
 
 MODEL = "all-MiniLM-L6-v2"  # the name `make up` serves it under, which the snippets use
 
@@ -27,33 +25,28 @@ def python_block(path: str, holding: str) -> str:
 
 
 @pytest.fixture
-def fleet(minilm_path, redis_client, redis_url, monkeypatch):
+def made_up(fleet, minilm_path, monkeypatch):
     """A MiniLM worker served as `make up` serves it, found as after `make up` (here through the variable)."""
-    worker = BatchWorker(Engine(load_model(minilm_path, served_name=MODEL)), redis_client, poll_timeout=1)
-    worker.advertiser.advertise()
-    thread = threading.Thread(target=worker.work, daemon=True)
-    thread.start()
-    monkeypatch.setenv("EMBEDFLEET_REDIS_URL", redis_url)
-    yield redis_url
-    worker.stop()
-    thread.join(30)
+    fleet.serve(Engine(load_model(minilm_path, served_name=MODEL)))
+    monkeypatch.setenv("EMBEDFLEET_REDIS_URL", fleet.url)
+    return fleet.url
 
 
-def test_the_async_producer_block_of_python_md_runs_as_printed(fleet, capsys):
+def test_the_async_producer_block_of_python_md_runs_as_printed(made_up, capsys):
     exec(python_block("docs/python.md", "AsyncProducer"), {"__name__": "snippet"})  # our own doc, as printed
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 4 and all(line.endswith(" True (1, 384)") for line in printed[:3]), printed
     assert printed[3] == "(3, 384)"
 
 
-def test_the_batch_api_block_of_the_readme_runs_on_the_requests_line_it_shows(fleet, tmp_path, monkeypatch):
+def test_the_batch_api_block_of_the_readme_runs_on_the_requests_line_it_shows(made_up, tmp_path, monkeypatch):
     block = python_block("README.md", "client.batches.create")
     comment = " ".join(line.lstrip("# ") for line in block.splitlines() if line.startswith("#"))
     line = json.loads(comment.split(":", 1)[1])  # "requests.jsonl, a line per request: {...}"
     second = {**line, "custom_id": "doc-2", "body": {**line["body"], "input": "second text"}}
     monkeypatch.chdir(tmp_path)
     (tmp_path / "requests.jsonl").write_text(json.dumps(line) + "\n" + json.dumps(second) + "\n")
-    server = gatewayserver.Server(gatewayserver.settings(fleet, batch_poll_seconds=0.2))
+    server = gatewayserver.Server(gatewayserver.settings(made_up, batch_poll_seconds=0.2))
     try:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
         *steps, last = [line for line in block.splitlines() if line and not line.startswith("#")]

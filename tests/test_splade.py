@@ -5,22 +5,18 @@ SparseEncoder.encode on the same folder, through the Python client, TEI's /embed
 from __future__ import annotations
 
 import json
-import threading
 
 import httpx
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import redis
 
-from producer import Producer
-from tests import gatewayserver
 from tests.commands import clean_env, embedfleet
+from tests.harness import Fleet
 from tests.sparsemodels import save_tiny_splade
 from tests.tinymodels import sample_texts
 from worker.engine.engine import Engine
 from worker.engine.models.loader import load_model
-from worker.serving.pipeline import BatchWorker
 
 TEXTS = sample_texts(7, seed=11, max_words=25)
 
@@ -32,25 +28,13 @@ def folders(tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def fleet(folders, redis_server):
-    connection = redis.Redis.from_url(redis_server.url)
-    connection.flushall()
-    workers = [BatchWorker(Engine(load_model(folder, served_name=name)), connection, poll_timeout=1)
-               for name, folder in folders.items()]
-    threads = [threading.Thread(target=w.work, daemon=True) for w in workers]
-    for worker, thread in zip(workers, threads):
-        thread.start()
-        worker.advertiser.advertise()
-    server = gatewayserver.Server(gatewayserver.settings(redis_server.url))
-    try:
-        with Producer(redis_server.url) as producer, httpx.Client(base_url=server.url, timeout=60) as http:
-            yield producer, http
-    finally:
-        server.stop()
-        for worker, thread in zip(workers, threads):
-            worker.stop()
-            thread.join(30)
-        connection.close()
+def splade_fleet(folders, redis_server):
+    """A worker per folder, the gateway, and a Producer."""
+    with Fleet(redis_server.url, flush=True) as fleet:
+        for name, folder in folders.items():
+            fleet.serve(Engine(load_model(folder, served_name=name)))
+        with httpx.Client(base_url=fleet.gateway().url, timeout=60) as http:
+            yield fleet.producer, http
 
 
 def reference(folder: str, texts=TEXTS, **options) -> np.ndarray:
@@ -68,8 +52,8 @@ def dense(vectors, width: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", ["splade", "splade-sum"])
-def test_sparse_embed_equals_sparse_encoder(fleet, folders, name):
-    producer, _ = fleet
+def test_sparse_embed_equals_sparse_encoder(splade_fleet, folders, name):
+    producer, _ = splade_fleet
     caps = producer.models()[name]
     assert caps.tasks == ("sparse_embed", "tokenize", "detokenize") and caps.outputs == ("sparse",)
     want = reference(folders[name])
@@ -79,8 +63,8 @@ def test_sparse_embed_equals_sparse_encoder(fleet, folders, name):
         assert list(vector.indices) == list(np.flatnonzero(row))
 
 
-def test_top_k_equals_max_active_dims_and_threshold(fleet, folders):
-    producer, _ = fleet
+def test_top_k_equals_max_active_dims_and_threshold(splade_fleet, folders):
+    producer, _ = splade_fleet
     want = reference(folders["splade"], max_active_dims=8)
     vectors = producer.sparse_embed(TEXTS, "splade", sparse_top_k=8)
     assert all(len(v.indices) == 8 for v in vectors)
@@ -91,8 +75,8 @@ def test_top_k_equals_max_active_dims_and_threshold(fleet, folders):
         assert cut.to_dict() == {k: v for k, v in whole.to_dict().items() if v > cutoff}
 
 
-def test_tei_embed_sparse(fleet, folders):
-    _, http = fleet
+def test_tei_embed_sparse(splade_fleet, folders):
+    _, http = splade_fleet
     want = reference(folders["splade"], TEXTS[:3])
     answer = http.post("/embed_sparse", json={"inputs": TEXTS[:3], "model": "splade"})
     assert answer.status_code == 200, answer.text
@@ -105,8 +89,8 @@ def test_tei_embed_sparse(fleet, folders):
     assert len(one) == 1 and len(one[0]) == 4
 
 
-def test_what_splade_does_not_serve_is_a_clear_400(fleet):
-    _, http = fleet
+def test_what_splade_does_not_serve_is_a_clear_400(splade_fleet):
+    _, http = splade_fleet
     answer = http.post("/v1/embeddings", json={"model": "splade", "input": "hello"})
     assert answer.status_code == 400 and "Unsupported task: 'embed'" in answer.json()["error"]["message"]
     assert "sparse_embed" in answer.json()["error"]["message"]
@@ -114,7 +98,7 @@ def test_what_splade_does_not_serve_is_a_clear_400(fleet):
     assert answer.status_code in (400, 422) and "sparse_threshold" in answer.text
 
 
-def test_bulk_tool_writes_sparse_parquet_and_jsonl(fleet, folders, redis_server, tmp_path):
+def test_bulk_tool_writes_sparse_parquet_and_jsonl(splade_fleet, folders, redis_server, tmp_path):
     source = tmp_path / "in.txt"
     source.write_text("\n".join(TEXTS) + "\n")
     want = reference(folders["splade"])

@@ -32,8 +32,8 @@ def status_json(env) -> dict:
     return json.loads(done.stdout)
 
 
-def test_status_json_reports_queues_ages_workers_and_failures(fleet, redis_url, redis_client, env):
-    worker = fleet(heartbeat_interval=0.3)
+def test_status_json_reports_queues_ages_workers_and_failures(hashed_worker, redis_url, redis_client, env):
+    worker = hashed_worker(heartbeat_interval=0.3)
     suspend(redis_client)  # the worker takes nothing: the queues hold what the test put there
     with Producer(redis_url) as producer:
         interactive = producer.submit_many([["a", "b"], ["c"], ["d"]], MODEL)
@@ -76,8 +76,8 @@ def test_status_json_reports_queues_ages_workers_and_failures(fleet, redis_url, 
     assert model["texts_per_s"] == seen["texts_per_s"] and model["cache_hit_rate"] is None
 
 
-def test_status_tables_and_a_forged_advert(fleet, redis_client, env):
-    worker = fleet()
+def test_status_tables_and_a_forged_advert(hashed_worker, redis_client, env):
+    worker = hashed_worker()
     redis_client.zadd(model_workers_key(MODEL), {"forged": time.time()})
     redis_client.set(worker_info_key("forged"), b"\xc1 not msgpack")
     done = embedfleet("status", env={**env, "COLUMNS": "250"})
@@ -94,8 +94,8 @@ def test_status_with_no_fleet(env):
     assert status_json(env)["models"] == []
 
 
-def test_watch_redraws_until_ctrl_c(fleet, env):
-    fleet()
+def test_watch_redraws_until_ctrl_c(hashed_worker, env):
+    hashed_worker()
     watch = subprocess.Popen([sys.executable, "-m", "producer.cli", "status", "--watch", "0.2"], cwd=ROOT,
                              env={**env, "COLUMNS": "250"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
@@ -113,10 +113,10 @@ def test_watch_redraws_until_ctrl_c(fleet, env):
     assert out.count("models and queues") >= 3 and MODEL in out and "Traceback" not in err  # one per refresh
 
 
-def test_a_busy_worker_shows_the_round_on_its_device_within_a_beat(fleet, redis_url, env):
+def test_a_busy_worker_shows_the_round_on_its_device_within_a_beat(hashed_worker, redis_url, env):
     # 40 texts: 8 s on the "device" (one `embedfleet status` process takes 1-2 s on a busy 2-core machine: several
     # looks fit in the round); adverts every 10 s, heartbeats (leases, live facts) every 0.3 s
-    fleet(seconds_per_text=0.2, lease=0.9)
+    hashed_worker(seconds_per_text=0.2, lease=0.9)
     with Producer(redis_url) as producer:
         request_id = producer.submit([f"text {i}" for i in range(40)], MODEL)
         deadline = time.monotonic() + 30

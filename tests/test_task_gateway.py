@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 
 import httpx
 import numpy as np
@@ -16,27 +15,16 @@ from sentence_transformers import CrossEncoder
 from transformers import AutoModel, AutoTokenizer
 
 from producer import Producer
-from tests import gatewayserver
 from tests.test_tasks import DOCS, QUERY, TEXTS, engine
-from worker.serving.pipeline import BatchWorker
 
 
 @pytest.fixture
-def http(bert_mean, cross_encoder, classifier, colbert, redis_client, redis_url):
+def http(fleet, bert_mean, cross_encoder, classifier, colbert):
     folders = {"emb": bert_mean, "ce": cross_encoder, "clf": classifier, "colbert": colbert}
-    workers = [BatchWorker(engine(folder, name), redis_client, poll_timeout=1) for name, folder in folders.items()]
-    threads = [threading.Thread(target=w.work, daemon=True) for w in workers]
-    for worker, thread in zip(workers, threads):
-        thread.start()
-        worker.advertiser.advertise()
-    server = gatewayserver.Server(gatewayserver.settings(redis_url))
-    with httpx.Client(base_url=server.url, timeout=30) as client:
+    for name, folder in folders.items():
+        fleet.serve(engine(folder, name))
+    with httpx.Client(base_url=fleet.gateway().url, timeout=30) as client:
         yield client
-    server.stop()
-    for worker in workers:
-        worker.stop()
-    for thread in threads:
-        thread.join(30)
 
 
 def test_score_route_equals_cross_encoder(http, cross_encoder):

@@ -170,14 +170,14 @@ def _batch_runs(gateway: Server, worker) -> dict:
 
     import openai
 
+    from tests.harness import serve
+
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
     lines = "".join(json.dumps({"custom_id": str(i), "method": "POST", "url": "/v1/embeddings",
                                 "body": {"input": f"text {i}"}}) + "\n" for i in range(3))
     uploaded = client.files.create(file=("in.jsonl", lines.encode()), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
-    serving = threading.Thread(target=worker.work, daemon=True)
-    serving.start()
-    try:
+    with serve(worker):
         for _ in range(1200):  # 60 s at most
             if batch.status in ("completed", "failed", "expired", "cancelled"):
                 break
@@ -185,9 +185,6 @@ def _batch_runs(gateway: Server, worker) -> dict:
             threading.Event().wait(0.05)
         assert batch.status == "completed", batch
         assert len(client.files.content(batch.output_file_id).text.splitlines()) == 3
-    finally:
-        worker.stop()
-        serving.join(30)
     return batch.request_counts.model_dump()
 
 
@@ -202,6 +199,7 @@ def documented_acl(passwords: dict[str, str]) -> list[list[str]]:
 def test_the_documented_acl_recipe_runs_a_fleet(bert_mean):
     """Producer, AsyncProducer and gateway as `embedfleet-producer`, a worker batch as `embedfleet-worker`:
     everything works, Redis denied nothing, and each user is refused what it has no business doing."""
+    from tests.harness import burst
     from tests.tinymodels import engine_for
     from worker.serving.pipeline import BatchWorker
 
@@ -224,7 +222,7 @@ def test_the_documented_acl_recipe_runs_a_fleet(bert_mean):
                 async def async_side():
                     async with AsyncProducer(as_producer) as aproducer:
                         request_id = await aproducer.submit(["async"])
-                        await asyncio.to_thread(worker.work, True)  # one burst serves all three
+                        await asyncio.to_thread(burst, worker)  # one burst serves all three
                         return await aproducer.wait(request_id, timeout=30)
 
                 assert asyncio.run(async_side()).ok and producer.wait(waited, timeout=30).ok

@@ -22,6 +22,7 @@ from common.protocol.keys import result_key
 from common.request import EmbedRequest
 from common.result import Result
 from common.serializer import MsgpackSerializer
+from tests.harness import burst
 from tests.nullworker import NULL
 from tests.test_queue import enqueue, rq_queue
 from worker.engine.engine import Engine
@@ -109,7 +110,7 @@ def test_maintenance_imports_and_calls_nothing_a_job_names(redis_client, canary,
         assert Result.decode(redis_client.get(result_key(job_id))).error_code == "internal_error"
     assert redis_client.llen(intermediate.key) == 0 and queue.started_job_registry.get_job_ids() == []
 
-    BatchWorker(engine, redis_client).work(burst=True)  # the requeued one is then served as any other
+    burst(engine, redis_client)  # the requeued one is then served as any other
     assert Result.decode(redis_client.get(result_key(retried))).ok
     assert not canary.exists()
 

@@ -16,6 +16,7 @@ import redis
 from common.protocol import keys
 from producer import Producer
 from tests.commands import clean_env, embedfleet
+from tests.harness import burst, serve
 from worker.engine.engine import Engine
 from worker.engine.models.loader import load_model
 from worker.engine.shaper import Shape, Shaper
@@ -66,27 +67,24 @@ def test_a_bulk_round_pauses_between_passes_for_interactive_work_and_every_job_i
     with Producer(redis_url) as producer:
         bulk = producer.submit_many([[words(32 * r + t) for t in range(32)] for r in range(3)], MODEL,
                                     priority="bulk")
-        thread = threading.Thread(target=worker.work, kwargs={"burst": True}, daemon=True)
-        thread.start()
-        try:
-            assert model.waiting[1].wait(60)  # the first bulk round's second pass is on the device
-            interactive = producer.submit(["an interactive question"], MODEL)
-            first.set()
-            assert model.waiting[3].wait(60)  # two passes later: by now the take stage was told to take it
-            question = tiny.tokenizer("an interactive question")["input_ids"]
-            deadline = time.monotonic() + 60
-            while not (any(question in batch for batch in model.passes)  # it ran already, or it waits
-                       or any(not ready.lower for ready in worker.handoff.waiting())):
-                assert time.monotonic() < deadline, "the interactive request was never taken and prepared"
-                time.sleep(0.005)
-            second.set()
-            answer = producer.wait(interactive, timeout=60)
-            results = [producer.wait(request_id, timeout=60) for request_id in bulk]
-        finally:
-            first.set()
-            second.set()
-            thread.join(60)
-    assert not thread.is_alive()
+        with serve(worker, burst=True, stop_seconds=60):  # its exit: the burst's thread ended
+            try:
+                assert model.waiting[1].wait(60)  # the first bulk round's second pass is on the device
+                interactive = producer.submit(["an interactive question"], MODEL)
+                first.set()
+                assert model.waiting[3].wait(60)  # two passes later: by now the take stage was told to take it
+                question = tiny.tokenizer("an interactive question")["input_ids"]
+                deadline = time.monotonic() + 60
+                while not (any(question in batch for batch in model.passes)  # it ran already, or it waits
+                           or any(not ready.lower for ready in worker.handoff.waiting())):
+                    assert time.monotonic() < deadline, "the interactive request was never taken and prepared"
+                    time.sleep(0.005)
+                second.set()
+                answer = producer.wait(interactive, timeout=60)
+                results = [producer.wait(request_id, timeout=60) for request_id in bulk]
+            finally:
+                first.set()
+                second.set()
     assert answer.ok and all(result.ok and result.shape == (32, 32) for result in results)
     # The interactive request ran between two passes of the bulk round on the device, which then went on
     # where it had paused: its rows come both before and after the interactive pass.
@@ -127,23 +125,20 @@ def test_the_bulk_share_round_keeps_its_turn_and_interactive_work_still_runs_bet
     assert not lengths[0] & lengths[1]
     with Producer(redis_url) as producer:
         first, second = producer.submit_many(texts, MODEL, priority="bulk")
-        thread = threading.Thread(target=worker.work, kwargs={"burst": True}, daemon=True)
-        thread.start()
-        try:
-            assert model.waiting[1].wait(60)  # the first bulk round's second pass is on the device
-            interactive = producer.submit(["an interactive question"], MODEL)
-            may_take.set()  # the share's round: bulk first, though interactive work is queued
-            deadline = time.monotonic() + 60
-            while not any(ready.lower and not ready.preemptible for ready in worker.handoff.waiting()):
-                assert time.monotonic() < deadline, "the share's round was never prepared"
-                time.sleep(0.005)
-            gate.set()
-            results = [producer.wait(request_id, timeout=60) for request_id in (interactive, first, second)]
-        finally:
-            may_take.set()
-            gate.set()
-            thread.join(60)
-    assert not thread.is_alive()
+        with serve(worker, burst=True, stop_seconds=60):  # its exit: the burst's thread ended
+            try:
+                assert model.waiting[1].wait(60)  # the first bulk round's second pass is on the device
+                interactive = producer.submit(["an interactive question"], MODEL)
+                may_take.set()  # the share's round: bulk first, though interactive work is queued
+                deadline = time.monotonic() + 60
+                while not any(ready.lower and not ready.preemptible for ready in worker.handoff.waiting()):
+                    assert time.monotonic() < deadline, "the share's round was never prepared"
+                    time.sleep(0.005)
+                gate.set()
+                results = [producer.wait(request_id, timeout=60) for request_id in (interactive, first, second)]
+            finally:
+                may_take.set()
+                gate.set()
     assert all(result.ok for result in results)
     question = tiny.tokenizer("an interactive question")["input_ids"]
     position = next(i for i, batch in enumerate(model.passes) if question in batch)
@@ -171,7 +166,7 @@ def test_a_round_holds_a_few_passes_of_work_not_a_fixed_number_of_requests(tiny,
         worker.levels.give_back(round_.runnable)
         # 16 passes of 128 tokens (2,048 estimated tokens) hold about 13 of these 16-text requests, not 40
         assert 1 <= taken < len(ids)
-        BatchWorker(engine, redis_client, max_jobs=64, poll_timeout=1).work(burst=True)  # a worker of its own
+        burst(engine, redis_client, max_jobs=64)  # a worker of its own
         assert all(producer.wait(request_id, timeout=60).ok for request_id in ids)
 
 
@@ -182,9 +177,7 @@ def test_the_learned_shape_shows_in_status(tiny, redis_url, redis_client, tmp_pa
     worker.advertiser.advertise()
     with Producer(redis_url) as producer:
         ids = producer.submit_many([[words(8 * r + t) for t in range(8)] for r in range(20)], MODEL)
-        thread = threading.Thread(target=worker.work, daemon=True)
-        thread.start()
-        try:
+        with serve(worker):
             assert all(producer.wait(request_id, timeout=60).ok for request_id in ids)
             env = clean_env(tmp_path / "cache", EMBEDFLEET_REDIS_URL=redis_url)
             deadline = time.monotonic() + 30
@@ -195,9 +188,6 @@ def test_the_learned_shape_shows_in_status(tiny, redis_url, redis_client, tmp_pa
                 if "pass_tokens_per_s" in seen or time.monotonic() > deadline:
                     break
                 time.sleep(0.2)
-        finally:
-            worker.stop()
-            thread.join(30)
     assert (seen["max_batch_tokens"], seen["max_batch_size"]) == (shaper.current.tokens, shaper.current.rows)
     assert seen["pass_tokens_per_s"] > 0 and "learned" in seen["budget_source"]
     redis.Redis.from_url(redis_url).close()

@@ -1,0 +1,177 @@
+"""Workers in the test's own process: `serve()` runs one BatchWorker in a thread for the span of a `with`, and
+`Fleet` holds serving workers, a Producer and gateways on one Redis (the `fleet` fixture of tests/conftest.py is
+one on the test's flushed Redis; a module fixture opens its own). Every worker is stopped, joined within a
+bound, and checked: a thread that did not end fails the test, and what `work()` raised is raised again."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import redis
+
+from producer import Producer
+from tests import gatewayserver
+from tests.commands import advertised
+from worker.serving.pipeline import BatchWorker
+
+STOP_SECONDS = 30  # a stopped worker ends within one poll (1 s here) and the rounds it holds
+ADVERT_SECONDS = 60  # work() advertises before its first take: only a loaded box makes this take long
+
+
+class ServingThread(threading.Thread):
+    """`worker.work(burst)` in a daemon thread; keeps what it returned or raised."""
+
+    def __init__(self, worker: BatchWorker, burst: bool):
+        super().__init__(name=f"serve-{worker.name}", daemon=True)
+        self.worker, self.burst = worker, burst
+        self.served: bool | None = None  # work()'s answer: whether any job was served
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.served = self.worker.work(burst=self.burst)
+        except BaseException as exc:  # noqa: BLE001 - kept for the test's thread, which raises it again
+            self.error = exc
+
+    def end(self, timeout: float) -> None:
+        """Join within `timeout` s; fail if the thread still runs, raise again what work() raised."""
+        self.join(timeout)
+        assert not self.is_alive(), f"worker {self.worker.name}: work() did not return within {timeout:g} s"
+        if self.error is not None:
+            raise self.error
+
+
+@contextlib.contextmanager
+def serve(worker: BatchWorker | object, connection: redis.Redis | str | None = None, *, burst: bool = False,
+          stop_seconds: float = STOP_SECONDS, **options) -> Iterator[BatchWorker]:
+    """Serve in a thread of this process for the span of the `with`; yields the worker once its advert is seen.
+
+    Args:
+        worker: a BatchWorker, or an engine to build one on `connection` with `options` (poll_timeout=1
+            unless given: a stop is noticed within one poll).
+        connection: a Redis client or URL; only with an engine.
+        burst: `work(burst=True)`: it ends by itself once the queue is empty (queue the work, advertising by
+            hand first if a Producer submits it, before the `with`); else the exit stops it (`stop()`: what
+            it took is finished first).
+        stop_seconds: how long the exit waits for `work()` to return before it fails the test.
+    """
+    with _serving(*_worker(worker, connection, options), burst, stop_seconds) as thread:
+        yield thread.worker
+
+
+def burst(worker: BatchWorker | object, connection: redis.Redis | str | None = None, *,
+          stop_seconds: float = STOP_SECONDS, **options) -> bool:
+    """`work(burst=True)` in a thread until the queue is empty (`serve`'s arguments); returns what work() does:
+    whether it served any job. In a thread, never the test's own: in the main thread work() would install the
+    worker's SIGINT/SIGTERM handlers in the test process, where they would outlive it."""
+    with _serving(*_worker(worker, connection, options), True, stop_seconds) as thread:
+        pass
+    return thread.served
+
+
+def _worker(worker: BatchWorker | object, connection: redis.Redis | str | None,
+            options: dict) -> tuple[BatchWorker, bool]:
+    """The worker to serve, and whether its Redis client is the harness's own (opened on a URL: closed after)."""
+    if isinstance(worker, BatchWorker):
+        assert connection is None and not options, "a BatchWorker is served as it was built"
+        return worker, False
+    assert connection is not None, "serving an engine needs the Redis to serve it on"
+    client = redis.Redis.from_url(connection) if isinstance(connection, str) else connection
+    return BatchWorker(worker, client, **{"poll_timeout": 1, **options}), isinstance(connection, str)
+
+
+@contextlib.contextmanager
+def _serving(worker: BatchWorker, owned: bool, burst: bool, stop_seconds: float) -> Iterator[ServingThread]:
+    thread = ServingThread(worker, burst)
+    thread.start()
+    ended = False
+    try:
+        _wait_advertised(thread)
+        yield thread
+        if not burst:
+            worker.stop()
+        ended = True
+        thread.end(stop_seconds)
+    finally:
+        if not ended:  # the test failed: stop the worker whatever the mode, and report the test's own error
+            worker.stop()
+            thread.join(stop_seconds)
+        if owned:
+            worker.connection.close()
+
+
+def _wait_advertised(thread: ServingThread) -> None:
+    """Until the worker's advert is seen (work() advertises before its first take); a burst may end first."""
+    worker = thread.worker
+    # On the worker's own client, never closed here: closing it would cut the worker's blocking take.
+    producer = Producer(_label(worker.connection), connection=worker.connection)
+    try:
+        advertised(producer, worker.engine.caps.name, thread, ADVERT_SECONDS, name=worker.name)
+    except AssertionError:
+        if thread.is_alive():
+            raise  # no advert in time
+        thread.end(0)  # it ended first: raises what work() raised
+        assert thread.burst, f"worker {worker.name}: work() returned before it was stopped"
+
+
+def _label(connection: redis.Redis) -> str:
+    """The URL a Producer names in its errors, for a client it is handed (it opens no connection of its own)."""
+    kwargs = connection.connection_pool.connection_kwargs
+    return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+class Fleet:
+    """Workers serving in threads of this process, a Producer and gateways, on one Redis; all stopped when the
+    fleet ends (gateways and workers in the reverse order of their start; each worker joined and checked).
+
+        with Fleet(redis_server.url, flush=True) as fleet:   # or the `fleet` fixture (tests/conftest.py)
+            fleet.serve(engine, max_jobs=8)
+            fleet.producer.embed(["a text"], engine.caps.name)
+            url = fleet.gateway(api_key=KEY).url
+    """
+
+    def __init__(self, redis_url: str, *, flush: bool = False):
+        self.url = redis_url
+        self.redis = redis.Redis.from_url(redis_url)
+        if flush:  # a module's fleet on the session's Redis starts from nothing other modules left
+            self.redis.flushall()
+        self.workers: list[BatchWorker] = []
+        self._bursts: set[str] = set()  # names of the workers serving a burst: those end by themselves
+        self._stack = contextlib.ExitStack()
+        self._producer: Producer | None = None
+
+    def serve(self, worker, *, burst: bool = False, **options) -> BatchWorker:
+        """`serve(worker or engine, this fleet's Redis, ...)` until the fleet ends; returns the serving worker."""
+        worker = self._stack.enter_context(serve(worker, None if isinstance(worker, BatchWorker) else self.redis,
+                                                 burst=burst, **options))
+        self.workers.append(worker)
+        if burst:
+            self._bursts.add(worker.name)
+        return worker
+
+    @property
+    def producer(self) -> Producer:
+        """A Producer on the fleet's Redis, opened at first use."""
+        if self._producer is None:
+            self._producer = self._stack.enter_context(Producer(self.url))
+        return self._producer
+
+    def gateway(self, **fields) -> gatewayserver.Server:
+        """A gateway (tests/gatewayserver.py) on the fleet's Redis with these settings, stopped with the fleet."""
+        server = gatewayserver.Server(gatewayserver.settings(self.url, **fields))
+        self._stack.callback(server.stop)
+        return server
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for worker in self.workers:  # all told at once: each ends within its poll, not one poll after another
+            if worker.name not in self._bursts:
+                worker.stop()
+        try:
+            self._stack.__exit__(*exc)
+        finally:
+            self.redis.close()
