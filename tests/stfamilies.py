@@ -1,5 +1,5 @@
 """One tiny random sentence-transformers folder per architecture family ST serves, saved by the installed
-sentence-transformers (`SentenceTransformer(modules=[...]).save()`), for tests/test_families.py.
+sentence-transformers (`SentenceTransformer(modules=[...]).save()`), for tests/parity/test_families.py.
 
 Each builder writes a folder and returns its path. The tokenizers are trained here on the tiny corpus of
 tests/tinymodels.py (no hub): WordPiece for the BERT-style encoders, byte-level BPE for RoBERTa / XLM-R and

@@ -21,7 +21,7 @@ in the finish's own write), whichever script ends the request, with one wake-up:
 else on its notify list.
 Leases (see keys.py): a claim's score is lease expiry + LEASE_GRACE, on the Redis server's clock (TIME),
 so rq's own StartedJobRegistry.cleanup sees a lapsed claim only LEASE_GRACE seconds after `recover` does.
-Everything the scripts read from Redis is judged before their first write (tests/test_protocol_hostile.py).
+Everything the scripts read from Redis is judged before their first write (tests/faults/test_protocol_hostile.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ rq builds one job per queue (and Retry or not) on a pipeline of a client that ne
 write are read off that pipeline once and kept as the queue's template. Each request then gets the fields rq
 computes per job - its data (zlib of the serializer's [func, instance, args, kwargs]), description and
 timestamps - the way rq computes them; the rest are the template's. (Building each job through rq cost ~80 us a
-request, most of a producer's submit.) tests/test_contract.py holds the result to rq's own, field by field.
+request, most of a producer's submit.) tests/fleet/test_contract.py holds the result to rq's own, field by field.
 rq's empty fields are left out: rq reads a missing field as it reads '', and each value costs the enqueue
 script's Redis twice (as it comes in and as it is written).
 """

@@ -1,0 +1,86 @@
+"""Redis commands per job: BatchWorker's batched bookkeeping against rq's SimpleWorker on the same server."""
+
+from __future__ import annotations
+
+import redis
+from rq import Queue, SimpleWorker
+from rq.utils import now
+
+from common.request import EmbedRequest
+from common.serializer import MsgpackSerializer
+from tests.fleet.test_queue import enqueue, engine, texts  # noqa: F401 - `engine` is a fixture
+from worker.serving.pipeline import BatchWorker
+
+
+def noop(payload: bytes) -> None:
+    """The baseline job: rq's bookkeeping only."""
+
+
+class CountingConnection(redis.Connection):
+    """A real connection that counts round trips (one send per command or pipeline), not the handshakes
+    of new pool connections, whose number depends on the pool's history rather than on the jobs."""
+
+    sends = 0
+    _handshaking = False
+
+    def on_connect(self):
+        self._handshaking = True
+        try:
+            super().on_connect()
+        finally:
+            self._handshaking = False
+
+    def send_packed_command(self, command, check_health=True):
+        CountingConnection.sends += not self._handshaking
+        return super().send_packed_command(command, check_health)
+
+
+def command_count(conn) -> int:
+    """Commands the server has executed (INFO commandstats counts those run inside Lua scripts too)."""
+    return sum(stats["calls"] for name, stats in conn.info("commandstats").items())
+
+
+def cost(conn, run) -> tuple[int, int]:
+    """(commands, round trips) the server saw during `run()`."""
+    before, sends = command_count(conn), CountingConnection.sends
+    run()
+    return command_count(conn) - before - 1, CountingConnection.sends - sends - 1  # less the second INFO
+
+
+def burst(worker) -> None:
+    worker.last_cleaned_at = now()  # maintenance runs on a timer, not per job: keep it out of the figure
+    worker.work(burst=True)
+
+
+def per_job(conn, make_worker, fill, jobs: int) -> tuple[float, float]:
+    """Cost of a burst over `jobs` jobs less that of a burst over none (start-up and exit)."""
+    burst(make_worker())  # warm-up: first-use costs (server version probe, new connections)
+    fixed = cost(conn, lambda: burst(make_worker()))
+    fill(jobs)
+    full = cost(conn, lambda: burst(make_worker()))
+    return (full[0] - fixed[0]) / jobs, (full[1] - fixed[1]) / jobs
+
+
+def test_commands_per_job_are_a_fraction_of_simpleworkers(engine, redis_url):  # noqa: F811
+    redis_client = redis.Redis.from_url(redis_url, connection_class=CountingConnection)
+    name = engine.caps.name
+
+    def fill_requests(count):
+        for text in texts(count):
+            enqueue(redis_client, EmbedRequest(model=name, inputs=[text]))
+
+    batch = per_job(redis_client, lambda: BatchWorker(engine, redis_client, max_jobs=64), fill_requests, 64)
+
+    noop_queue = Queue("noop", connection=redis_client, serializer=MsgpackSerializer)
+
+    def fill_noops(count):
+        for _ in range(count):
+            noop_queue.enqueue(noop, b"x", result_ttl=600)
+
+    simple = per_job(redis_client, lambda: SimpleWorker([noop_queue], connection=redis_client,
+                                                          serializer=MsgpackSerializer), fill_noops, 64)
+    print(f"\nper job, 64 jobs: BatchWorker (one batch, result writes included) {batch[0]:.1f} commands, "
+          f"{batch[1]:.2f} round trips; rq SimpleWorker (no-op jobs) {simple[0]:.1f} commands, "
+          f"{simple[1]:.1f} round trips; ratios {simple[0] / batch[0]:.1f}x and {simple[1] / batch[1]:.0f}x")
+    assert batch[0] < 10 and batch[0] < simple[0] / 5  # 17.5 before issue 38's cuts, 7.2 after
+    assert batch[1] * 64 <= 8  # a handful of round trips for the whole batch
