@@ -7,6 +7,7 @@ import redis
 from hypothesis import settings
 
 from common.redisserver import RedisServer
+from tests.rediscluster import LocalCluster
 from tests.systemtools import INSTALL, untested
 
 pytest_plugins = ["tests.tinymodels", "tests.hashed"]  # tiny random model folders; workers of the model "hashed"
@@ -70,6 +71,22 @@ def redis_url(redis_server) -> str:
     client.flushall()
     client.close()
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    """A real Redis Cluster of three masters (tests/rediscluster.py), shared by the session's cluster tests."""
+    with LocalCluster(tmp_path_factory.mktemp("cluster"), masters=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster_url(redis_cluster) -> str:
+    """The session cluster's redis+cluster:// URL, every master flushed so each test starts empty."""
+    for port in redis_cluster.master_ports():
+        with redis.Redis(port=port) as client:
+            client.flushall()
+    return redis_cluster.url
 
 
 @pytest.fixture
