@@ -11,6 +11,9 @@ URLs (every entry point takes one, in --redis-url or EMBEDFLEET_REDIS_URL; each 
                                                        the credentials are the master's (sentinels that
                                                        need their own: `?sentinel_password=...`);
                                                        `rediss+sentinel://` for a TLS master
+    redis+cluster://[[user]:password@]h1:p1[,h2:p2...]  a Redis Cluster, the nodes given as seeds (redis-py's
+                                                       RedisCluster finds the rest); `rediss+cluster://`
+                                                       for TLS. Keys are laid out for it (keys.py: hash tags)
 
 Timeouts: redis-py 8 defaults to a 5 s socket timeout, shorter than the blocking reads here would like; a
 client without any timeout would hang forever on a dead host. Blocking calls wait at most MAX_BLOCK
@@ -32,11 +35,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+import types
 import uuid
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.cluster as aiocluster
+import redis.cluster
 import redis.asyncio.sentinel as aiosentinel
 import redis.sentinel
 from redis.asyncio.retry import Retry
@@ -52,6 +58,7 @@ MAX_ASYNC_CONNECTIONS = 64  # per asyncio client; a burst beyond it waits (up to
 CLOSE_TIMEOUT = 2.0  # seconds each step of closing an async client may take (a hung peer cannot stall it)
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 TLS_QUERY = {"ca": "ssl_ca_certs", "cert": "ssl_certfile", "key": "ssl_keyfile"}
 # What an embedfleet ACL user of any role needs (docs/security.md's worker grant; its producer grant is narrower):
 # our keys, rq's keys and worker channels, and the commands rq's worker sends (INFO, CLIENT SETNAME).
@@ -59,6 +66,10 @@ ACL_GRANT = "resetkeys resetchannels +@all -@dangerous +info +client|setname +cl
 
 
 def connect(url: str) -> redis.Redis:
+    if is_cluster(url):
+        nodes, kwargs = parse_cluster(url)
+        return ClusterClient(startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in nodes],
+                             **kwargs, **_timeouts())
     if is_sentinel(url):
         hosts, service, kwargs, sentinel_kwargs = parse_sentinel(url)
         sentinels = redis.sentinel.Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **_timeouts())
@@ -66,11 +77,27 @@ def connect(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, **_timeouts())
 
 
+class ClusterClient(redis.cluster.RedisCluster):
+    """redis-py's RedisCluster as rq uses a client: rq's Worker reads and sets the socket timeout in
+    `connection_pool.connection_kwargs`, which a cluster (a pool per node) lacks; here it is the kwargs every
+    node's pool is built with. rq's own pipelines run without MULTI on a cluster (redis-py's ClusterPipeline
+    sends each node its part): rq's records of a worker (birth, heartbeat, death) are not atomic there; the
+    protocol's own writes are scripts, each within one slot (keys.py)."""
+
+    @property
+    def connection_pool(self):
+        return types.SimpleNamespace(connection_kwargs=self.nodes_manager.connection_kwargs)
+
+
 def connect_async(url: str, max_connections: int = MAX_ASYNC_CONNECTIONS) -> aioredis.Redis:
     """An asyncio client whose pool never holds more than `max_connections` (a command beyond them waits
     up to SOCKET_TIMEOUT for one to be free). Through Sentinel the pool is redis-py's own, which has no
     blocking variant: there the bound is not enforced (exceeding it would fail commands, not queue them)."""
     retry = Retry(NoBackoff(), 1, (redis.ConnectionError,))
+    if is_cluster(url):
+        nodes, kwargs = parse_cluster(url)
+        return aiocluster.RedisCluster(startup_nodes=[aiocluster.ClusterNode(h, p) for h, p in nodes],
+                                       max_connections=max_connections, **kwargs, **_timeouts())
     if is_sentinel(url):
         hosts, service, kwargs, sentinel_kwargs = parse_sentinel(url)
         sentinels = aiosentinel.Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **_timeouts())
@@ -88,6 +115,40 @@ def _timeouts() -> dict:
 
 def is_sentinel(url: str) -> bool:
     return urlsplit(url).scheme in SENTINEL_SCHEMES
+
+
+def is_cluster(url: str) -> bool:
+    return urlsplit(url).scheme in CLUSTER_SCHEMES
+
+
+def is_cluster_client(connection) -> bool:
+    """Whether `connection` (sync or asyncio) talks to a Redis Cluster."""
+    return isinstance(connection, (redis.cluster.RedisCluster, aiocluster.RedisCluster))
+
+
+def parse_cluster(url: str) -> tuple[list[tuple[str, int]], dict]:
+    """(seed nodes, connection kwargs) of a redis+cluster:// URL; a cluster has one database (no /DB)."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    nodes = []
+    for node in filter(None, netloc.split(",")):
+        host, _, port = node.rpartition(":") if ":" in node else (node, "", "6379")
+        if not port.isdigit():
+            raise ValueError(f"not a Redis Cluster URL: {redact(url)}; write redis+cluster://[user:password@]"
+                             "host:port[,host:port...]")
+        nodes.append((host or node, int(port)))
+    if not nodes or parts.path.strip("/") not in ("", "0"):
+        raise ValueError(f"not a Redis Cluster URL: {redact(url)}; write redis+cluster://[user:password@]"
+                         "host:port[,host:port...] (a cluster has database 0 only)")
+    kwargs: dict = dict(parse_qsl(parts.query))
+    user, password = _credentials(parts)
+    if user:
+        kwargs["username"] = user
+    if password:
+        kwargs["password"] = password
+    if parts.scheme == "rediss+cluster":
+        kwargs["ssl"] = True
+    return nodes, kwargs
 
 
 def parse_sentinel(url: str) -> tuple[list[tuple[str, int]], str, dict, dict]:
@@ -131,9 +192,9 @@ def with_tls(url: str, ca: str | None = None, cert: str | None = None, key: str 
     if not given:
         return url
     parts = urlsplit(url)
-    if parts.scheme not in ("rediss", "rediss+sentinel"):
-        raise ValueError(f"--redis-tls-ca/--redis-tls-cert/--redis-tls-key need a TLS URL (rediss:// or "
-                         f"rediss+sentinel://), not {parts.scheme}://")
+    if parts.scheme not in ("rediss", "rediss+sentinel", "rediss+cluster"):
+        raise ValueError(f"--redis-tls-ca/--redis-tls-cert/--redis-tls-key need a TLS URL (rediss://, "
+                         f"rediss+sentinel:// or rediss+cluster://), not {parts.scheme}://")
     if bool(cert) != bool(key):
         raise ValueError("--redis-tls-cert and --redis-tls-key go together (the client certificate and its key)")
     query = dict(parse_qsl(parts.query))

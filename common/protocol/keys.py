@@ -138,6 +138,16 @@
     rq:suspended                    STRING  set by `rq suspend`: take takes nothing while it exists
     rq:clean_registries:<queue>, rq:clean_groups  STRING  rq's own maintenance locks (short TTL)
 
+Redis Cluster (a redis+cluster:// URL, common/redisclient.py). Every script and every MULTI must touch keys of
+one hash slot, so there a model's keys carry its hash tag, `{<10 hex of sha1(model)>}` (slot_tag), in front:
+its queue names ({t}embedfleet.<model>, {t}embedfleet.<model>@bulk: rq:queue:{t}embedfleet.<model>, its
+registries, its queued_tokens), its request ids ({t}<32 hex>: rq:job:, embedfleet:result:, notify:,
+job:, chunks:, rq:execution(s):, rq:results: of the id, and a spread request's parts <id>-p<k>), its
+workers' names ({t}<name>: rq:worker:<name>, rq:worker:<name>:executions) and rq:suspended's stand-in
+rq:suspended:{t}. A model's traffic is one slot, so one master; its partitions (when a model has several)
+each get a tag of their own. The shared keys (rq:queues, embedfleet:models, adverts) are written outside
+the scripts there. On a plain Redis nothing carries a tag: the layout above is unchanged.
+
 Leases. A worker's claim on a job it took lasts LEASE_SECONDS and its heartbeat renews it every third of
 that (also during a long forward pass: the heartbeat is a thread of its own). When a claim lapses (the
 worker was killed, OOM-killed, lost its host or froze) a live worker of the model requeues the job at the
@@ -149,7 +159,9 @@ that never requeues a job twice.
 
 from __future__ import annotations
 
+import hashlib
 import re
+import uuid
 
 PREFIX = "embedfleet"
 
@@ -184,7 +196,9 @@ JOB_FUNC = "worker.jobs.embed"  # the rq job's function name; the batch worker r
 # A request id is also an rq job id and part of several key names: rq allows [A-Za-z0-9_-]+, and ours
 # (uuid4 hex) are 32 characters long. Anything else read from Redis or a URL is not one of our ids.
 MAX_REQUEST_ID_LENGTH = 64
-_ID_CHARS = rf"[A-Za-z0-9_-]{{1,{MAX_REQUEST_ID_LENGTH}}}"
+MAX_TAG_LENGTH = 16  # a hash tag's characters between its braces (Redis Cluster, slot_tag)
+_TAG = rf"\{{[A-Za-z0-9_-]{{1,{MAX_TAG_LENGTH}}}\}}"
+_ID_CHARS = rf"(?:{_TAG})?[A-Za-z0-9_-]{{1,{MAX_REQUEST_ID_LENGTH}}}"
 _REQUEST_ID = re.compile(_ID_CHARS)
 _REPLY_STREAM = re.compile(re.escape(f"{PREFIX}:replies:") + _ID_CHARS)
 
@@ -207,11 +221,44 @@ def is_reply_stream_key(key: str | bytes) -> bool:
 PRIORITIES = ("interactive", "bulk")  # a model's priority levels, highest first (issue #10)
 
 
-def queue_name(model: str, priority: str = "interactive") -> str:
-    """The rq queue of `model` at `priority`; the interactive level keeps the name queues always had."""
+def queue_name(model: str, priority: str = "interactive", tag: str = "") -> str:
+    """The rq queue of `model` at `priority`; the interactive level keeps the name queues always had.
+    `tag`: the model's hash tag on a Redis Cluster (slot_tag), '' on a plain Redis."""
     if priority not in PRIORITIES:
         raise ValueError(f"unknown priority {priority!r}: one of {', '.join(PRIORITIES)}")
-    return f"{PREFIX}.{model}" if priority == "interactive" else f"{PREFIX}.{model}@{priority}"
+    return tag + (f"{PREFIX}.{model}" if priority == "interactive" else f"{PREFIX}.{model}@{priority}")
+
+
+# -- Redis Cluster: hash tags (see the module docstring) -------------------------------------------------
+
+_LEADING_TAG = re.compile(_TAG)
+
+
+def slot_tag(model: str) -> str:
+    """The hash tag of `model`'s keys on a Redis Cluster: the same for every producer and worker."""
+    return "{" + hashlib.sha1(model.encode()).hexdigest()[:10] + "}"
+
+
+def tag_of(name: str) -> str:
+    """The hash tag a queue name, request id or worker name starts with, or ''."""
+    found = _LEADING_TAG.match(name)
+    return found.group(0) if found else ""
+
+
+def untagged(name: str) -> str:
+    """`name` without its leading hash tag (a queue name as a plain Redis has it)."""
+    return name[len(tag_of(name)):]
+
+
+def tagged_request_id(tag: str) -> str:
+    """A new request id in `tag`'s slot (common.request.new_request_id's form after the tag)."""
+    return tag + uuid.uuid4().hex
+
+
+def rq_suspended_key(tag: str = "") -> str:
+    """rq:suspended, which take reads; on a Redis Cluster a stand-in in the model's slot (`rq suspend` on a
+    cluster does not reach it)."""
+    return f"{RQ_SUSPENDED}:{tag}" if tag else RQ_SUSPENDED
 
 
 def queued_tokens_key(queue: str) -> str:

@@ -34,6 +34,7 @@ from uuid import uuid4
 
 import redis
 import redis.asyncio as aioredis
+import redis.cluster
 
 from common.errors import DuplicateRequestError
 from common.protocol import keys, rqjobs, scripts
@@ -67,7 +68,10 @@ class Enqueue:
 
     @property
     def keys(self) -> list[str]:
-        return [keys.rq_queue_key(self.queue), keys.RQ_QUEUES, keys.queued_tokens_key(self.queue)]
+        """The script's KEYS. A queue with a hash tag (Redis Cluster) names its own key in rq:queues' place:
+        a script touches one slot, so there the caller lists the queue in rq:queues itself (`announce_key`)."""
+        listed = keys.RQ_QUEUES if not keys.tag_of(self.queue) else keys.rq_queue_key(self.queue)
+        return [keys.rq_queue_key(self.queue), listed, keys.queued_tokens_key(self.queue)]
 
     def same_script(self, other: Enqueue) -> bool:
         """Whether the two can go in one script run (one queue, one place in it, one depth limit)."""
@@ -97,6 +101,7 @@ def round_args(works: list[Enqueue], announce: bool = True) -> tuple[list[str], 
     """(KEYS, ARGV) of one enqueue script run for callers whose enqueues share a script (Enqueue.same_script);
     `announce`: also list the queue in rq:queues (a producer's first enqueue on it)."""
     first = works[0]
+    announce = announce and not keys.tag_of(first.queue)
     args: list = ["1" if first.front else "0", first.max_depth, keys.JOB_KEY_TTL, "1" if announce else "0"]
     for work in works:
         args += work.jobs
@@ -152,7 +157,7 @@ class RqSchema:
         self.tokens_key = keys.queued_tokens_key(queue)
         self.wip_key = keys.rq_wip_key(queue)
         self.worker_keys = [keys.rq_worker_key(worker_name), keys.rq_worker_executions_key(worker_name),
-                            keys.RQ_SUSPENDED]
+                            keys.rq_suspended_key(keys.tag_of(queue))]
         self.level_keys = [self.queue_key, self.wip_key, keys.rq_canceled_key(queue), self.tokens_key]
         self.finish_keys = [self.queue_key, self.wip_key, keys.rq_finished_key(queue), keys.rq_failed_key(queue),
                             keys.rq_worker_key(worker_name), keys.rq_worker_executions_key(worker_name)]
@@ -213,7 +218,7 @@ class RqSchema:
     def recover(self, limit: int = keys.RECOVER_LIMIT) -> list[Recovered]:
         """Requeue, at the queue's head, up to `limit` jobs whose lease lapsed (any worker's)."""
         args = [keys.LEASE_GRACE, limit, rq_time(datetime.now(timezone.utc)), keys.JOB_KEY_TTL]
-        keys_ = [self.queue_key, self.wip_key, self.tokens_key, keys.RQ_QUEUES]
+        keys_ = [self.queue_key, self.wip_key, self.tokens_key] + ([] if keys.tag_of(self.queue) else [keys.RQ_QUEUES])
         return [Recovered(_str(i), float(overdue), _str(owner))
                 for i, overdue, owner in scripts.RECOVER(self.connection, keys_, args)]
 
@@ -341,7 +346,18 @@ async def save_job_options(connection: aioredis.Redis, request_id: str, options:
 
 
 def withdraw(connection: redis.Redis, model: str, worker_name: str, oldest_beat: float) -> bool:
-    """A worker leaves its model's workers; True if it was the last live one (the capabilities went)."""
+    """A worker leaves its model's workers; True if it was the last live one (the capabilities went).
+    On a Redis Cluster the two keys lie in two slots, so the script's steps run one by one there: an advert
+    of another worker between them can lose its capabilities until its next advert (HEARTBEAT_INTERVAL)."""
+    if isinstance(connection, redis.cluster.RedisCluster):
+        workers = keys.model_workers_key(model)
+        connection.zrem(workers, worker_name)
+        connection.zremrangebyscore(workers, "-inf", oldest_beat)
+        if connection.zcard(workers) > 0:
+            return False
+        connection.delete(keys.model_key(model))
+        connection.delete(workers)
+        return True
     return bool(scripts.WITHDRAW(connection, [keys.model_key(model), keys.model_workers_key(model)],
                                  [worker_name, oldest_beat]))
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import redis
 import redis.asyncio as aioredis
+import redis.cluster
 
 from common.protocol import keys
 
@@ -52,10 +53,7 @@ class Script:
     def queue(self, pipe, keys_: list[str], args: list, by_source: bool = False) -> None:
         """Queue on a pipeline by SHA; where the server lost the script (NoScriptError) the caller sends the
         pipeline again `by_source` (EVAL, which caches it again)."""
-        if by_source:
-            pipe.eval(self.source, len(keys_), *keys_, *args)
-        else:
-            pipe.evalsha(self.sha, len(keys_), *keys_, *args)
+        pipe.execute_command(*self.command(keys_, args, by_source))  # (a cluster's pipeline has no eval())
 
     def command(self, keys_: list[str], args: list, by_source: bool = False) -> tuple:
         """The run as a raw command (by SHA, or `by_source`), for `send_at_once`."""
@@ -68,6 +66,8 @@ def send_at_once(client: redis.Redis, commands: list[tuple]) -> list:
     in order, an error reply in place of its value. (A redis-py pipeline writes one piece per 6 KB, and each
     write lets the GIL go and waits to take it back: a worker's finish thread, which sends a round's result
     blobs, spent a third of its time there.)"""
+    if isinstance(client, redis.cluster.RedisCluster):  # one slot's commands (keys.py): to its master
+        client = _node_client(client, commands[-1])
     pool = client.connection_pool
     connection = pool.get_connection()
     try:
@@ -84,6 +84,16 @@ def send_at_once(client: redis.Redis, commands: list[tuple]) -> list:
         raise
     finally:
         pool.release(connection)
+
+
+def _node_client(cluster: redis.cluster.RedisCluster, script: tuple) -> redis.Redis:
+    """The client of the master that holds the slot of `script`'s first key (its third argument)."""
+    return cluster.get_node_from_key(script[3]).redis_connection
+
+
+def _node_client(cluster: redis.cluster.RedisCluster, script: tuple) -> redis.Redis:
+    """The client of the master that holds the slot of `script`'s first key (its third argument)."""
+    return cluster.get_node_from_key(script[3]).redis_connection
 
 
 ENQUEUE, TAKE, FINISH, REFRESH = Script("enqueue"), Script("take"), Script("finish"), Script("refresh")

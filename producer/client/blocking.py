@@ -13,14 +13,14 @@ from common.capabilities import ModelCapabilities
 from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
 from common.protocol import keys, operations, scripts
-from common.redisclient import block_for, check_access, connect
+from common.redisclient import block_for, check_access, connect, is_cluster
 from common.request import EmbedRequest
 from common.result import Result, SparseVector
 from common.shards import ShardMap
 from producer.client import fleetview, reads, traced
 from producer.client.core import (Placements, Sent, Served, build_request, chosen_ids, enqueue_args, looked_at,
                                   pick_model, queue_full, read_result, redis_errors as _redis_errors,
-                                  resolve_target)
+                                  resolve_target, tagged_ids)
 from producer.client.fleet import LevelStats, level_stats
 from producer.client.rounds import run
 from producer.client.syncwait import FIRST_BLOCK, SyncWaits
@@ -164,12 +164,15 @@ class Producer(SyncWaits):
             served = self.models()
         caps, level, when = resolve_target(model, served, self._served.known, priority, deadline, timeout,
                                            self.where)
+        name = caps if isinstance(caps, str) else caps.name
+        url = self.shards.url_for(name)
+        tag = keys.slot_tag(name) if is_cluster(url) else ""  # a Redis Cluster: the model's slot (keys.py)
+        chosen = tagged_ids(chosen, tag)
         requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when, request_id)
                     for inputs, request_id in zip(batches, chosen)]
-        name = caps if isinstance(caps, str) else caps.name
-        work = enqueue_args(keys.queue_name(name, level), requests, max_depth=self.max_queue_depth,
+        work = enqueue_args(keys.queue_name(name, level, tag), requests, max_depth=self.max_queue_depth,
                             fresh=request_ids is None)
-        return name, self.shards.url_for(name), work, requests
+        return name, url, work, requests
 
     def _round(self, url: str, work: operations.Enqueue) -> tuple[list, list]:
         """The enqueue script's KEYS and ARGV (rq:queues is told of the queue on its first use)."""
@@ -182,6 +185,9 @@ class Producer(SyncWaits):
             operations.check_enqueued(reply)
         except operations.QueueFull as full:
             raise queue_full(name, full.depth, self.max_queue_depth) from None
+        if (url, work.queue) not in self._announced and keys.tag_of(work.queue):  # the script could not
+            with _redis_errors():
+                self.links[url].sadd(keys.RQ_QUEUES, keys.rq_queue_key(work.queue))  # (another slot)
         self._announced.add((url, work.queue))
         ids = [r.id for r in requests]
         self._sent.remember(ids, reply_to)

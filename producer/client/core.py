@@ -238,6 +238,18 @@ def _public_names(errors: list[dict]) -> list[dict]:
             for err in errors]
 
 
+def tagged_ids(chosen: list[str | None], tag: str) -> list[str | None]:
+    """On a Redis Cluster (`tag`: the model's hash tag, keys.slot_tag): new ids in the model's slot, and a
+    chosen id must carry the tag; on a plain Redis (`tag` '') `chosen` as it is."""
+    if not tag:
+        return chosen
+    wrong = [i for i in chosen if i is not None and keys.tag_of(i) != tag]
+    if wrong:
+        raise ValidationError(f"request id {wrong[0]!r} lacks its model's hash tag {tag}: on a Redis Cluster a "
+                              f"chosen id is {tag} followed by [A-Za-z0-9_-] (keys.slot_tag)", param="request_ids")
+    return [keys.tagged_request_id(tag) if i is None else i for i in chosen]
+
+
 def chosen_ids(request_ids: list[str] | None, count: int) -> list[str | None]:
     """The caller's own ids for `count` requests (None each: new random ones), checked before any I/O.
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 
 from redis import Redis
+from redis.cluster import RedisCluster
 
 from common.capabilities import ModelCapabilities
 from common.codec import packb
@@ -35,7 +36,8 @@ class Advertiser:
         """One transaction: this worker's beat, capabilities with a TTL, the model name; prunes dead workers."""
         now = time.time()
         name = self.caps.name
-        with self.connection.pipeline(transaction=True) as pipe:  # see common/protocol/scripts/withdraw.lua
+        # MULTI: see common/protocol/scripts/withdraw.lua; a Redis Cluster has these keys in several slots
+        with self.connection.pipeline(transaction=not isinstance(self.connection, RedisCluster)) as pipe:
             pipe.zadd(model_workers_key(name), {self.worker_name: now})  # before the SET, for readers too
             pipe.set(model_key(name), self._blob, ex=self.ttl)
             pipe.sadd(MODELS_KEY, name)

@@ -41,8 +41,8 @@ from rq.worker import SimpleWorker, WorkerStatus
 from common.errors import InternalError
 from common.protocol import operations
 from common.protocol.keys import (DRAIN_TIMEOUT, HEARTBEAT_INTERVAL, LEASE_SECONDS, MAINTENANCE_INTERVAL,
-                                  MAX_DELIVERIES, PRIORITIES, RESULT_TTL, queue_name)
-from common.redisclient import MAX_BLOCK
+                                  MAX_DELIVERIES, PRIORITIES, RESULT_TTL, queue_name, slot_tag)
+from common.redisclient import MAX_BLOCK, is_cluster_client
 from common.request import job_reply_to
 from common.result import Result
 from common.serializer import MsgpackSerializer
@@ -124,10 +124,12 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
             raise ValueError(f"lease must be positive and max_deliveries at least 1, got {lease}, {max_deliveries}")
         kwargs.setdefault("maintenance_interval", MAINTENANCE_INTERVAL)  # rq's 600 s leaves dead jobs too long
         # One rq queue per priority level (worker/serving/levels.py), highest first; `queue` names a lone queue.
-        queues = [queue] if queue else [queue_name(engine.caps.name, level) for level in PRIORITIES]
+        # On a Redis Cluster the queues and the worker's name carry the model's hash tag (common/protocol/keys.py).
+        tag = slot_tag(engine.caps.name) if is_cluster_client(connection) else ""
+        queues = [queue] if queue else [queue_name(engine.caps.name, level, tag) for level in PRIORITIES]
         # SafeJob: rq's maintenance (registry cleanups, handle_job_failure) reads jobs through it, so nothing a
         # job's hash names is imported or called (worker/serving/rqjob.py).
-        super().__init__(queues, name=name or unique_worker_name(),
+        super().__init__(queues, name=tag + (name or unique_worker_name()),
                          connection=connection, serializer=MsgpackSerializer, job_class=SafeJob,
                          default_result_ttl=result_ttl, **kwargs)
         self.engine = engine

@@ -12,6 +12,7 @@ local RESULT, NOTIFY, OPTIONS = '{{RESULT_PREFIX}}', '{{NOTIFY_PREFIX}}', '{{JOB
 local JOB, EXECUTION, EXECUTIONS = '{{RQ_JOB_PREFIX}}', '{{RQ_EXECUTION_PREFIX}}', '{{RQ_EXECUTIONS_PREFIX}}'
 local RESULTS, WORKER, CHUNKS = '{{RQ_RESULTS_PREFIX}}', '{{RQ_WORKER_PREFIX}}', '{{CHUNKS_PREFIX}}'
 local REPLY_MAXLEN, MAX_ID = tonumber('{{REPLY_STREAM_MAXLEN}}'), tonumber('{{MAX_REQUEST_ID_LENGTH}}')
+local MAX_TAG = tonumber('{{MAX_TAG_LENGTH}}')
 
 -- a finite number, or nil
 local function number(value)
@@ -37,9 +38,16 @@ local function usable(key, wanted)
   return t == wanted or t == 'none'
 end
 
--- an id that can name a request (and so an rq job): rq's alphabet, at most MAX_ID characters
+-- an id that can name a request (and so an rq job): rq's alphabet, at most MAX_ID characters, after an
+-- optional hash tag of at most MAX_TAG of them in braces (Redis Cluster: keys.py)
 local function valid_id(id)
-  return type(id) == 'string' and #id > 0 and #id <= MAX_ID and string.match(id, '^[%w_%-]+$') ~= nil
+  if type(id) ~= 'string' then return false end
+  local tag, rest = string.match(id, '^(%b{})(.*)$')
+  if tag then
+    if #tag > MAX_TAG + 2 or not string.match(tag, '^{[%w_%-]+}$') then return false end
+    id = rest
+  end
+  return #id > 0 and #id <= MAX_ID and string.match(id, '^[%w_%-]+$') ~= nil
 end
 
 -- the server's clock: leases are compared on one clock, whatever the workers' clocks say
