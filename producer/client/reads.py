@@ -51,12 +51,13 @@ def model_names(shards: ShardMap) -> Read[dict[str, list[str]]]:
 def models(shards: ShardMap) -> Read[tuple[dict, set[str]]]:
     """(models served by a live worker -> their capabilities, every model name ever advertised)."""
     names = yield from model_names(shards)
-    asked = {url: [("MGET", *map(keys.model_key, found))] for url, found in names.items() if found}
+    # one GET per model in the round trip, not one MGET: on a Redis Cluster the adverts lie in many slots
+    asked = {url: [("GET", keys.model_key(name)) for name in found] for url, found in names.items() if found}
     adverts = (yield asked) if asked else {}
     served, known = {}, set()
     for url, found in names.items():
         if found:
-            served.update(parse_models(found, ok(adverts[url][0])))
+            served.update(parse_models(found, [ok(reply) for reply in adverts[url]]))
         known.update(found)
     return served, known
 

@@ -1,0 +1,102 @@
+"""The whole path on a real Redis Cluster of three masters (tests/rediscluster.py, issue 39): a worker and a
+Producer on one redis+cluster:// URL answer with the vectors one plain Redis gives; every key of a model lies
+in its hash tag's slot (common/protocol/keys.py), and models with distinct tags spread over the masters."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+import redis
+
+from common.protocol import keys
+from common.redisclient import connect
+from producer import Producer
+from tests.crashworker import CrashModel
+from tests.harness import Fleet, serve
+from tests.hashed import HASHED_INFO
+
+TEXTS = ["Redis Cluster spreads slots over masters.", "A hash tag keeps a queue in one slot.", "short"]
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def _keys_by_master(cluster) -> dict[int, list[bytes]]:
+    found = {}
+    for port in cluster.master_ports():
+        with redis.Redis(port=port) as client:
+            found[port] = list(client.scan_iter(count=1000))
+    return found
+
+
+def test_sync_producer_on_a_cluster_gives_one_plain_redis_vectors(minilm_engine, redis_url, cluster_url,
+                                                                    redis_cluster):
+    with Fleet(redis_url) as plain:
+        plain.serve(minilm_engine)
+        expected = plain.producer.embed(TEXTS, "minilm")
+    connection = connect(cluster_url)
+    try:
+        with serve(minilm_engine, connection), Producer(cluster_url) as producer:
+            request_id = producer.submit(TEXTS, "minilm")
+            got = producer.wait(request_id, timeout=60)
+            again = producer.embed(TEXTS, "minilm")  # the one-round-trip path (enqueue + first wait together)
+    finally:
+        connection.close()
+    assert got.embeddings.shape == expected.shape
+    assert _cosines(got.embeddings, expected).min() >= 0.99999
+    assert _cosines(again, expected).min() >= 0.99999
+    tag = keys.slot_tag("minilm")
+    assert keys.tag_of(request_id) == tag, "a request id on a cluster carries its model's tag"
+    # every key of the model's queues and requests lies on one master, in the tag's slot
+    tagged = {port: [k for k in found if tag.encode() in k] for port, found in _keys_by_master(redis_cluster).items()}
+    holders = [port for port, found in tagged.items() if found]
+    assert len(holders) == 1, f"the keys of tag {tag} lie on {len(holders)} masters: {tagged}"
+    assert keys.result_key(request_id).encode() in tagged[holders[0]]
+    assert keys.notify_key(request_id).encode() in tagged[holders[0]]
+
+
+def _names_on_each_master(cluster_client, count: int) -> list[str]:
+    """`count` model names whose hash tags lie on `count` distinct masters."""
+    chosen: dict[str, str] = {}
+    for index in range(1000):
+        name = f"spread{index}"
+        node = cluster_client.get_node_from_key(keys.slot_tag(name)).name
+        chosen.setdefault(node, name)
+        if len(chosen) == count:
+            return list(chosen.values())
+    raise AssertionError("no names found on every master")
+
+
+def test_models_with_distinct_tags_put_their_traffic_on_distinct_masters(cluster_url, redis_cluster):
+    from worker.engine.engine import Engine
+
+    connection = connect(cluster_url)
+    names = _names_on_each_master(connection, 3)
+    info = {**HASHED_INFO, "host": socket.gethostname()}
+    try:
+        with serve(Engine(CrashModel(names[0])), connection, info=info), \
+                serve(Engine(CrashModel(names[1])), connection, info=info), \
+                serve(Engine(CrashModel(names[2])), connection, info=info), Producer(cluster_url) as producer:
+            ids = {name: producer.submit(["a text", "another"], name) for name in names}
+            answers = {name: producer.wait(request_id, timeout=60) for name, request_id in ids.items()}
+    finally:
+        connection.close()
+    assert all(answer.embeddings.shape == (2, 8) for answer in answers.values())
+    holders = {port: {k for k in found if k.startswith(keys.RESULT_PREFIX.encode())}
+               for port, found in _keys_by_master(redis_cluster).items()}
+    for request_id in ids.values():
+        on = [port for port, found in holders.items() if keys.result_key(request_id).encode() in found]
+        assert len(on) == 1
+    assert all(holders.values()), f"every master holds results of its model: {holders}"
+
+
+@pytest.mark.parametrize("request_id", ["plain-id", "{x}"])
+def test_a_chosen_id_without_its_models_tag_is_refused_on_a_cluster(request_id, cluster_url):
+    from common.errors import ValidationError
+    from producer.client.core import tagged_ids
+
+    with pytest.raises(ValidationError, match="hash tag"):
+        tagged_ids([request_id], keys.slot_tag("minilm"))
