@@ -25,12 +25,12 @@ from common.errors import ResultTimeoutError, UnavailableError
 from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
 from common.protocol import keys, operations
-from common.redisclient import close_async, connect_async
+from common.redisclient import close_async, connect_async, is_cluster
 from common.result import Result, SparseVector
 from common.shards import ShardMap
 from producer.client import asubmit, fleetview, reads, traced
 from producer.client.core import (Placements, Served, build_request, chosen_ids, looked_at, read_result,
-                                  redis_errors, resolve_target)
+                                  redis_errors, resolve_target, tagged_ids)
 from producer.client.fleet import LevelStats, level_stats
 from producer.client.notify import NotifyListener
 from producer.client.replies import ReplyListener
@@ -48,6 +48,8 @@ class _Link:
     url: str
     status: object  # the producer's status coroutine function
     max_queue_depth: int | None
+    tag: str = ""  # on a Redis Cluster: the hash tag of the models it serves (keys.slot_tag); '' else
+    shared: aioredis.Redis | None = None  # the command connections of the URL's first link, if not its own
     redis: aioredis.Redis = field(init=False)
     hub: WaitHub = field(init=False)
     replies: ReplyListener = field(init=False)
@@ -55,19 +57,21 @@ class _Link:
     submitter: asubmit.Submitter = field(init=False)
 
     def __post_init__(self):
-        self.redis = connect_async(self.url, max_connections=COMMAND_CONNECTIONS)
+        self.redis = self.shared or connect_async(self.url, max_connections=COMMAND_CONNECTIONS)
         self.hub = WaitHub(self.redis, self.status)
-        self.replies = ReplyListener(connect_async(self.url, max_connections=1), self.hub, self.redis)
-        self.notify = NotifyListener(lambda: connect_async(self.url, max_connections=1), self.redis, self.hub)
+        self.replies = ReplyListener(connect_async(self.url, max_connections=1), self.hub, self.redis, self.tag)
+        self.notify = NotifyListener(lambda: connect_async(self.url, max_connections=1), self.redis, self.hub,
+                                     self.tag)
         self.hub.notify, self.hub.replies = self.notify, self.replies
-        self.submitter = asubmit.Submitter(self.redis, self.max_queue_depth)
+        self.submitter = asubmit.Submitter(self.redis, self.max_queue_depth, self.tag)
 
     async def close(self) -> None:
         self.hub.close(UnavailableError("the producer was closed while waiting for a result"))
         await self.submitter.close()
         await self.notify.close()
         await self.replies.close()
-        await close_async(self.redis)
+        if self.shared is None:
+            await close_async(self.redis)
 
 
 class AsyncProducer:
@@ -80,6 +84,9 @@ class AsyncProducer:
         self.shards = ShardMap(self.redis_url, shards)
         self._max_queue_depth = max_queue_depth
         self._links = {url: _Link(url, self.status, max_queue_depth) for url in self.shards.urls()}
+        # On a Redis Cluster every wake-up key of a request lies in its model's slot: a link (reply stream,
+        # notify listener, submits) per URL and hash tag there, sharing the URL's command connections
+        self._tagged: dict[tuple[str, str], _Link] = {}
         self._connections = {url: link.redis for url, link in self._links.items()}  # what reads run on
         self.redis = self._links[self.redis_url].redis  # the default Redis
         self.where = looked_at(self.shards.urls())  # named by a NoWorkerError: which Redis had no worker
@@ -90,7 +97,7 @@ class AsyncProducer:
     async def close(self) -> None:
         """Fail pending waits and drop every connection. Bounded: each step that talks to Redis gets
         CLOSE_TIMEOUT, so a Redis that stopped answering cannot hang a shutdown."""
-        for link in self._links.values():
+        for link in [*self._tagged.values(), *self._links.values()]:
             await link.close()
 
     async def connection_of(self, request_id: str) -> aioredis.Redis:
@@ -110,7 +117,16 @@ class AsyncProducer:
         return await self._read(reads.locate(self.shards, self._placed, request_id))
 
     async def _link_of(self, request_id: str) -> _Link:
-        return self._links[await self.url_of(request_id)]
+        url = await self.url_of(request_id)
+        return self._link_at(url, keys.tag_of(request_id))
+
+    def _link_at(self, url: str, tag: str) -> _Link:
+        """The link of `url` for keys of hash tag `tag` (its own on a Redis Cluster, else the URL's one)."""
+        if not tag or not is_cluster(url):
+            return self._links[url]
+        if (url, tag) not in self._tagged:
+            self._tagged[url, tag] = _Link(url, self.status, self._max_queue_depth, tag, self._links[url].redis)
+        return self._tagged[url, tag]
 
     async def __aenter__(self) -> AsyncProducer:
         return self
@@ -180,7 +196,9 @@ class AsyncProducer:
                                            self.where)
         name = caps if isinstance(caps, str) else caps.name
         url = self.shards.url_for(name)
-        link = self._links[url]
+        tag = keys.slot_tag(name) if is_cluster(url) else ""  # a Redis Cluster: the model's slot (keys.py)
+        chosen = tagged_ids(chosen, tag)
+        link = self._link_at(url, tag)
         requests = [build_request(inputs, caps, params, fields, reply_to or link.replies.stream, text_pair, when,
                                   request_id) for inputs, request_id in zip(batches, chosen)]
         ids = [r.id for r in requests]
@@ -258,6 +276,7 @@ class AsyncProducer:
         that landed before the iteration began are not yielded, except those a reconnect found unseen."""
         link = self._links[self.redis_url] if len(self._links) == 1 else None
         links = [link] if link is not None else list(self._links.values())
+        links += list(self._tagged.values())  # (links made after this call are not followed)
         queues = [(lk, lk.hub.subscribe()) for lk in links]
         merged: asyncio.Queue = asyncio.Queue()
         pumps = [asyncio.ensure_future(_pump(queue, merged)) for _, queue in queues]
@@ -327,7 +346,7 @@ class AsyncProducer:
         target = await self._read(reads.cancel(self.shards, self._placed, request_id))
         if target is None:  # answered already
             return False
-        link = self._links[target.url]
+        link = self._link_at(target.url, keys.tag_of(request_id))
         with redis_errors():
             cancelled = await operations.cancel_async(link.redis, target.queue, target.answer, target.reply_to)
         if cancelled:

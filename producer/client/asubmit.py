@@ -36,9 +36,10 @@ class Submitter:
     """Enqueues the requests of concurrent callers together, one script run per queue, one round trip per
     round. `max_queue_depth` is checked per caller, in arrival order (common/protocol/scripts/enqueue.lua)."""
 
-    def __init__(self, connection: aioredis.Redis, max_queue_depth: int | None):
+    def __init__(self, connection: aioredis.Redis, max_queue_depth: int | None, tag: str = ""):
         self.connection = connection
         self.max_queue_depth = max_queue_depth
+        self.tag = tag  # on a Redis Cluster: its models' hash tag, in their queue names (keys.py)
         self._announced: set[str] = set()  # queues this producer listed in rq:queues (once each)
         self._waiting: list[_Submit] = []
         self._wakeup = asyncio.Event()
@@ -49,7 +50,8 @@ class Submitter:
         """Enqueue `requests` on `model`'s queue of that priority level, all or none; raises QueueFullError,
         DuplicateRequestError, a ValidationError for a request that cannot be encoded, or the Redis error of
         its round. `fresh`: their ids are new random ones (not looked up)."""
-        work = enqueue_args(keys.queue_name(model, level), requests, self.max_queue_depth, fresh)  # may fail alone
+        queue = keys.queue_name(model, level, self.tag)
+        work = enqueue_args(queue, requests, self.max_queue_depth, fresh)  # may fail alone
         item = _Submit(model, work, len(requests))
         self._waiting.append(item)
         self._wakeup.set()
@@ -125,8 +127,13 @@ class Submitter:
 
     async def _pipeline(self, round_: list[_Submit], groups: list[list[int]], by_source: bool = False) -> list:
         pipe = self.connection.pipeline(transaction=False)
+        listed = []  # a tagged queue (Redis Cluster) goes into rq:queues outside its script (another slot)
         for group in groups:
             works = [round_[i].work for i in group]
             keys_, args = operations.round_args(works, announce=works[0].queue not in self._announced)
             scripts.ENQUEUE.queue(pipe, keys_, args, by_source)
-        return await pipe.execute(raise_on_error=False)
+            if keys.tag_of(works[0].queue) and works[0].queue not in self._announced:
+                listed.append(keys.rq_queue_key(works[0].queue))
+        if listed:
+            pipe.sadd(keys.RQ_QUEUES, *listed)
+        return (await pipe.execute(raise_on_error=False))[:len(groups)]

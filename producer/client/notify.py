@@ -27,12 +27,12 @@ log = logging.getLogger(__name__)
 
 
 class NotifyListener:
-    def __init__(self, connect, commands: aioredis.Redis, hub: WaitHub):
+    def __init__(self, connect, commands: aioredis.Redis, hub: WaitHub, tag: str = ""):
         self._connect = connect  # made on first use: a producer that waits only on its own ids needs none
         self.connection: aioredis.Redis | None = None
         self.commands = commands
         self.hub = hub
-        self.kick = keys.kick_key(uuid.uuid4().hex)
+        self.kick = keys.kick_key(tag + uuid.uuid4().hex)  # `tag`: the slot of its ids' lists on a cluster
         self.ids: set[str] = set()
         self.unusable: set[str] = set()  # ids whose notify key is no list: polled (_poll)
         self._changed = asyncio.Event()

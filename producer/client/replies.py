@@ -30,11 +30,12 @@ class ReplyListener:
     """Feeds the ids on this producer's reply stream, and on the streams it `watch`es, to `hub` (started by
     the first `start` or `watch`). `commands`: the producer's command connections (for the kicks)."""
 
-    def __init__(self, connection: aioredis.Redis, hub: WaitHub, commands: aioredis.Redis | None = None):
+    def __init__(self, connection: aioredis.Redis, hub: WaitHub, commands: aioredis.Redis | None = None,
+                 tag: str = ""):
         self.connection = connection
         self.hub = hub
         self.commands = commands or connection
-        self.stream = keys.reply_stream_key(uuid.uuid4().hex)
+        self.stream = keys.reply_stream_key(tag + uuid.uuid4().hex)  # `tag`: its models' slot on a cluster
         self._streams: dict[str, list] = {}  # another producer's stream -> [last id read, {ids waited on it}]
         self._watched: dict[str, str] = {}  # request id -> the stream it is watched on
         self._blocked = False  # an XREAD is in flight

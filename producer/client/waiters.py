@@ -214,7 +214,8 @@ class WaitHub:
         ids = list(due)
         pipe = self.connection.pipeline(transaction=False)
         for start in range(0, len(ids), READ_CHUNK):
-            pipe.mget([keys.result_key(i) for i in ids[start:start + READ_CHUNK]])
+            # (as a raw command: a cluster's pipeline refuses mget(); a link's ids share one slot there)
+            pipe.execute_command("MGET", *[keys.result_key(i) for i in ids[start:start + READ_CHUNK]])
         blobs = [blob for chunk in await pipe.execute() for blob in chunk]
         missing = []
         for request_id, blob in zip(ids, blobs):
