@@ -1,18 +1,22 @@
-"""The whole path on a real Redis Cluster of three masters (tests/rediscluster.py, issue 39): a worker and a
-Producer on one redis+cluster:// URL answer with the vectors one plain Redis gives; every key of a model lies
+"""The whole path on a real Redis Cluster of three masters (tests/rediscluster.py, issue 39): a worker and the
+clients (Producer, AsyncProducer, the gateway) on one redis+cluster:// URL answer with the vectors one plain
+Redis gives; every key of a model lies
 in its hash tag's slot (common/protocol/keys.py), and models with distinct tags spread over the masters."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import numpy as np
+import openai
 import pytest
 import redis
 
 from common.protocol import keys
 from common.redisclient import connect
-from producer import Producer
+from producer import AsyncProducer, Producer
+from tests import gatewayserver
 from tests.crashworker import CrashModel
 from tests.harness import Fleet, serve
 from tests.hashed import HASHED_INFO
@@ -32,30 +36,52 @@ def _keys_by_master(cluster) -> dict[int, list[bytes]]:
     return found
 
 
-def test_sync_producer_on_a_cluster_gives_one_plain_redis_vectors(minilm_engine, redis_url, cluster_url,
-                                                                    redis_cluster):
-    with Fleet(redis_url) as plain:
+@pytest.fixture(scope="module")
+def expected(minilm_engine, redis_server) -> np.ndarray:
+    """The vectors of TEXTS through one plain Redis (the session's, flushed)."""
+    with Fleet(redis_server.url, flush=True) as plain:
         plain.serve(minilm_engine)
-        expected = plain.producer.embed(TEXTS, "minilm")
+        return plain.producer.embed(TEXTS, "minilm")
+
+
+async def _async_answers(url: str) -> tuple[str, np.ndarray, np.ndarray]:
+    async with AsyncProducer(url) as producer:
+        request_id = await producer.submit(TEXTS, "minilm")
+        waited = (await producer.wait(request_id, timeout=60)).embeddings
+        return request_id, waited, await producer.embed(TEXTS, "minilm")
+
+
+def test_every_client_on_a_cluster_gives_one_plain_redis_vectors(minilm_engine, expected, cluster_url,
+                                                                  redis_cluster):
+    """The sync Producer (submit + wait, and embed's one-round-trip path), the AsyncProducer, and the gateway
+    through the `openai` client, all on one redis+cluster:// URL with one worker on it."""
     connection = connect(cluster_url)
+    gateway = None
     try:
         with serve(minilm_engine, connection), Producer(cluster_url) as producer:
             request_id = producer.submit(TEXTS, "minilm")
-            got = producer.wait(request_id, timeout=60)
-            again = producer.embed(TEXTS, "minilm")  # the one-round-trip path (enqueue + first wait together)
+            answers = {"sync wait": producer.wait(request_id, timeout=60).embeddings,
+                       "sync embed": producer.embed(TEXTS, "minilm")}
+            async_id, answers["async wait"], answers["async embed"] = asyncio.run(_async_answers(cluster_url))
+            gateway = gatewayserver.Server(gatewayserver.settings(cluster_url))
+            with openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0) as client:
+                reply = client.embeddings.create(model="minilm", input=TEXTS)
+            answers["gateway"] = np.array([row.embedding for row in reply.data])
     finally:
+        if gateway is not None:
+            gateway.stop()
         connection.close()
-    assert got.embeddings.shape == expected.shape
-    assert _cosines(got.embeddings, expected).min() >= 0.99999
-    assert _cosines(again, expected).min() >= 0.99999
+    for path, got in answers.items():
+        assert got.shape == expected.shape, path
+        assert _cosines(got, expected).min() >= 0.99999, path
     tag = keys.slot_tag("minilm")
-    assert keys.tag_of(request_id) == tag, "a request id on a cluster carries its model's tag"
+    assert keys.tag_of(request_id) == tag and keys.tag_of(async_id) == tag, "ids on a cluster carry the tag"
     # every key of the model's queues and requests lies on one master, in the tag's slot
     tagged = {port: [k for k in found if tag.encode() in k] for port, found in _keys_by_master(redis_cluster).items()}
     holders = [port for port, found in tagged.items() if found]
     assert len(holders) == 1, f"the keys of tag {tag} lie on {len(holders)} masters: {tagged}"
-    assert keys.result_key(request_id).encode() in tagged[holders[0]]
-    assert keys.notify_key(request_id).encode() in tagged[holders[0]]
+    assert {keys.result_key(request_id).encode(), keys.result_key(async_id).encode(),
+            keys.notify_key(request_id).encode()} <= set(tagged[holders[0]])
 
 
 def _names_on_each_master(cluster_client, count: int) -> list[str]:
