@@ -36,7 +36,7 @@ class LocalCluster:
             node.mkdir(parents=True, exist_ok=True)
             (node / "redis.conf").write_text(
                 "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout 2000\n"
-                "cluster-replica-validity-factor 0\n"
+                "cluster-replica-validity-factor 0\nrepl-diskless-sync-delay 0\n"
                 f"cluster-port {free_port()}\n")  # the bus on a free port of its own (not port + 10000)
             self.servers.append(RedisServer(node / "data", config_file=node / "redis.conf").start())
         addresses = [f"127.0.0.1:{s.port}" for s in self.servers]
@@ -46,7 +46,8 @@ class LocalCluster:
         return self
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
-        """Until every live node says cluster_state:ok and knows all masters and replicas."""
+        """Until every live node says cluster_state:ok and knows all masters and replicas, and every replica
+        has synced with its master (a manual failover waits for that)."""
         deadline = time.monotonic() + timeout
         while True:
             states = [self._state(server) for server in self.live()]
@@ -60,8 +61,11 @@ class LocalCluster:
         with redis.Redis(port=server.port, socket_timeout=2) as client:
             state = client.cluster("INFO")["cluster_state"]
             nodes = client.cluster("NODES")
+            link = client.info("replication").get("master_link_status", "up")  # a replica: synced with its master
         known = [n for n in nodes.values() if "handshake" not in n["flags"] and "noaddr" not in n["flags"]]
-        return state if len(known) == len(self.servers) else f"{state} ({len(known)} nodes known)"
+        if len(known) != len(self.servers):
+            return f"{state} ({len(known)} nodes known)"
+        return state if link == "up" else f"{state} (replica link {link})"
 
     def live(self) -> list[RedisServer]:
         return [s for s in self.servers if s.process and s.process.poll() is None]

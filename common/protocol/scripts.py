@@ -66,8 +66,8 @@ def send_at_once(client: redis.Redis, commands: list[tuple]) -> list:
     in order, an error reply in place of its value. (A redis-py pipeline writes one piece per 6 KB, and each
     write lets the GIL go and waits to take it back: a worker's finish thread, which sends a round's result
     blobs, spent a third of its time there.)"""
-    if isinstance(client, redis.cluster.RedisCluster):  # one slot's commands (keys.py): to its master
-        client = _node_client(client, commands[-1])
+    if isinstance(client, redis.cluster.RedisCluster):
+        return _send_to_slot(client, commands)
     pool = client.connection_pool
     connection = pool.get_connection()
     try:
@@ -86,9 +86,16 @@ def send_at_once(client: redis.Redis, commands: list[tuple]) -> list:
         pool.release(connection)
 
 
-def _node_client(cluster: redis.cluster.RedisCluster, script: tuple) -> redis.Redis:
-    """The client of the master that holds the slot of `script`'s first key (its third argument)."""
-    return cluster.get_node_from_key(script[3]).redis_connection
+def _send_to_slot(cluster: redis.cluster.RedisCluster, commands: list[tuple]) -> list:
+    """send_at_once on a Redis Cluster: the commands lie in one slot (keys.py) and go to its master. A reply
+    MOVED (the slot's master changed: a failover, a resharding) means that command did not run there: the
+    slot map is read again and the whole write sent once more where the slot is now (its SETs may run twice,
+    the same blob; the script ran nowhere yet)."""
+    replies = send_at_once(_node_client(cluster, commands[-1]), commands)
+    if any(isinstance(reply, redis.exceptions.MovedError) for reply in replies):
+        cluster.nodes_manager.initialize()
+        replies = send_at_once(_node_client(cluster, commands[-1]), commands)
+    return replies
 
 
 def _node_client(cluster: redis.cluster.RedisCluster, script: tuple) -> redis.Redis:
