@@ -20,7 +20,7 @@ from common.errors import (NO_WORKER_HINT, DecodeError, NoWorkerError, QueueFull
                            UnknownModelError, ValidationError, echo, invalid_request)
 from common.fleetstate import DEFAULT_REDIS_URL
 from common.params import PoolingParams
-from common.redisclient import redact
+from common.redisclient import is_cluster, redact
 from common.request import EmbedRequest, normalize_inputs
 from common.scheduling import DEFAULT_PRIORITY, priority_level, resolve_deadline
 from common.result import Result
@@ -327,7 +327,13 @@ def result_state(result: Result) -> str:
     return "cancelled" if result.error_code == "cancelled" else "failed"
 
 
+def model_queue(url: str, model: str, priority: str = "interactive") -> str:
+    """`model`'s queue at `priority` on the Redis at `url` (with the model's hash tag on a Redis Cluster)."""
+    return keys.queue_name(model, priority, keys.slot_tag(model) if is_cluster(url) else "")
+
+
 def model_of_queue(queue: str) -> str:
+    queue = keys.untagged(queue)  # (a Redis Cluster's queue names carry the model's hash tag)
     prefix = keys.queue_name("")
     model = queue[len(prefix):] if queue.startswith(prefix) else queue
     for level in keys.PRIORITIES[1:]:  # a lower level's queue: <queue>@<level>

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 from common.protocol import keys
 from common.shards import ShardMap
+from producer.client.core import model_queue
 from producer.client.reads import Read
 
 _RQ_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"  # rq's utcformat, as `enqueued_at` is stored
@@ -30,7 +31,7 @@ def level_stats(shards: ShardMap, model: str, now: float | None = None) -> Read[
     url = shards.url_for(model)
     commands = []
     for level in keys.PRIORITIES:
-        queue = keys.queue_name(model, level)
+        queue = model_queue(url, model, level)
         commands += [("LLEN", keys.rq_queue_key(queue)), ("GET", keys.queued_tokens_key(queue)),
                      ("LINDEX", keys.rq_queue_key(queue), 0)]
     raw = (yield {url: commands})[url]

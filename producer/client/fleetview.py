@@ -35,7 +35,7 @@ from common.redisclient import redact
 from common.result import Result
 from common.shards import ShardMap
 from producer.client import reads
-from producer.client.core import parse_worker_info
+from producer.client.core import model_queue, parse_worker_info
 from producer.client.reads import Read
 
 FAILURE_WINDOW = 3600  # seconds of failures shown
@@ -48,12 +48,12 @@ def snapshot(shards: ShardMap, now: float | None = None) -> Read[dict]:
     Redis (shard) in each."""
     now = time.time() if now is None else now
     names = {url: found for url, found in (yield from reads.model_names(shards)).items() if found}
-    first = (yield {url: _first(found, now) for url, found in names.items()}) if names else {}
+    first = (yield {url: _first(url, found, now) for url, found in names.items()}) if names else {}
     plans = {url: _plans(found, iter(map(reads.ok, first[url]))) for url, found in names.items()}
     second = (yield {url: _second(plan) for url, plan in plans.items()}) if plans else {}
     models, workers = [], []
     for url, plan in plans.items():
-        found_models, found_workers = _parse(plan, iter(map(reads.ok, second[url])), now)
+        found_models, found_workers = _parse(url, plan, iter(map(reads.ok, second[url])), now)
         models += [{**model, "redis": redact(url)} for model in found_models]
         workers += found_workers
     return {"time": now, "redis": redact(shards.default), "priorities": list(keys.PRIORITIES),
@@ -68,7 +68,7 @@ def _tokens(raw) -> int | None:
         return None
 
 
-def _first(names: list[str], now: float) -> list[tuple]:
+def _first(url: str, names: list[str], now: float) -> list[tuple]:
     """Per model: its advert, its live workers, and per priority level the queue's depth and head, what is
     in progress, the newest failures of the last hour (and how many) and the queued-tokens counter."""
     recent = now - FAILURE_WINDOW + keys.FAILURE_TTL
@@ -77,7 +77,7 @@ def _first(names: list[str], now: float) -> list[tuple]:
         commands += [("GET", keys.model_key(name)),
                      ("ZRANGEBYSCORE", keys.model_workers_key(name), now - keys.ADVERTISE_TTL, "+inf", "WITHSCORES")]
         for priority in keys.PRIORITIES:
-            queue = keys.queue_name(name, priority)
+            queue = model_queue(url, name, priority)
             commands += [("LLEN", keys.rq_queue_key(queue)), ("LINDEX", keys.rq_queue_key(queue), 0),
                          ("ZCARD", keys.rq_wip_key(queue)),
                          ("ZREVRANGEBYSCORE", keys.rq_failed_key(queue), "+inf", recent, "LIMIT", 0, FAILED_SAMPLE),
@@ -107,7 +107,7 @@ def _second(plans: list[tuple]) -> list[tuple]:
     return commands
 
 
-def _parse(plans: list[tuple], second, now: float) -> tuple[list[dict], list[dict]]:
+def _parse(url: str, plans: list[tuple], second, now: float) -> tuple[list[dict], list[dict]]:
     models, workers = [], []
     for name, caps_raw, beats, queues in plans:
         live = []
@@ -118,7 +118,7 @@ def _parse(plans: list[tuple], second, now: float) -> tuple[list[dict], list[dic
         rows, failures = [], {}
         for priority, depth, head, in_progress, failed, failed_count, tokens in queues:
             enqueued = next(second) if head is not None and keys.valid_request_id(head) else None
-            rows.append({"priority": priority, "queue": keys.queue_name(name, priority), "depth": depth,
+            rows.append({"priority": priority, "queue": model_queue(url, name, priority), "depth": depth,
                          "in_progress": in_progress, "oldest_age_s": _age(enqueued, now) if depth else None,
                          "queued_tokens": _tokens(tokens) if depth else 0})
             for request_id in failed:

@@ -21,8 +21,8 @@ from common.protocol.jobdata import inflate
 from common.request import args_reply_to
 from common.result import Result
 from common.shards import ShardMap
-from producer.client.core import (SERIALIZER, Placements, job_state, model_of_queue, parse_models, parse_worker_info,
-                                  read_result, result_state)
+from producer.client.core import (SERIALIZER, Placements, job_state, model_of_queue, model_queue, parse_models,
+                                  parse_worker_info, read_result, result_state)
 
 T = TypeVar("T")
 Round = dict[str, list[tuple]]
@@ -82,7 +82,7 @@ def workers(shards: ShardMap, model: str, now: float) -> Read[list[dict]]:
 
 def queue_depth(shards: ShardMap, model: str) -> Read[int]:
     url = shards.url_for(model)
-    replies = yield {url: [("LLEN", keys.rq_queue_key(keys.queue_name(model)))]}
+    replies = yield {url: [("LLEN", keys.rq_queue_key(model_queue(url, model)))]}
     return ok(replies[url][0])
 
 

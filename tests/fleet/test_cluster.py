@@ -19,7 +19,7 @@ from producer import AsyncProducer, Producer
 from tests import gatewayserver
 from tests.crashworker import CrashModel
 from tests.harness import Fleet, serve
-from tests.hashed import HASHED_INFO
+from tests.hashed import HASHED_INFO, MODEL, hashed_model
 
 TEXTS = ["Redis Cluster spreads slots over masters.", "A hash tag keeps a queue in one slot.", "short"]
 
@@ -126,3 +126,25 @@ def test_a_chosen_id_without_its_models_tag_is_refused_on_a_cluster(request_id, 
 
     with pytest.raises(ValidationError, match="hash tag"):
         tagged_ids([request_id], keys.slot_tag("minilm"))
+
+
+def test_queue_depths_and_the_fleet_view_read_a_clusters_tagged_queues(cluster_url):
+    """What `status`, autoscaling and the producer read of a queue (its depth, its rows in the fleet view)
+    reads the tagged queue on a cluster: requests that wait behind a slow worker are counted."""
+    from worker.engine.engine import Engine
+
+    connection = connect(cluster_url)
+    engine = Engine(hashed_model(0.2), max_batch_tokens=64, max_batch_size=64)
+    try:
+        with serve(engine, connection, info={**HASHED_INFO, "host": socket.gethostname()}, max_jobs=1), \
+                Producer(cluster_url) as producer:
+            ids = [producer.submit([f"text {i}"], MODEL) for i in range(12)]
+            depth, stats, view = producer.queue_depth(MODEL), producer.level_stats(MODEL), producer.fleet()
+            answers = [producer.wait(request_id, timeout=60) for request_id in ids]
+    finally:
+        connection.close()
+    assert depth > 0 and stats[0].depth > 0
+    (model,) = [m for m in view["models"] if m["name"] == MODEL]
+    interactive = model["queues"][0]
+    assert interactive["queue"] == keys.queue_name(MODEL, tag=keys.slot_tag(MODEL)) and interactive["depth"] > 0
+    assert len(answers) == 12

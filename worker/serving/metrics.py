@@ -13,6 +13,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 from prometheus_client.core import CounterMetricFamily
 
+from common.protocol import keys
 from common.protocol.keys import PRIORITIES, queue_name
 
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -54,7 +55,7 @@ class WorkerMetrics:
 
     def waited(self, queue: str, seconds: float) -> None:
         """A request taken from rq queue `queue` after `seconds` queued."""
-        self.queue_wait.labels(self.model, self._levels.get(queue, "other")).observe(max(0.0, seconds))
+        self.queue_wait.labels(self.model, self._levels.get(keys.untagged(queue), "other")).observe(max(0.0, seconds))
 
     def shaped(self, tokens: int, rows: int, rate: float | None) -> None:
         """The shape the engine runs at now, and its measured rate when known."""
