@@ -259,7 +259,8 @@ async def check_access_async(connection: aioredis.Redis, url: str) -> None:
 def _probe(pipe) -> None:
     probe_id = f"access-check-{uuid.uuid4().hex}"
     pipe.exists(keys.result_key(probe_id)).smembers(keys.MODELS_KEY)
-    pipe.llen(keys.rq_queue_key(keys.queue_name("access-check"))).eval("return 1", 0)  # may it run scripts
+    pipe.llen(keys.rq_queue_key(keys.queue_name("access-check")))
+    pipe.execute_command("EVAL", "return 1", 0)  # may it run scripts (raw: a cluster's pipeline has no eval())
 
 
 class AccessError(StartupError):
