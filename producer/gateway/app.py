@@ -12,7 +12,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from common.errors import UnavailableError
-from common.redisclient import connect_async, redact
+from common.redisclient import connect_async, is_cluster, redact
 from producer import AsyncProducer
 from producer.gateway.batches import routes as batches
 from producer.gateway.batches.runner import Runner
@@ -121,7 +121,7 @@ def webhook_deliveries(settings: GatewaySettings, producer: AsyncProducer, optio
     return {url: Deliveries(producer.connection_at(url), connect_async(url, max_connections=1), options_of,
                             secret=settings.webhook_secret, attempts=settings.webhook_attempts,
                             timeout=settings.webhook_timeout, sweep=settings.webhook_sweep_seconds,
-                            policy=settings.webhook_policy)
+                            policy=settings.webhook_policy, woken=not is_cluster(url))
             for url in producer.urls()}
 
 

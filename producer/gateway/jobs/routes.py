@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from common.protocol import keys
+from common.redisclient import is_cluster
 from common.errors import EmbedfleetError, InternalError, NotFoundError, UnavailableError, ValidationError
 from producer.gateway.core import encoding
 from producer.gateway.core.auth import admit, require_key
@@ -49,7 +50,10 @@ async def create_job(body: JobBody, request: Request, gw: Gateway = Depends(gate
                               "/v1/jobs/events instead", param="webhook")
     if body.webhook:  # before the enqueue: a refused URL leaves no job behind
         await gw.settings.webhook_policy.check_at_submit(body.webhook, gw.settings.webhook_timeout)
-    job_id = await gw.submit(body, reply_to=keys.WEBHOOK_STREAM if body.webhook else None)
+    # On a Redis Cluster the shared webhook stream lies in another slot than the job: its webhook is found by
+    # the sweeps alone there (producer/gateway/jobs/webhooks.py, `woken`)
+    clustered = is_cluster(gw.producer.shards.url_for(body.model))
+    job_id = await gw.submit(body, reply_to=keys.WEBHOOK_STREAM if body.webhook and not clustered else None)
     await gw.save_job_options(job_id, body, owner_of(request))
     if body.webhook:  # the durable delivery list: any replica delivers (producer/gateway/jobs/webhooks.py)
         with redis_errors():

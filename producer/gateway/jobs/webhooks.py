@@ -71,11 +71,14 @@ class Deliveries:
 
     def __init__(self, connection: aioredis.Redis, listen: aioredis.Redis,
                  options_of: Callable[[str], Awaitable[dict]], *, secret: str | None, attempts: int,
-                 timeout: float, sweep: float, policy: WebhookPolicy):
+                 timeout: float, sweep: float, policy: WebhookPolicy, woken: bool = True):
         self.connection, self.listen = connection, listen
         self.options_of = options_of
         self.secret, self.attempts, self.timeout = secret, attempts, timeout
-        self.sweep, self.recheck_after = sweep, 6 * sweep
+        # `woken`: answers wake the webhook stream. Not on a Redis Cluster (the stream lies in another slot
+        # than the jobs): there every sweep looks at each job on the list until it is delivered.
+        self.woken = woken
+        self.sweep, self.recheck_after = sweep, (6 * sweep if woken else sweep)
         self.policy = policy
         # No redirects: a 3xx could point anywhere the policy refuses. No kept-alive connections: a pooled
         # connection is found by the address it went to, and one opened (and its certificate checked) for
@@ -92,8 +95,9 @@ class Deliveries:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._loops = [loop.create_task(self._listen(), name="webhook stream"),
-                       loop.create_task(self._sweep(), name="webhook sweep")]
+        self._loops = [loop.create_task(self._sweep(), name="webhook sweep")]
+        if self.woken:
+            self._loops.append(loop.create_task(self._listen(), name="webhook stream"))
 
     async def close(self) -> None:
         for task in [*self._loops, *self._tasks]:
