@@ -337,8 +337,10 @@ def cache_key(model_identity: str, input_digest: str) -> str:
     return f"{PREFIX}:cache:{model_identity}:{input_digest}"
 
 
-def inflight_key(request_digest: str) -> str:
-    return f"{PREFIX}:inflight:{request_digest}"
+def inflight_key(request_digest: str, tag: str = "") -> str:
+    """`tag`: the hash tag of the requests that share it (their ids', on a Redis Cluster), so that the
+    in-flight scripts touch one slot with the leader's result."""
+    return f"{PREFIX}:inflight:{tag}{request_digest}"
 
 
 # OpenAI's Batch API (producer/gateway/batches/)

@@ -148,3 +148,28 @@ def test_queue_depths_and_the_fleet_view_read_a_clusters_tagged_queues(cluster_u
     interactive = model["queues"][0]
     assert interactive["queue"] == keys.queue_name(MODEL, tag=keys.slot_tag(MODEL)) and interactive["depth"] > 0
     assert len(answers) == 12
+
+
+def test_the_vector_cache_and_in_flight_dedup_work_on_a_cluster(minilm_path, minilm_engine, expected, cluster_url,
+                                                                caplog):
+    """A worker with the fleet's cache on the cluster (its vectors in many slots, read per slot) and in-flight
+    dedup (its markers in the requests' slot): the second time the same texts come, no forward pass runs."""
+    from tests.fleet.test_cache import Cached
+    from worker.engine.engine import Engine
+    from worker.engine.identity import folder_digest, model_identity
+    from worker.serving.cache import VectorCache, check_placement
+
+    connection = connect(cluster_url)
+    identity = model_identity("minilm", folder_digest(minilm_path), "float32", "cpu")
+    engine = Cached(Engine(minilm_engine.model), VectorCache(connection, identity, 384))
+    try:
+        assert check_placement(connection, None) == ""  # the cluster's masters evict nothing
+        with serve(engine.worker(connection, poll_timeout=1)), Producer(cluster_url) as producer:
+            first = producer.embed(TEXTS, "minilm")
+            passes = engine.forward_passes
+            again = producer.embed(TEXTS, "minilm")
+    finally:
+        connection.close()
+    assert engine.forward_passes == passes and engine.cache.hits == len(TEXTS)
+    assert _cosines(first, expected).min() >= 0.99999 and np.array_equal(again, first)
+    assert not [r for r in caplog.records if "in-flight dedup skipped" in r.getMessage()]  # its script ran

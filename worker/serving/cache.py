@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import redis
+from redis.cluster import RedisCluster
 
 from common.protocol import keys
 from common.errors import StartupError
@@ -104,7 +105,7 @@ class VectorCache:
         if not wanted:
             return found
         try:
-            values = dict(zip(wanted, self.connection.mget(wanted)))
+            values = dict(zip(wanted, self._mget(wanted)))
         except redis.RedisError as exc:
             self._warn("lookup", f"cache lookup failed ({exc}); computing {len(wanted)} inputs")
             values = {}
@@ -165,6 +166,12 @@ class VectorCache:
 
     # -- internals ----------------------------------------------------------------------------------
 
+    def _mget(self, wanted: list[str]) -> list:
+        """One MGET; on a Redis Cluster one per slot (redis-py's mget_nonatomic: the keys lie in many)."""
+        if isinstance(self.connection, RedisCluster):
+            return self.connection.mget_nonatomic(wanted)
+        return self.connection.mget(wanted)
+
     def _decode(self, raw, key: str) -> np.ndarray | None:
         if raw is None:
             return None
@@ -206,9 +213,15 @@ class VectorCache:
 
 
 def eviction_policy(connection: redis.Redis) -> tuple[str, str]:
-    """(maxmemory-policy, run_id) of a Redis, from INFO (readable where CONFIG is renamed or not allowed)."""
-    info = connection.info()
-    return str(info.get("maxmemory_policy", "noeviction")), str(info.get("run_id", ""))
+    """(maxmemory-policy, run_id) of a Redis, from INFO (readable where CONFIG is renamed or not allowed). A
+    Redis Cluster: the policy of the master that evicts most (allkeys-*, then volatile-*), its masters' run ids."""
+    if isinstance(connection, RedisCluster):
+        infos = list(connection.info(target_nodes=RedisCluster.PRIMARIES).values())
+    else:
+        infos = [connection.info()]
+    policies = [str(info.get("maxmemory_policy", "noeviction")) for info in infos]
+    policy = next((p for prefix in ("allkeys-", "volatile-") for p in policies if p.startswith(prefix)), policies[0])
+    return policy, ",".join(sorted(str(info.get("run_id", "")) for info in infos))
 
 
 def check_placement(queue: redis.Redis, cache: redis.Redis | None) -> str:

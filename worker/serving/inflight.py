@@ -78,7 +78,7 @@ class InFlight:
         markers: dict[str, list[int]] = {}  # marker -> this round's positions that have it, first first
         for position, request in enumerate(requests):
             if request.cache and request.part_of is None:  # a part answers into its request's join, not alone
-                marker = keys.inflight_key(request_digest(self.identity, request))
+                marker = keys.inflight_key(request_digest(self.identity, request), keys.tag_of(request.id))
                 markers.setdefault(marker, []).append(position)
         if not markers:
             return jobs, requests
