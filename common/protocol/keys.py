@@ -143,10 +143,12 @@ one hash slot, so there a model's keys carry its hash tag, `{<10 hex of sha1(mod
 its queue names ({t}embedfleet.<model>, {t}embedfleet.<model>@bulk: rq:queue:{t}embedfleet.<model>, its
 registries, its queued_tokens), its request ids ({t}<32 hex>: rq:job:, embedfleet:result:, notify:,
 job:, chunks:, rq:execution(s):, rq:results: of the id, and a spread request's parts <id>-p<k>), its
-workers' names ({t}<name>: rq:worker:<name>, rq:worker:<name>:executions) and rq:suspended's stand-in
-rq:suspended:{t}. A model's traffic is one slot, so one master; its partitions (when a model has several)
-each get a tag of their own. The shared keys (rq:queues, embedfleet:models, adverts) are written outside
-the scripts there. On a plain Redis nothing carries a tag: the layout above is unchanged.
+workers' names ({t}<name>: rq:worker:<name>, rq:worker:<name>:executions), an AsyncProducer's reply
+stream and kick list (one per tag: embedfleet:replies:{t}<hex>), in-flight markers (embedfleet:inflight:{t}
+<digest>) and rq:suspended's stand-in rq:suspended:{t}. A model's traffic is one slot, so one master. The
+shared keys (rq:queues, embedfleet:models, adverts, the webhook stream and list) are written outside the
+scripts there (a webhook job's answer wakes no stream: the sweeps deliver it). On a plain Redis nothing
+carries a tag: the layout above is unchanged. docs/capacity.md#redis-cluster has the whole picture.
 
 Leases. A worker's claim on a job it took lasts LEASE_SECONDS and its heartbeat renews it every third of
 that (also during a long forward pass: the heartbeat is a thread of its own). When a claim lapses (the
