@@ -91,13 +91,14 @@ class ClusterClient(redis.cluster.RedisCluster):
 
 def connect_async(url: str, max_connections: int = MAX_ASYNC_CONNECTIONS) -> aioredis.Redis:
     """An asyncio client whose pool never holds more than `max_connections` (a command beyond them waits
-    up to SOCKET_TIMEOUT for one to be free). Through Sentinel the pool is redis-py's own, which has no
-    blocking variant: there the bound is not enforced (exceeding it would fail commands, not queue them)."""
+    up to SOCKET_TIMEOUT for one to be free). Through Sentinel, and on a Redis Cluster (a pool per node), the
+    pools are redis-py's own, which have no blocking variant: there the bound is not enforced (exceeding it
+    would fail commands with MaxConnectionsError, not queue them)."""
     retry = Retry(NoBackoff(), 1, (redis.ConnectionError,))
     if is_cluster(url):
         nodes, kwargs = parse_cluster(url)
         return aiocluster.RedisCluster(startup_nodes=[aiocluster.ClusterNode(h, p) for h, p in nodes],
-                                       max_connections=max_connections, **kwargs, **_timeouts())
+                                       **kwargs, **_timeouts())
     if is_sentinel(url):
         hosts, service, kwargs, sentinel_kwargs = parse_sentinel(url)
         sentinels = aiosentinel.Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **_timeouts())

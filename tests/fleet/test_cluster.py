@@ -96,7 +96,23 @@ def _names_on_each_master(cluster_client, count: int) -> list[str]:
     raise AssertionError("no names found on every master")
 
 
+CONCURRENT = 60  # requests in flight per model: more than the async client's connections per node
+
+
+async def _many(url: str, names: list[str]) -> dict[str, list]:
+    """CONCURRENT two-text requests per model at once through one AsyncProducer: (id, shape) per request."""
+    async with AsyncProducer(url) as producer:
+        async def one(name: str, index: int) -> tuple[str, tuple]:
+            request_id = await producer.submit([f"a text {index}", "another"], name)
+            return request_id, (await producer.wait(request_id, timeout=60)).embeddings.shape
+
+        found = await asyncio.gather(*(one(name, i) for name in names for i in range(CONCURRENT)))
+    return {name: found[k * CONCURRENT:(k + 1) * CONCURRENT] for k, name in enumerate(names)}
+
+
 def test_models_with_distinct_tags_put_their_traffic_on_distinct_masters(cluster_url, redis_cluster):
+    """Three models whose tags lie on three masters, their requests in flight together through one
+    AsyncProducer (a link per tag, the command connections shared): each master holds its model's results."""
     from worker.engine.engine import Engine
 
     connection = connect(cluster_url)
@@ -105,17 +121,17 @@ def test_models_with_distinct_tags_put_their_traffic_on_distinct_masters(cluster
     try:
         with serve(Engine(CrashModel(names[0])), connection, info=info), \
                 serve(Engine(CrashModel(names[1])), connection, info=info), \
-                serve(Engine(CrashModel(names[2])), connection, info=info), Producer(cluster_url) as producer:
-            ids = {name: producer.submit(["a text", "another"], name) for name in names}
-            answers = {name: producer.wait(request_id, timeout=60) for name, request_id in ids.items()}
+                serve(Engine(CrashModel(names[2])), connection, info=info):
+            answers = asyncio.run(_many(cluster_url, names))
     finally:
         connection.close()
-    assert all(answer.embeddings.shape == (2, 8) for answer in answers.values())
+    assert {shape for found in answers.values() for _, shape in found} == {(2, 8)}
     holders = {port: {k for k in found if k.startswith(keys.RESULT_PREFIX.encode())}
                for port, found in _keys_by_master(redis_cluster).items()}
-    for request_id in ids.values():
-        on = [port for port, found in holders.items() if keys.result_key(request_id).encode() in found]
-        assert len(on) == 1
+    for name, found in answers.items():
+        on = {port for port, keys_ in holders.items() for request_id, _ in found
+              if keys.result_key(request_id).encode() in keys_}
+        assert len(on) == 1, f"{name}'s results lie on {on}"
     assert all(holders.values()), f"every master holds results of its model: {holders}"
 
 
