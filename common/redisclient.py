@@ -1,19 +1,6 @@
 """Redis clients for every entry point: timeouts that suit blocking reads, secured Redis, start-up checks.
 
-URLs (every entry point takes one, in --redis-url or EMBEDFLEET_REDIS_URL; each shard takes one too):
-
-    redis://[[user]:password@]host:port/db             plain TCP; `user` is an ACL user (default: "default")
-    rediss://[[user]:password@]host:port/db            TLS; --redis-tls-ca/--redis-tls-cert/--redis-tls-key
-                                                       (env EMBEDFLEET_REDIS_TLS_*) add `ssl_ca_certs`,
-                                                       `ssl_certfile`, `ssl_keyfile` to the URL's query
-    redis+sentinel://[[user]:password@]h1:26379,h2:26379/service[/db]
-                                                       the master of `service` as the sentinels name it;
-                                                       the credentials are the master's (sentinels that
-                                                       need their own: `?sentinel_password=...`);
-                                                       `rediss+sentinel://` for a TLS master
-    redis+cluster://[[user]:password@]h1:p1[,h2:p2...]  a Redis Cluster, the nodes given as seeds (redis-py's
-                                                       RedisCluster finds the rest); `rediss+cluster://`
-                                                       for TLS. Keys are laid out for it (keys.py: hash tags)
+URLs: common/redisurls.py (plain, TLS, Sentinel, Cluster; redaction for logs).
 
 Timeouts: redis-py 8 defaults to a 5 s socket timeout, shorter than the blocking reads here would like; a
 client without any timeout would hang forever on a dead host. Blocking calls wait at most MAX_BLOCK
@@ -37,7 +24,7 @@ import contextlib
 import ssl
 import types
 import uuid
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio as aioredis
@@ -50,6 +37,9 @@ from redis.backoff import NoBackoff
 
 from common.errors import StartupError
 from common.protocol import keys
+# the URL helpers are imported from here by the entry points too (re-exported: hence F401)
+from common.redisurls import (CLUSTER_SCHEMES, SENTINEL_SCHEMES, is_cluster, is_cluster_client,  # noqa: F401
+                              is_sentinel, parse_cluster, parse_sentinel, redact, user_of, with_tls)
 
 SOCKET_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 5.0
@@ -57,9 +47,6 @@ MAX_BLOCK = 10.0
 MAX_ASYNC_CONNECTIONS = 64  # per asyncio client; a burst beyond it waits (up to SOCKET_TIMEOUT) for one
 CLOSE_TIMEOUT = 2.0  # seconds each step of closing an async client may take (a hung peer cannot stall it)
 
-SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
-CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
-TLS_QUERY = {"ca": "ssl_ca_certs", "cert": "ssl_certfile", "key": "ssl_keyfile"}
 # What an embedfleet ACL user of any role needs (docs/security.md's worker grant; its producer grant is narrower):
 # our keys, rq's keys and worker channels, and the commands rq's worker sends (INFO, CLIENT SETNAME).
 ACL_GRANT = "resetkeys resetchannels +@all -@dangerous +info +client|setname +client|getname ~rq:* ~embedfleet:* &rq:*"
@@ -72,7 +59,8 @@ def connect(url: str) -> redis.Redis:
                              **kwargs, **_timeouts())
     if is_sentinel(url):
         hosts, service, kwargs, sentinel_kwargs = parse_sentinel(url)
-        sentinels = redis.sentinel.Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **_timeouts())
+        sentinels = redis.sentinel.Sentinel(hosts, sentinel_kwargs={**_timeouts(), **sentinel_kwargs},
+                                              **_timeouts())
         return sentinels.master_for(service, **kwargs, **_timeouts())
     return redis.Redis.from_url(url, **_timeouts())
 
@@ -101,7 +89,8 @@ def connect_async(url: str, max_connections: int = MAX_ASYNC_CONNECTIONS) -> aio
                                        **kwargs, **_timeouts())
     if is_sentinel(url):
         hosts, service, kwargs, sentinel_kwargs = parse_sentinel(url)
-        sentinels = aiosentinel.Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **_timeouts())
+        sentinels = aiosentinel.Sentinel(hosts, sentinel_kwargs={**_timeouts(), **sentinel_kwargs},
+                                              **_timeouts())
         return sentinels.master_for(service, **kwargs, **_timeouts(), retry=retry)
     pool = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=SOCKET_TIMEOUT, retry=retry, **_timeouts())
@@ -110,114 +99,6 @@ def connect_async(url: str, max_connections: int = MAX_ASYNC_CONNECTIONS) -> aio
 
 def _timeouts() -> dict:
     return {"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": CONNECT_TIMEOUT}
-
-
-# -- URLs ---------------------------------------------------------------------------------------------
-
-def is_sentinel(url: str) -> bool:
-    return urlsplit(url).scheme in SENTINEL_SCHEMES
-
-
-def is_cluster(url: str) -> bool:
-    return urlsplit(url).scheme in CLUSTER_SCHEMES
-
-
-def is_cluster_client(connection) -> bool:
-    """Whether `connection` (sync or asyncio) talks to a Redis Cluster."""
-    return isinstance(connection, (redis.cluster.RedisCluster, aiocluster.RedisCluster))
-
-
-def parse_cluster(url: str) -> tuple[list[tuple[str, int]], dict]:
-    """(seed nodes, connection kwargs) of a redis+cluster:// URL; a cluster has one database (no /DB)."""
-    parts = urlsplit(url)
-    netloc = parts.netloc.rpartition("@")[2]
-    nodes = []
-    for node in filter(None, netloc.split(",")):
-        host, _, port = node.rpartition(":") if ":" in node else (node, "", "6379")
-        if not port.isdigit():
-            raise ValueError(f"not a Redis Cluster URL: {redact(url)}; write redis+cluster://[user:password@]"
-                             "host:port[,host:port...]")
-        nodes.append((host or node, int(port)))
-    if not nodes or parts.path.strip("/") not in ("", "0"):
-        raise ValueError(f"not a Redis Cluster URL: {redact(url)}; write redis+cluster://[user:password@]"
-                         "host:port[,host:port...] (a cluster has database 0 only)")
-    kwargs: dict = dict(parse_qsl(parts.query))
-    user, password = _credentials(parts)
-    if user:
-        kwargs["username"] = user
-    if password:
-        kwargs["password"] = password
-    if parts.scheme == "rediss+cluster":
-        kwargs["ssl"] = True
-    return nodes, kwargs
-
-
-def parse_sentinel(url: str) -> tuple[list[tuple[str, int]], str, dict, dict]:
-    """(sentinel hosts, service name, the master's connection kwargs, the sentinels' own kwargs)."""
-    parts = urlsplit(url)
-    netloc = parts.netloc.rpartition("@")[2]
-    hosts = []
-    for host in filter(None, netloc.split(",")):
-        name, _, port = host.rpartition(":") if ":" in host else (host, "", "26379")
-        hosts.append((name or host, int(port)))
-    path = [p for p in parts.path.split("/") if p]
-    if not hosts or not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
-        raise ValueError(f"not a Sentinel URL: {redact(url)}; write redis+sentinel://[user:password@]"
-                         "host:port[,host:port...]/SERVICE[/DB]")
-    kwargs: dict = {"db": int(path[1]) if len(path) == 2 else 0}
-    user, password = _credentials(parts)
-    if user:
-        kwargs["username"] = user
-    if password:
-        kwargs["password"] = password
-    sentinel_kwargs = dict(_timeouts())
-    for name, value in parse_qsl(parts.query):
-        if name == "sentinel_password":
-            sentinel_kwargs["password"] = value
-        else:
-            kwargs[name] = value
-    if parts.scheme == "rediss+sentinel":
-        kwargs["ssl"] = True
-    return hosts, unquote(path[0]), kwargs, sentinel_kwargs
-
-
-def _credentials(parts) -> tuple[str | None, str | None]:
-    user = unquote(parts.username) if parts.username else None
-    password = unquote(parts.password) if parts.password else None
-    return user, password
-
-
-def with_tls(url: str, ca: str | None = None, cert: str | None = None, key: str | None = None) -> str:
-    """`url` with the TLS files as query arguments (redis-py reads them there); only TLS URLs take them."""
-    given = {TLS_QUERY[k]: v for k, v in {"ca": ca, "cert": cert, "key": key}.items() if v}
-    if not given:
-        return url
-    parts = urlsplit(url)
-    if parts.scheme not in ("rediss", "rediss+sentinel", "rediss+cluster"):
-        raise ValueError(f"--redis-tls-ca/--redis-tls-cert/--redis-tls-key need a TLS URL (rediss://, "
-                         f"rediss+sentinel:// or rediss+cluster://), not {parts.scheme}://")
-    if bool(cert) != bool(key):
-        raise ValueError("--redis-tls-cert and --redis-tls-key go together (the client certificate and its key)")
-    query = dict(parse_qsl(parts.query))
-    query.update(given)
-    return urlunsplit(parts._replace(query=urlencode(query)))
-
-
-def redact(url: str) -> str:
-    """`url` fit for logs: the password (and a sentinel password in the query) replaced by ***."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, hosts = netloc.rpartition("@")
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{hosts}" if ":" in userinfo else f"{userinfo}@{hosts}"
-    query = [(k, "***" if "password" in k else v) for k, v in parse_qsl(parts.query)]
-    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query, safe="/*", quote_via=quote)))
-
-
-def user_of(url: str) -> str:
-    parts = urlsplit(url)
-    return unquote(parts.username) if parts.username else "default"
 
 
 # -- start-up checks ----------------------------------------------------------------------------------
