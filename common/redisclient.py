@@ -38,8 +38,9 @@ from redis.backoff import NoBackoff
 from common.errors import StartupError
 from common.protocol import keys
 # the URL helpers are imported from here by the entry points too (re-exported: hence F401)
-from common.redisurls import (CLUSTER_SCHEMES, SENTINEL_SCHEMES, is_cluster, is_cluster_client,  # noqa: F401
-                              is_sentinel, parse_cluster, parse_sentinel, redact, user_of, with_tls)
+from common.redisurls import (CLUSTER_SCHEMES, SENTINEL_SCHEMES, cluster_tag, is_cluster,  # noqa: F401
+                              is_cluster_client, is_sentinel, parse_cluster, parse_sentinel, redact, user_of,
+                              with_tls)
 
 SOCKET_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 5.0
@@ -55,8 +56,10 @@ ACL_GRANT = "resetkeys resetchannels +@all -@dangerous +info +client|setname +cl
 def connect(url: str) -> redis.Redis:
     if is_cluster(url):
         nodes, kwargs = parse_cluster(url)
-        return ClusterClient(startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in nodes],
-                             **kwargs, **_timeouts())
+        client = ClusterClient(startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in nodes],
+                               **kwargs, **_timeouts())
+        client.partition = urlsplit(url).fragment
+        return client
     if is_sentinel(url):
         hosts, service, kwargs, sentinel_kwargs = parse_sentinel(url)
         sentinels = redis.sentinel.Sentinel(hosts, sentinel_kwargs={**_timeouts(), **sentinel_kwargs},
@@ -70,7 +73,10 @@ class ClusterClient(redis.cluster.RedisCluster):
     `connection_pool.connection_kwargs`, which a cluster (a pool per node) lacks; here it is the kwargs every
     node's pool is built with. rq's own pipelines run without MULTI on a cluster (redis-py's ClusterPipeline
     sends each node its part): rq's records of a worker (birth, heartbeat, death) are not atomic there; the
-    protocol's own writes are scripts, each within one slot (keys.py)."""
+    protocol's own writes are scripts, each within one slot (keys.py). `partition`: the URL's #partition
+    (redisurls.cluster_tag), for a worker that has the client and not the URL."""
+
+    partition = ""
 
     @property
     def connection_pool(self):

@@ -11,9 +11,12 @@ URLs (every entry point takes one, in --redis-url or EMBEDFLEET_REDIS_URL; each 
                                                        the credentials are the master's (sentinels that
                                                        need their own: `?sentinel_password=...`);
                                                        `rediss+sentinel://` for a TLS master
-    redis+cluster://[[user]:password@]h1:p1[,h2:p2...]  a Redis Cluster, the nodes given as seeds (redis-py's
+    redis+cluster://[[user]:password@]h1:p1[,h2:p2...][#partition]
+                                                       a Redis Cluster, the nodes given as seeds (redis-py's
                                                        RedisCluster finds the rest); `rediss+cluster://`
-                                                       for TLS. Keys are laid out for it (keys.py: hash tags)
+                                                       for TLS. Keys are laid out for it (keys.py: hash tags);
+                                                       `#partition` names one partition of a model on it
+                                                       (its own tag, so its own slot: cluster_tag)
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 
 import redis.asyncio.cluster as aiocluster
 import redis.cluster
+
+from common.protocol import keys
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
@@ -39,6 +44,12 @@ def is_cluster(url: str) -> bool:
 def is_cluster_client(connection) -> bool:
     """Whether `connection` (sync or asyncio) talks to a Redis Cluster."""
     return isinstance(connection, (redis.cluster.RedisCluster, aiocluster.RedisCluster))
+
+
+def cluster_tag(url: str, model: str) -> str:
+    """The hash tag of `model`'s keys at `url`: '' on a plain Redis; on a Redis Cluster the model's, or its
+    partition's when the URL names one (`#partition`: a model may have several partitions on one cluster)."""
+    return keys.slot_tag(model, urlsplit(url).fragment) if is_cluster(url) else ""
 
 
 def parse_cluster(url: str) -> tuple[list[tuple[str, int]], dict]:

@@ -236,9 +236,11 @@ def queue_name(model: str, priority: str = "interactive", tag: str = "") -> str:
 _LEADING_TAG = re.compile(_TAG)
 
 
-def slot_tag(model: str) -> str:
-    """The hash tag of `model`'s keys on a Redis Cluster: the same for every producer and worker."""
-    return "{" + hashlib.sha1(model.encode()).hexdigest()[:10] + "}"
+def slot_tag(model: str, partition: str = "") -> str:
+    """The hash tag of `model`'s keys on a Redis Cluster: the same for every producer and worker. A model
+    given several partitions on one cluster (URLs that differ in their #partition) has a tag per partition."""
+    name = f"{model}#{partition}" if partition else model
+    return "{" + hashlib.sha1(name.encode()).hexdigest()[:10] + "}"
 
 
 def tag_of(name: str) -> str:

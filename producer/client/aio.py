@@ -25,7 +25,7 @@ from common.errors import ResultTimeoutError, UnavailableError
 from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
 from common.protocol import keys, operations
-from common.redisclient import close_async, connect_async, is_cluster
+from common.redisclient import close_async, cluster_tag, connect_async, is_cluster
 from common.result import Result, SparseVector
 from common.shards import ShardMap
 from producer.client import asubmit, fleetview, reads, traced
@@ -196,7 +196,7 @@ class AsyncProducer:
                                            self.where)
         name = caps if isinstance(caps, str) else caps.name
         url = self.shards.url_for(name)
-        tag = keys.slot_tag(name) if is_cluster(url) else ""  # a Redis Cluster: the model's slot (keys.py)
+        tag = cluster_tag(url, name)  # a Redis Cluster: the model's (or its partition's) slot (keys.py)
         chosen = tagged_ids(chosen, tag)
         link = self._link_at(url, tag)
         requests = [build_request(inputs, caps, params, fields, reply_to or link.replies.stream, text_pair, when,

@@ -13,7 +13,7 @@ from common.capabilities import ModelCapabilities
 from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
 from common.protocol import keys, operations, scripts
-from common.redisclient import block_for, check_access, connect, is_cluster
+from common.redisclient import block_for, check_access, cluster_tag, connect
 from common.request import EmbedRequest
 from common.result import Result, SparseVector
 from common.shards import ShardMap
@@ -166,7 +166,7 @@ class Producer(SyncWaits):
                                            self.where)
         name = caps if isinstance(caps, str) else caps.name
         url = self.shards.url_for(name)
-        tag = keys.slot_tag(name) if is_cluster(url) else ""  # a Redis Cluster: the model's slot (keys.py)
+        tag = cluster_tag(url, name)  # a Redis Cluster: the model's (or its partition's) slot (keys.py)
         chosen = tagged_ids(chosen, tag)
         requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when, request_id)
                     for inputs, request_id in zip(batches, chosen)]

@@ -20,7 +20,7 @@ from common.errors import (NO_WORKER_HINT, DecodeError, NoWorkerError, QueueFull
                            UnknownModelError, ValidationError, echo, invalid_request)
 from common.fleetstate import DEFAULT_REDIS_URL
 from common.params import PoolingParams
-from common.redisclient import is_cluster, redact
+from common.redisclient import cluster_tag, redact
 from common.request import EmbedRequest, normalize_inputs
 from common.scheduling import DEFAULT_PRIORITY, priority_level, resolve_deadline
 from common.result import Result
@@ -329,7 +329,7 @@ def result_state(result: Result) -> str:
 
 def model_queue(url: str, model: str, priority: str = "interactive") -> str:
     """`model`'s queue at `priority` on the Redis at `url` (with the model's hash tag on a Redis Cluster)."""
-    return keys.queue_name(model, priority, keys.slot_tag(model) if is_cluster(url) else "")
+    return keys.queue_name(model, priority, cluster_tag(url, model))
 
 
 def model_of_queue(queue: str) -> str:

@@ -75,8 +75,9 @@ def workers(shards: ShardMap, model: str, now: float) -> Read[list[dict]]:
     names = [text(n) for n in ok(replies[url][0])]
     if not names:
         return []
-    replies = yield {url: [("MGET", *map(keys.worker_info_key, names))]}
-    return [info for name, blob in zip(names, ok(replies[url][0]))
+    # one GET per worker in the round trip: on a Redis Cluster a model's partitions' workers lie in many slots
+    replies = yield {url: [("GET", keys.worker_info_key(name)) for name in names]}
+    return [info for name, blob in zip(names, map(ok, replies[url]))
             if (info := parse_worker_info(name, blob)) is not None]
 
 

@@ -6,6 +6,7 @@ in its hash tag's slot (common/protocol/keys.py), and models with distinct tags 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 import numpy as np
@@ -15,6 +16,7 @@ import redis
 
 from common.protocol import keys
 from common.redisclient import connect
+from common.redisurls import cluster_tag
 from producer import AsyncProducer, Producer
 from tests import gatewayserver
 from tests.crashworker import CrashModel
@@ -189,3 +191,44 @@ def test_the_vector_cache_and_in_flight_dedup_work_on_a_cluster(minilm_path, min
     assert engine.forward_passes == passes and engine.cache.hits == len(TEXTS)
     assert _cosines(first, expected).min() >= 0.99999 and np.array_equal(again, first)
     assert not [r for r in caplog.records if "in-flight dedup skipped" in r.getMessage()]  # its script ran
+
+
+def _partitions_on_each_master(cluster_client, model: str, count: int) -> list[str]:
+    """`count` partition names of `model` whose tags lie on `count` distinct masters."""
+    chosen: dict[str, str] = {}
+    for index in range(1000):
+        chosen.setdefault(cluster_client.get_node_from_key(keys.slot_tag(model, f"p{index}")).name, f"p{index}")
+        if len(chosen) == count:
+            return list(chosen.values())
+    raise AssertionError("no partition names found on every master")
+
+
+def test_a_models_partitions_on_one_cluster_put_its_traffic_on_every_master(cluster_url, redis_cluster):
+    """One model, three partitions on one cluster (its URL with #<partition>: a tag, so a slot, each): a worker
+    and a Producer per partition URL (what a partition map of issue 39 holds), its results on all 3 masters."""
+    from worker.engine.engine import Engine
+
+    seed = connect(cluster_url)
+    urls = [f"{cluster_url}#{name}" for name in _partitions_on_each_master(seed, "parted", 3)]
+    seed.close()
+    connections = [connect(url) for url in urls]
+    info = {**HASHED_INFO, "host": socket.gethostname()}
+    ids: dict[str, list[str]] = {}
+    try:
+        with contextlib.ExitStack() as stack:
+            for connection in connections:
+                stack.enter_context(serve(Engine(CrashModel("parted")), connection, info=info))
+            for url in urls:
+                with Producer(url) as producer:
+                    ids[url] = [producer.submit([f"text {i}"], "parted") for i in range(4)]
+                    assert all(producer.wait(i, timeout=60).embeddings.shape == (1, 8) for i in ids[url])
+    finally:
+        for connection in connections:
+            connection.close()
+    holders = {port: {k for k in found if k.startswith(keys.RESULT_PREFIX.encode())}
+               for port, found in _keys_by_master(redis_cluster).items()}
+    on = {url: {port for port, found in holders.items() for i in request_ids
+                if keys.result_key(i).encode() in found} for url, request_ids in ids.items()}
+    assert all(len(ports) == 1 for ports in on.values()), on
+    assert len({port for ports in on.values() for port in ports}) == 3, f"the partitions' masters: {on}"
+    assert all(keys.tag_of(i) == cluster_tag(url, "parted") for url, request_ids in ids.items() for i in request_ids)

@@ -125,7 +125,7 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
         kwargs.setdefault("maintenance_interval", MAINTENANCE_INTERVAL)  # rq's 600 s leaves dead jobs too long
         # One rq queue per priority level (worker/serving/levels.py), highest first; `queue` names a lone queue.
         # On a Redis Cluster the queues and the worker's name carry the model's hash tag (common/protocol/keys.py).
-        tag = slot_tag(engine.caps.name) if is_cluster_client(connection) else ""
+        tag = slot_tag(engine.caps.name, getattr(connection, "partition", "")) if is_cluster_client(connection) else ""
         queues = [queue] if queue else [queue_name(engine.caps.name, level, tag) for level in PRIORITIES]
         # SafeJob: rq's maintenance (registry cleanups, handle_job_failure) reads jobs through it, so nothing a
         # job's hash names is imported or called (worker/serving/rqjob.py).

@@ -5,17 +5,24 @@ thread. Should the thread read the UNSUBSCRIBE reply in between, it calls get_me
 `sleep_time` (60 s) for a subscription that never comes, and the join waits that long: rq registers the worker's
 death (its hash then expires in 60 s) before it unsubscribes, so a stopped worker could hang its caller for a
 minute and lose its hash meanwhile (seen in test teardowns on a busy machine). The thread's run flag is cleared
-first, so the reply ends its loop.
+first, so the reply ends its loop. And rq's stop() joins without a bound: a thread stuck reconnecting (a Redis
+Cluster master that just failed over, its socket read waiting out SOCKET_TIMEOUT) would hold the worker's exit;
+the join here waits STOP_SECONDS at most (the thread is a daemon, and rq closes its pub/sub connection next).
 """
 
 from __future__ import annotations
+
+STOP_SECONDS = 2.0
 
 
 class PromptUnsubscribe:
     """Mixed into an rq Worker class, before it: `class W(PromptUnsubscribe, SimpleWorker)`."""
 
     def unsubscribe(self):
-        running = getattr(getattr(self, "pubsub_thread", None), "_running", None)  # redis-py's PubSubWorkerThread
+        thread = getattr(self, "pubsub_thread", None)  # redis-py's PubSubWorkerThread
+        running = getattr(thread, "_running", None)
         if running is not None:
             running.clear()
+            stop = type(thread).stop
+            thread.stop = lambda: stop(thread, timeout=STOP_SECONDS)
         super().unsubscribe()
