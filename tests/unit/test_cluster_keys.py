@@ -36,3 +36,12 @@ def test_a_models_keys_share_its_tag_and_plain_names_keep_theirs():
 @pytest.mark.parametrize("bad", ["{}abc", "{a b}abc", "{x}", "{" + "a" * 17 + "}abc", "abc{x}", "{x}{y}abc"])
 def test_an_id_with_a_malformed_tag_is_no_request_id(bad):
     assert not keys.valid_request_id(bad)
+
+
+def test_a_partition_of_a_cluster_url_has_a_tag_of_its_own():
+    from common.redisurls import cluster_tag
+
+    url = "redis+cluster://h:7000,h:7001"
+    assert cluster_tag(url, "m") == keys.slot_tag("m") != cluster_tag(url + "#p1", "m") == keys.slot_tag("m", "p1")
+    assert cluster_tag("redis://h:6379/0", "m") == "" and cluster_tag("redis://h:6379/0#p1", "m") == ""
+    assert parse_cluster(url + "#p1") == parse_cluster(url)  # the partition is ours, not the client's
