@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 
 import redis
+from redis.cluster import RedisCluster
 
 from producer import Producer
 from tests import gatewayserver
@@ -117,7 +118,12 @@ def _wait_advertised(thread: ServingThread) -> None:
 
 
 def _label(connection: redis.Redis) -> str:
-    """The URL a Producer names in its errors, for a client it is handed (it opens no connection of its own)."""
+    """The URL a Producer names in its errors, for a client it is handed (it opens no connection of its own);
+    a Redis Cluster's says so (the Producer lays its keys out by the URL's form), with its partition."""
+    if isinstance(connection, RedisCluster):
+        node = connection.get_nodes()[0]
+        partition = getattr(connection, "partition", "")
+        return f"redis+cluster://{node.host}:{node.port}" + (f"#{partition}" if partition else "")
     kwargs = connection.connection_pool.connection_kwargs
     return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
 

@@ -16,7 +16,7 @@ from common.protocol import keys
 from common.codec import unpackb
 from common.config import Settings
 from common.errors import NotFoundError, ValidationError
-from common.redisclient import connect
+from common.redisclient import connect, is_cluster
 from common.request import EmbedRequest
 from common.serializer import MsgpackSerializer
 
@@ -54,6 +54,10 @@ def run(argv: list[str]) -> int:
     values = vars(parser.parse_args(argv))
     action, ids, every = values.pop("action"), values.pop("ids"), values.pop("all")
     settings = FailedSettings.from_values(parser, values)
+    if is_cluster(settings.redis_url):  # rq's Job refuses an id with a hash tag: nothing here could read one
+        raise ValidationError("`embedfleet failed` does not support a Redis Cluster yet (its failed jobs carry a "
+                              "hash tag that rq's own Job refuses); read them with `embedfleet status` or a "
+                              "Producer's status()/get() by id")
     connection = connect(settings.redis_url)
     try:
         queues = _queues(connection, settings.model)

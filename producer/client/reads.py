@@ -18,6 +18,7 @@ from rq.job import JobStatus
 from common.errors import CancelledError, DecodeError, NotFoundError, echo
 from common.protocol import keys
 from common.protocol.jobdata import inflate
+from common.redisurls import is_cluster
 from common.request import args_reply_to
 from common.result import Result
 from common.shards import ShardMap
@@ -51,13 +52,12 @@ def model_names(shards: ShardMap) -> Read[dict[str, list[str]]]:
 def models(shards: ShardMap) -> Read[tuple[dict, set[str]]]:
     """(models served by a live worker -> their capabilities, every model name ever advertised)."""
     names = yield from model_names(shards)
-    # one GET per model in the round trip, not one MGET: on a Redis Cluster the adverts lie in many slots
-    asked = {url: [("GET", keys.model_key(name)) for name in found] for url, found in names.items() if found}
+    asked = {url: _mget(url, [keys.model_key(name) for name in found]) for url, found in names.items() if found}
     adverts = (yield asked) if asked else {}
     served, known = {}, set()
     for url, found in names.items():
         if found:
-            served.update(parse_models(found, [ok(reply) for reply in adverts[url]]))
+            served.update(parse_models(found, _values(url, adverts[url])))
         known.update(found)
     return served, known
 
@@ -75,10 +75,20 @@ def workers(shards: ShardMap, model: str, now: float) -> Read[list[dict]]:
     names = [text(n) for n in ok(replies[url][0])]
     if not names:
         return []
-    # one GET per worker in the round trip: on a Redis Cluster a model's partitions' workers lie in many slots
-    replies = yield {url: [("GET", keys.worker_info_key(name)) for name in names]}
-    return [info for name, blob in zip(names, map(ok, replies[url]))
+    replies = yield {url: _mget(url, [keys.worker_info_key(name) for name in names])}
+    return [info for name, blob in zip(names, _values(url, replies[url]))
             if (info := parse_worker_info(name, blob)) is not None]
+
+
+def _mget(url: str, wanted: list[str]) -> list[tuple]:
+    """The commands that read `wanted` in one round trip: one MGET, or on a Redis Cluster (where keys of several
+    models or partitions lie in several slots) one GET each."""
+    return [("GET", key) for key in wanted] if is_cluster(url) else [("MGET", *wanted)]
+
+
+def _values(url: str, replies: list) -> list:
+    """The values `_mget`'s commands read, in order."""
+    return [ok(reply) for reply in replies] if is_cluster(url) else ok(replies[0])
 
 
 def queue_depth(shards: ShardMap, model: str) -> Read[int]:

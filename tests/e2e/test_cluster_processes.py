@@ -32,3 +32,10 @@ def test_a_worker_gateway_and_status_run_on_a_cluster_url(cluster_url, tmp_path)
     assert "Traceback" not in worker_log + gateway_log, (worker_log + gateway_log)[-3000:]
     (model,) = [m for m in json.loads(status.stdout)["models"] if m["name"] == MODEL]
     assert model["queues"][0]["queue"] == keys.queue_name(MODEL, tag=keys.slot_tag(MODEL))
+
+
+def test_failed_refuses_a_cluster_in_one_line(tmp_path):
+    from tests.commands import assert_one_line_error
+
+    done = embedfleet("failed", "list", "--redis-url", "redis+cluster://127.0.0.1:1", env=clean_env(tmp_path))
+    assert_one_line_error(done, 1, "Redis Cluster")
