@@ -1,6 +1,7 @@
 """A Redis Cluster master failed over mid-load (issue 39): the replica of the master that holds the model's slot
 takes over (CLUSTER FAILOVER) while a Producer submits and a worker serves; every submit either is accepted
-or fails with a clear error, and every accepted request is answered: none is lost."""
+or fails with a clear error, and every accepted request is answered: none is lost. And rq's own cleanup of a
+claim that lapsed past its grace reads a tagged id (rq's Job alone refuses one)."""
 
 from __future__ import annotations
 
@@ -128,3 +129,23 @@ def test_a_master_failed_over_mid_load_loses_no_accepted_request(cluster, caplog
     assert set(load.answers.values()) == {(1, 8)}
     # a finish that met the moved slot was sent again to the new master, not left to lease recovery
     assert not [r for r in caplog.records if "could not store" in r.getMessage()]
+
+
+def test_rqs_own_cleanup_reads_a_lapsed_claim_of_a_tagged_id(cluster_url):
+    """A claim no worker recovered within LEASE_GRACE (every worker of the model was down) is rq's own
+    StartedJobRegistry.cleanup's to handle at the next worker's start; its id carries a hash tag, which rq's Job
+    refuses: the worker's SafeJob takes it, so the maintenance runs instead of raising."""
+    from worker.engine.engine import Engine
+    from worker.serving.pipeline import BatchWorker
+
+    connection = connect(cluster_url)
+    try:
+        worker = BatchWorker(Engine(hashed_model(0), max_batch_tokens=64, max_batch_size=64), connection)
+        queue = keys.queue_name(MODEL, tag=keys.slot_tag(MODEL))
+        request_id = keys.tagged_request_id(keys.slot_tag(MODEL))
+        connection.hset(keys.rq_job_key(request_id), mapping={"status": "started", "origin": queue})
+        connection.zadd(keys.rq_wip_key(queue), {f"{request_id}:lapsed": 1})  # its lease ended long ago
+        worker.clean_registries()
+        assert connection.zcard(keys.rq_wip_key(queue)) == 0
+    finally:
+        connection.close()
