@@ -46,9 +46,10 @@ def serve(argv: list[str]) -> int:
     ids = gpus.visible_gpus(settings.gpus, dict(os.environ)) if settings.gpus else [None]
     cores = cpus.decide(None, cpus.affinity(), cpus.cgroup_quota()).count  # the CPUs it may use, quota included
     replicas = settings.replicas or gpus.default_replicas(_gpu_count(settings, ids), cores)
-    if settings.gpus or replicas > 1:
+    partitions = 1 if settings.partition else len(settings.shards.partitions(_served_name(settings)))
+    if settings.gpus or replicas > 1 or partitions > 1:  # a child per GPU, replica and partition of the model
         return gpus.run(ids, argv, settings.name, dict(os.environ), settings.metrics_port, replicas,
-                        settings.max_restarts)
+                        settings.max_restarts, partitions)
     from worker.engine.engine import Engine  # noqa: PLC0415 - torch loads after the flags
     from worker.engine.models.nullmodel import NullModel, is_null  # noqa: PLC0415 - the null model needs no transformers
     from worker.engine.probe import Budget, device_floor, device_limits, probe_budget  # noqa: PLC0415
@@ -71,7 +72,7 @@ def serve(argv: list[str]) -> int:
         device = str(model.device)
         dtype = str(next(model.module.parameters()).dtype).removeprefix("torch.")
         engine_label = getattr(model, "engine", "torch")
-    url = settings.shards.url_for(model.caps.name)  # a model mapped to a shard of its own is served there
+    url = _queue_url(settings, model.caps.name)  # a model mapped to a shard of its own is served there
     if url != settings.redis_url:
         connection = connect(url)
         check_access(connection, url)
@@ -117,6 +118,22 @@ def serve(argv: list[str]) -> int:
         if traced is not None:
             traced.shutdown()  # the last spans, for at most 2 s (a dead collector does not hold the exit)
     return worker.lifecycle.exit_code  # 130 after Ctrl-C, as a supervisor of several engines exits
+
+
+def _served_name(settings: WorkerSettings) -> str:
+    """The name the model will be served as, before it loads (what the shard map is looked up by)."""
+    return settings.served_model_name or settings.model or BUNDLED_MODEL_NAME
+
+
+def _queue_url(settings: WorkerSettings, name: str) -> str:
+    """The Redis this engine takes from: its model's shard, or the partition its supervisor gave it."""
+    urls = settings.shards.partitions(name)
+    if len(urls) == 1:
+        return urls[0]
+    if settings.partition is None or settings.partition > len(urls):
+        raise StartupError(f"model '{name}' is partitioned over {len(urls)} Redis in the shard map, but this "
+                           "worker was started as another name: pass --served-model-name " + name)
+    return urls[settings.partition - 1]
 
 
 def _maintenance_at_debug(record: logging.LogRecord) -> bool:

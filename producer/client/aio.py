@@ -33,6 +33,7 @@ from producer.client.core import (Placements, Served, build_request, chosen_ids,
                                   redis_errors, resolve_target)
 from producer.client.fleet import LevelStats, level_stats
 from producer.client.notify import NotifyListener
+from producer.client.placement import Placer, unavailable
 from producer.client.replies import ReplyListener
 from producer.client.rounds import run_async
 from producer.client.tasks import check_rerank, rank, score_pairs
@@ -85,6 +86,7 @@ class AsyncProducer:
         self.where = looked_at(self.shards.urls())  # named by a NoWorkerError: which Redis had no worker
         self._served = Served()
         self._placed = Placements()
+        self._placer = Placer(self.shards)
         self._models_read: asyncio.Future | None = None  # the adverts read in flight, shared (models())
 
     async def close(self) -> None:
@@ -179,22 +181,36 @@ class AsyncProducer:
         caps, level, when = resolve_target(model, served, self._served.known, priority, deadline, timeout,
                                            self.where)
         name = caps if isinstance(caps, str) else caps.name
-        url = self.shards.url_for(name)
-        link = self._links[url]
-        requests = [build_request(inputs, caps, params, fields, reply_to or link.replies.stream, text_pair, when,
-                                  request_id) for inputs, request_id in zip(batches, chosen)]
+        refused = None
+        for url in self._placer.order(name, request_ids[0] if request_ids else None):
+            link = self._links[url]
+            requests = [build_request(inputs, caps, params, fields, reply_to or link.replies.stream, text_pair,
+                                      when, request_id) for inputs, request_id in zip(batches, chosen)]
+            try:
+                ids = await self._submit_on(link, name, requests, level, reply_to is None, request_ids is None)
+            except UnavailableError as exc:  # a partition that is down: the model's next one (placement.py)
+                self._placer.refused(url)
+                refused = unavailable(self.shards, url, exc)
+                continue
+            self._placer.accepted(url)
+            if self.shards:
+                self._placed.remember(ids, url)
+            return ids
+        raise refused
+
+    @staticmethod
+    async def _submit_on(link: _Link, name: str, requests: list, level: str, replies: bool, fresh: bool) -> list[str]:
+        """Enqueue `requests` on one Redis, coalesced with concurrent submits; their ids."""
         ids = [r.id for r in requests]
-        if reply_to is None:  # before the enqueue: a fast worker's reply may come before it returns
+        if replies:  # before the enqueue: a fast worker's reply may come before it returns
             link.hub.expect(ids)
             link.replies.start()
         try:
-            with redis_errors():  # coalesced with concurrent submits; refused alone if the queue is full
-                await link.submitter.submit(name, requests, level, fresh=request_ids is None)
+            with redis_errors():  # refused alone if the queue is full
+                await link.submitter.submit(name, requests, level, fresh=fresh)
         except BaseException:
             link.hub.unexpect(ids)
             raise
-        if self.shards:
-            self._placed.remember(ids, url)
         return ids
 
     async def get(self, request_id: str) -> Result | None:

@@ -10,6 +10,7 @@ import redis
 
 from common import tracing
 from common.capabilities import ModelCapabilities
+from common.errors import UnavailableError
 from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
 from common.protocol import keys, operations, scripts
@@ -18,6 +19,7 @@ from common.request import EmbedRequest
 from common.result import Result, SparseVector
 from common.shards import ShardMap
 from producer.client import fleetview, reads, traced
+from producer.client.placement import Placer, unavailable
 from producer.client.core import (Placements, Sent, Served, build_request, chosen_ids, enqueue_args, looked_at,
                                   pick_model, queue_full, read_result, redis_errors as _redis_errors,
                                   resolve_target)
@@ -50,6 +52,7 @@ class Producer(SyncWaits):
         self.where = looked_at(self.shards.urls())  # named by a NoWorkerError: which Redis had no worker
         self._served = Served()
         self._placed = Placements()
+        self._placer = Placer(self.shards)
         self._sent = Sent()  # ids this producer submitted, with the stream each wakes on (None: its notify list)
         self._announced: set[tuple[str, str]] = set()  # (Redis URL, queue) this producer listed in rq:queues
 
@@ -149,15 +152,30 @@ class Producer(SyncWaits):
         `deadline` (unix time) / `timeout` (seconds from now): a request still queued then is answered
         `expired` (ExpiredError) and never computed. See common/scheduling.py.
         """
-        name, url, work, requests = self._prepare(batches, model, params, reply_to, text_pair, priority, deadline,
-                                                  timeout, request_ids, fields)
-        with _redis_errors():
-            reply = scripts.ENQUEUE(self.links[url], *self._round(url, work))
+        name, work, requests = self._prepare(batches, model, params, reply_to, text_pair, priority, deadline,
+                                             timeout, request_ids, fields)
+        url, reply = self._on_partition(name, request_ids[0] if request_ids else None,
+                                        lambda url: scripts.ENQUEUE(self.links[url], *self._round(url, work)))
         return self._enqueued(name, url, work, requests, reply_to, reply[0])
 
+    def _on_partition(self, name: str, chosen: str | None, send) -> tuple[str, object]:
+        """(URL, reply) of `send(URL)` on the first partition of model `name` that takes it (placement.py)."""
+        refused = None
+        for url in self._placer.order(name, chosen):
+            try:
+                with _redis_errors():
+                    reply = send(url)
+            except UnavailableError as exc:  # a partition that is down: the model's next one
+                self._placer.refused(url)
+                refused = unavailable(self.shards, url, exc)
+                continue
+            self._placer.accepted(url)
+            return url, reply
+        raise refused
+
     def _prepare(self, batches, model, params, reply_to, text_pair, priority, deadline, timeout, request_ids,
-                 fields) -> tuple[str, str, operations.Enqueue, list[EmbedRequest]]:
-        """(model name, Redis URL, the enqueue, the requests) of a submit, checked; no I/O but the adverts."""
+                 fields) -> tuple[str, operations.Enqueue, list[EmbedRequest]]:
+        """(model name, the enqueue, the requests) of a submit, checked; no I/O but the adverts."""
         chosen = chosen_ids(request_ids, len(batches))
         served = self.models(refresh=False)
         if model not in served:  # a worker may have come up since the cached read
@@ -169,7 +187,7 @@ class Producer(SyncWaits):
         name = caps if isinstance(caps, str) else caps.name
         work = enqueue_args(keys.queue_name(name, level), requests, max_depth=self.max_queue_depth,
                             fresh=request_ids is None)
-        return name, self.shards.url_for(name), work, requests
+        return name, work, requests
 
     def _round(self, url: str, work: operations.Enqueue) -> tuple[list, list]:
         """The enqueue script's KEYS and ARGV (rq:queues is told of the queue on its first use)."""
@@ -198,26 +216,31 @@ class Producer(SyncWaits):
             return self.wait(self.submit(inputs, model, **submit), timeout)
         deadline = time.monotonic() + timeout
         params, text_pair = submit.pop("params", None), submit.pop("text_pair", None)
-        name, url, work, requests = self._prepare([inputs], model, params, None, text_pair, None, None, None, None,
-                                                  submit)
-        connection, request_id = self.links[url], requests[0].id
-        notify = keys.notify_key(request_id)
-        with _redis_errors():
-            pipe = connection.pipeline(transaction=False)
-            scripts.ENQUEUE.queue(pipe, *self._round(url, work))
-            reply, _, raw = pipe.blmove(notify, notify, min(block_for(timeout), FIRST_BLOCK), "LEFT", "LEFT") \
-                .get(keys.result_key(request_id)).execute(raise_on_error=False)
-            if isinstance(reply, redis.exceptions.NoScriptError):  # a new or restarted server: by source
-                reply, raw = scripts.ENQUEUE(connection, *self._round(url, work)), None
-            for answer in (reply, raw):
-                if isinstance(answer, Exception):
-                    raise answer
+        name, work, requests = self._prepare([inputs], model, params, None, text_pair, None, None, None, None,
+                                             submit)
+        request_id = requests[0].id
+        url, (reply, raw) = self._on_partition(name, None, lambda url: self._ask_round(url, work, request_id, timeout))
+        connection = self.links[url]
         self._enqueued(name, url, work, requests, None, reply[0])
         result = read_result(request_id, raw)
         if result is None:
             result = self._follow_list(connection, request_id, deadline, timeout)
         result.raise_for_error()
         return result
+
+    def _ask_round(self, url: str, work: operations.Enqueue, request_id: str, timeout: float) -> tuple:
+        """(the enqueue's reply, the result if it landed within FIRST_BLOCK) of `_ask`'s one round trip."""
+        connection, notify = self.links[url], keys.notify_key(request_id)
+        pipe = connection.pipeline(transaction=False)
+        scripts.ENQUEUE.queue(pipe, *self._round(url, work))
+        reply, _, raw = pipe.blmove(notify, notify, min(block_for(timeout), FIRST_BLOCK), "LEFT", "LEFT") \
+            .get(keys.result_key(request_id)).execute(raise_on_error=False)
+        if isinstance(reply, redis.exceptions.NoScriptError):  # a new or restarted server: by source
+            reply, raw = scripts.ENQUEUE(connection, *self._round(url, work)), None
+        for answer in (reply, raw):
+            if isinstance(answer, Exception):
+                raise answer
+        return reply, raw
 
     # -- results ---------------------------------------------------------------------------------
     def get(self, request_id: str) -> Result | None:

@@ -13,6 +13,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TypeVar
 
+import redis
 from rq.job import JobStatus
 
 from common.errors import CancelledError, DecodeError, NotFoundError, echo
@@ -40,12 +41,27 @@ def text(raw) -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
+DOWN = (redis.ConnectionError, redis.TimeoutError)  # what producer/client/rounds.py answers for a Redis it
+# could not reach
+
+
+def answered(replies: dict[str, list]) -> dict[str, list]:
+    """The replies of the Redis that answered a round (a partition that is down is left out), or the first
+    one's error raised when none did."""
+    up = {url: got for url, got in replies.items() if not any(isinstance(r, DOWN) for r in got)}
+    if not up:
+        ok(next(iter(replies.values()))[0])
+    return up
+
+
 def model_names(shards: ShardMap) -> Read[dict[str, list[str]]]:
     """{URL: the model names advertised there, sorted}, each on its own shard only (a worker on the wrong
-    shard serves no one)."""
+    shard serves no one). A partition that is down while its models have others reads as empty."""
     urls = shards.urls()
     replies = yield {url: [("SMEMBERS", keys.MODELS_KEY)] for url in urls}
-    return {url: sorted(n for n in map(text, ok(replies[url][0])) if shards.owns(url, n)) for url in urls}
+    up = answered(replies)
+    return {url: sorted(n for n in map(text, ok(replies[url][0])) if shards.owns(url, n))
+            for url in urls if url in up or not shards.spare(url)}
 
 
 def models(shards: ShardMap) -> Read[tuple[dict, set[str]]]:
@@ -62,32 +78,36 @@ def models(shards: ShardMap) -> Read[tuple[dict, set[str]]]:
 
 
 def live_workers(shards: ShardMap, model: str, now: float) -> Read[int]:
-    url = shards.url_for(model)
-    replies = yield {url: [("ZCOUNT", keys.model_workers_key(model), now - keys.ADVERTISE_TTL, "+inf")]}
-    return ok(replies[url][0])
+    """Live workers of `model`, summed over its partitions that answer."""
+    replies = yield {url: [("ZCOUNT", keys.model_workers_key(model), now - keys.ADVERTISE_TTL, "+inf")]
+                     for url in shards.partitions(model)}
+    return sum(ok(got[0]) for got in answered(replies).values())
 
 
 def workers(shards: ShardMap, model: str, now: float) -> Read[list[dict]]:
-    """The live workers of `model`, each with what it advertised (core.parse_worker_info)."""
-    url = shards.url_for(model)
-    replies = yield {url: [("ZRANGEBYSCORE", keys.model_workers_key(model), now - keys.ADVERTISE_TTL, "+inf")]}
-    names = [text(n) for n in ok(replies[url][0])]
-    if not names:
+    """The live workers of `model` on each of its partitions that answer, each with what it advertised
+    (core.parse_worker_info)."""
+    replies = yield {url: [("ZRANGEBYSCORE", keys.model_workers_key(model), now - keys.ADVERTISE_TTL, "+inf")]
+                     for url in shards.partitions(model)}
+    names = {url: [text(n) for n in ok(got[0])] for url, got in answered(replies).items()}
+    asked = {url: [("MGET", *map(keys.worker_info_key, found))] for url, found in names.items() if found}
+    if not asked:
         return []
-    replies = yield {url: [("MGET", *map(keys.worker_info_key, names))]}
-    return [info for name, blob in zip(names, ok(replies[url][0]))
+    replies = yield asked
+    return [info for url in asked for name, blob in zip(names[url], ok(replies[url][0]))
             if (info := parse_worker_info(name, blob)) is not None]
 
 
 def queue_depth(shards: ShardMap, model: str) -> Read[int]:
-    url = shards.url_for(model)
-    replies = yield {url: [("LLEN", keys.rq_queue_key(keys.queue_name(model)))]}
-    return ok(replies[url][0])
+    """Requests queued for `model` at the default priority, summed over its partitions that answer."""
+    replies = yield {url: [("LLEN", keys.rq_queue_key(keys.queue_name(model)))] for url in shards.partitions(model)}
+    return sum(ok(got[0]) for got in answered(replies).values())
 
 
 def locate(shards: ShardMap, placed: Placements, request_id: str) -> Read[str]:
     """The URL of the shard that holds `request_id`: where it was sent, else whichever has its result or
-    job (ids are unique across the fleet), else the default Redis. No round at all unless sharded."""
+    job (ids are unique across the fleet), else the default Redis. No round at all unless sharded. Not found
+    while a Redis is down: that Redis's error (the id may be there)."""
     if not shards:
         return shards.default
     url = placed.get(request_id)
@@ -96,10 +116,13 @@ def locate(shards: ShardMap, placed: Placements, request_id: str) -> Read[str]:
     if keys.valid_request_id(request_id):
         urls = shards.urls()
         replies = yield {u: [("EXISTS", keys.result_key(request_id), keys.rq_job_key(request_id))] for u in urls}
-        for url in urls:
+        up = answered(replies)
+        for url in up:
             if ok(replies[url][0]):
                 placed.remember([request_id], url)
                 return url
+        for url in urls:
+            ok(replies[url][0])  # a Redis that is down may hold it: its error
     return shards.default
 
 

@@ -1,5 +1,7 @@
 """How each client moves the bytes of a read (producer/client/reads.py): every round as one pipeline per Redis,
-its replies sent back into the read until it returns. Redis errors become the clients' own (core.redis_errors)."""
+its replies sent back into the read until it returns. A Redis that cannot be reached answers its error in place
+of each reply (a read of a partitioned model goes on with the others); Redis errors that the read raises become
+the clients' own (core.redis_errors)."""
 
 from __future__ import annotations
 
@@ -21,10 +23,13 @@ def run(connection_at: Mapping[str, redis.Redis], read: Read[T]) -> T:
             while True:
                 replies = {}
                 for url, commands in asked.items():
-                    with connection_at[url].pipeline(transaction=False) as pipe:
-                        for command in commands:
-                            pipe.execute_command(*command)
-                        replies[url] = pipe.execute(raise_on_error=False)
+                    try:
+                        with connection_at[url].pipeline(transaction=False) as pipe:
+                            for command in commands:
+                                pipe.execute_command(*command)
+                            replies[url] = pipe.execute(raise_on_error=False)
+                    except (redis.ConnectionError, redis.TimeoutError) as exc:  # that Redis only: the read decides
+                        replies[url] = [exc] * len(commands)
                 asked = read.send(replies)
         except StopIteration as done:
             return done.value
@@ -47,4 +52,7 @@ async def _pipeline(connection: aioredis.Redis, commands: list[tuple]) -> list:
     pipe = connection.pipeline(transaction=False)
     for command in commands:
         pipe.execute_command(*command)
-    return await pipe.execute(raise_on_error=False)
+    try:
+        return await pipe.execute(raise_on_error=False)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:  # that Redis only: the read decides (reads.ok)
+        return [exc] * len(commands)

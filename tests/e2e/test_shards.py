@@ -61,10 +61,10 @@ def test_two_models_on_two_shards_through_one_gateway(tmp_path):
 
 def test_shard_map_forms(tmp_path):
     assert parse_shards("a=redis://x:1/0; b=redis+sentinel://h1:1,h2:2/m") == {
-        "a": "redis://x:1/0", "b": "redis+sentinel://h1:1,h2:2/m"}
+        "a": ["redis://x:1/0"], "b": ["redis+sentinel://h1:1,h2:2/m"]}
     lines = tmp_path / "shards.txt"
     lines.write_text("# model = shard\na=redis://x:1/0\n\nb=rediss://y:2/0  # TLS\n")
-    assert parse_shards(f"@{lines}") == {"a": "redis://x:1/0", "b": "rediss://y:2/0"}
+    assert parse_shards(f"@{lines}") == {"a": ["redis://x:1/0"], "b": ["rediss://y:2/0"]}
     for bad, why in (("a", "not MODEL=URL"), ("a=x", "not a Redis URL"), ("a=redis://x a=redis://y", "twice"),
                      (f"@{tmp_path}/none.json", "cannot read")):
         with pytest.raises(ValueError, match=why):
