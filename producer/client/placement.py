@@ -3,8 +3,8 @@
 Round robin over the model's partitions: it costs no round trip (placing by depth would read every partition's
 queue length before each submit), and since every worker of the model takes from every partition, equal arrivals
 keep the depths equal. A partition whose Redis just refused a submit (down, full, read-only) goes to the back of
-the order for DOWN_SECONDS, so new requests go to the others at once and one submit in DOWN_SECONDS probes it
-again; it rejoins on its first accepted submit.
+the order for DOWN_SECONDS, so new requests go to the others at once; then it takes its turn again (a submit it
+refuses moves on to the next partition, and marks it again), so it rejoins within DOWN_SECONDS of its return.
 
 Requests with the caller's own ids (an idempotent submit) are placed by their first id's hash over all the
 partitions and never moved: the duplicate check runs on that one Redis, so a retry with the same ids lands where

@@ -1,0 +1,68 @@
+"""A model over two Redis, one of them stopped under load (common/shards.py, producer/client/placement.py): new
+requests go to the other partition, callers waiting on the stopped one get a 503 that names it, nothing on the
+live partition is lost, and once it is back (AOF) every request it held is answered. Bounded: a fixed number of
+submits, every wait with a timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from common.errors import UnavailableError
+from common.redisserver import RedisServer
+from producer import AsyncProducer, Producer
+from tests.nullworker import NULL, null_worker
+
+BEFORE, DURING = 150, 150  # submits before the stop, and while the partition is down
+
+
+@pytest.fixture
+def two_partitions(tmp_path):
+    servers = [RedisServer(tmp_path / f"p{i}", appendonly=True).start() for i in range(2)]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def test_a_partition_stopped_under_load(two_partitions):
+    live, stopped = two_partitions
+    urls = [live.url, stopped.url]
+    with null_worker(live.url) as first, null_worker(stopped.url) as second, \
+            Producer(live.url, shards={NULL: urls}) as producer:
+        first.serve()
+        second.serve()
+        before = [producer.submit([f"before {i}"], NULL) for i in range(BEFORE)]
+        placed = {url: [i for i in before if producer.url_of(i) == url] for url in urls}
+        assert len(placed[live.url]) == len(placed[stopped.url]) == BEFORE // 2  # both got traffic
+        stopped.stop()
+
+        accepted, refused = [], 0
+        for i in range(DURING):
+            try:
+                accepted.append(producer.submit([f"during {i}"], NULL))
+            except UnavailableError:
+                refused += 1
+        assert len(accepted) >= 0.95 * DURING, f"{refused} of {DURING} new requests refused"
+        assert {producer.url_of(i) for i in accepted} == {live.url}  # all on the live partition
+        with pytest.raises(UnavailableError, match=f"partition 2 of 2 of model '{NULL}'.*{stopped.port}"):
+            producer.wait(placed[stopped.url][-1], 5)
+        assert asyncio.run(_async_during(urls)) == 20
+        # the live partition's requests, before and during the outage: none lost
+        assert all(producer.wait(i, 30).ok for i in placed[live.url] + accepted)
+
+        stopped.start()  # back, its AOF replayed: what it held is answered, and it takes new requests again
+        assert all(producer.wait(i, 30).ok for i in placed[stopped.url])
+        after, deadline = [], time.monotonic() + 30  # it rejoins once placement.DOWN_SECONDS have passed
+        while stopped.url not in {producer.url_of(i) for i in after}:
+            assert time.monotonic() < deadline, "the partition did not rejoin"
+            after.append(producer.submit(["after"], NULL))
+        assert all(producer.wait(i, 30).ok for i in after)
+
+
+async def _async_during(urls: list[str]) -> int:
+    """Requests an AsyncProducer gets answered while the second partition is down."""
+    async with AsyncProducer(urls[0], shards={NULL: urls}) as producer:
+        ids = [await producer.submit([f"async {i}"], NULL) for i in range(20)]
+        return sum([(await producer.wait(i, 30)).ok for i in ids])
