@@ -4,6 +4,8 @@ gateway; `embedfleet status` and a Producer read the same map."""
 from __future__ import annotations
 
 import json
+import time
+import urllib.request
 
 import pytest
 import redis
@@ -71,3 +73,40 @@ def test_shard_map_forms(tmp_path):
             parse_shards(bad)
     done = embedfleet("status", "--redis-shards", "nonsense", env=clean_env(tmp_path))
     assert done.returncode == 2 and "not MODEL=URL" in done.stderr
+
+
+def test_one_model_partitioned_over_two_redis_through_workers_gateway_and_status(tmp_path):
+    """`embedfleet worker` given a map that partitions its model starts an engine per partition; the gateway
+    spreads requests over both, its /metrics and `embedfleet status` show the model whole."""
+    with RedisServer(tmp_path / "a") as a, RedisServer(tmp_path / "b") as b:
+        env = clean_env(tmp_path, EMBEDFLEET_REDIS_URL=a.url, EMBEDFLEET_REDIS_SHARDS=f"wide={a.url},{b.url}")
+        worker = embedfleet_process("worker", "--model", "null:4", "--served-model-name", "wide", env=env)
+        port = free_port()
+        gateway = embedfleet_process("gateway", "--port", str(port), env=env)
+        try:
+            with Producer(a.url, shards={"wide": [a.url, b.url]}) as producer:
+                deadline = time.monotonic() + 120
+                while producer.live_workers("wide") < 2:  # one engine per partition
+                    assert worker.poll() is None and time.monotonic() < deadline, stop(worker)[-2000:]
+                    time.sleep(0.2)
+                wait_healthy(f"http://127.0.0.1:{port}", [worker, gateway])
+                for i in range(10):
+                    assert len(post_embeddings(f"http://127.0.0.1:{port}", "wide", f"t{i}")["data"][0]["embedding"]) == 4
+                ra, rb = redis.Redis.from_url(a.url), redis.Redis.from_url(b.url)
+                on = [sum(1 for _ in r.scan_iter(keys.result_key("*"))) for r in (ra, rb)]
+                assert on == [5, 5], on  # spread evenly (round robin)
+                for r in (ra, rb):  # each partition holds the model's adverts and one worker
+                    assert r.smembers(keys.MODELS_KEY) == {b"wide"} and r.zcard(keys.model_workers_key("wide")) == 1
+                    r.close()
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
+                metrics = answer.read().decode()
+            assert 'embedfleet_live_workers{model="wide"} 2.0' in metrics
+            status = embedfleet("status", "--json", env=env)
+            assert status.returncode == 0, status.stderr
+            (row,) = json.loads(status.stdout)["models"]
+            assert row["name"] == "wide" and row["live_workers"] == 2 and row["partitions"] == 2
+            text = embedfleet("status", env=env)
+            assert "partitions of wide: 2 Redis" in text.stdout, text.stdout
+        finally:
+            for process in (gateway, worker):
+                stop(process)
