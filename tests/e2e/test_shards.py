@@ -91,7 +91,8 @@ def test_one_model_partitioned_over_two_redis_through_workers_gateway_and_status
                     time.sleep(0.2)
                 wait_healthy(f"http://127.0.0.1:{port}", [worker, gateway])
                 for i in range(10):
-                    assert len(post_embeddings(f"http://127.0.0.1:{port}", "wide", f"t{i}")["data"][0]["embedding"]) == 4
+                    answer = post_embeddings(f"http://127.0.0.1:{port}", "wide", f"t{i}")
+                    assert len(answer["data"][0]["embedding"]) == 4
                 ra, rb = redis.Redis.from_url(a.url), redis.Redis.from_url(b.url)
                 on = [sum(1 for _ in r.scan_iter(keys.result_key("*"))) for r in (ra, rb)]
                 assert on == [5, 5], on  # spread evenly (round robin)
