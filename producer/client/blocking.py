@@ -37,8 +37,8 @@ class Producer(SyncWaits):
         redis_url: the Redis the workers listen on; default: EMBEDFLEET_REDIS_URL, else the running
             `embedfleet up`'s, else redis://127.0.0.1:6379/0 (see common.fleetstate). Any URL form of
             common.redisclient: a password and ACL user, rediss:// with TLS files, redis+sentinel://.
-        shards: {model: Redis URL} for models on Redis shards of their own (common.shards); the others
-            live on `redis_url`.
+        shards: {model: Redis URL, or a list of them} for models on Redis shards of their own, or partitioned
+            over several (common.shards); the others live on `redis_url`.
         max_queue_depth: refuse submits (QueueFullError) while a model's queue holds this many jobs.
     """
 
