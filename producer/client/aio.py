@@ -226,7 +226,11 @@ class AsyncProducer:
         No round trip of its own: the wait joins the producer's coalesced reads. It rides out a Redis
         outage shorter than its timeout, and a wake-up counts only once the result it announces is there.
         """
-        result = await self._wait_result(await self._link_of(request_id), request_id, timeout)
+        link = await self._link_of(request_id)
+        try:
+            result = await self._wait_result(link, request_id, timeout)
+        except UnavailableError as exc:  # on a partition of a model: which one (producer/client/placement.py)
+            raise unavailable(self.shards, link.url, exc) from exc
         result.raise_for_error()
         return result
 

@@ -48,7 +48,7 @@ def test_a_partition_stopped_under_load(two_partitions):
         assert {producer.url_of(i) for i in accepted} == {live.url}  # all on the live partition
         with pytest.raises(UnavailableError, match=f"partition 2 of 2 of model '{NULL}'.*{stopped.port}"):
             producer.wait(placed[stopped.url][-1], 5)
-        assert asyncio.run(_async_during(urls)) == 20
+        assert asyncio.run(_async_during(urls, placed[stopped.url][-1])) == 20
         # the live partition's requests, before and during the outage: none lost
         assert all(producer.wait(i, 30).ok for i in placed[live.url] + accepted)
 
@@ -61,8 +61,11 @@ def test_a_partition_stopped_under_load(two_partitions):
         assert all(producer.wait(i, 30).ok for i in after)
 
 
-async def _async_during(urls: list[str]) -> int:
-    """Requests an AsyncProducer gets answered while the second partition is down."""
+async def _async_during(urls: list[str], waiting: str) -> int:
+    """Requests an AsyncProducer gets answered while the second partition is down; a wait on `waiting`, an id on
+    that partition, rides out the outage until its timeout, then answers 503 naming it."""
     async with AsyncProducer(urls[0], shards={NULL: urls}) as producer:
+        with pytest.raises(UnavailableError, match=f"partition 2 of 2 of model '{NULL}'"):
+            await producer.wait(waiting, 1)
         ids = [await producer.submit([f"async {i}"], NULL) for i in range(20)]
         return sum([(await producer.wait(i, 30)).ok for i in ids])
