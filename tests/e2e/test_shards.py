@@ -43,7 +43,9 @@ def test_two_models_on_two_shards_through_one_gateway(tmp_path):
             with Producer(a.url, shards={"beta": b.url}) as producer:
                 assert set(producer.models()) == {"alpha", "beta"}
                 request_id = producer.submit(["on b"], "beta")
-                assert rb.exists(f"rq:job:{request_id}") and not ra.exists(f"rq:job:{request_id}")
+                # on b: its job, or its result once answered (a lean worker deletes an answered job's hash)
+                on_b = rb.exists(f"rq:job:{request_id}", keys.result_key(request_id))
+                assert on_b and not ra.exists(f"rq:job:{request_id}", keys.result_key(request_id))
                 assert producer.wait(request_id, 30).embeddings.shape == (1, 4)
             with Producer(a.url, shards={"beta": b.url}) as stranger:  # an id it did not submit: found on b
                 assert stranger.status(request_id) == "finished" and stranger.get(request_id).ok
@@ -80,7 +82,8 @@ def test_one_model_partitioned_over_two_redis_through_workers_gateway_and_status
     spreads requests over both, its /metrics and `embedfleet status` show the model whole."""
     with RedisServer(tmp_path / "a") as a, RedisServer(tmp_path / "b") as b:
         env = clean_env(tmp_path, EMBEDFLEET_REDIS_URL=a.url, EMBEDFLEET_REDIS_SHARDS=f"wide={a.url},{b.url}")
-        worker = embedfleet_process("worker", "--model", "null:4", "--served-model-name", "wide", env=env)
+        worker = embedfleet_process("worker", "--model", "null:4", "--served-model-name", "wide", "--no-log-rounds",
+                                    env=env)
         port = free_port()
         gateway = embedfleet_process("gateway", "--port", str(port), env=env)
         try:
@@ -111,3 +114,34 @@ def test_one_model_partitioned_over_two_redis_through_workers_gateway_and_status
         finally:
             for process in (gateway, worker):
                 stop(process)
+
+
+def test_a_partition_down_when_the_worker_starts_joins_when_it_comes_up(tmp_path):
+    """The engine of a partition whose Redis is down waits for it (it does not die, which would count against the
+    supervisor's restarts); the other partition is served meanwhile."""
+    with RedisServer(tmp_path / "a") as a:
+        late = RedisServer(tmp_path / "b")  # not started yet: its port is known, nothing listens there
+        env = clean_env(tmp_path, EMBEDFLEET_REDIS_URL=a.url, EMBEDFLEET_REDIS_SHARDS=f"wide={a.url},{late.url}")
+        # --no-log-rounds: a line per round would fill the unread output pipe and stall the worker
+        worker = embedfleet_process("worker", "--model", "null:4", "--served-model-name", "wide", "--no-log-rounds",
+                                    env=env)
+        try:
+            with Producer(a.url, shards={"wide": [a.url, late.url]}) as producer:
+                deadline = time.monotonic() + 120
+                while producer.live_workers("wide") < 1:  # partition 1's engine, while 2's Redis is down
+                    assert worker.poll() is None and time.monotonic() < deadline, stop(worker)[-2000:]
+                    time.sleep(0.2)
+                answers = [producer.embed([f"t{i}"], "wide", timeout=30) for i in range(4)]  # all on partition 1
+                assert all(a.shape == (1, 4) for a in answers)
+                with late:
+                    while producer.live_workers("wide") < 2:
+                        assert worker.poll() is None and time.monotonic() < deadline, stop(worker)[-2000:]
+                        time.sleep(0.2)
+                    ids = []  # the producer tries it again once placement.DOWN_SECONDS have passed
+                    while late.url not in {producer.url_of(i) for i in ids}:
+                        assert time.monotonic() < deadline, "the partition did not rejoin"
+                        ids.append(producer.submit(["u"], "wide"))
+                    assert all(producer.wait(i, 30).ok for i in ids)
+        finally:
+            output = stop(worker)
+        assert "partition 2's Redis" in output and "unreachable" in output
