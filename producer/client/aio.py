@@ -33,7 +33,7 @@ from producer.client.core import (Placements, Served, build_request, chosen_ids,
                                   redis_errors, resolve_target)
 from producer.client.fleet import LevelStats, level_stats
 from producer.client.notify import NotifyListener
-from producer.client.placement import Placer, unavailable
+from producer.client.placement import Placer, naming, unavailable
 from producer.client.replies import ReplyListener
 from producer.client.rounds import run_async
 from producer.client.tasks import check_rerank, rank, score_pairs
@@ -125,7 +125,7 @@ class AsyncProducer:
         return self._max_queue_depth
 
     async def _read(self, read: reads.Read):
-        return await run_async(self._connections, read)
+        return await run_async(self._connections, read, self.shards)
 
     async def models(self, refresh: bool = True) -> dict[str, ModelCapabilities]:
         """Models served by at least one live worker, with their capabilities (see Producer.models).
@@ -214,9 +214,9 @@ class AsyncProducer:
         return ids
 
     async def get(self, request_id: str) -> Result | None:
-        connection = await self.connection_of(request_id)
-        with redis_errors():
-            raw = await connection.get(keys.result_key(request_id))
+        url = await self.url_of(request_id)
+        with naming(self.shards, url), redis_errors():
+            raw = await self._links[url].redis.get(keys.result_key(request_id))
         return read_result(request_id, raw)
 
     @traced.waits
@@ -227,10 +227,8 @@ class AsyncProducer:
         outage shorter than its timeout, and a wake-up counts only once the result it announces is there.
         """
         link = await self._link_of(request_id)
-        try:
+        with naming(self.shards, link.url):  # on a partition of a model: which one
             result = await self._wait_result(link, request_id, timeout)
-        except UnavailableError as exc:  # on a partition of a model: which one (producer/client/placement.py)
-            raise unavailable(self.shards, link.url, exc) from exc
         result.raise_for_error()
         return result
 

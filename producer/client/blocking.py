@@ -19,7 +19,7 @@ from common.request import EmbedRequest
 from common.result import Result, SparseVector
 from common.shards import ShardMap
 from producer.client import fleetview, reads, traced
-from producer.client.placement import Placer, unavailable
+from producer.client.placement import Placer, naming, unavailable
 from producer.client.core import (Placements, Sent, Served, build_request, chosen_ids, enqueue_args, looked_at,
                                   pick_model, queue_full, read_result, redis_errors as _redis_errors,
                                   resolve_target)
@@ -73,7 +73,7 @@ class Producer(SyncWaits):
         self.close()
 
     def _read(self, read: reads.Read):
-        return run(self.links, read)
+        return run(self.links, read, self.shards)
 
     # -- models --------------------------------------------------------------------------------
     def models(self, refresh: bool = True) -> dict[str, ModelCapabilities]:
@@ -245,8 +245,9 @@ class Producer(SyncWaits):
     # -- results ---------------------------------------------------------------------------------
     def get(self, request_id: str) -> Result | None:
         """The result if it has landed (ok or error), else None."""
-        with _redis_errors():
-            raw = self.connection_of(request_id).get(keys.result_key(request_id))
+        url = self.url_of(request_id)
+        with naming(self.shards, url), _redis_errors():
+            raw = self.links[url].get(keys.result_key(request_id))
         return read_result(request_id, raw)
 
     def get_many(self, request_ids: list[str]) -> list[Result | None]:
@@ -256,7 +257,7 @@ class Producer(SyncWaits):
             by_url.setdefault(self.url_of(request_id), []).append(i)
         found: list[Result | None] = [None] * len(request_ids)
         for url, positions in by_url.items():
-            with _redis_errors():
+            with naming(self.shards, url), _redis_errors():
                 raw = self.links[url].mget([keys.result_key(request_ids[i]) for i in positions])
             for i, blob in zip(positions, raw):
                 found[i] = read_result(request_ids[i], blob)

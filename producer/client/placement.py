@@ -13,6 +13,7 @@ the first try did, and a partition that is down refuses them (503) rather than e
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 import zlib
@@ -56,6 +57,17 @@ def unavailable(shards: ShardMap, url: str, cause: Exception) -> UnavailableErro
     model; as it was for a Redis that is no partition."""
     named = [f"partition {urls.index(url) + 1} of {len(urls)} of model '{model}'"
              for model, urls in shards.shards.items() if url in urls and len(urls) > 1]
-    if not named:
+    if not named or getattr(cause, "partition", None) == url:  # no partition, or named already
         return cause if isinstance(cause, UnavailableError) else UnavailableError(str(cause))
-    return UnavailableError(f"{', '.join(named)} (Redis {redact(url)}) is unavailable: {cause}")
+    error = UnavailableError(f"{', '.join(named)} (Redis {redact(url)}) is unavailable: {cause}")
+    error.partition = url
+    return error
+
+
+@contextlib.contextmanager
+def naming(shards: ShardMap, url: str):
+    """Within it, an UnavailableError (from core.redis_errors) names the partition at `url` (`unavailable`)."""
+    try:
+        yield
+    except UnavailableError as exc:
+        raise unavailable(shards, url, exc) from exc

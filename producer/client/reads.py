@@ -16,13 +16,12 @@ from typing import TypeVar
 import redis
 from rq.job import JobStatus
 
-from common.errors import CancelledError, DecodeError, NotFoundError, UnavailableError, echo
+from common.errors import CancelledError, DecodeError, NotFoundError, echo
 from common.protocol import keys
 from common.protocol.jobdata import inflate
 from common.request import args_reply_to
 from common.result import Result
 from common.shards import ShardMap
-from producer.client.placement import unavailable
 from producer.client.core import (SERIALIZER, Placements, job_state, model_of_queue, parse_models, parse_worker_info,
                                   read_result, result_state)
 
@@ -122,9 +121,8 @@ def locate(shards: ShardMap, placed: Placements, request_id: str) -> Read[str]:
             if ok(replies[url][0]):
                 placed.remember([request_id], url)
                 return url
-        for url in urls:  # a Redis that is down may hold it: its error, naming which partition it is
-            if isinstance(replies[url][0], DOWN):
-                raise unavailable(shards, url, UnavailableError(f"Redis is unreachable: {replies[url][0]}"))
+        for url in urls:
+            ok(replies[url][0])  # a Redis that is down may hold it: its error
     return shards.default
 
 

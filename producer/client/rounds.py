@@ -6,18 +6,42 @@ the clients' own (core.redis_errors)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping
 
 import redis
 import redis.asyncio as aioredis
 
+from common.errors import UnavailableError
+from common.shards import ShardMap
 from producer.client.core import redis_errors
+from producer.client.placement import unavailable
 from producer.client.reads import Read, T
 
 
-def run(connection_at: Mapping[str, redis.Redis], read: Read[T]) -> T:
-    """Run `read` on blocking clients, one Redis after the other within a round."""
-    with redis_errors():
+class Unreachable(redis.ConnectionError):
+    """The reply of a Redis that a round could not reach: its URL, so that the error can say which it was."""
+
+    def __init__(self, url: str, cause: Exception):
+        super().__init__(str(cause))
+        self.url = url
+
+
+@contextlib.contextmanager
+def _named(shards: ShardMap | None):
+    """An UnavailableError from a Redis that is a partition of a model says which (producer/client/placement.py)."""
+    try:
+        yield
+    except UnavailableError as exc:
+        if shards is None or not isinstance(exc.__cause__, Unreachable):
+            raise
+        raise unavailable(shards, exc.__cause__.url, exc) from exc.__cause__
+
+
+def run(connection_at: Mapping[str, redis.Redis], read: Read[T], shards: ShardMap | None = None) -> T:
+    """Run `read` on blocking clients, one Redis after the other within a round (`shards`: to name a partition
+    that could not be reached)."""
+    with _named(shards), redis_errors():
         try:
             asked = next(read)
             while True:
@@ -29,30 +53,30 @@ def run(connection_at: Mapping[str, redis.Redis], read: Read[T]) -> T:
                                 pipe.execute_command(*command)
                             replies[url] = pipe.execute(raise_on_error=False)
                     except (redis.ConnectionError, redis.TimeoutError) as exc:  # that Redis only: the read decides
-                        replies[url] = [exc] * len(commands)
+                        replies[url] = [Unreachable(url, exc)] * len(commands)
                 asked = read.send(replies)
         except StopIteration as done:
             return done.value
 
 
-async def run_async(connection_at: Mapping[str, aioredis.Redis], read: Read[T]) -> T:
-    """Run `read` on asyncio clients, every Redis of a round at once."""
-    with redis_errors():
+async def run_async(connection_at: Mapping[str, aioredis.Redis], read: Read[T], shards: ShardMap | None = None) -> T:
+    """Run `read` on asyncio clients, every Redis of a round at once (`shards`: as `run`'s)."""
+    with _named(shards), redis_errors():
         try:
             asked = next(read)
             while True:
                 urls = list(asked)
-                replies = await asyncio.gather(*(_pipeline(connection_at[url], asked[url]) for url in urls))
+                replies = await asyncio.gather(*(_pipeline(url, connection_at[url], asked[url]) for url in urls))
                 asked = read.send(dict(zip(urls, replies)))
         except StopIteration as done:
             return done.value
 
 
-async def _pipeline(connection: aioredis.Redis, commands: list[tuple]) -> list:
+async def _pipeline(url: str, connection: aioredis.Redis, commands: list[tuple]) -> list:
     pipe = connection.pipeline(transaction=False)
     for command in commands:
         pipe.execute_command(*command)
     try:
         return await pipe.execute(raise_on_error=False)
     except (redis.ConnectionError, redis.TimeoutError) as exc:  # that Redis only: the read decides (reads.ok)
-        return [exc] * len(commands)
+        return [Unreachable(url, exc)] * len(commands)

@@ -9,13 +9,13 @@ import time
 
 import redis
 
-from common.errors import NotFoundError, ResultTimeoutError, UnavailableError
+from common.errors import NotFoundError, ResultTimeoutError
 from common.protocol import keys
 from common.redisclient import block_for
 from common.result import Result
 from producer.client import traced
 from producer.client.core import PENDING, Sent, SentTo, lost_error, read_result, redis_errors as _redis_errors
-from producer.client.placement import unavailable
+from producer.client.placement import naming
 
 FIRST_BLOCK = 1.0  # seconds the first wait on an id this producer submitted blocks before it looks again
 
@@ -43,7 +43,7 @@ class SyncWaits:
         url = self.url_of(request_id)
         connection = self.links[url]
         sent = self._sent.get(request_id)
-        try:
+        with naming(self.shards, url):  # on a partition of a model: which one
             if sent is not None and sent.stream is None:  # ours, on its notify list: no look of its own
                 result = self._follow_list(connection, request_id, deadline, timeout, first=True)
             else:
@@ -51,8 +51,6 @@ class SyncWaits:
                 if result is None:
                     result = self._follow_stream(connection, request_id, stream, deadline, timeout) if stream \
                         else self._follow_list(connection, request_id, deadline, timeout)
-        except UnavailableError as exc:  # on a partition of a model: which one (producer/client/placement.py)
-            raise unavailable(self.shards, url, exc) from exc
         result.raise_for_error()
         return result
 

@@ -6,13 +6,17 @@ submits, every wait with a timeout."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
 from common.errors import UnavailableError
 from common.redisserver import RedisServer
 from producer import AsyncProducer, Producer
+from tests import gatewayserver
 from tests.nullworker import NULL, null_worker
 
 BEFORE, DURING = 150, 150  # submits before the stop, and while the partition is down
@@ -69,3 +73,42 @@ async def _async_during(urls: list[str], waiting: str) -> int:
             await producer.wait(waiting, 1)
         ids = [await producer.submit([f"async {i}"], NULL) for i in range(20)]
         return sum([(await producer.wait(i, 30)).ok for i in ids])
+
+
+def test_the_gateway_while_a_partition_is_down(two_partitions):
+    """New HTTP requests are answered by the live partition; a job on the stopped one answers 503 naming it, and is
+    there again once it is back."""
+    live, stopped = two_partitions
+    urls = [live.url, stopped.url]
+    with null_worker(live.url) as first, null_worker(stopped.url) as second, \
+            Producer(live.url, shards={NULL: urls}) as producer:
+        first.serve()
+        second.serve()
+        shards = f"{NULL}={live.url},{stopped.url}"
+        gateway = gatewayserver.Server(gatewayserver.settings(live.url, redis_shards=shards))
+        try:
+            jobs = [_http(gateway.url, "POST", "/v1/jobs", {"model": NULL, "input": f"job {i}"}) for i in range(4)]
+            assert {status for status, _ in jobs} == {202}
+            on_stopped = [body["id"] for _, body in jobs if producer.url_of(body["id"]) == stopped.url]
+            assert len(on_stopped) == 2  # the gateway spread them too
+            stopped.stop()
+            answers = [_http(gateway.url, "POST", "/v1/embeddings", {"model": NULL, "input": f"t{i}"})
+                       for i in range(DURING // 5)]
+            assert sum(status == 200 for status, _ in answers) >= 0.95 * len(answers)
+            status, body = _http(gateway.url, "GET", f"/v1/jobs/{on_stopped[0]}")
+            assert status == 503 and "partition 2 of 2" in json.dumps(body), body
+            stopped.start()
+            status, body = _http(gateway.url, "GET", f"/v1/jobs/{on_stopped[0]}?wait=30")
+            assert status == 200 and body["status"] == "finished", body
+        finally:
+            gateway.stop()
+
+
+def _http(base: str, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(base + path, method=method, headers={"Content-Type": "application/json"},
+                                     data=None if body is None else json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())

@@ -75,5 +75,6 @@ def test_a_down_partitions_error_names_it():
     named = unavailable(shards, C, UnavailableError("Redis is unreachable: refused"))
     assert isinstance(named, UnavailableError) and named.code == UnavailableError("x").code
     assert "partition 2 of 2 of model 'm'" in str(named) and "h:3" in str(named) and "refused" in str(named)
+    assert unavailable(shards, C, named) is named  # named once
     plain = UnavailableError("Redis is unreachable")
     assert unavailable(shards, A, plain) is plain
