@@ -53,6 +53,10 @@ def test_a_partition_stopped_under_load(two_partitions):
         with pytest.raises(UnavailableError, match=f"partition 2 of 2 of model '{NULL}'.*{stopped.port}"):
             producer.wait(placed[stopped.url][-1], 5)
         assert asyncio.run(_async_during(urls, placed[stopped.url][-1])) == 20
+        # reads of the model go on with the partition that answers: status, metrics, KEDA's depth
+        (row,) = producer.fleet()["models"]
+        assert row["name"] == NULL and row["live_workers"] == 1
+        assert producer.live_workers(NULL) == 1 and producer.queue_depth(NULL) >= 0
         # the live partition's requests, before and during the outage: none lost
         assert all(producer.wait(i, 30).ok for i in placed[live.url] + accepted)
 
