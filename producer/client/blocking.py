@@ -22,7 +22,7 @@ from producer.client.core import (Placements, Sent, Served, build_request, chose
                                   pick_model, queue_full, read_result, redis_errors as _redis_errors,
                                   resolve_target)
 from producer.client.fleet import LevelStats, level_stats
-from producer.client.rounds import run
+from producer.client.exchanges import run
 from producer.client.syncwait import FIRST_BLOCK, SyncWaits
 from producer.client.tasks import check_rerank, rank, score_pairs
 
@@ -152,7 +152,7 @@ class Producer(SyncWaits):
         name, url, work, requests = self._prepare(batches, model, params, reply_to, text_pair, priority, deadline,
                                                   timeout, request_ids, fields)
         with _redis_errors():
-            reply = scripts.ENQUEUE(self.links[url], *self._round(url, work))
+            reply = scripts.ENQUEUE(self.links[url], *self._enqueue_args(url, work))
         return self._enqueued(name, url, work, requests, reply_to, reply[0])
 
     def _prepare(self, batches, model, params, reply_to, text_pair, priority, deadline, timeout, request_ids,
@@ -171,7 +171,7 @@ class Producer(SyncWaits):
                             fresh=request_ids is None)
         return name, self.shards.url_for(name), work, requests
 
-    def _round(self, url: str, work: operations.Enqueue) -> tuple[list, list]:
+    def _enqueue_args(self, url: str, work: operations.Enqueue) -> tuple[list, list]:
         """The enqueue script's KEYS and ARGV (rq:queues is told of the queue on its first use)."""
         return operations.round_args([work], announce=(url, work.queue) not in self._announced)
 
@@ -204,11 +204,11 @@ class Producer(SyncWaits):
         notify = keys.notify_key(request_id)
         with _redis_errors():
             pipe = connection.pipeline(transaction=False)
-            scripts.ENQUEUE.queue(pipe, *self._round(url, work))
+            scripts.ENQUEUE.queue(pipe, *self._enqueue_args(url, work))
             reply, _, raw = pipe.blmove(notify, notify, min(block_for(timeout), FIRST_BLOCK), "LEFT", "LEFT") \
                 .get(keys.result_key(request_id)).execute(raise_on_error=False)
             if isinstance(reply, redis.exceptions.NoScriptError):  # a new or restarted server: by source
-                reply, raw = scripts.ENQUEUE(connection, *self._round(url, work)), None
+                reply, raw = scripts.ENQUEUE(connection, *self._enqueue_args(url, work)), None
             for answer in (reply, raw):
                 if isinstance(answer, Exception):
                     raise answer

@@ -1,4 +1,4 @@
-"""What is queued for a model, per priority level, a read (producer/client/reads.py) of two rounds: depth,
+"""What is queued for a model, per priority level, a read (producer/client/reads.py) of two exchanges: depth,
 estimated queued tokens (common.protocol.keys.queued_tokens_key) and the oldest job's age. For the gateway's fleet
 gauges and for scripts; everything read is input (a corrupt counter or stamp reads as absent)."""
 

@@ -1,5 +1,6 @@
-"""How each client moves the bytes of a read (producer/client/reads.py): every round as one pipeline per Redis,
-its replies sent back into the read until it returns. Redis errors become the clients' own (core.redis_errors)."""
+"""How each client moves the bytes of a read (producer/client/reads.py): every exchange (one round trip) as one
+pipeline per Redis, its replies sent back into the read until it returns. Redis errors become the clients' own
+(core.redis_errors)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from producer.client.reads import Read, T
 
 
 def run(connection_at: Mapping[str, redis.Redis], read: Read[T]) -> T:
-    """Run `read` on blocking clients, one Redis after the other within a round."""
+    """Run `read` on blocking clients, one Redis after the other within an exchange."""
     with redis_errors():
         try:
             asked = next(read)
@@ -31,7 +32,7 @@ def run(connection_at: Mapping[str, redis.Redis], read: Read[T]) -> T:
 
 
 async def run_async(connection_at: Mapping[str, aioredis.Redis], read: Read[T]) -> T:
-    """Run `read` on asyncio clients, every Redis of a round at once."""
+    """Run `read` on asyncio clients, every Redis of an exchange at once."""
     with redis_errors():
         try:
             asked = next(read)
