@@ -35,7 +35,7 @@ from producer.client.fleet import LevelStats, level_stats
 from producer.client.notify import NotifyListener
 from producer.client.placement import Placer, naming, unavailable
 from producer.client.replies import ReplyListener
-from producer.client.rounds import run_async
+from producer.client.exchanges import run_async
 from producer.client.tasks import check_rerank, rank, score_pairs
 from producer.client.waiters import WaitHub
 
@@ -337,7 +337,7 @@ class AsyncProducer:
         return (await self.wait(await self.submit(token_ids, model, task="detokenize", **fields), timeout)).items
 
     async def status(self, request_id: str) -> str:
-        """queued | started | finished | failed | cancelled | not_found (see Producer.status): one round on the
+        """queued | started | finished | failed | cancelled | not_found (see Producer.status): one exchange on the
         command connections (10,000 waits timing out together stay within them)."""
         return await self._read(reads.status(self.shards, self._placed, request_id))
 

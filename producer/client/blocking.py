@@ -24,7 +24,7 @@ from producer.client.core import (Placements, Sent, Served, build_request, chose
                                   pick_model, queue_full, read_result, redis_errors as _redis_errors,
                                   resolve_target)
 from producer.client.fleet import LevelStats, level_stats
-from producer.client.rounds import run
+from producer.client.exchanges import run
 from producer.client.syncwait import FIRST_BLOCK, SyncWaits
 from producer.client.tasks import check_rerank, rank, score_pairs
 
@@ -155,7 +155,7 @@ class Producer(SyncWaits):
         name, work, requests = self._prepare(batches, model, params, reply_to, text_pair, priority, deadline,
                                              timeout, request_ids, fields)
         url, reply = self._on_partition(name, request_ids[0] if request_ids else None,
-                                        lambda url: scripts.ENQUEUE(self.links[url], *self._round(url, work)))
+                                        lambda url: scripts.ENQUEUE(self.links[url], *self._enqueue_args(url, work)))
         return self._enqueued(name, url, work, requests, reply_to, reply[0])
 
     def _on_partition(self, name: str, chosen: str | None, send) -> tuple[str, object]:
@@ -189,7 +189,7 @@ class Producer(SyncWaits):
                             fresh=request_ids is None)
         return name, work, requests
 
-    def _round(self, url: str, work: operations.Enqueue) -> tuple[list, list]:
+    def _enqueue_args(self, url: str, work: operations.Enqueue) -> tuple[list, list]:
         """The enqueue script's KEYS and ARGV (rq:queues is told of the queue on its first use)."""
         return operations.round_args([work], announce=(url, work.queue) not in self._announced)
 
@@ -219,7 +219,8 @@ class Producer(SyncWaits):
         name, work, requests = self._prepare([inputs], model, params, None, text_pair, None, None, None, None,
                                              submit)
         request_id = requests[0].id
-        url, (reply, raw) = self._on_partition(name, None, lambda url: self._ask_round(url, work, request_id, timeout))
+        url, (reply, raw) = self._on_partition(name, None,
+                                               lambda url: self._ask_exchange(url, work, request_id, timeout))
         connection = self.links[url]
         self._enqueued(name, url, work, requests, None, reply[0])
         result = read_result(request_id, raw)
@@ -228,15 +229,15 @@ class Producer(SyncWaits):
         result.raise_for_error()
         return result
 
-    def _ask_round(self, url: str, work: operations.Enqueue, request_id: str, timeout: float) -> tuple:
+    def _ask_exchange(self, url: str, work: operations.Enqueue, request_id: str, timeout: float) -> tuple:
         """(the enqueue's reply, the result if it landed within FIRST_BLOCK) of `_ask`'s one round trip."""
         connection, notify = self.links[url], keys.notify_key(request_id)
         pipe = connection.pipeline(transaction=False)
-        scripts.ENQUEUE.queue(pipe, *self._round(url, work))
+        scripts.ENQUEUE.queue(pipe, *self._enqueue_args(url, work))
         reply, _, raw = pipe.blmove(notify, notify, min(block_for(timeout), FIRST_BLOCK), "LEFT", "LEFT") \
             .get(keys.result_key(request_id)).execute(raise_on_error=False)
         if isinstance(reply, redis.exceptions.NoScriptError):  # a new or restarted server: by source
-            reply, raw = scripts.ENQUEUE(connection, *self._round(url, work)), None
+            reply, raw = scripts.ENQUEUE(connection, *self._enqueue_args(url, work)), None
         for answer in (reply, raw):
             if isinstance(answer, Exception):
                 raise answer

@@ -1,4 +1,4 @@
-"""What is queued for a model, per priority level, a read (producer/client/reads.py) of two rounds: depth,
+"""What is queued for a model, per priority level, a read (producer/client/reads.py) of two exchanges: depth,
 estimated queued tokens (common.protocol.keys.queued_tokens_key) and the oldest job's age. For the gateway's fleet
 gauges and for scripts; everything read is input (a corrupt counter or stamp reads as absent)."""
 
@@ -26,7 +26,7 @@ class LevelStats:
 
 def level_stats(shards: ShardMap, model: str, now: float | None = None) -> Read[list[LevelStats]]:
     """One LevelStats per priority level of `model`, highest first (a read of producer/client/reads.py); a
-    partitioned model's summed over the partitions that answer (two rounds, every partition in each)."""
+    partitioned model's summed over the partitions that answer (two exchanges, every partition in each)."""
     now = time.time() if now is None else now
     commands = []
     for level in keys.PRIORITIES:

@@ -1,4 +1,4 @@
-"""One snapshot of the fleet, read from Redis in three rounds of one pipeline per Redis (a read of
+"""One snapshot of the fleet, read from Redis in three exchanges of one pipeline per Redis (a read of
 producer/client/reads.py): models, their queues per priority level, live workers and recent failures.
 `embedfleet status` prints it (a table, or `--json`) and the gateway's /dashboard polls it (GET /v1/fleet),
 so both show the same facts.
@@ -46,7 +46,7 @@ UNREAD = "more_not_read"  # the failures past FAILED_SAMPLE, counted under this 
 
 
 def snapshot(shards: ShardMap, now: float | None = None) -> Read[dict]:
-    """The fleet as the module docstring lays it out: a read (producer/client/reads.py) of three rounds, every
+    """The fleet as the module docstring lays it out: a read (producer/client/reads.py) of three exchanges, every
     Redis (shard) in each."""
     now = time.time() if now is None else now
     names = {url: found for url, found in (yield from reads.model_names(shards)).items() if found}

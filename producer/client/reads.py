@@ -1,9 +1,9 @@
 """What the clients read from Redis and what it means, with no I/O of its own.
 
-Each read is a generator: it yields a round of commands per Redis ({URL: [command, ...]}, a command being
-what `pipe.execute_command(*command)` sends), is sent the replies ({URL: [reply, ...]}, an error reply in
-place of its value) and returns what they mean. Producer runs each round as one pipeline per Redis,
-AsyncProducer as one asyncio pipeline per Redis, all at once (producer/client/rounds.py): both clients read
+Each read is a generator: it yields an exchange (one round trip) of commands per Redis ({URL: [command, ...]},
+a command being what `pipe.execute_command(*command)` sends), is sent the replies ({URL: [reply, ...]}, an
+error reply in place of its value) and returns what they mean. Producer runs each exchange as one pipeline per
+Redis, AsyncProducer as one asyncio pipeline per Redis, all at once (producer/client/exchanges.py): both clients read
 the same keys and make the same sense of them, and only the way the bytes move differs.
 """
 
@@ -26,8 +26,8 @@ from producer.client.core import (SERIALIZER, Placements, job_state, model_of_qu
                                   read_result, result_state)
 
 T = TypeVar("T")
-Round = dict[str, list[tuple]]
-Read = Generator[Round, dict[str, list], T]
+Exchange = dict[str, list[tuple]]
+Read = Generator[Exchange, dict[str, list], T]
 
 def ok(reply):
     """A reply, or the error Redis answered in its place raised: for a read that cannot go on without it."""
@@ -41,12 +41,12 @@ def text(raw) -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
-DOWN = (redis.ConnectionError, redis.TimeoutError)  # what producer/client/rounds.py answers for a Redis it
+DOWN = (redis.ConnectionError, redis.TimeoutError)  # what producer/client/exchanges.py answers for a Redis it
 # could not reach
 
 
 def answered(replies: dict[str, list]) -> dict[str, list]:
-    """The replies of the Redis that answered a round (a partition that is down is left out), or the first
+    """The replies of the Redis that answered an exchange (a partition that is down is left out), or the first
     one's error raised when none did."""
     up = {url: got for url, got in replies.items() if not any(isinstance(r, DOWN) for r in got)}
     if not up:
@@ -106,7 +106,7 @@ def queue_depth(shards: ShardMap, model: str) -> Read[int]:
 
 def locate(shards: ShardMap, placed: Placements, request_id: str) -> Read[str]:
     """The URL of the shard that holds `request_id`: where it was sent, else whichever has its result or
-    job (ids are unique across the fleet), else the default Redis. No round at all unless sharded. Not found
+    job (ids are unique across the fleet), else the default Redis. No exchange at all unless sharded. Not found
     while a Redis is down: that Redis's error (the id may be there)."""
     if not shards:
         return shards.default
@@ -127,7 +127,7 @@ def locate(shards: ShardMap, placed: Placements, request_id: str) -> Read[str]:
 
 
 def status(shards: ShardMap, placed: Placements, request_id: str) -> Read[str]:
-    """queued | started | finished | failed | cancelled | not_found, in one round on the request's shard (two
+    """queued | started | finished | failed | cancelled | not_found, in one exchange on the request's shard (two
     for a job finished without a result: a spread request's)."""
     url = yield from locate(shards, placed, request_id)
     valid = keys.valid_request_id(request_id)  # no other id is one of ours (and rq refuses to look it up)

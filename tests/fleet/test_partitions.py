@@ -87,9 +87,9 @@ def test_the_async_producer_spreads_and_finds_its_requests(partitions):
     assert _results_on(urls, ids) == [10, 10]
 
 
-def test_level_stats_of_a_partitioned_model_sum_in_one_round_per_step(partitions):
+def test_level_stats_of_a_partitioned_model_sum_over_its_partitions(partitions):
     from common.shards import ShardMap
-    from producer.client.rounds import run
+    from producer.client.exchanges import run
 
     urls = partitions[:2]
     with null_worker(urls[0]), null_worker(urls[1]):

@@ -1,7 +1,7 @@
-"""How each client moves the bytes of a read (producer/client/reads.py): every round as one pipeline per Redis,
-its replies sent back into the read until it returns. A Redis that cannot be reached answers its error in place
-of each reply (a read of a partitioned model goes on with the others); Redis errors that the read raises become
-the clients' own (core.redis_errors)."""
+"""How each client moves the bytes of a read (producer/client/reads.py): every exchange (one round trip) as one
+pipeline per Redis, its replies sent back into the read until it returns. A Redis that cannot be reached answers
+its error in place of each reply (a read of a partitioned model goes on with the others); Redis errors that the
+read raises become the clients' own (core.redis_errors)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from producer.client.reads import Read, T
 
 
 class Unreachable(redis.ConnectionError):
-    """The reply of a Redis that a round could not reach: its URL, so that the error can say which it was."""
+    """The reply of a Redis that an exchange could not reach: its URL, so that the error can say which it was."""
 
     def __init__(self, url: str, cause: Exception):
         super().__init__(str(cause))
@@ -39,7 +39,7 @@ def _named(shards: ShardMap | None):
 
 
 def run(connection_at: Mapping[str, redis.Redis], read: Read[T], shards: ShardMap | None = None) -> T:
-    """Run `read` on blocking clients, one Redis after the other within a round (`shards`: to name a partition
+    """Run `read` on blocking clients, one Redis after the other within an exchange (`shards`: to name a partition
     that could not be reached)."""
     with _named(shards), redis_errors():
         try:
@@ -60,7 +60,7 @@ def run(connection_at: Mapping[str, redis.Redis], read: Read[T], shards: ShardMa
 
 
 async def run_async(connection_at: Mapping[str, aioredis.Redis], read: Read[T], shards: ShardMap | None = None) -> T:
-    """Run `read` on asyncio clients, every Redis of a round at once (`shards`: as `run`'s)."""
+    """Run `read` on asyncio clients, every Redis of an exchange at once (`shards`: as `run`'s)."""
     with _named(shards), redis_errors():
         try:
             asked = next(read)
