@@ -110,7 +110,8 @@ class Producer(SyncWaits):
         return self.links[self.shards.url_for(model)]
 
     def url_for_submit(self, model: str | None) -> str:
-        """The shard a submit for `model` goes to (None: the only served model's)."""
+        """The shard a submit for `model` goes to (None: the only served model's); of a partitioned model, its first
+        partition (each submit is placed on one of them: producer/client/placement.py)."""
         if not self.shards or model is not None:
             return self.shards.url_for(model)
         return self.shards.url_for(pick_model(None, self.models(refresh=False), self._served.known, self.where).name)
