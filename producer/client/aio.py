@@ -33,7 +33,7 @@ from producer.client.core import (Placements, Served, build_request, chosen_ids,
                                   redis_errors, resolve_target)
 from producer.client.fleet import LevelStats, level_stats
 from producer.client.notify import NotifyListener
-from producer.client.placement import Placer, naming, unavailable
+from producer.client.placement import Placer, naming, place_async
 from producer.client.replies import ReplyListener
 from producer.client.exchanges import run_async
 from producer.client.tasks import check_rerank, rank, score_pairs
@@ -181,22 +181,17 @@ class AsyncProducer:
         caps, level, when = resolve_target(model, served, self._served.known, priority, deadline, timeout,
                                            self.where)
         name = caps if isinstance(caps, str) else caps.name
-        refused = None
-        for url in self._placer.order(name, request_ids[0] if request_ids else None):
+
+        async def send(url: str) -> list[str]:  # on one partition (placement.py)
             link = self._links[url]
             requests = [build_request(inputs, caps, params, fields, reply_to or link.replies.stream, text_pair,
                                       when, request_id) for inputs, request_id in zip(batches, chosen)]
-            try:
-                ids = await self._submit_on(link, name, requests, level, reply_to is None, request_ids is None)
-            except UnavailableError as exc:  # a partition that is down: the model's next one (placement.py)
-                self._placer.refused(url)
-                refused = unavailable(self.shards, url, exc)
-                continue
-            self._placer.accepted(url)
-            if self.shards:
-                self._placed.remember(ids, url)
-            return ids
-        raise refused
+            return await self._submit_on(link, name, requests, level, reply_to is None, request_ids is None)
+
+        url, ids = await place_async(self._placer, name, request_ids[0] if request_ids else None, send)
+        if self.shards:
+            self._placed.remember(ids, url)
+        return ids
 
     @staticmethod
     async def _submit_on(link: _Link, name: str, requests: list, level: str, replies: bool, fresh: bool) -> list[str]:

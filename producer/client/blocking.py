@@ -10,7 +10,6 @@ import redis
 
 from common import tracing
 from common.capabilities import ModelCapabilities
-from common.errors import UnavailableError
 from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
 from common.protocol import keys, operations, scripts
@@ -19,7 +18,7 @@ from common.request import EmbedRequest
 from common.result import Result, SparseVector
 from common.shards import ShardMap
 from producer.client import fleetview, reads, traced
-from producer.client.placement import Placer, naming, unavailable
+from producer.client.placement import Placer, naming, place
 from producer.client.core import (Placements, Sent, Served, build_request, chosen_ids, enqueue_args, looked_at,
                                   pick_model, queue_full, read_result, redis_errors as _redis_errors,
                                   resolve_target)
@@ -155,24 +154,9 @@ class Producer(SyncWaits):
         """
         name, work, requests = self._prepare(batches, model, params, reply_to, text_pair, priority, deadline,
                                              timeout, request_ids, fields)
-        url, reply = self._on_partition(name, request_ids[0] if request_ids else None,
-                                        lambda url: scripts.ENQUEUE(self.links[url], *self._enqueue_args(url, work)))
+        url, reply = place(self._placer, name, request_ids[0] if request_ids else None,
+                           lambda url: scripts.ENQUEUE(self.links[url], *self._enqueue_args(url, work)))
         return self._enqueued(name, url, work, requests, reply_to, reply[0])
-
-    def _on_partition(self, name: str, chosen: str | None, send) -> tuple[str, object]:
-        """(URL, reply) of `send(URL)` on the first partition of model `name` that takes it (placement.py)."""
-        refused = None
-        for url in self._placer.order(name, chosen):
-            try:
-                with _redis_errors():
-                    reply = send(url)
-            except UnavailableError as exc:  # a partition that is down: the model's next one
-                self._placer.refused(url)
-                refused = unavailable(self.shards, url, exc)
-                continue
-            self._placer.accepted(url)
-            return url, reply
-        raise refused
 
     def _prepare(self, batches, model, params, reply_to, text_pair, priority, deadline, timeout, request_ids,
                  fields) -> tuple[str, operations.Enqueue, list[EmbedRequest]]:
@@ -220,8 +204,8 @@ class Producer(SyncWaits):
         name, work, requests = self._prepare([inputs], model, params, None, text_pair, None, None, None, None,
                                              submit)
         request_id = requests[0].id
-        url, (reply, raw) = self._on_partition(name, None,
-                                               lambda url: self._ask_exchange(url, work, request_id, timeout))
+        url, (reply, raw) = place(self._placer, name, None,
+                                  lambda url: self._ask_exchange(url, work, request_id, timeout))
         connection = self.links[url]
         self._enqueued(name, url, work, requests, None, reply[0])
         result = read_result(request_id, raw)

@@ -17,10 +17,15 @@ import contextlib
 import itertools
 import time
 import zlib
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from common.errors import UnavailableError
 from common.redisclient import redact
 from common.shards import ShardMap
+from producer.client.core import redis_errors
+
+T = TypeVar("T")
 
 DOWN_SECONDS = 2.0  # how long a partition that refused a submit is tried last
 
@@ -50,6 +55,41 @@ class Placer:
 
     def accepted(self, url: str) -> None:
         self._down.pop(url, None)
+
+
+def place(placer: Placer, model: str, chosen: str | None, send: Callable[[str], T]) -> tuple[str, T]:
+    """(URL, reply) of `send(URL)` on the first partition of `model` that takes it: one that refuses (an
+    UnavailableError: down, full, read-only) is tried last for a while and the next one is asked; when all refuse,
+    the last refusal, naming its partition."""
+    refused = None
+    for url in placer.order(model, chosen):
+        try:
+            with redis_errors():
+                reply = send(url)
+        except UnavailableError as exc:
+            placer.refused(url)
+            refused = unavailable(placer.shards, url, exc)
+            continue
+        placer.accepted(url)
+        return url, reply
+    raise refused
+
+
+async def place_async(placer: Placer, model: str, chosen: str | None,
+                      send: Callable[[str], Awaitable[T]]) -> tuple[str, T]:
+    """`place` for a coroutine `send`."""
+    refused = None
+    for url in placer.order(model, chosen):
+        try:
+            with redis_errors():
+                reply = await send(url)
+        except UnavailableError as exc:
+            placer.refused(url)
+            refused = unavailable(placer.shards, url, exc)
+            continue
+        placer.accepted(url)
+        return url, reply
+    raise refused
 
 
 def unavailable(shards: ShardMap, url: str, cause: Exception) -> UnavailableError:
