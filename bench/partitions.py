@@ -3,12 +3,13 @@ side in one run: each Redis's main-thread CPU per second and per request, relati
 requests/s (issue 39).
 
     PYTHONPATH=. .venv/bin/python bench/partitions.py [--rate 400] [--seconds 10] [--partitions 1,2,3]
-        [--texts 1] [--json OUT]
+        [--texts 1,64] [--json OUT]
 
 Per row: fresh redis-servers, one `embedfleet worker --model null:384` given the map `null=URL1,...` (it starts an
 engine per partition: the null model, no compute, so the queue path is all there is), and an AsyncProducer that
 offers --rate requests/s for --seconds (open loop: a request is sent on its schedule whether or not the earlier
-ones are answered), each embed() of --texts short texts, then waits for every answer. Each Redis is read with
+ones are answered), each embed() of --texts short texts (a table per size: 1 text, where per-round costs weigh
+most, and 64, where per-request costs do), then waits for every answer. Each Redis is read with
 INFO cpu (used_cpu_user_main_thread + used_cpu_sys_main_thread) and INFO commandstats before and after, as
 bench/capacity.py does. Targets: over 2 Redis each <= 0.6x the CPU per second of one Redis alone, over 3 each
 <= 0.4x, every request answered. The box's load (`uptime`) is printed with the figures: CPU time is what counts.
@@ -42,13 +43,27 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=400.0, help="requests offered per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="how long the load is offered")
     parser.add_argument("--partitions", default="1,2,3", help="row per partition count")
-    parser.add_argument("--texts", type=int, default=1, help="texts per request")
+    parser.add_argument("--texts", default="1,64", help="texts per request, a table per value")
     parser.add_argument("--json", type=Path, help="write the rows here too")
     args = parser.parse_args()
     counts = [int(c) for c in args.partitions.split(",")]
     print(describe_machine())
-    rows = {count: run_row(count, args) for count in counts}
-    print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} (uptime 1/5/15 min)")
+    found = {}
+    for texts in [int(t) for t in args.texts.split(",")]:
+        rows = {count: run_row(count, args, texts) for count in counts}
+        print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} (uptime 1/5/15)")
+        print(table(HEADERS, _lines(rows, counts), f"one model over N Redis, {texts}-text requests at {args.rate:g} "
+                                                    f"requests/s offered for {args.seconds:g} s"))
+        found[texts] = rows
+    if args.json:
+        args.json.write_text(json.dumps({"rows": found, "load": os.getloadavg()}, indent=1))
+
+
+HEADERS = ["Redis", "#", "requests", "main-thread CPU ms/s", "x one Redis", "target", "CPU us/req", "commands/req",
+           "answered", "req/s"]
+
+
+def _lines(rows: dict, counts: list[int]) -> list[list]:
     base = rows[counts[0]]["per_redis"][0]["cpu_per_s"] if counts[0] == 1 else float("nan")
     out = []
     for count, row in rows.items():
@@ -59,14 +74,10 @@ def main() -> None:
                         f"{relative:.2f}x", f"<= {target}x {'met' if relative <= target else 'MISSED'}" if target
                         else "-", f"{redis_row['cpu_us_per_request']:.0f}", f"{redis_row['commands_per_request']:.1f}",
                         f"{row['answered']}/{row['sent']}", f"{row['requests_per_s']:.0f}"])
-    print(table(["Redis", "#", "requests", "main-thread CPU ms/s", "x one Redis", "target", "CPU us/req",
-                 "commands/req", "answered", "req/s"], out,
-                f"one model over N Redis at {args.rate:g} requests/s offered for {args.seconds:g} s"))
-    if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "load": os.getloadavg()}, indent=1))
+    return out
 
 
-def run_row(count: int, args) -> dict:
+def run_row(count: int, args, texts: int) -> dict:
     with ExitStack() as stack:
         servers = [stack.enter_context(RedisServer()) for _ in range(count)]
         urls = [s.url for s in servers]
@@ -75,7 +86,7 @@ def run_row(count: int, args) -> dict:
              "--model", MODEL, "--served-model-name", NAME, "--no-log-rounds"], f"worker-{count}"))
         clients = [redis.Redis.from_url(u) for u in urls]
         _wait_served(worker, clients)
-        sent, answered, seconds, spent = asyncio.run(_offer(urls, args, clients))
+        sent, answered, seconds, spent = asyncio.run(_offer(urls, args, texts, clients))
         for client in clients:
             client.close()
     per_redis = [{"requests": requests, "cpu_per_s": cpu / seconds, "cpu_us_per_request": cpu * 1e6 / max(requests, 1),
@@ -105,9 +116,10 @@ def _reading(client) -> tuple[float, int]:
     return info["used_cpu_user_main_thread"] + info["used_cpu_sys_main_thread"], calls
 
 
-async def _offer(urls: list[str], args, clients: list) -> tuple[int, int, float, list[tuple[float, int, int]]]:
+async def _offer(urls: list[str], args, size: int, clients: list
+                 ) -> tuple[int, int, float, list[tuple[float, int, int]]]:
     """(sent, answered, seconds, per Redis (CPU seconds, commands, requests placed there)) of one open-loop run."""
-    texts = [f"text number {i}" for i in range(args.texts)]
+    texts = [f"text number {i}" for i in range(size)]
     async with AsyncProducer(urls[0], shards={NAME: urls}) as producer:
         await producer.embed(texts, NAME)  # warm: adverts read, scripts loaded
         before, results_before = [_reading(c) for c in clients], _results(clients)
