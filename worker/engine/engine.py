@@ -28,7 +28,7 @@ from worker.engine.inputbounds import bound_inputs
 from worker.engine.models.base import Model
 from worker.engine.shaper import Shape, Shaper
 from worker.engine.latechunking import embed_spans
-from worker.engine.postprocess import cast, cut_and_normalise
+from worker.engine.postprocess import cast, cut_and_normalise, finish_together
 from worker.engine.preprocess import Prepared, prepare_many
 from worker.engine.tasks.heads import finish_task
 from worker.engine.tasks.inputs import prepare_task
@@ -257,19 +257,27 @@ class Engine:
         return _Flat(token_lists, prompt_lengths, np.asarray(owners), heads=heads, pair_starts=pair_starts)
 
     def finish(self, work: Work) -> list[Result]:
-        """Post-process every request that reached the forward pass; returns all results in input order."""
+        """Post-process every request that reached the forward pass; returns all results in input order. Plain
+        embed requests that share their output params are cut, normalised and cast together (`_postprocess_all`)."""
         stageclock.lap("other")
+        plain: dict[tuple, list[tuple[int, EmbedRequest, np.ndarray, Prepared]]] = {}
         for index, request in work.resolved.items():
             if work.results[index] is not None or index not in work.prepared:  # (taken out: spread by the caller)
                 continue
             if index in work.failed:
                 work.results[index] = Result.failure(request.id, self.caps.name, work.failed[index])
-            else:
-                prep = work.prepared[index]
-                result = self._postprocess(request, prep.pooled(work.rows[index]), prep)
-                if prep.spans is not None and result.ok:
-                    result = dataclasses.replace(result, spans=tuple(prep.spans))
-                work.results[index] = result
+                continue
+            prep, params = work.prepared[index], request.params
+            if params.task == "embed" and params.outputs is None and prep.spans is None:
+                key = (params.dimensions, bool(params.use_activation), params.embed_dtype)
+                plain.setdefault(key, []).append((index, request, prep.pooled(work.rows[index]), prep))
+                continue
+            result = self._postprocess(request, prep.pooled(work.rows[index]), prep)
+            if prep.spans is not None and result.ok:
+                result = dataclasses.replace(result, spans=tuple(prep.spans))
+            work.results[index] = result
+        for (dimensions, normalize, embed_dtype), group in plain.items():
+            self._postprocess_all(group, dimensions, normalize, embed_dtype, work.results)
         stageclock.lap("cast")
         return work.results
 
@@ -386,6 +394,19 @@ class Engine:
             for owner in flat.users(int(p)):
                 work.failed.setdefault(owner, error)
         log.warning("%d of %d rows gave non-finite vectors; their requests fail", int(unfinite.sum()), len(positions))
+
+    def _postprocess_all(self, group: list[tuple[int, EmbedRequest, np.ndarray, Prepared]], dimensions: int | None,
+                         normalize: bool, embed_dtype: str, results: list[Result | None]) -> None:
+        """Plain embed requests that share their output params, cut, normalised and cast together
+        (postprocess.finish_together); if that fails, each alone, so that a failure stays its own."""
+        try:
+            stored = finish_together([pooled for _, _, pooled, _ in group], dimensions, normalize, embed_dtype)
+        except Exception:
+            log.warning("postprocessing %d requests together failed; each alone", len(group), exc_info=True)
+            stored = [None] * len(group)
+        for (index, request, pooled, prep), mine in zip(group, stored):
+            results[index] = self._postprocess(request, pooled, prep) if mine is None else Result.success(
+                request.id, self.caps.name, mine, embed_dtype, request.params.endianness, prep.prompt_tokens)
 
     def _postprocess(self, request: EmbedRequest, vectors, prepared: Prepared) -> Result:
         params, prompt_tokens = request.params, prepared.prompt_tokens
