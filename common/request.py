@@ -151,6 +151,17 @@ class EmbedRequest(BaseModel):
             params = params.model_copy(update={"prompt_name": None})  # a conversation gets no default prompt
         return self.model_copy(update={"params": params})
 
+    def with_params(self, params: PoolingParams) -> EmbedRequest:
+        """`self.model_copy(update={"params": params})` (`params` already a PoolingParams), without its generic
+        copying: a worker calls it for each request of a round, and model_copy cost more than the rest of verifying
+        one. The same four attributes pydantic's own copy sets (tests/unit/test_wire_params.py compares the two)."""
+        copied = object.__new__(type(self))
+        object.__setattr__(copied, "__dict__", {**self.__dict__, "params": params})
+        object.__setattr__(copied, "__pydantic_fields_set__", self.__pydantic_fields_set__ | {"params"})
+        object.__setattr__(copied, "__pydantic_extra__", None)  # extra="forbid": never any
+        object.__setattr__(copied, "__pydantic_private__", None)  # no private attributes
+        return copied
+
     def _check_text_lengths(self, caps: ModelCapabilities, params) -> None:
         """A text too long in characters alone to fit (common/bounds.py) fails before the worker reads it; the
         worker judges the rest by tokens (worker/engine/inputbounds.py)."""

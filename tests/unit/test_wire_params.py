@@ -55,3 +55,17 @@ def test_a_lone_surrogate_on_the_wire_is_still_refused():
         EmbedRequest.decode(broken)
     with pytest.raises(ValueError, match="lone surrogate"):  # built in Python: checked as before
         EmbedRequest(model="m", inputs=["h\ud800o"])
+
+
+def test_with_params_is_model_copy_of_the_params():
+    request = EmbedRequest.decode(EmbedRequest(model="m", inputs=["a", "b"], reply_to=None, deadline=4e9).encode())
+    params = PoolingParams(dimensions=8, use_activation=True)
+    lean, generic = request.with_params(params), request.model_copy(update={"params": params})
+    assert lean == generic and hash(lean.params) == hash(generic.params) and lean.params is params
+    assert lean.model_fields_set == generic.model_fields_set
+    assert lean.__pydantic_extra__ == generic.__pydantic_extra__
+    assert lean.__pydantic_private__ == generic.__pydantic_private__
+    assert lean.model_dump() == generic.model_dump() and lean.encode() == generic.encode()
+    assert request.params == PoolingParams()  # the original is untouched
+    with pytest.raises(Exception, match="frozen"):
+        lean.model = "other"

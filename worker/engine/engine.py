@@ -334,7 +334,7 @@ class Engine:
                 self._resolved[request.params] = params
         if isinstance(params, EmbedfleetError):
             raise params
-        return request.model_copy(update={"params": params})
+        return request.with_params(params)
 
     def _span_pass(self, index: int, prep: Prepared, work: Work, shape: Shape) -> None:
         """A late-chunking request's inputs, in order, in passes cut by the token budget."""
