@@ -20,7 +20,7 @@ from common.errors import EmbedfleetError, InternalError
 from common.params import PoolingParams
 from common.request import EmbedRequest
 from common.result import Result
-from worker.engine import stageclock
+from worker.engine import passthreads, stageclock
 from worker.engine.batcher import cuts, plan_passes
 from worker.engine.chunking import combine
 from worker.engine.inputbounds import bound_inputs
@@ -373,7 +373,9 @@ class Engine:
                 return True
             pairs = {"pair_starts": [flat.pair_starts[p] for p in positions]} \
                 if any(flat.pair_starts[p] for p in positions) else {}  # a cross-encoder's pairs
-            vectors = self.model.embed(lists, [flat.prompt_lengths[p] for p in positions], **pairs)
+            padded = len(lists) * max(map(len, lists))
+            with passthreads.for_pass(padded, getattr(self.model, "device", "")):  # one thread if small
+                vectors = self.model.embed(lists, [flat.prompt_lengths[p] for p in positions], **pairs)
             vectors = vectors.numpy() if hasattr(vectors, "numpy") else vectors  # torch, or numpy (null model)
         except Exception as exc:
             error = InternalError(f"forward pass failed: {type(exc).__name__}: {exc}")
