@@ -217,10 +217,6 @@ class EmbedRequest(BaseModel):
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
-        # `cache` travels only when off, so that a worker of an earlier build (extra="forbid") still reads
-        # every request that leaves it at its default.
-        return packb({"v": WIRE_VERSION, **self.model_dump(mode="json", exclude_defaults=False,
-                                                           exclude=None if not self.cache else {"cache"})})
 
     @classmethod
     def decode(cls, raw: bytes) -> EmbedRequest:
