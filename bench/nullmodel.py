@@ -12,7 +12,10 @@ start and teardown, measured on an empty queue, are subtracted). Raw loop row: L
 one pipeline of SET result blob + RPUSH/EXPIRE notify per id. Commands come from INFO commandstats deltas (this
 script's own polls subtracted); round trips are counted on the client side, as redis-py sends (one command, or
 one pipeline/transaction/EVALSHA, is one round trip; bench/_roundtrips.py, injected into the worker through a
-sitecustomize). Each row has its own private redis-server and stops by itself: --seconds bounds each drain.
+sitecustomize). Client CPU: what the side that serves spends per request, user + system, all its threads (the
+worker process's from /proc; SimpleWorker's and the raw loop's, this process's): a figure that a busy machine
+blurs less than requests/s. Each row has its own private redis-server and stops by itself: --seconds bounds each
+drain.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import sys
 import time
@@ -74,10 +78,10 @@ def worker_row(texts, size: int, requests: int, seconds: float) -> dict:
                 if time.monotonic() > deadline:
                     raise worker.fail("took no job within 180 s of starting")
                 time.sleep(0.002)
-            start, trips = time.perf_counter(), _roundtrips.read(counted)
+            start, trips, cpu = time.perf_counter(), _roundtrips.read(counted), process_cpu(worker.pid)
             before = redis_commands(conn)
             found, own = wait_all_results(conn, ids, time.monotonic() + seconds, process=worker)
-            elapsed = time.perf_counter() - start
+            elapsed, cpu = time.perf_counter() - start, process_cpu(worker.pid) - cpu
             commands = redis_commands(conn) - before - own - INFO_CALLS
             time.sleep(0.02)  # the child rewrites its count every 5 ms
             trips = _roundtrips.read(counted) - trips
@@ -88,7 +92,16 @@ def worker_row(texts, size: int, requests: int, seconds: float) -> dict:
     if found < len(ids):
         print(f"  note: {found} of {len(ids)} results within --seconds {seconds:g}", flush=True)
     return {"requests_s": found / elapsed, "commands": commands / max(found, 1),
-            "round_trips": trips / max(found, 1) * 64}
+            "round_trips": trips / max(found, 1) * 64, "cpu_us": cpu / max(found, 1) * 1e6}
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process `pid` has used: its /proc stat (Linux); nan elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- rq's SimpleWorker on no-op jobs ---------------------------------------------------------------
@@ -130,12 +143,14 @@ def simple_row(texts, size: int, requests: int) -> dict:
         fixed = bench.run()
         empty, empty_trips = redis_commands(conn) - before - INFO_CALLS, _roundtrips.count - trips - 1
         bench.fill(payloads)
-        before, trips = redis_commands(conn), _roundtrips.count
+        before, trips, cpu = redis_commands(conn), _roundtrips.count, time.process_time()
         seconds = bench.run() - fixed
+        cpu = time.process_time() - cpu
         commands = redis_commands(conn) - before - INFO_CALLS - empty
         trips = _roundtrips.count - trips - 1 - empty_trips
         conn.close()
-    return {"requests_s": requests / seconds, "commands": commands / requests, "round_trips": trips / requests * 64}
+    return {"requests_s": requests / seconds, "commands": commands / requests, "round_trips": trips / requests * 64,
+            "cpu_us": cpu / requests * 1e6}  # (its start and teardown included)
 
 
 # -- the raw Redis loop ----------------------------------------------------------------------------
@@ -179,12 +194,14 @@ def raw_row(texts, size: int, requests: int) -> dict:
         raw_serve(conn, blob)  # warm-up
         conn.flushdb()
         raw_fill(conn, payloads)
-        before, trips = redis_commands(conn), _roundtrips.count
+        before, trips, cpu = redis_commands(conn), _roundtrips.count, time.process_time()
         seconds = raw_serve(conn, blob)
+        cpu = time.process_time() - cpu
         commands = redis_commands(conn) - before - INFO_CALLS
         trips = _roundtrips.count - trips - 1
         conn.close()
-    return {"requests_s": requests / seconds, "commands": commands / requests, "round_trips": trips / requests * 64}
+    return {"requests_s": requests / seconds, "commands": commands / requests, "round_trips": trips / requests * 64,
+            "cpu_us": cpu / requests * 1e6}
 
 
 def main() -> None:
@@ -221,10 +238,10 @@ def main() -> None:
             print(f"  {name}, {size} text(s)/request: {m['requests_s']:.0f} requests/s", flush=True)
             rows.append([name, size, m["requests_s"], m["requests_s"] * size, m["commands"],
                          m["round_trips"] if m["round_trips"] is not None else float("nan"),
-                         ratio(m["requests_s"], raw)])
+                         m["cpu_us"], ratio(m["requests_s"], raw)])
             figures.append({"path": name, "texts_per_request": size, **m})
     print(table(["path", "texts/request", "requests/s", "texts/s", "Redis commands/request",
-                 "round trips/64 requests", "x raw loop"], rows,
+                 "round trips/64 requests", "client CPU us/request", "x raw loop"], rows,
                 "Null model: queue path only (targets: 1-text >= 0.4x raw loop; 64-text >= 100,000 texts/s)"))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))

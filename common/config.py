@@ -39,10 +39,10 @@ class Settings(BaseSettings):
     redis_tls_cert: str | None = Field(None, description="client certificate (PEM), for a Redis with "
                                                          "tls-auth-clients")
     redis_tls_key: str | None = Field(None, repr=False, description="that certificate's private key (PEM)")
-    redis_shards: str | None = Field(None, description="models on a Redis of their own: MODEL=URL[;MODEL=URL] "
-                                                       "or @FILE")
+    redis_shards: str | None = Field(None, description="models on a Redis of their own, or partitioned over "
+                                                       "several: MODEL=URL[,URL...][;MODEL=...] or @FILE")
     debug: bool = Field(False, description="on an error, print the traceback too")
-    _shards: dict[str, str] = PrivateAttr(default_factory=dict)
+    _shards: dict[str, list[str]] = PrivateAttr(default_factory=dict)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -62,8 +62,8 @@ class Settings(BaseSettings):
         tls = {"ca": self.redis_tls_ca, "cert": self.redis_tls_cert, "key": self.redis_tls_key}
         if self.redis_url:
             self.redis_url = with_tls(self.redis_url, **tls)
-        self._shards = {model: with_tls(url, **tls) if url.startswith("rediss") else url
-                        for model, url in parse_shards(self.redis_shards).items()}
+        self._shards = {model: [with_tls(url, **tls) if url.startswith("rediss") else url for url in urls]
+                        for model, urls in parse_shards(self.redis_shards).items()}
         return self
 
     @property

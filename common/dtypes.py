@@ -9,6 +9,7 @@ torch's float8_e4m3fn / float8_e5m2, as vLLM stores them; numpy has no fp8).
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import numpy as np
@@ -32,6 +33,7 @@ def resolve_endianness(endianness: str) -> str:
     return sys.byteorder if endianness == "native" else endianness
 
 
+@functools.lru_cache(maxsize=64)  # asked for each result written and read
 def storage_dtype(embed_dtype: str, endianness: str) -> np.dtype:
     """The numpy dtype the bytes of `embed_dtype` are stored as, in the given byte order."""
     try:

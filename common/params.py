@@ -271,3 +271,27 @@ LEGACY_ACTIVATION = ("normalize", "activation")  # vLLM's deprecated names of `u
 def unsupported_task(task: str, caps: ModelCapabilities) -> str:
     """vLLM's words for a task the model does not serve (its clients match on the start), then ours."""
     return f"Unsupported task: {task!r}. Model '{caps.name}' supports {list(caps.tasks)}"
+
+
+_WIRE_SEEN: dict[tuple, PoolingParams] = {}  # a request's params as they came off the wire -> validated
+_WIRE_SEEN_MOST = 256
+
+
+def from_wire(raw: dict) -> PoolingParams | None:
+    """The PoolingParams a request's decoded `params` map validates to, remembered by the map's exact keys,
+    value types and values: a worker's round decodes the same few maps again and again (validating one costs
+    about as much as the rest of its request). None where the map holds lists (not remembered) or does not
+    validate: the request's own validation then judges it, with its usual message."""
+    try:
+        key = (tuple(raw.items()), tuple(map(type, raw.values())))  # types too: True == 1 == 1.0
+        found = _WIRE_SEEN.get(key)
+    except TypeError:  # a list value (chunk_spans, outputs, score_weights): validated with its request
+        return None
+    if found is None:
+        try:
+            found = PoolingParams.model_validate(raw)
+        except ValueError:
+            return None
+        if len(_WIRE_SEEN) < _WIRE_SEEN_MOST:
+            _WIRE_SEEN[key] = found
+    return found

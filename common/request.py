@@ -6,7 +6,7 @@ import math
 import time
 import uuid
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from common.protocol import keys
 from common.bounds import (CHARS_PER_TOKEN, INT32_MAX, MAX_REQUEST_BYTES, MAX_UNIX_TIME, long_text_problem,
@@ -15,10 +15,11 @@ from common.capabilities import ModelCapabilities
 from common.chat import CHAT_INPUT, CHAT_TASKS, NO_TEMPLATE, UNTRUSTED_TEMPLATE, ChatInput
 from common.codec import check_text, packb, unpackb
 from common.errors import DecodeError, InputTooLongError, ValidationError
-from common.params import PoolingParams
+from common.params import PoolingParams, from_wire
 from common.tracing import traceparent_problem, tracestate_problem
 
 WIRE_VERSION = 1
+_DECODED = {"decoded": "msgpack"}  # validation context of a request read off the wire (EmbedRequest.decode)
 
 
 def new_request_id() -> str:
@@ -87,7 +88,9 @@ class EmbedRequest(BaseModel):
 
     @field_validator("model", "inputs", "reply_to", "text_pair")
     @classmethod
-    def _unicode(cls, value):
+    def _unicode(cls, value, info: ValidationInfo):
+        if info.context is _DECODED:  # msgpack decoded it as strict UTF-8, which has no lone surrogate
+            return value
         return check_text(value)  # msgpack carries UTF-8 only
 
     @field_validator("inputs")
@@ -148,6 +151,17 @@ class EmbedRequest(BaseModel):
             params = params.model_copy(update={"prompt_name": None})  # a conversation gets no default prompt
         return self.model_copy(update={"params": params})
 
+    def with_params(self, params: PoolingParams) -> EmbedRequest:
+        """`self.model_copy(update={"params": params})` (`params` already a PoolingParams), without its generic
+        copying: a worker calls it for each request of a round, and model_copy cost more than the rest of verifying
+        one. The same four attributes pydantic's own copy sets (tests/unit/test_wire_params.py compares the two)."""
+        copied = object.__new__(type(self))
+        object.__setattr__(copied, "__dict__", {**self.__dict__, "params": params})
+        object.__setattr__(copied, "__pydantic_fields_set__", self.__pydantic_fields_set__ | {"params"})
+        object.__setattr__(copied, "__pydantic_extra__", None)  # extra="forbid": never any
+        object.__setattr__(copied, "__pydantic_private__", None)  # no private attributes
+        return copied
+
     def _check_text_lengths(self, caps: ModelCapabilities, params) -> None:
         """A text too long in characters alone to fit (common/bounds.py) fails before the worker reads it; the
         worker judges the rest by tokens (worker/engine/inputbounds.py)."""
@@ -203,10 +217,6 @@ class EmbedRequest(BaseModel):
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
-        # `cache` travels only when off, so that a worker of an earlier build (extra="forbid") still reads
-        # every request that leaves it at its default.
-        return packb({"v": WIRE_VERSION, **self.model_dump(mode="json", exclude_defaults=False,
-                                                           exclude=None if not self.cache else {"cache"})})
 
     @classmethod
     def decode(cls, raw: bytes) -> EmbedRequest:
@@ -218,7 +228,9 @@ class EmbedRequest(BaseModel):
             version = data.pop("v", None)
             if version != WIRE_VERSION:
                 raise ValueError(f"unsupported wire version {version!r} (this build reads {WIRE_VERSION})")
-            return cls.model_validate(data)
+            if type(data.get("params")) is dict and (params := from_wire(data["params"])) is not None:
+                data["params"] = params  # validated already (an instance is taken as it is)
+            return cls.model_validate(data, context=_DECODED)
         except Exception as exc:
             raise DecodeError(f"malformed embed request: {exc}", raw) from exc
 

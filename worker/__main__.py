@@ -11,6 +11,9 @@ import logging
 import os
 import socket
 import sys
+import time
+
+import redis
 
 from common import console, tracing
 from common.errors import StartupError
@@ -29,11 +32,14 @@ def serve(argv: list[str]) -> int:
     settings = WorkerSettings.from_args(argv, "embedfleet worker", __doc__)
     # Before torch loads: libgomp reads OMP_WAIT_POLICY once, at `import torch` (--gpus children inherit it).
     threads = cpus.plan(settings.threads, os.environ)
-    connection = connect(settings.redis_url)
-    # A Redis that is down, a wrong password, a missing ACL permission or a certificate that does not
-    # verify fails now, in one line, not after the model has loaded.
-    check_access(connection, settings.redis_url)
-    if settings.cache and not settings.shards.shards and not (settings.model or "").startswith("null:"):
+    partitions = len(settings.shards.partitions(_served_name(settings)))  # >1: each engine reaches its own
+    connection = None if partitions > 1 else connect(settings.redis_url)
+    if connection is not None:
+        # A Redis that is down, a wrong password, a missing ACL permission or a certificate that does not
+        # verify fails now, in one line, not after the model has loaded.
+        check_access(connection, settings.redis_url)
+    if connection is not None and settings.cache and not settings.shards.shards and \
+            not (settings.model or "").startswith("null:"):
         from worker.serving.cache import check_placement  # noqa: PLC0415
 
         check_placement(connection, _cache_redis(settings))  # a refusal comes now, not after the model loads
@@ -46,9 +52,10 @@ def serve(argv: list[str]) -> int:
     ids = gpus.visible_gpus(settings.gpus, dict(os.environ)) if settings.gpus else [None]
     cores = cpus.decide(None, cpus.affinity(), cpus.cgroup_quota()).count  # the CPUs it may use, quota included
     replicas = settings.replicas or gpus.default_replicas(_gpu_count(settings, ids), cores)
-    if settings.gpus or replicas > 1:
+    partitions = 1 if settings.partition else partitions
+    if settings.gpus or replicas > 1 or partitions > 1:  # a child per GPU, replica and partition of the model
         return gpus.run(ids, argv, settings.name, dict(os.environ), settings.metrics_port, replicas,
-                        settings.max_restarts)
+                        settings.max_restarts, partitions)
     from worker.engine.engine import Engine  # noqa: PLC0415 - torch loads after the flags
     from worker.engine.models.nullmodel import NullModel, is_null  # noqa: PLC0415 - the null model needs no transformers
     from worker.engine.probe import Budget, device_floor, device_limits, probe_budget  # noqa: PLC0415
@@ -71,10 +78,9 @@ def serve(argv: list[str]) -> int:
         device = str(model.device)
         dtype = str(next(model.module.parameters()).dtype).removeprefix("torch.")
         engine_label = getattr(model, "engine", "torch")
-    url = settings.shards.url_for(model.caps.name)  # a model mapped to a shard of its own is served there
-    if url != settings.redis_url:
-        connection = connect(url)
-        check_access(connection, url)
+    url = _queue_url(settings, model.caps.name)  # a model mapped to a shard of its own is served there
+    if connection is None or url != settings.redis_url:
+        connection = _reach(url, settings.partition)
     cache = _cache(settings, connection, model, path, dtype, engine_label)
     shaper = None
     if not is_null(path) and settings.learn_shape:  # flags pin what they name; the rest is learned while serving
@@ -117,6 +123,39 @@ def serve(argv: list[str]) -> int:
         if traced is not None:
             traced.shutdown()  # the last spans, for at most 2 s (a dead collector does not hold the exit)
     return worker.lifecycle.exit_code  # 130 after Ctrl-C, as a supervisor of several engines exits
+
+
+def _served_name(settings: WorkerSettings) -> str:
+    """The name the model will be served as, before it loads (what the shard map is looked up by)."""
+    return settings.served_model_name or settings.model or BUNDLED_MODEL_NAME
+
+
+def _queue_url(settings: WorkerSettings, name: str) -> str:
+    """The Redis this engine takes from: its model's shard, or the partition its supervisor gave it."""
+    urls = settings.shards.partitions(name)
+    if len(urls) == 1:
+        return urls[0]
+    if settings.partition is None or settings.partition > len(urls):
+        raise StartupError(f"model '{name}' is partitioned over {len(urls)} Redis in the shard map, but this "
+                           "worker was started as another name: pass --served-model-name " + name)
+    return urls[settings.partition - 1]
+
+
+def _reach(url: str, partition: int | None) -> redis.Redis:
+    """A client of `url`, its access checked. The engine of one partition waits for a Redis that is down (the
+    other partitions' engines serve meanwhile; a death would count against the supervisor's restarts)."""
+    connection, pause = connect(url), 0.5
+    while True:
+        try:
+            check_access(connection, url)
+            return connection
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if partition is None:
+                raise
+            logging.getLogger("embedfleet.worker").warning(
+                "partition %d's Redis %s is unreachable (%s); retrying in %g s", partition, redact(url), exc, pause)
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
 
 def _maintenance_at_debug(record: logging.LogRecord) -> bool:

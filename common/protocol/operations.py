@@ -269,19 +269,24 @@ def _take(first: RqSchema, keys_: list[str], args: list, block: float | None, be
         return pipe.execute()[-1]
 
 
+_KINDS = {form: kind for kind in Kind for form in (kind.value, kind.value.encode())}  # as take.lua answers it
+_ONE = ("1", b"1")
+
+
 def _taken(entry: list, started: str, schemas: list[RqSchema]) -> Taken:
     queue = schemas[int(entry[0]) - 1].queue
-    job_id, kind = _str(entry[1]), Kind(_str(entry[2]))
+    job_id, kind = _str(entry[1]), _KINDS.get(entry[2]) or Kind(_str(entry[2]))  # (an unknown kind raises)
     if kind is Kind.CANCELED:  # a reply stream to wake
         return Taken(job_id, kind, data=entry[4], queue=queue, reply_to=_reply_stream(entry[5]),
-                     options=_str(entry[6]) == "1")
+                     options=entry[6] in _ONE)
     if not (kind is Kind.STARTED or kind is Kind.BAD):
         return Taken(job_id, kind, queue=queue)
     _, _, _, execution, data, timeout, result_ttl, failure_ttl, deliveries, lapses, reason, reply_to, options = entry
     return Taken(job_id, kind, _str(execution), data, float(timeout),
                  _ttl(result_ttl, 0, keys.RESULT_TTL_BOUND) or None,
                  _ttl(failure_ttl, keys.FAILURE_TTL, keys.FAILURE_TTL), started, int(deliveries), int(lapses),
-                 queue, _str(reason), _reply_stream(reply_to), _str(options) == "1")
+                 queue, _str(reason) if reason else "", _reply_stream(reply_to) if reply_to else None,
+                 options in _ONE)
 
 
 def _reply_stream(raw) -> str | None:

@@ -16,6 +16,11 @@ import redis.cluster
 
 from common.protocol import keys
 
+try:  # the worker's and gateway's extras install it; a producer may run without
+    from hiredis import pack_command as _pack_in_c
+except ImportError:  # pragma: no cover - hiredis is in every extra that sends a round's writes
+    _pack_in_c = None
+
 FOLDER = Path(__file__).with_name("scripts")
 _PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")
 
@@ -71,7 +76,7 @@ def send_at_once(client: redis.Redis, commands: list[tuple]) -> list:
     pool = client.connection_pool
     connection = pool.get_connection()
     try:
-        connection.send_packed_command([b"".join(connection.pack_commands(commands))])
+        connection.send_packed_command([packed(connection, commands)])
         replies: list = []
         for _ in commands:
             try:
@@ -101,6 +106,23 @@ def _send_to_slot(cluster: redis.cluster.RedisCluster, commands: list[tuple]) ->
 def _node_client(cluster: redis.cluster.RedisCluster, script: tuple) -> redis.Redis:
     """The client of the master that holds the slot of `script`'s first key (its third argument)."""
     return cluster.get_node_from_key(script[3]).redis_connection
+
+
+def packed(connection, commands: list[tuple]) -> bytes:
+    """`commands` in Redis's protocol, as redis-py's own packer writes them, in one piece. hiredis packs each
+    command in C where its name is one word, every argument is a str, bytes, int or float (all the protocol's
+    are) and the connection encodes text as strict UTF-8 (redis-py's default); anything else goes through
+    redis-py's packer, which encodes each argument in Python (~4 us a command: a round's result SETs and its
+    finish script's arguments cost the finish thread more than the rest of its work)."""
+    encoder = connection.encoder
+    if _pack_in_c is not None and encoder.encoding.lower().replace("-", "") == "utf8" \
+            and encoder.encoding_errors == "strict" \
+            and all(isinstance(command[0], str) and " " not in command[0] for command in commands):
+        try:  # (redis-py splits a first argument of several words: "CONFIG GET")
+            return b"".join([_pack_in_c(command) for command in commands])
+        except TypeError:  # an argument hiredis does not take (bytearray, memoryview, bool): redis-py decides
+            pass
+    return b"".join(connection.pack_commands(commands))
 
 
 ENQUEUE, TAKE, FINISH, REFRESH = Script("enqueue"), Script("take"), Script("finish"), Script("refresh")

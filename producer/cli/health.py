@@ -41,7 +41,7 @@ def run(settings: HealthSettings) -> int:
 def check_worker(settings: HealthSettings) -> str:
     host = socket.gethostname()
     horizon = time.time() - keys.ADVERTISE_TTL
-    urls = [settings.shards.url_for(settings.model)] if settings.model else settings.shards.urls()
+    urls = settings.shards.partitions(settings.model) if settings.model else settings.shards.urls()
     for url in urls:
         connection = connect(url)
         try:

@@ -66,8 +66,10 @@ def render(fleet: dict, settings: StatusSettings) -> Group:
     for up in fleetstate.running():  # an `embedfleet up` on this Redis: where its gateway is
         if up.get("redis_url") == settings.redis_url and up.get("gateway_url"):
             parts.append(Text(f"gateway {up['gateway_url']} (`embedfleet up`, pid {up['pid']})"))
-    for model, url in sorted(settings.shards.shards.items()):
-        parts.append(Text(f"shard of {model}: Redis {redact(url)}"))
+    for model, urls in sorted(settings.shards.shards.items()):
+        named = ", ".join(redact(url) for url in urls)
+        parts.append(Text(f"shard of {model}: Redis {named}" if len(urls) == 1 else
+                          f"partitions of {model}: {len(urls)} Redis, {named}"))
     if not fleet["models"]:
         parts.append(Text(f"no model is served there (no live worker): {NO_WORKER_HINT}"))
         return Group(*parts)

@@ -33,8 +33,9 @@ from producer.client.core import (Placements, Served, build_request, chosen_ids,
                                   redis_errors, resolve_target, tagged_ids)
 from producer.client.fleet import LevelStats, level_stats
 from producer.client.notify import NotifyListener
+from producer.client.placement import Placer, naming, place_async
 from producer.client.replies import ReplyListener
-from producer.client.rounds import run_async
+from producer.client.exchanges import run_async
 from producer.client.tasks import check_rerank, rank, score_pairs
 from producer.client.waiters import WaitHub
 
@@ -92,6 +93,7 @@ class AsyncProducer:
         self.where = looked_at(self.shards.urls())  # named by a NoWorkerError: which Redis had no worker
         self._served = Served()
         self._placed = Placements()
+        self._placer = Placer(self.shards)
         self._models_read: asyncio.Future | None = None  # the adverts read in flight, shared (models())
 
     async def close(self) -> None:
@@ -139,7 +141,7 @@ class AsyncProducer:
         return self._max_queue_depth
 
     async def _read(self, read: reads.Read):
-        return await run_async(self._connections, read)
+        return await run_async(self._connections, read, self.shards)
 
     async def models(self, refresh: bool = True) -> dict[str, ModelCapabilities]:
         """Models served by at least one live worker, with their capabilities (see Producer.models).
@@ -195,30 +197,38 @@ class AsyncProducer:
         caps, level, when = resolve_target(model, served, self._served.known, priority, deadline, timeout,
                                            self.where)
         name = caps if isinstance(caps, str) else caps.name
-        url = self.shards.url_for(name)
-        tag = cluster_tag(url, name)  # a Redis Cluster: the model's (or its partition's) slot (keys.py)
-        chosen = tagged_ids(chosen, tag)
-        link = self._link_at(url, tag)
-        requests = [build_request(inputs, caps, params, fields, reply_to or link.replies.stream, text_pair, when,
-                                  request_id) for inputs, request_id in zip(batches, chosen)]
-        ids = [r.id for r in requests]
-        if reply_to is None:  # before the enqueue: a fast worker's reply may come before it returns
-            link.hub.expect(ids)
-            link.replies.start()
-        try:
-            with redis_errors():  # coalesced with concurrent submits; refused alone if the queue is full
-                await link.submitter.submit(name, requests, level, fresh=request_ids is None)
-        except BaseException:
-            link.hub.unexpect(ids)
-            raise
+
+        async def send(url: str) -> list[str]:  # on one partition (placement.py)
+            tag = cluster_tag(url, name)  # a Redis Cluster: the model's (or its partition's) slot (keys.py)
+            link = self._link_at(url, tag)
+            requests = [build_request(inputs, caps, params, fields, reply_to or link.replies.stream, text_pair,
+                                      when, request_id) for inputs, request_id in zip(batches, tagged_ids(chosen, tag))]
+            return await self._submit_on(link, name, requests, level, reply_to is None, request_ids is None)
+
+        url, ids = await place_async(self._placer, name, request_ids[0] if request_ids else None, send)
         if self.shards:
             self._placed.remember(ids, url)
         return ids
 
+    @staticmethod
+    async def _submit_on(link: _Link, name: str, requests: list, level: str, replies: bool, fresh: bool) -> list[str]:
+        """Enqueue `requests` on one Redis, coalesced with concurrent submits; their ids."""
+        ids = [r.id for r in requests]
+        if replies:  # before the enqueue: a fast worker's reply may come before it returns
+            link.hub.expect(ids)
+            link.replies.start()
+        try:
+            with redis_errors():  # refused alone if the queue is full
+                await link.submitter.submit(name, requests, level, fresh=fresh)
+        except BaseException:
+            link.hub.unexpect(ids)
+            raise
+        return ids
+
     async def get(self, request_id: str) -> Result | None:
-        connection = await self.connection_of(request_id)
-        with redis_errors():
-            raw = await connection.get(keys.result_key(request_id))
+        url = await self.url_of(request_id)
+        with naming(self.shards, url), redis_errors():
+            raw = await self._links[url].redis.get(keys.result_key(request_id))
         return read_result(request_id, raw)
 
     @traced.waits
@@ -228,7 +238,9 @@ class AsyncProducer:
         No round trip of its own: the wait joins the producer's coalesced reads. It rides out a Redis
         outage shorter than its timeout, and a wake-up counts only once the result it announces is there.
         """
-        result = await self._wait_result(await self._link_of(request_id), request_id, timeout)
+        link = await self._link_of(request_id)
+        with naming(self.shards, link.url):  # on a partition of a model: which one
+            result = await self._wait_result(link, request_id, timeout)
         result.raise_for_error()
         return result
 
@@ -338,7 +350,7 @@ class AsyncProducer:
         return (await self.wait(await self.submit(token_ids, model, task="detokenize", **fields), timeout)).items
 
     async def status(self, request_id: str) -> str:
-        """queued | started | finished | failed | cancelled | not_found (see Producer.status): one round on the
+        """queued | started | finished | failed | cancelled | not_found (see Producer.status): one exchange on the
         command connections (10,000 waits timing out together stay within them)."""
         return await self._read(reads.status(self.shards, self._placed, request_id))
 

@@ -1,11 +1,11 @@
 """Native asyncio enqueue, coalesced: concurrent submits share one round trip (no thread per submit).
 
-Whatever callers are waiting when the previous round returns go in the next one: one enqueue script run per
+Whatever callers are waiting when the previous send returns go in the next one: one enqueue script run per
 queue for all of them (common/protocol/scripts/enqueue.lua), so that 10,000 concurrent submits cost a few
 round trips and script runs on one connection instead of 10,000 queued for the pool (which would also starve
 the result reads). The script answers each caller on its own, so each fails alone: an id already in use, or
-a queue past its depth limit, checked against the queue as the callers before it in the round left it (in
-arrival order). A request that cannot be encoded fails in its caller's own submit, before it joins a round.
+a queue past its depth limit, checked against the queue as the callers before it in the send left it (in
+arrival order). A request that cannot be encoded fails in its caller's own submit, before it joins a send.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from common.request import EmbedRequest
 from common.scheduling import DEFAULT_PRIORITY
 from producer.client.core import enqueue_args, queue_full
 
-MAX_COALESCED = 2000  # requests per coalesced round
+MAX_COALESCED = 2000  # requests per coalesced send
 
 
 @dataclass
@@ -34,7 +34,7 @@ class _Submit:
 
 class Submitter:
     """Enqueues the requests of concurrent callers together, one script run per queue, one round trip per
-    round. `max_queue_depth` is checked per caller, in arrival order (common/protocol/scripts/enqueue.lua)."""
+    send. `max_queue_depth` is checked per caller, in arrival order (common/protocol/scripts/enqueue.lua)."""
 
     def __init__(self, connection: aioredis.Redis, max_queue_depth: int | None, tag: str = ""):
         self.connection = connection
@@ -49,7 +49,7 @@ class Submitter:
                      fresh: bool = False) -> None:
         """Enqueue `requests` on `model`'s queue of that priority level, all or none; raises QueueFullError,
         DuplicateRequestError, a ValidationError for a request that cannot be encoded, or the Redis error of
-        its round. `fresh`: their ids are new random ones (not looked up)."""
+        its send. `fresh`: their ids are new random ones (not looked up)."""
         queue = keys.queue_name(model, level, self.tag)
         work = enqueue_args(queue, requests, self.max_queue_depth, fresh)  # may fail alone
         item = _Submit(model, work, len(requests))
@@ -72,24 +72,24 @@ class Submitter:
             await self._wakeup.wait()
             self._wakeup.clear()
             while self._waiting:
-                round_, size = [], 0
-                while self._waiting and (not round_ or size + self._waiting[0].size <= MAX_COALESCED):
+                batch, size = [], 0
+                while self._waiting and (not batch or size + self._waiting[0].size <= MAX_COALESCED):
                     item = self._waiting.pop(0)
-                    if not item.done.done():  # a caller cancelled before its round: nothing is sent for it
-                        round_.append(item)
+                    if not item.done.done():  # a caller cancelled before its send: nothing is sent for it
+                        batch.append(item)
                         size += item.size
-                if round_:
-                    await self._round(round_)
+                if batch:
+                    await self._coalesced(batch)
 
-    async def _round(self, round_: list[_Submit]) -> None:
+    async def _coalesced(self, batch: list[_Submit]) -> None:
         try:
-            replies = await self._send(round_)
-        except Exception as exc:  # noqa: BLE001 - a connection or Redis error fails every caller of the round
-            for item in round_:
+            replies = await self._send(batch)
+        except Exception as exc:  # noqa: BLE001 - a connection or Redis error fails every caller of the send
+            for item in batch:
                 if not item.done.done():
                     item.done.set_exception(exc)
             return
-        for item, reply in zip(round_, replies):
+        for item, reply in zip(batch, replies):
             if item.done.done():
                 continue
             try:
@@ -103,33 +103,33 @@ class Submitter:
             else:
                 item.done.set_result(None)
 
-    async def _send(self, round_: list[_Submit]) -> list:
-        """One reply per caller of the round, in its order: an enqueue script run per group of callers that
+    async def _send(self, batch: list[_Submit]) -> list:
+        """One reply per caller of the send, in its order: an enqueue script run per group of callers that
         share one (the same queue), all in one pipeline."""
         groups: list[list[int]] = []
-        for i, item in enumerate(round_):
-            group = next((g for g in groups if round_[g[0]].work.same_script(item.work)), None)
+        for i, item in enumerate(batch):
+            group = next((g for g in groups if batch[g[0]].work.same_script(item.work)), None)
             if group is None:
                 groups.append([i])
             else:
                 group.append(i)
-        replies = await self._pipeline(round_, groups)
+        replies = await self._pipeline(batch, groups)
         if any(isinstance(reply, redis.exceptions.NoScriptError) for reply in replies):
-            replies = await self._pipeline(round_, groups, by_source=True)  # a new or restarted server
-        out: list = [None] * len(round_)
+            replies = await self._pipeline(batch, groups, by_source=True)  # a new or restarted server
+        out: list = [None] * len(batch)
         for group, reply in zip(groups, replies):
             for position, i in enumerate(group):
                 out[i] = reply if isinstance(reply, Exception) else reply[position]
         for group, reply in zip(groups, replies):
             if not isinstance(reply, Exception):
-                self._announced.add(round_[group[0]].work.queue)
+                self._announced.add(batch[group[0]].work.queue)
         return out
 
-    async def _pipeline(self, round_: list[_Submit], groups: list[list[int]], by_source: bool = False) -> list:
+    async def _pipeline(self, batch: list[_Submit], groups: list[list[int]], by_source: bool = False) -> list:
         pipe = self.connection.pipeline(transaction=False)
         listed = []  # a tagged queue (Redis Cluster) goes into rq:queues outside its script (another slot)
         for group in groups:
-            works = [round_[i].work for i in group]
+            works = [batch[i].work for i in group]
             keys_, args = operations.round_args(works, announce=works[0].queue not in self._announced)
             scripts.ENQUEUE.queue(pipe, keys_, args, by_source)
             if keys.tag_of(works[0].queue) and works[0].queue not in self._announced:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import redis
@@ -18,11 +18,12 @@ from common.request import EmbedRequest
 from common.result import Result, SparseVector
 from common.shards import ShardMap
 from producer.client import fleetview, reads, traced
+from producer.client.placement import Placer, naming, place
 from producer.client.core import (Placements, Sent, Served, build_request, chosen_ids, enqueue_args, looked_at,
                                   pick_model, queue_full, read_result, redis_errors as _redis_errors,
                                   resolve_target, tagged_ids)
 from producer.client.fleet import LevelStats, level_stats
-from producer.client.rounds import run
+from producer.client.exchanges import run
 from producer.client.syncwait import FIRST_BLOCK, SyncWaits
 from producer.client.tasks import check_rerank, rank, score_pairs
 
@@ -35,8 +36,8 @@ class Producer(SyncWaits):
         redis_url: the Redis the workers listen on; default: EMBEDFLEET_REDIS_URL, else the running
             `embedfleet up`'s, else redis://127.0.0.1:6379/0 (see common.fleetstate). Any URL form of
             common.redisclient: a password and ACL user, rediss:// with TLS files, redis+sentinel://.
-        shards: {model: Redis URL} for models on Redis shards of their own (common.shards); the others
-            live on `redis_url`.
+        shards: {model: Redis URL, or a list of them} for models on Redis shards of their own, or partitioned
+            over several (common.shards); the others live on `redis_url`.
         max_queue_depth: refuse submits (QueueFullError) while a model's queue holds this many jobs.
     """
 
@@ -50,6 +51,7 @@ class Producer(SyncWaits):
         self.where = looked_at(self.shards.urls())  # named by a NoWorkerError: which Redis had no worker
         self._served = Served()
         self._placed = Placements()
+        self._placer = Placer(self.shards)
         self._sent = Sent()  # ids this producer submitted, with the stream each wakes on (None: its notify list)
         self._announced: set[tuple[str, str]] = set()  # (Redis URL, queue) this producer listed in rq:queues
 
@@ -70,7 +72,7 @@ class Producer(SyncWaits):
         self.close()
 
     def _read(self, read: reads.Read):
-        return run(self.links, read)
+        return run(self.links, read, self.shards)
 
     # -- models --------------------------------------------------------------------------------
     def models(self, refresh: bool = True) -> dict[str, ModelCapabilities]:
@@ -107,7 +109,8 @@ class Producer(SyncWaits):
         return self.links[self.shards.url_for(model)]
 
     def url_for_submit(self, model: str | None) -> str:
-        """The shard a submit for `model` goes to (None: the only served model's)."""
+        """The shard a submit for `model` goes to (None: the only served model's); of a partitioned model, its first
+        partition (each submit is placed on one of them: producer/client/placement.py)."""
         if not self.shards or model is not None:
             return self.shards.url_for(model)
         return self.shards.url_for(pick_model(None, self.models(refresh=False), self._served.known, self.where).name)
@@ -149,15 +152,18 @@ class Producer(SyncWaits):
         `deadline` (unix time) / `timeout` (seconds from now): a request still queued then is answered
         `expired` (ExpiredError) and never computed. See common/scheduling.py.
         """
-        name, url, work, requests = self._prepare(batches, model, params, reply_to, text_pair, priority, deadline,
-                                                  timeout, request_ids, fields)
-        with _redis_errors():
-            reply = scripts.ENQUEUE(self.links[url], *self._round(url, work))
+        name, build = self._prepare(batches, model, params, reply_to, text_pair, priority, deadline, timeout,
+                                    request_ids, fields)
+        url, reply = place(self._placer, name, request_ids[0] if request_ids else None,
+                           lambda url: scripts.ENQUEUE(self.links[url], *self._enqueue_args(url, build(url)[0])))
+        work, requests = build(url)
         return self._enqueued(name, url, work, requests, reply_to, reply[0])
 
     def _prepare(self, batches, model, params, reply_to, text_pair, priority, deadline, timeout, request_ids,
-                 fields) -> tuple[str, str, operations.Enqueue, list[EmbedRequest]]:
-        """(model name, Redis URL, the enqueue, the requests) of a submit, checked; no I/O but the adverts."""
+                 fields) -> tuple[str, Callable[[str], tuple[operations.Enqueue, list[EmbedRequest]]]]:
+        """(model name, URL -> the enqueue and the requests there) of a submit, checked; no I/O but the adverts.
+        The requests are built per URL it is placed on (once each): on a Redis Cluster their ids and queue carry
+        the URL's hash tag (the model's, or its partition's: redisurls.cluster_tag)."""
         chosen = chosen_ids(request_ids, len(batches))
         served = self.models(refresh=False)
         if model not in served:  # a worker may have come up since the cached read
@@ -165,16 +171,20 @@ class Producer(SyncWaits):
         caps, level, when = resolve_target(model, served, self._served.known, priority, deadline, timeout,
                                            self.where)
         name = caps if isinstance(caps, str) else caps.name
-        url = self.shards.url_for(name)
-        tag = cluster_tag(url, name)  # a Redis Cluster: the model's (or its partition's) slot (keys.py)
-        chosen = tagged_ids(chosen, tag)
-        requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when, request_id)
-                    for inputs, request_id in zip(batches, chosen)]
-        work = enqueue_args(keys.queue_name(name, level, tag), requests, max_depth=self.max_queue_depth,
-                            fresh=request_ids is None)
-        return name, url, work, requests
+        built: dict[str, tuple[operations.Enqueue, list[EmbedRequest]]] = {}
 
-    def _round(self, url: str, work: operations.Enqueue) -> tuple[list, list]:
+        def build(url: str) -> tuple[operations.Enqueue, list[EmbedRequest]]:
+            if url not in built:
+                tag = cluster_tag(url, name)
+                requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when, request_id)
+                            for inputs, request_id in zip(batches, tagged_ids(chosen, tag))]
+                built[url] = (enqueue_args(keys.queue_name(name, level, tag), requests, max_depth=self.max_queue_depth,
+                                           fresh=request_ids is None), requests)
+            return built[url]
+
+        return name, build
+
+    def _enqueue_args(self, url: str, work: operations.Enqueue) -> tuple[list, list]:
         """The enqueue script's KEYS and ARGV (rq:queues is told of the queue on its first use)."""
         return operations.round_args([work], announce=(url, work.queue) not in self._announced)
 
@@ -204,20 +214,11 @@ class Producer(SyncWaits):
             return self.wait(self.submit(inputs, model, **submit), timeout)
         deadline = time.monotonic() + timeout
         params, text_pair = submit.pop("params", None), submit.pop("text_pair", None)
-        name, url, work, requests = self._prepare([inputs], model, params, None, text_pair, None, None, None, None,
-                                                  submit)
+        name, build = self._prepare([inputs], model, params, None, text_pair, None, None, None, None, submit)
+        url, (reply, raw) = place(self._placer, name, None,
+                                  lambda url: self._ask_exchange(url, *build(url), timeout))
+        work, requests = build(url)
         connection, request_id = self.links[url], requests[0].id
-        notify = keys.notify_key(request_id)
-        with _redis_errors():
-            pipe = connection.pipeline(transaction=False)
-            scripts.ENQUEUE.queue(pipe, *self._round(url, work))
-            reply, _, raw = pipe.blmove(notify, notify, min(block_for(timeout), FIRST_BLOCK), "LEFT", "LEFT") \
-                .get(keys.result_key(request_id)).execute(raise_on_error=False)
-            if isinstance(reply, redis.exceptions.NoScriptError):  # a new or restarted server: by source
-                reply, raw = scripts.ENQUEUE(connection, *self._round(url, work)), None
-            for answer in (reply, raw):
-                if isinstance(answer, Exception):
-                    raise answer
         self._enqueued(name, url, work, requests, None, reply[0])
         result = read_result(request_id, raw)
         if result is None:
@@ -225,11 +226,27 @@ class Producer(SyncWaits):
         result.raise_for_error()
         return result
 
+    def _ask_exchange(self, url: str, work: operations.Enqueue, requests: list[EmbedRequest], timeout: float) -> tuple:
+        """(the enqueue's reply, the result if it landed within FIRST_BLOCK) of `_ask`'s one round trip."""
+        request_id = requests[0].id
+        connection, notify = self.links[url], keys.notify_key(request_id)
+        pipe = connection.pipeline(transaction=False)
+        scripts.ENQUEUE.queue(pipe, *self._enqueue_args(url, work))
+        reply, _, raw = pipe.blmove(notify, notify, min(block_for(timeout), FIRST_BLOCK), "LEFT", "LEFT") \
+            .get(keys.result_key(request_id)).execute(raise_on_error=False)
+        if isinstance(reply, redis.exceptions.NoScriptError):  # a new or restarted server: by source
+            reply, raw = scripts.ENQUEUE(connection, *self._enqueue_args(url, work)), None
+        for answer in (reply, raw):
+            if isinstance(answer, Exception):
+                raise answer
+        return reply, raw
+
     # -- results ---------------------------------------------------------------------------------
     def get(self, request_id: str) -> Result | None:
         """The result if it has landed (ok or error), else None."""
-        with _redis_errors():
-            raw = self.connection_of(request_id).get(keys.result_key(request_id))
+        url = self.url_of(request_id)
+        with naming(self.shards, url), _redis_errors():
+            raw = self.links[url].get(keys.result_key(request_id))
         return read_result(request_id, raw)
 
     def get_many(self, request_ids: list[str]) -> list[Result | None]:
@@ -239,7 +256,7 @@ class Producer(SyncWaits):
             by_url.setdefault(self.url_of(request_id), []).append(i)
         found: list[Result | None] = [None] * len(request_ids)
         for url, positions in by_url.items():
-            with _redis_errors():
+            with naming(self.shards, url), _redis_errors():
                 raw = self.links[url].mget([keys.result_key(request_ids[i]) for i in positions])
             for i, blob in zip(positions, raw):
                 found[i] = read_result(request_ids[i], blob)

@@ -1,4 +1,4 @@
-"""What is queued for a model, per priority level, a read (producer/client/reads.py) of two rounds: depth,
+"""What is queued for a model, per priority level, a read (producer/client/reads.py) of two exchanges: depth,
 estimated queued tokens (common.protocol.keys.queued_tokens_key) and the oldest job's age. For the gateway's fleet
 gauges and for scripts; everything read is input (a corrupt counter or stamp reads as absent)."""
 
@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from common.protocol import keys
 from common.shards import ShardMap
 from producer.client.core import model_queue
-from producer.client.reads import Read
+from producer.client.reads import Read, answered
 
 _RQ_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"  # rq's utcformat, as `enqueued_at` is stored
 
@@ -26,28 +26,36 @@ class LevelStats:
 
 
 def level_stats(shards: ShardMap, model: str, now: float | None = None) -> Read[list[LevelStats]]:
-    """One LevelStats per priority level of `model`, highest first (a read of producer/client/reads.py)."""
+    """One LevelStats per priority level of `model`, highest first (a read of producer/client/reads.py); a
+    partitioned model's summed over the partitions that answer (two exchanges, every partition in each)."""
     now = time.time() if now is None else now
-    url = shards.url_for(model)
-    commands = []
-    for level in keys.PRIORITIES:
-        queue = model_queue(url, model, level)
-        commands += [("LLEN", keys.rq_queue_key(queue)), ("GET", keys.queued_tokens_key(queue)),
-                     ("LINDEX", keys.rq_queue_key(queue), 0)]
-    raw = (yield {url: commands})[url]
-    heads = [_text(raw[i + 2]) for i in range(0, len(raw), 3)]
-    readable = [head for head in heads if head and keys.valid_request_id(head)]
-    stamps = {}
-    if readable:
-        asked = [("HGET", keys.rq_job_key(head), "enqueued_at") for head in readable]
-        stamps = dict(zip(readable, (yield {url: asked})[url]))
+
+    def commands(url: str) -> list[tuple]:  # (on a Redis Cluster each partition's queues carry its tag)
+        found = []
+        for level in keys.PRIORITIES:
+            queue = model_queue(url, model, level)
+            found += [("LLEN", keys.rq_queue_key(queue)), ("GET", keys.queued_tokens_key(queue)),
+                      ("LINDEX", keys.rq_queue_key(queue), 0)]
+        return found
+
+    raws = answered((yield {url: commands(url) for url in shards.partitions(model)}))
+    heads = {url: [_text(raw[i + 2]) for i in range(0, len(raw), 3)] for url, raw in raws.items()}
+    readable = {url: [h for h in found if h and keys.valid_request_id(h)] for url, found in heads.items()}
+    asked = {url: [("HGET", keys.rq_job_key(h), "enqueued_at") for h in found] for url, found in readable.items()
+             if found}
+    stamps = (yield asked) if asked else {}
     out = []
     for index, level in enumerate(keys.PRIORITIES):
-        depth, tokens = _count(raw[index * 3]), _count(raw[index * 3 + 1])
-        head = heads[index]
-        enqueued = _unix(stamps.get(head)) if depth and head else None
-        out.append(LevelStats(model, level, depth, tokens if depth else 0,
-                              None if enqueued is None else max(0.0, now - enqueued)))
+        depth = tokens = 0
+        ages = []
+        for url, raw in raws.items():
+            here = _count(raw[index * 3])
+            depth, tokens = depth + here, tokens + (_count(raw[index * 3 + 1]) if here else 0)
+            head = heads[url][index]
+            enqueued = _unix(dict(zip(readable[url], stamps.get(url, []))).get(head)) if here and head else None
+            if enqueued is not None:
+                ages.append(max(0.0, now - enqueued))
+        out.append(LevelStats(model, level, depth, tokens, max(ages, default=None)))
     return out
 
 

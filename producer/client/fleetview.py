@@ -1,9 +1,11 @@
-"""One snapshot of the fleet, read from Redis in three rounds of one pipeline per Redis (a read of
+"""One snapshot of the fleet, read from Redis in three exchanges of one pipeline per Redis (a read of
 producer/client/reads.py): models, their queues per priority level, live workers and recent failures.
 `embedfleet status` prints it (a table, or `--json`) and the gateway's /dashboard polls it (GET /v1/fleet),
 so both show the same facts.
 
-    models[]   name, redis (its Redis or shard, redacted), served (a live worker advertises it), dim,
+    models[]   name, redis (its Redis or shard, redacted; a partitioned model's partitions, joined by ", ",
+               with `partitions`: how many, and every count summed over them), served (a live worker
+               advertises it), dim,
                max_model_len, pooling, live_workers, texts_per_s (its workers' sum), cache_hit_rate
                (where workers count cache hits, else null), failures_last_hour {code: count}, queues[]:
                    priority, queue, depth (queued), in_progress (taken by workers), oldest_age_s (the
@@ -44,7 +46,7 @@ UNREAD = "more_not_read"  # the failures past FAILED_SAMPLE, counted under this 
 
 
 def snapshot(shards: ShardMap, now: float | None = None) -> Read[dict]:
-    """The fleet as the module docstring lays it out: a read (producer/client/reads.py) of three rounds, every
+    """The fleet as the module docstring lays it out: a read (producer/client/reads.py) of three exchanges, every
     Redis (shard) in each."""
     now = time.time() if now is None else now
     names = {url: found for url, found in (yield from reads.model_names(shards)).items() if found}
@@ -57,7 +59,36 @@ def snapshot(shards: ShardMap, now: float | None = None) -> Read[dict]:
         models += [{**model, "redis": redact(url)} for model in found_models]
         workers += found_workers
     return {"time": now, "redis": redact(shards.default), "priorities": list(keys.PRIORITIES),
-            "models": sorted(models, key=lambda m: m["name"]), "workers": workers}
+            "models": sorted(_whole(models, workers), key=lambda m: m["name"]), "workers": workers}
+
+
+def _whole(models: list[dict], workers: list[dict]) -> list[dict]:
+    """One row per model: a partitioned model's rows (one per partition, common/shards.py) summed."""
+    by_name: dict[str, list[dict]] = {}
+    for model in models:
+        by_name.setdefault(model["name"], []).append(model)
+    return [parts[0] if len(parts) == 1 else _summed(parts, [w for w in workers if w.get("model") == name])
+            for name, parts in by_name.items()]
+
+
+def _summed(parts: list[dict], workers: list[dict]) -> dict:
+    first = next((p for p in parts if p["dim"] is not None), parts[0])
+    queues = []
+    for rows in zip(*(p["queues"] for p in parts)):
+        ages = [r["oldest_age_s"] for r in rows if r["oldest_age_s"] is not None]
+        summed = {k: sum(r[k] or 0 for r in rows) for k in ("depth", "in_progress", "queued_tokens")}
+        queues.append({**rows[0], **summed, "oldest_age_s": max(ages, default=None)})
+    failures: dict[str, int] = {}
+    for part in parts:
+        for code, count in part["failures_last_hour"].items():
+            failures[code] = failures.get(code, 0) + count
+    hits = [(w["cache_hits"], w["cache_misses"]) for w in workers if "cache_hits" in w and "cache_misses" in w]
+    looked_up = sum(h + m for h, m in hits)
+    return {**first, "served": any(p["served"] for p in parts), "redis": ", ".join(p["redis"] for p in parts),
+            "partitions": len(parts), "live_workers": sum(p["live_workers"] for p in parts),
+            "texts_per_s": round(sum(p["texts_per_s"] for p in parts), 3),
+            "cache_hit_rate": round(sum(h for h, _ in hits) / looked_up, 4) if looked_up else None,
+            "queues": queues, "failures_last_hour": dict(sorted(failures.items()))}
 
 
 def _tokens(raw) -> int | None:

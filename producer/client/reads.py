@@ -1,9 +1,9 @@
 """What the clients read from Redis and what it means, with no I/O of its own.
 
-Each read is a generator: it yields a round of commands per Redis ({URL: [command, ...]}, a command being
-what `pipe.execute_command(*command)` sends), is sent the replies ({URL: [reply, ...]}, an error reply in
-place of its value) and returns what they mean. Producer runs each round as one pipeline per Redis,
-AsyncProducer as one asyncio pipeline per Redis, all at once (producer/client/rounds.py): both clients read
+Each read is a generator: it yields an exchange (one round trip) of commands per Redis ({URL: [command, ...]},
+a command being what `pipe.execute_command(*command)` sends), is sent the replies ({URL: [reply, ...]}, an
+error reply in place of its value) and returns what they mean. Producer runs each exchange as one pipeline per
+Redis, AsyncProducer as one asyncio pipeline per Redis, all at once (producer/client/exchanges.py): both clients read
 the same keys and make the same sense of them, and only the way the bytes move differs.
 """
 
@@ -13,6 +13,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TypeVar
 
+import redis
 from rq.job import JobStatus
 
 from common.errors import CancelledError, DecodeError, NotFoundError, echo
@@ -26,8 +27,8 @@ from producer.client.core import (SERIALIZER, Placements, job_state, model_of_qu
                                   parse_worker_info, read_result, result_state)
 
 T = TypeVar("T")
-Round = dict[str, list[tuple]]
-Read = Generator[Round, dict[str, list], T]
+Exchange = dict[str, list[tuple]]
+Read = Generator[Exchange, dict[str, list], T]
 
 def ok(reply):
     """A reply, or the error Redis answered in its place raised: for a read that cannot go on without it."""
@@ -41,12 +42,27 @@ def text(raw) -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
+DOWN = (redis.ConnectionError, redis.TimeoutError)  # what producer/client/exchanges.py answers for a Redis it
+# could not reach
+
+
+def answered(replies: dict[str, list]) -> dict[str, list]:
+    """The replies of the Redis that answered an exchange (a partition that is down is left out), or the first
+    one's error raised when none did."""
+    up = {url: got for url, got in replies.items() if not any(isinstance(r, DOWN) for r in got)}
+    if not up:
+        ok(next(iter(replies.values()))[0])
+    return up
+
+
 def model_names(shards: ShardMap) -> Read[dict[str, list[str]]]:
     """{URL: the model names advertised there, sorted}, each on its own shard only (a worker on the wrong
-    shard serves no one)."""
+    shard serves no one). A partition that is down while its models have others reads as empty."""
     urls = shards.urls()
     replies = yield {url: [("SMEMBERS", keys.MODELS_KEY)] for url in urls}
-    return {url: sorted(n for n in map(text, ok(replies[url][0])) if shards.owns(url, n)) for url in urls}
+    up = answered(replies)
+    return {url: sorted(n for n in map(text, ok(replies[url][0])) if shards.owns(url, n))
+            for url in urls if url in up or not shards.spare(url)}
 
 
 def models(shards: ShardMap) -> Read[tuple[dict, set[str]]]:
@@ -63,20 +79,23 @@ def models(shards: ShardMap) -> Read[tuple[dict, set[str]]]:
 
 
 def live_workers(shards: ShardMap, model: str, now: float) -> Read[int]:
-    url = shards.url_for(model)
-    replies = yield {url: [("ZCOUNT", keys.model_workers_key(model), now - keys.ADVERTISE_TTL, "+inf")]}
-    return ok(replies[url][0])
+    """Live workers of `model`, summed over its partitions that answer."""
+    replies = yield {url: [("ZCOUNT", keys.model_workers_key(model), now - keys.ADVERTISE_TTL, "+inf")]
+                     for url in shards.partitions(model)}
+    return sum(ok(got[0]) for got in answered(replies).values())
 
 
 def workers(shards: ShardMap, model: str, now: float) -> Read[list[dict]]:
-    """The live workers of `model`, each with what it advertised (core.parse_worker_info)."""
-    url = shards.url_for(model)
-    replies = yield {url: [("ZRANGEBYSCORE", keys.model_workers_key(model), now - keys.ADVERTISE_TTL, "+inf")]}
-    names = [text(n) for n in ok(replies[url][0])]
-    if not names:
+    """The live workers of `model` on each of its partitions that answer, each with what it advertised
+    (core.parse_worker_info)."""
+    replies = yield {url: [("ZRANGEBYSCORE", keys.model_workers_key(model), now - keys.ADVERTISE_TTL, "+inf")]
+                     for url in shards.partitions(model)}
+    names = {url: [text(n) for n in ok(got[0])] for url, got in answered(replies).items()}
+    asked = {url: _mget(url, [keys.worker_info_key(name) for name in found]) for url, found in names.items() if found}
+    if not asked:
         return []
-    replies = yield {url: _mget(url, [keys.worker_info_key(name) for name in names])}
-    return [info for name, blob in zip(names, _values(url, replies[url]))
+    replies = yield asked
+    return [info for url in asked for name, blob in zip(names[url], _values(url, replies[url]))
             if (info := parse_worker_info(name, blob)) is not None]
 
 
@@ -92,14 +111,15 @@ def _values(url: str, replies: list) -> list:
 
 
 def queue_depth(shards: ShardMap, model: str) -> Read[int]:
-    url = shards.url_for(model)
-    replies = yield {url: [("LLEN", keys.rq_queue_key(model_queue(url, model)))]}
-    return ok(replies[url][0])
+    """Requests queued for `model` at the default priority, summed over its partitions that answer."""
+    replies = yield {url: [("LLEN", keys.rq_queue_key(model_queue(url, model)))] for url in shards.partitions(model)}
+    return sum(ok(got[0]) for got in answered(replies).values())
 
 
 def locate(shards: ShardMap, placed: Placements, request_id: str) -> Read[str]:
     """The URL of the shard that holds `request_id`: where it was sent, else whichever has its result or
-    job (ids are unique across the fleet), else the default Redis. No round at all unless sharded."""
+    job (ids are unique across the fleet), else the default Redis. No exchange at all unless sharded. Not found
+    while a Redis is down: that Redis's error (the id may be there)."""
     if not shards:
         return shards.default
     url = placed.get(request_id)
@@ -108,15 +128,18 @@ def locate(shards: ShardMap, placed: Placements, request_id: str) -> Read[str]:
     if keys.valid_request_id(request_id):
         urls = shards.urls()
         replies = yield {u: [("EXISTS", keys.result_key(request_id), keys.rq_job_key(request_id))] for u in urls}
-        for url in urls:
+        up = answered(replies)
+        for url in up:
             if ok(replies[url][0]):
                 placed.remember([request_id], url)
                 return url
+        for url in urls:
+            ok(replies[url][0])  # a Redis that is down may hold it: its error
     return shards.default
 
 
 def status(shards: ShardMap, placed: Placements, request_id: str) -> Read[str]:
-    """queued | started | finished | failed | cancelled | not_found, in one round on the request's shard (two
+    """queued | started | finished | failed | cancelled | not_found, in one exchange on the request's shard (two
     for a job finished without a result: a spread request's)."""
     url = yield from locate(shards, placed, request_id)
     valid = keys.valid_request_id(request_id)  # no other id is one of ours (and rq refuses to look it up)

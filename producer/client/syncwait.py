@@ -15,12 +15,14 @@ from common.redisclient import block_for
 from common.result import Result
 from producer.client import traced
 from producer.client.core import PENDING, Sent, SentTo, lost_error, read_result, redis_errors as _redis_errors
+from producer.client.placement import naming
 
 FIRST_BLOCK = 1.0  # seconds the first wait on an id this producer submitted blocks before it looks again
 
 
 class SyncWaits:
-    """What Producer waits with; the producer supplies `_sent`, `connection_of`, `get` and `status`."""
+    """What Producer waits with; the producer supplies `_sent`, `shards`, `links`, `url_of`, `connection_of`, `get`
+    and `status`."""
 
     _sent: Sent
 
@@ -38,15 +40,17 @@ class SyncWaits:
         (anyone who can write to Redis can forge one).
         """
         deadline = time.monotonic() + timeout
-        connection = self.connection_of(request_id)
+        url = self.url_of(request_id)
+        connection = self.links[url]
         sent = self._sent.get(request_id)
-        if sent is not None and sent.stream is None:  # ours, on its notify list: no look of its own
-            result = self._follow_list(connection, request_id, deadline, timeout, first=True)
-        else:
-            result, stream = self._first_look(connection, request_id, sent)
-            if result is None:
-                result = self._follow_stream(connection, request_id, stream, deadline, timeout) if stream else \
-                    self._follow_list(connection, request_id, deadline, timeout)
+        with naming(self.shards, url):  # on a partition of a model: which one
+            if sent is not None and sent.stream is None:  # ours, on its notify list: no look of its own
+                result = self._follow_list(connection, request_id, deadline, timeout, first=True)
+            else:
+                result, stream = self._first_look(connection, request_id, sent)
+                if result is None:
+                    result = self._follow_stream(connection, request_id, stream, deadline, timeout) if stream \
+                        else self._follow_list(connection, request_id, deadline, timeout)
         result.raise_for_error()
         return result
 

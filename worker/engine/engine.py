@@ -6,7 +6,6 @@ a Work before its passes."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
@@ -21,14 +20,14 @@ from common.errors import EmbedfleetError, InternalError
 from common.params import PoolingParams
 from common.request import EmbedRequest
 from common.result import Result
-from worker.engine import stageclock
+from worker.engine import passthreads, stageclock
 from worker.engine.batcher import cuts, plan_passes
 from worker.engine.chunking import combine
 from worker.engine.inputbounds import bound_inputs
 from worker.engine.models.base import Model
 from worker.engine.shaper import Shape, Shaper
 from worker.engine.latechunking import embed_spans
-from worker.engine.postprocess import cast, cut_and_normalise
+from worker.engine.postprocess import cast, cut_and_normalise, finish_together
 from worker.engine.preprocess import Prepared, prepare_many
 from worker.engine.tasks.heads import finish_task
 from worker.engine.tasks.inputs import prepare_task
@@ -105,6 +104,27 @@ class _Flat:
             self.vectors = np.empty((len(self.token_lists), width), np.float32)
 
 
+class _FailingAlone:
+    """Engine._failing_alone: a context per request, so a plain class (a generator's costs ~1 us a request)."""
+
+    __slots__ = ("model", "work", "index", "request")
+
+    def __init__(self, model: str, work: Work, index: int, request: EmbedRequest):
+        self.model, self.work, self.index, self.request = model, work, index, request
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        if exc is None or not isinstance(exc, Exception):  # (KeyboardInterrupt and the like go on up)
+            return False
+        if not isinstance(exc, EmbedfleetError):  # a tokenizer crash on one request must not sink the others
+            log.exception("preprocessing request %s failed", self.request.id, exc_info=exc)
+            exc = InternalError(f"preprocessing failed: {type(exc).__name__}: {exc}")
+        self.work.results[self.index] = Result.failure(self.request.id, self.model, exc)
+        return True
+
+
 class Engine:
     """Runs a loaded model over whole lists of requests; never raises for a bad request.
 
@@ -170,17 +190,9 @@ class Engine:
             stageclock.lap("tokenise")
         return work
 
-    @contextlib.contextmanager
-    def _failing_alone(self, work: Work, index: int, request: EmbedRequest):
+    def _failing_alone(self, work: Work, index: int, request: EmbedRequest) -> _FailingAlone:
         """A request whose preparing raises gets its error result; the round goes on."""
-        try:
-            yield
-        except EmbedfleetError as exc:
-            work.results[index] = Result.failure(request.id, self.caps.name, exc)
-        except Exception as exc:  # a tokenizer crash on one request must not sink the others
-            log.exception("preprocessing request %s failed", request.id, exc_info=exc)
-            work.results[index] = Result.failure(request.id, self.caps.name, InternalError(
-                f"preprocessing failed: {type(exc).__name__}: {exc}"))
+        return _FailingAlone(self.caps.name, work, index, request)
 
     def shape(self) -> Shape:
         """The forward-pass shape the next round runs at (the shaper's, or the fixed one)."""
@@ -257,19 +269,27 @@ class Engine:
         return _Flat(token_lists, prompt_lengths, np.asarray(owners), heads=heads, pair_starts=pair_starts)
 
     def finish(self, work: Work) -> list[Result]:
-        """Post-process every request that reached the forward pass; returns all results in input order."""
+        """Post-process every request that reached the forward pass; returns all results in input order. Plain
+        embed requests that share their output params are cut, normalised and cast together (`_postprocess_all`)."""
         stageclock.lap("other")
+        plain: dict[tuple, list[tuple[int, EmbedRequest, np.ndarray, Prepared]]] = {}
         for index, request in work.resolved.items():
             if work.results[index] is not None or index not in work.prepared:  # (taken out: spread by the caller)
                 continue
             if index in work.failed:
                 work.results[index] = Result.failure(request.id, self.caps.name, work.failed[index])
-            else:
-                prep = work.prepared[index]
-                result = self._postprocess(request, prep.pooled(work.rows[index]), prep)
-                if prep.spans is not None and result.ok:
-                    result = dataclasses.replace(result, spans=tuple(prep.spans))
-                work.results[index] = result
+                continue
+            prep, params = work.prepared[index], request.params
+            if params.task == "embed" and params.outputs is None and prep.spans is None:
+                key = (params.dimensions, bool(params.use_activation), params.embed_dtype)
+                plain.setdefault(key, []).append((index, request, prep.pooled(work.rows[index]), prep))
+                continue
+            result = self._postprocess(request, prep.pooled(work.rows[index]), prep)
+            if prep.spans is not None and result.ok:
+                result = dataclasses.replace(result, spans=tuple(prep.spans))
+            work.results[index] = result
+        for (dimensions, normalize, embed_dtype), group in plain.items():
+            self._postprocess_all(group, dimensions, normalize, embed_dtype, work.results)
         stageclock.lap("cast")
         return work.results
 
@@ -314,7 +334,7 @@ class Engine:
                 self._resolved[request.params] = params
         if isinstance(params, EmbedfleetError):
             raise params
-        return request.model_copy(update={"params": params})
+        return request.with_params(params)
 
     def _span_pass(self, index: int, prep: Prepared, work: Work, shape: Shape) -> None:
         """A late-chunking request's inputs, in order, in passes cut by the token budget."""
@@ -353,7 +373,9 @@ class Engine:
                 return True
             pairs = {"pair_starts": [flat.pair_starts[p] for p in positions]} \
                 if any(flat.pair_starts[p] for p in positions) else {}  # a cross-encoder's pairs
-            vectors = self.model.embed(lists, [flat.prompt_lengths[p] for p in positions], **pairs)
+            padded = len(lists) * max(map(len, lists))
+            with passthreads.for_pass(padded, getattr(self.model, "device", "")):  # one thread if small
+                vectors = self.model.embed(lists, [flat.prompt_lengths[p] for p in positions], **pairs)
             vectors = vectors.numpy() if hasattr(vectors, "numpy") else vectors  # torch, or numpy (null model)
         except Exception as exc:
             error = InternalError(f"forward pass failed: {type(exc).__name__}: {exc}")
@@ -386,6 +408,19 @@ class Engine:
             for owner in flat.users(int(p)):
                 work.failed.setdefault(owner, error)
         log.warning("%d of %d rows gave non-finite vectors; their requests fail", int(unfinite.sum()), len(positions))
+
+    def _postprocess_all(self, group: list[tuple[int, EmbedRequest, np.ndarray, Prepared]], dimensions: int | None,
+                         normalize: bool, embed_dtype: str, results: list[Result | None]) -> None:
+        """Plain embed requests that share their output params, cut, normalised and cast together
+        (postprocess.finish_together); if that fails, each alone, so that a failure stays its own."""
+        try:
+            stored = finish_together([pooled for _, _, pooled, _ in group], dimensions, normalize, embed_dtype)
+        except Exception:
+            log.warning("postprocessing %d requests together failed; each alone", len(group), exc_info=True)
+            stored = [None] * len(group)
+        for (index, request, pooled, prep), mine in zip(group, stored):
+            results[index] = self._postprocess(request, pooled, prep) if mine is None else Result.success(
+                request.id, self.caps.name, mine, embed_dtype, request.params.endianness, prep.prompt_tokens)
 
     def _postprocess(self, request: EmbedRequest, vectors, prepared: Prepared) -> Result:
         params, prompt_tokens = request.params, prepared.prompt_tokens

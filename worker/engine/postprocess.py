@@ -13,6 +13,7 @@ from common.dtypes import float32_to_bfloat16_bits
 from common.quantize import INTEGER, quantize
 
 _FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+_BY_VALUE = ("float32", "float16", "bfloat16")  # casts of one value at a time, whatever rows are beside it
 
 
 def cut_and_normalise(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
@@ -48,3 +49,19 @@ def cast(vectors: np.ndarray, embed_dtype: str, ranges: np.ndarray | None = None
         # 57344 for e5m2) is NaN / inf, which only unnormalised outputs can reach.
         return torch.tensor(vectors).to(_FP8[embed_dtype]).view(torch.uint8).numpy()
     raise ValueError(f"unknown embed_dtype {embed_dtype!r}")
+
+
+def finish_together(groups: list[np.ndarray], dimensions: int | None, normalize: bool,
+                    embed_dtype: str) -> list[np.ndarray]:
+    """`cast(cut_and_normalise(rows, dimensions, normalize), embed_dtype)` of each array of rows (a request's),
+    computed over all of them at once: the same values (both work row by row), one numpy call for a round in
+    place of one per request. int8 and uint8 scale by each request's own ranges: cast apart."""
+    final = cut_and_normalise(np.concatenate(groups) if len(groups) > 1 else groups[0], dimensions, normalize)
+    together = embed_dtype in _BY_VALUE
+    stored = cast(final, embed_dtype) if together else final
+    out, offset = [], 0
+    for rows in groups:
+        mine = stored[offset:offset + len(rows)]
+        out.append(mine if together else cast(mine, embed_dtype))
+        offset += len(rows)
+    return out

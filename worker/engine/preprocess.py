@@ -38,7 +38,7 @@ class Prepared:
     @property
     def prompt_tokens(self) -> int:
         """Tokens actually embedded: after truncation, special and prompt tokens included (every chunk's)."""
-        return sum(len(ids) for ids in self.token_lists)
+        return sum(map(len, self.token_lists))
 
     @property
     def prompt_lengths(self) -> list[int]:

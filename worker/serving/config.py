@@ -27,7 +27,7 @@ class WorkerSettings(Settings):
         ("logs, metrics and traces", ("log_rounds", "metrics_port", "metrics_host", "otlp_endpoint", "debug")),
         ("Redis", ("redis_url", "redis_tls_ca", "redis_tls_cert", "redis_tls_key", "redis_shards")),
     )
-    internal_flags = frozenset({"replica"})
+    internal_flags = frozenset({"replica", "partition"})
 
     model: str | None = Field(None, description="folder, hub id or null:DIM (no model: load tests); default: the "
                                                 "bundled all-MiniLM-L6-v2")
@@ -88,6 +88,8 @@ class WorkerSettings(Settings):
                                  "(a GPU: 1 per 4 CPU cores, at most 8)")
     replica: str | None = Field(None, description="set by the --gpus/--replicas supervisor on its children ('i/N'), "
                                                   "advertised for `embedfleet status`")
+    partition: int | None = Field(None, ge=1, description="set by the supervisor on each child of a model "
+                                  "partitioned over several Redis (common/shards.py): which one it serves (1-based)")
     max_restarts: int = Field(5, ge=0, description="an engine's quick deaths in a row before all "
                               "stop (0: any)")
     cache: bool = Field(True, description="reuse the vectors this model computed before (docs/cache.md)")

@@ -66,22 +66,26 @@ def default_replicas(gpu_count: int, cores: int) -> int:
 
 
 def run(gpus: list[str | None], argv: list[str], name: str | None, environ: dict[str, str],
-        metrics_port: int | None = None, replicas: int = 1, max_restarts: int = 5) -> int:
-    """Start `replicas` workers per GPU (None: no GPU of its own, the flags' device) and supervise them until they
-    stop (worker/serving/supervise.py); returns the exit code. With `metrics_port`, child k serves its metrics on
-    metrics_port + k."""
+        metrics_port: int | None = None, replicas: int = 1, max_restarts: int = 5, partitions: int = 1) -> int:
+    """Start `replicas` workers per GPU (None: no GPU of its own, the flags' device) and per partition of the model
+    (common/shards.py: each child takes from one partition's Redis, so none waits behind another's) and supervise
+    them until they stop (worker/serving/supervise.py); returns the exit code. With `metrics_port`, child k serves
+    its metrics on metrics_port + k."""
     from worker.serving.supervise import Child, run as supervise  # noqa: PLC0415 - the supervisor's own module
 
     base = {k: v for k, v in environ.items() if k not in ("EMBEDFLEET_GPUS", "EMBEDFLEET_NAME", "EMBEDFLEET_REPLICAS",
-                                                          "EMBEDFLEET_METRICS_PORT", "EMBEDFLEET_REPLICA")}
+                                                          "EMBEDFLEET_METRICS_PORT", "EMBEDFLEET_REPLICA",
+                                                          "EMBEDFLEET_PARTITION")}
     children = []
     for gpu in gpus:
         for replica in range(replicas):
-            index = len(children)
-            where = [] if gpu is None else [f"gpu{gpu}"]
-            label = "-".join(where + ([f"r{replica + 1}"] if replicas > 1 else [])) or "worker"
-            extra = [] if metrics_port is None else ["--metrics-port", str(metrics_port + index)]
-            env = {**base, "EMBEDFLEET_REPLICAS": "1", "EMBEDFLEET_REPLICA": f"{replica + 1}/{replicas}",
-                   **({} if gpu is None else {"CUDA_VISIBLE_DEVICES": gpu})}
-            children.append(Child(label, [*child_argv(argv), *extra], env, f"{name}-{label}" if name else None))
+            for partition in range(1, partitions + 1) if partitions > 1 else [None]:
+                index = len(children)
+                where = ([] if gpu is None else [f"gpu{gpu}"]) + ([f"r{replica + 1}"] if replicas > 1 else [])
+                label = "-".join(where + ([f"p{partition}"] if partition else [])) or "worker"
+                extra = [] if metrics_port is None else ["--metrics-port", str(metrics_port + index)]
+                env = {**base, "EMBEDFLEET_REPLICAS": "1", "EMBEDFLEET_REPLICA": f"{replica + 1}/{replicas}",
+                       **({} if gpu is None else {"CUDA_VISIBLE_DEVICES": gpu}),
+                       **({} if partition is None else {"EMBEDFLEET_PARTITION": str(partition)})}
+                children.append(Child(label, [*child_argv(argv), *extra], env, f"{name}-{label}" if name else None))
     return supervise(children, max_restarts)

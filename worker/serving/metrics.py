@@ -25,6 +25,7 @@ class WorkerMetrics:
         self.registry = CollectorRegistry()
         self.model = model
         self._levels = {queue_name(model, level): level for level in PRIORITIES}
+        self._waits: dict = {}  # rq queue -> its labelled queue_wait histogram
         r, m = self.registry, ["model"]
         self.batches = Counter("embedfleet_worker_batches", "forward passes (batches cut by the token budget)",
                                m, registry=r).labels(model)
@@ -54,8 +55,13 @@ class WorkerMetrics:
         self.registry.register(_StageCollector(self.model, stages))
 
     def waited(self, queue: str, seconds: float) -> None:
-        """A request taken from rq queue `queue` after `seconds` queued."""
-        self.queue_wait.labels(self.model, self._levels.get(keys.untagged(queue), "other")).observe(max(0.0, seconds))
+        """A request taken from rq queue `queue` after `seconds` queued (called per request: the labelled
+        histogram is looked up once per queue, not per request)."""
+        child = self._waits.get(queue)
+        if child is None:
+            level = self._levels.get(keys.untagged(queue), "other")  # (a Redis Cluster's queues carry a tag)
+            child = self._waits[queue] = self.queue_wait.labels(self.model, level)
+        child.observe(max(0.0, seconds))
 
     def shaped(self, tokens: int, rows: int, rate: float | None) -> None:
         """The shape the engine runs at now, and its measured rate when known."""

@@ -17,6 +17,7 @@ from common.params import PoolingParams
 from common.request import new_request_id, normalize_inputs
 from common.result import Result
 from producer import AsyncProducer
+from producer.client.placement import naming
 from producer.client.core import pick_model, redis_errors
 from producer.gateway.core.apikeys import KeyLimiter
 from producer.gateway.core.metrics import Metrics
@@ -126,7 +127,7 @@ class Gateway:
             by_url.setdefault(await self.producer.url_of(request_id), []).append(request_id)
         found: dict[str, dict | None] = {}
         for url, ids in by_url.items():
-            with redis_errors():
+            with naming(self.producer.shards, url), redis_errors():  # a partition that is down: which one
                 raw = await self.producer.connection_at(url).mget([keys.job_options_key(i) for i in ids])
             found.update((i, json.loads(r) if r else None) for i, r in zip(ids, raw))
         return found

@@ -1,0 +1,32 @@
+"""rq's job data inflated with a cap (common/protocol/jobdata.py): a small job in one call, the same answer as the
+stepwise path for every kind of bytes, a bomb refused."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+from common.errors import DecodeError
+from common.protocol.jobdata import inflate
+
+SMALL = zlib.compress(b"a short job" * 20)
+CASES = {"zlib": SMALL, "zlib and junk after it": SMALL + b"junk", "cut short": SMALL[:-6], "not zlib": b"\x93plain",
+         "empty": b""}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_one_call_answers_as_the_capped_path(name):
+    data = CASES[name]
+    if data:  # a limit just under what one call may make: the stepwise path (it inflates no more than that)
+        assert inflate(data) == inflate(data, limit=len(data) * 1032 - 1)
+    expected = {"zlib": b"a short job" * 20, "zlib and junk after it": b"a short job" * 20}.get(name, data)
+    assert inflate(data) == expected
+
+
+def test_what_may_pass_the_limit_is_inflated_with_the_cap():
+    bomb = zlib.compress(bytes(8 << 20), 9)  # 8 MiB of zeros in ~8 KB
+    assert len(bomb) * 1032 > 1 << 20
+    with pytest.raises(DecodeError, match="inflates to more than"):
+        inflate(bomb, limit=1 << 20)
+    assert inflate(bomb) == bytes(8 << 20)  # within the default cap
