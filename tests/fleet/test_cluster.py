@@ -203,9 +203,19 @@ def _partitions_on_each_master(cluster_client, model: str, count: int) -> list[s
     raise AssertionError("no partition names found on every master")
 
 
+async def _partitioned_async(url: str, partitions: list[str]) -> list[str]:
+    """Six requests through an AsyncProducer given the partition map, each answered; their ids."""
+    async with AsyncProducer(url, shards={"parted": partitions}) as producer:
+        ids = [await producer.submit([f"async text {i}"], "parted") for i in range(6)]
+        for request_id in ids:
+            assert (await producer.wait(request_id, timeout=60)).embeddings.shape == (1, 8)
+    return ids
+
+
 def test_a_models_partitions_on_one_cluster_put_its_traffic_on_every_master(cluster_url, redis_cluster):
-    """One model, three partitions on one cluster (its URL with #<partition>: a tag, so a slot, each): a worker
-    and a Producer per partition URL (what a partition map of issue 39 holds), its results on all 3 masters."""
+    """One model, three partitions on one cluster (its URL with #<partition>: a tag, so a slot, each) in the
+    partition map (common/shards.py): a worker per partition URL, a Producer and an AsyncProducer placing round
+    robin; its results lie on all 3 masters, each partition's on one."""
     from worker.engine.engine import Engine
 
     seed = connect(cluster_url)
@@ -213,22 +223,22 @@ def test_a_models_partitions_on_one_cluster_put_its_traffic_on_every_master(clus
     seed.close()
     connections = [connect(url) for url in urls]
     info = {**HASHED_INFO, "host": socket.gethostname()}
-    ids: dict[str, list[str]] = {}
     try:
         with contextlib.ExitStack() as stack:
             for connection in connections:
                 stack.enter_context(serve(Engine(CrashModel("parted")), connection, info=info))
-            for url in urls:
-                with Producer(url) as producer:
-                    ids[url] = [producer.submit([f"text {i}"], "parted") for i in range(4)]
-                    assert all(producer.wait(i, timeout=60).embeddings.shape == (1, 8) for i in ids[url])
+            with Producer(cluster_url, shards={"parted": urls}) as producer:
+                ids = [producer.submit([f"text {i}"], "parted") for i in range(12)]
+                assert all(producer.wait(i, timeout=60).embeddings.shape == (1, 8) for i in ids)
+            ids += asyncio.run(_partitioned_async(cluster_url, urls))
     finally:
         for connection in connections:
             connection.close()
     holders = {port: {k for k in found if k.startswith(keys.RESULT_PREFIX.encode())}
                for port, found in _keys_by_master(redis_cluster).items()}
-    on = {url: {port for port, found in holders.items() for i in request_ids
-                if keys.result_key(i).encode() in found} for url, request_ids in ids.items()}
+    tags = {keys.tag_of(i) for i in ids}
+    assert tags == {cluster_tag(url, "parted") for url in urls}, "placed on every partition"
+    on = {tag: {port for port, found in holders.items() for i in ids
+                if keys.tag_of(i) == tag and keys.result_key(i).encode() in found} for tag in tags}
     assert all(len(ports) == 1 for ports in on.values()), on
     assert len({port for ports in on.values() for port in ports}) == 3, f"the partitions' masters: {on}"
-    assert all(keys.tag_of(i) == cluster_tag(url, "parted") for url, request_ids in ids.items() for i in request_ids)
