@@ -45,3 +45,13 @@ def test_a_partition_of_a_cluster_url_has_a_tag_of_its_own():
     assert cluster_tag(url, "m") == keys.slot_tag("m") != cluster_tag(url + "#p1", "m") == keys.slot_tag("m", "p1")
     assert cluster_tag("redis://h:6379/0", "m") == "" and cluster_tag("redis://h:6379/0#p1", "m") == ""
     assert parse_cluster(url + "#p1") == parse_cluster(url)  # the partition is ours, not the client's
+
+
+def test_a_partition_map_keeps_a_clusters_seed_list_whole():
+    from common.redisurls import cluster_tag
+    from common.shards import parse_shards
+
+    seeds = "redis+cluster://n1:7000,n2:7001"
+    (partitions,) = parse_shards(f"m={seeds}#p0,{seeds}#p1").values()
+    assert partitions == [f"{seeds}#p0", f"{seeds}#p1"]
+    assert len({cluster_tag(url, "m") for url in partitions}) == 2
