@@ -37,7 +37,7 @@ import redis.asyncio as aioredis
 import redis.cluster
 
 from common.errors import DuplicateRequestError
-from common.protocol import keys, rqjobs, scripts
+from common.protocol import keys, rqjobs, scripts, slotmoves
 from common.protocol.records import RQ_RECORDS, Answer, Finished, Kind, Outcome, Recovered, Taken, rq_time
 from common.request import EmbedRequest
 from common.result import Result
@@ -260,6 +260,13 @@ def take_from(schemas: list[RqSchema], max_jobs: int, block: float | None, befor
 
 
 def _take(first: RqSchema, keys_: list[str], args: list, block: float | None, before, by_source=False) -> list:
+    if slotmoves.is_cluster(first.connection):  # sent again while the slot is being moved (slotmoves.py)
+        return slotmoves.while_moving(lambda: _take_once(first, keys_, args, block, before, by_source),
+                                      first.connection)
+    return _take_once(first, keys_, args, block, before, by_source)
+
+
+def _take_once(first: RqSchema, keys_: list[str], args: list, block: float | None, before, by_source) -> list:
     with first.connection.pipeline(transaction=False) as pipe:  # MULTI would not block
         if before is not None:
             before(pipe)

@@ -14,7 +14,7 @@ import redis
 import redis.asyncio as aioredis
 import redis.cluster
 
-from common.protocol import keys
+from common.protocol import keys, slotmoves
 
 try:  # the worker's and gateway's extras install it; a producer may run without
     from hiredis import pack_command as _pack_in_c
@@ -44,12 +44,22 @@ class Script:
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
 
     def __call__(self, connection: redis.Redis, keys_: list[str], args: list):
+        if slotmoves.is_cluster(connection):  # sent again while its slot is being moved (slotmoves.py)
+            return slotmoves.while_moving(lambda: self._run(connection, keys_, args), connection)
+        return self._run(connection, keys_, args)
+
+    def _run(self, connection: redis.Redis, keys_: list[str], args: list):
         try:
             return connection.evalsha(self.sha, len(keys_), *keys_, *args)
         except redis.exceptions.NoScriptError:  # EVAL runs and caches it: only EVAL/EVALSHA rights needed
             return connection.eval(self.source, len(keys_), *keys_, *args)
 
     async def run_async(self, connection: aioredis.Redis, keys_: list[str], args: list):
+        if slotmoves.is_cluster(connection):
+            return await slotmoves.while_moving_async(lambda: self._run_async(connection, keys_, args))
+        return await self._run_async(connection, keys_, args)
+
+    async def _run_async(self, connection: aioredis.Redis, keys_: list[str], args: list):
         try:
             return await connection.evalsha(self.sha, len(keys_), *keys_, *args)
         except redis.exceptions.NoScriptError:
@@ -93,14 +103,23 @@ def send_at_once(client: redis.Redis, commands: list[tuple]) -> list:
 
 def _send_to_slot(cluster: redis.cluster.RedisCluster, commands: list[tuple]) -> list:
     """send_at_once on a Redis Cluster: the commands lie in one slot (keys.py) and go to its master. A reply
-    MOVED (the slot's master changed: a failover, a resharding) means that command did not run there: the
-    slot map is read again and the whole write sent once more where the slot is now (its SETs may run twice,
-    the same blob; the script ran nowhere yet)."""
-    replies = send_at_once(_node_client(cluster, commands[-1]), commands)
-    if any(isinstance(reply, redis.exceptions.MovedError) for reply in replies):
-        cluster.nodes_manager.initialize()
+    MOVED (the slot's master changed: a failover, a resharding), ASK or TRYAGAIN (the slot is being moved)
+    means that command did not run: the slot map is read again and the whole write sent once more where the
+    slot is, with slotmoves.py's backoff until the move ends (its SETs may run twice, the same blob; the
+    script ran nowhere yet). What is still refused then comes back as the replies say."""
+    def send() -> list:
         replies = send_at_once(_node_client(cluster, commands[-1]), commands)
-    return replies
+        moving = next((r for r in replies if isinstance(r, Exception) and slotmoves.slot_moving(r)), None)
+        if moving is not None:
+            raise moving
+        return replies
+
+    try:
+        return slotmoves.while_moving(send, cluster)
+    except redis.RedisError as exc:
+        if not slotmoves.slot_moving(exc):
+            raise
+        return send_at_once(_node_client(cluster, commands[-1]), commands)
 
 
 def _node_client(cluster: redis.cluster.RedisCluster, script: tuple) -> redis.Redis:

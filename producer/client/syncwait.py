@@ -10,7 +10,7 @@ import time
 import redis
 
 from common.errors import NotFoundError, ResultTimeoutError
-from common.protocol import keys
+from common.protocol import keys, slotmoves
 from common.redisclient import block_for
 from common.result import Result
 from producer.client import traced
@@ -150,9 +150,10 @@ class SyncWaits:
 
     def _exists(self, request_id: str) -> bool:
         """Whether the request has a job or a result (one round trip)."""
+        connection = self.connection_of(request_id)  # (two keys: refused while their slot is being moved)
         with _redis_errors():
-            return bool(self.connection_of(request_id).exists(keys.result_key(request_id),
-                                                              keys.rq_job_key(request_id)))
+            return bool(slotmoves.while_moving(
+                lambda: connection.exists(keys.result_key(request_id), keys.rq_job_key(request_id)), connection))
 
 
 def _not_submitted(request_id: str) -> NotFoundError:

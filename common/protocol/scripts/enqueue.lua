@@ -72,6 +72,10 @@ for c, caller in ipairs(callers) do
 end
 if #ids == 0 then return replies end
 
+-- on a Redis Cluster (KEYS[2] is the queue itself there) a read of the first new job key first: while the slot
+-- is being moved, a key that is not here stops the script now, before any write (slotmoves.py), not at its HSET
+if KEYS[2] == KEYS[1] then redis.call('EXISTS', JOB .. ids[1]) end
+
 -- 2. write: the push first, through pcall, so that a queue key of a foreign type refuses it all ---------
 local pushed
 if front then  -- LPUSH puts each at the head: the last id first, so that they keep their order

@@ -1,0 +1,101 @@
+"""A Redis Cluster resharded mid-load (issue 39): the slot of the model's hash tag (its queue, its jobs, their
+answers) moves from one master to another by the standard procedure (CLUSTER SETSLOT IMPORTING / MIGRATING,
+MIGRATE of the slot's keys a few at a time, CLUSTER SETSLOT NODE on every master) while a Producer submits and a
+worker serves. Scripts whose keys are partly moved meet TRYAGAIN (or ASK) and are sent again; every submit is
+accepted or fails with a clear error, every accepted request is answered (none lost, none left to lease
+recovery), and the worker and producer go on after the move."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+import redis
+import redis.cluster
+
+from common.protocol import keys
+from common.redisclient import connect
+from tests.faults.test_cluster_failover import AFTER_FAILOVER, FAILOVER_AFTER, Load
+from tests.harness import serve
+from tests.hashed import HASHED_INFO, MODEL, hashed_model
+from tests.rediscluster import LocalCluster
+
+KEYS_PER_MIGRATE = 10  # keys per MIGRATE (redis-cli --cluster reshard's --cluster-pipeline default)
+MIGRATE_TIMEOUT_MS = 5000
+SECONDS_PER_TEXT = 0.01
+STEP_SECONDS = 0.5  # a step of the load that takes longer (a script met TRYAGAIN) lets the move go on
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with LocalCluster(tmp_path / "cluster", masters=3) as running:
+        yield running
+
+
+def _node_id(port: int) -> str:
+    with redis.Redis(port=port, decode_responses=True) as client:
+        return client.execute_command("CLUSTER", "MYID")
+
+
+def migrate_slot(masters: list[int], slot: int, source: int, target: int, between=lambda: None) -> int:
+    """Move `slot` from the master on port `source` to the one on `target`, the way `redis-cli --cluster
+    reshard` moves each slot, calling `between()` after each MIGRATE; returns how many keys moved."""
+    source_id, target_id = _node_id(source), _node_id(target)
+    moved = 0
+    with redis.Redis(port=source) as old, redis.Redis(port=target) as new:
+        new.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        old.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        while batch := old.execute_command("CLUSTER", "GETKEYSINSLOT", slot, KEYS_PER_MIGRATE):
+            old.execute_command("MIGRATE", "127.0.0.1", target, "", 0, MIGRATE_TIMEOUT_MS, "KEYS", *batch)
+            moved += len(batch)
+            between()
+        for port in [target, source, *(p for p in masters if p not in (source, target))]:
+            with redis.Redis(port=port) as client:
+                client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    return moved
+
+
+class PacedLoad(Load):
+    """The failover test's load; `step()` returns once it made one more submit or answered one more request
+    (STEP_SECONDS at most): the move goes on a few keys per step of the load."""
+
+    def step(self) -> None:
+        seen = self.progress()
+        deadline = time.monotonic() + STEP_SECONDS
+        while self.progress() == seen and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def progress(self) -> int:
+        return len(self.accepted) + len(self.refused) + len(self.answers)
+
+
+def test_the_models_slot_moved_mid_load_loses_no_accepted_request(cluster, caplog):
+    from worker.engine.engine import Engine
+
+    tag = keys.slot_tag(MODEL)
+    slot = redis.cluster.key_slot(tag.encode())
+    connection = connect(cluster.url)
+    engine = Engine(hashed_model(SECONDS_PER_TEXT), max_batch_tokens=64, max_batch_size=64)
+    info = {**HASHED_INFO, "host": socket.gethostname()}
+    load = PacedLoad(cluster.url)
+    try:
+        with serve(engine, connection, info=info, max_jobs=8):
+            load.start()
+            assert load.started.wait(60), "the load did not start"
+            source = connection.get_node_from_key(tag).port
+            target = next(p for p in cluster.master_ports() if p != source)
+            moved = migrate_slot(cluster.master_ports(), slot, source, target, load.step)
+            load.failed_over.set()  # (the Load's name for "the move is done": AFTER_FAILOVER more submits)
+            load.join(120)
+            assert not load.is_alive(), "the load did not end"
+    finally:
+        connection.close()
+    assert moved > 0
+    assert connect(cluster.url).get_node_from_key(tag).port == target
+    assert len(load.accepted) >= FAILOVER_AFTER + AFTER_FAILOVER // 2, f"refused: {load.refused[:3]}"
+    assert all(refused.code for refused in load.refused)
+    assert set(load.answers) == set(load.accepted), "every accepted request is answered"
+    assert set(load.answers.values()) == {(1, 8)}
+    assert not [r for r in caplog.records if "could not store" in r.getMessage()]
+    assert not [r for r in caplog.records if "whose lease lapsed" in r.getMessage()], "none left to lease recovery"
