@@ -17,6 +17,7 @@ import asyncio
 import time
 
 import redis
+import redis.asyncio.cluster as aiocluster
 import redis.cluster
 
 MOVING_WAIT = 15.0  # seconds a slot's move may hold a command up before its error is raised
@@ -33,7 +34,8 @@ def slot_moving(exc: BaseException) -> bool:
 
 
 def is_cluster(connection) -> bool:
-    return isinstance(connection, redis.cluster.RedisCluster) or type(connection).__module__ == "redis.asyncio.cluster"
+    """Whether `connection` is a Redis Cluster client (sync or asyncio): only there can a slot move."""
+    return isinstance(connection, (redis.cluster.RedisCluster, aiocluster.RedisCluster))
 
 
 def while_moving(call, connection=None, wait: float = MOVING_WAIT):

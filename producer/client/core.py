@@ -13,7 +13,7 @@ from pydantic import ValidationError as PydanticValidationError
 from rq.job import JobStatus
 
 from common.chat import CHAT_INPUT
-from common.protocol import keys, operations
+from common.protocol import keys, operations, slotmoves
 from common.capabilities import ModelCapabilities
 from common.codec import unpackb
 from common.errors import (NO_WORKER_HINT, DecodeError, NoWorkerError, QueueFullError, UnavailableError,
@@ -351,13 +351,19 @@ _REFUSED_WRITES = {"OOM": "Redis is full (maxmemory reached) and refuses new req
 
 @contextlib.contextmanager
 def redis_errors():
-    """Turn Redis connection failures, and a Redis that refuses writes, into UnavailableError (the gateway
-    answers 503 with Retry-After): a clear error at once, never a hang nor a bare ResponseError."""
+    """Turn Redis connection failures, a Redis that refuses writes, and a cluster slot that stays in a move
+    (resharding), into UnavailableError (the gateway answers 503 with Retry-After): a clear error at once,
+    never a hang nor a bare ResponseError."""
     try:
         yield
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise UnavailableError(f"Redis is unreachable: {exc}") from exc
-    except redis.ResponseError as exc:
+    except redis.RedisError as exc:
+        if slotmoves.slot_moving(exc):  # still moving after slotmoves.MOVING_WAIT of sending again
+            raise UnavailableError(f"the Redis Cluster slot of this request is being moved (resharding) and did "
+                                   f"not settle within {slotmoves.MOVING_WAIT:g} s: {exc}; retry later") from exc
+        if not isinstance(exc, redis.ResponseError):
+            raise
         word = str(exc).split(" ", 1)[0]
         if isinstance(exc, (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)) or \
                 word in _REFUSED_WRITES:
