@@ -11,12 +11,13 @@ arrival order). A request that cannot be encoded fails in its caller's own submi
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 import redis
 import redis.asyncio as aioredis
 
-from common.protocol import keys, operations, scripts
+from common.protocol import keys, operations, scripts, slotmoves
 from common.request import EmbedRequest
 from common.scheduling import DEFAULT_PRIORITY
 from producer.client.core import enqueue_args, queue_full
@@ -113,9 +114,9 @@ class Submitter:
                 groups.append([i])
             else:
                 group.append(i)
-        replies = await self._pipeline(batch, groups)
-        if any(isinstance(reply, redis.exceptions.NoScriptError) for reply in replies):
-            replies = await self._pipeline(batch, groups, by_source=True)  # a new or restarted server
+        replies = await self._pipeline_loaded(batch, groups)
+        if slotmoves.is_cluster(self.connection):
+            replies = await self._again_while_moving(batch, groups, replies)
         out: list = [None] * len(batch)
         for group, reply in zip(groups, replies):
             for position, i in enumerate(group):
@@ -124,6 +125,26 @@ class Submitter:
             if not isinstance(reply, Exception):
                 self._announced.add(batch[group[0]].work.queue)
         return out
+
+    async def _pipeline_loaded(self, batch: list[_Submit], groups: list[list[int]]) -> list:
+        replies = await self._pipeline(batch, groups)
+        if any(isinstance(reply, redis.exceptions.NoScriptError) for reply in replies):
+            replies = await self._pipeline(batch, groups, by_source=True)  # a new or restarted server
+        return replies
+
+    async def _again_while_moving(self, batch: list[_Submit], groups: list[list[int]], replies: list) -> list:
+        """Send again, with slotmoves.py's backoff, only the groups whose enqueue met a slot being moved (it
+        wrote nothing; the others' ran, and must not run twice), until none does or MOVING_WAIT passed."""
+        deadline, pause = time.monotonic() + slotmoves.MOVING_WAIT, slotmoves.FIRST_PAUSE
+        while True:
+            moving = [k for k, reply in enumerate(replies) if isinstance(reply, Exception)
+                      and slotmoves.slot_moving(reply)]
+            if not moving or time.monotonic() + pause > deadline:
+                return replies
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, slotmoves.MAX_PAUSE)
+            for k, reply in zip(moving, await self._pipeline_loaded(batch, [groups[k] for k in moving])):
+                replies[k] = reply
 
     async def _pipeline(self, batch: list[_Submit], groups: list[list[int]], by_source: bool = False) -> list:
         pipe = self.connection.pipeline(transaction=False)

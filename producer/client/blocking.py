@@ -12,7 +12,7 @@ from common import tracing
 from common.capabilities import ModelCapabilities
 from common.fleetstate import resolve_redis_url
 from common.params import PoolingParams
-from common.protocol import keys, operations, scripts
+from common.protocol import keys, operations, scripts, slotmoves
 from common.redisclient import block_for, check_access, cluster_tag, connect
 from common.request import EmbedRequest
 from common.result import Result, SparseVector
@@ -230,10 +230,18 @@ class Producer(SyncWaits):
         """(the enqueue's reply, the result if it landed within FIRST_BLOCK) of `_ask`'s one round trip."""
         request_id = requests[0].id
         connection, notify = self.links[url], keys.notify_key(request_id)
-        pipe = connection.pipeline(transaction=False)
-        scripts.ENQUEUE.queue(pipe, *self._enqueue_args(url, work))
-        reply, _, raw = pipe.blmove(notify, notify, min(block_for(timeout), FIRST_BLOCK), "LEFT", "LEFT") \
-            .get(keys.result_key(request_id)).execute(raise_on_error=False)
+
+        def exchange() -> list:  # sent again while its enqueue meets a slot being moved (it wrote nothing)
+            pipe = connection.pipeline(transaction=False)
+            scripts.ENQUEUE.queue(pipe, *self._enqueue_args(url, work))
+            replies = pipe.blmove(notify, notify, min(block_for(timeout), FIRST_BLOCK), "LEFT", "LEFT") \
+                .get(keys.result_key(request_id)).execute(raise_on_error=False)
+            if isinstance(replies[0], Exception) and slotmoves.slot_moving(replies[0]):
+                raise replies[0]
+            return replies
+
+        reply, _, raw = slotmoves.while_moving(exchange, connection) if slotmoves.is_cluster(connection) \
+            else exchange()
         if isinstance(reply, redis.exceptions.NoScriptError):  # a new or restarted server: by source
             reply, raw = scripts.ENQUEUE(connection, *self._enqueue_args(url, work)), None
         for answer in (reply, raw):

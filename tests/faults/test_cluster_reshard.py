@@ -7,7 +7,9 @@ recovery), and the worker and producer go on after the move."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import threading
 import time
 
 import pytest
@@ -16,7 +18,9 @@ import redis.cluster
 
 from common.protocol import keys
 from common.redisclient import connect
-from tests.faults.test_cluster_failover import AFTER_FAILOVER, FAILOVER_AFTER, Load
+from common.errors import EmbedfleetError
+from producer import AsyncProducer
+from tests.faults.test_cluster_failover import AFTER_FAILOVER, FAILOVER_AFTER, MAX_REQUESTS, WINDOW, Load
 from tests.harness import serve
 from tests.hashed import HASHED_INFO, MODEL, hashed_model
 from tests.rediscluster import LocalCluster
@@ -56,9 +60,9 @@ def migrate_slot(masters: list[int], slot: int, source: int, target: int, betwee
     return moved
 
 
-class PacedLoad(Load):
-    """The failover test's load; `step()` returns once it made one more submit or answered one more request
-    (STEP_SECONDS at most): the move goes on a few keys per step of the load."""
+class Paced:
+    """`step()` returns once the load made one more submit or answered one more request (STEP_SECONDS at
+    most): the move goes on a few keys per step of the load."""
 
     def step(self) -> None:
         seen = self.progress()
@@ -70,7 +74,55 @@ class PacedLoad(Load):
         return len(self.accepted) + len(self.refused) + len(self.answers)
 
 
-def test_the_models_slot_moved_mid_load_loses_no_accepted_request(cluster, caplog):
+class PacedLoad(Paced, Load):
+    """The failover test's load (a Producer's submits and waits), paced."""
+
+
+class AsyncLoad(Paced, threading.Thread):
+    """Load's loop through an AsyncProducer: WINDOW requests in flight (submit, then wait), until AFTER_FAILOVER
+    more were accepted after `failed_over` (MAX_REQUESTS at most)."""
+
+    def __init__(self, url: str):
+        super().__init__(daemon=True)
+        self.url = url
+        self.accepted: list[str] = []
+        self.answers: dict[str, tuple] = {}
+        self.refused: list[EmbedfleetError] = []
+        self.started, self.failed_over = threading.Event(), threading.Event()
+
+    def run(self) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        async with AsyncProducer(self.url) as producer:
+            window, tasks, after = asyncio.Semaphore(WINDOW), [], 0
+            for index in range(MAX_REQUESTS):
+                await window.acquire()
+                tasks.append(asyncio.ensure_future(self._one(producer, index, window)))
+                await asyncio.sleep(0)  # (its submit goes out before the next is counted)
+                if len(self.accepted) >= FAILOVER_AFTER:
+                    self.started.set()
+                after += self.failed_over.is_set()
+                if after >= AFTER_FAILOVER:
+                    break
+            self.started.set()
+            await asyncio.gather(*tasks)
+
+    async def _one(self, producer: AsyncProducer, index: int, window: asyncio.Semaphore) -> None:
+        try:
+            try:
+                request_id = await producer.submit([f"text {index}"], MODEL)
+            except EmbedfleetError as exc:
+                self.refused.append(exc)
+                return
+            self.accepted.append(request_id)
+            self.answers[request_id] = (await producer.wait(request_id, timeout=60)).embeddings.shape
+        finally:
+            window.release()
+
+
+@pytest.mark.parametrize("loader", [PacedLoad, AsyncLoad], ids=["Producer", "AsyncProducer"])
+def test_the_models_slot_moved_mid_load_loses_no_accepted_request(cluster, caplog, loader):
     from worker.engine.engine import Engine
 
     tag = keys.slot_tag(MODEL)
@@ -78,7 +130,7 @@ def test_the_models_slot_moved_mid_load_loses_no_accepted_request(cluster, caplo
     connection = connect(cluster.url)
     engine = Engine(hashed_model(SECONDS_PER_TEXT), max_batch_tokens=64, max_batch_size=64)
     info = {**HASHED_INFO, "host": socket.gethostname()}
-    load = PacedLoad(cluster.url)
+    load = loader(cluster.url)
     try:
         with serve(engine, connection, info=info, max_jobs=8):
             load.start()
