@@ -19,7 +19,7 @@ import redis.cluster
 from common.protocol import keys
 from common.redisclient import connect
 from common.errors import EmbedfleetError
-from producer import AsyncProducer
+from producer import AsyncProducer, Producer
 from tests.faults.test_cluster_failover import AFTER_FAILOVER, FAILOVER_AFTER, MAX_REQUESTS, WINDOW, Load
 from tests.harness import serve
 from tests.hashed import HASHED_INFO, MODEL, hashed_model
@@ -28,7 +28,7 @@ from tests.rediscluster import LocalCluster
 KEYS_PER_MIGRATE = 10  # keys per MIGRATE (redis-cli --cluster reshard's --cluster-pipeline default)
 MIGRATE_TIMEOUT_MS = 5000
 SECONDS_PER_TEXT = 0.01
-STEP_SECONDS = 0.5  # a step of the load that takes longer (a script met TRYAGAIN) lets the move go on
+STEP_SECONDS = 0.2  # at most per step: the whole move stays well inside a claim's lease (6 s; a longer one may requeue)
 
 
 @pytest.fixture
@@ -121,7 +121,30 @@ class AsyncLoad(Paced, threading.Thread):
             window.release()
 
 
-@pytest.mark.parametrize("loader", [PacedLoad, AsyncLoad], ids=["Producer", "AsyncProducer"])
+class EmbedLoad(PacedLoad):
+    """A Producer's `embed` (enqueue and first wait in one round trip), one request at a time: an embed that
+    returns was accepted and answered (its vectors), one that fails must fail with a clear error."""
+
+    def run(self) -> None:
+        with Producer(self.url) as producer:
+            after = 0
+            for index in range(MAX_REQUESTS):
+                try:
+                    vectors = producer.embed([f"text {index}"], MODEL, timeout=60)
+                except EmbedfleetError as exc:
+                    self.refused.append(exc)
+                else:
+                    self.accepted.append(f"embed {index}")
+                    self.answers[f"embed {index}"] = vectors.shape
+                if len(self.accepted) >= FAILOVER_AFTER:
+                    self.started.set()
+                after += self.failed_over.is_set()
+                if after >= AFTER_FAILOVER:
+                    break
+            self.started.set()
+
+
+@pytest.mark.parametrize("loader", [PacedLoad, AsyncLoad, EmbedLoad], ids=["Producer", "AsyncProducer", "embed"])
 def test_the_models_slot_moved_mid_load_loses_no_accepted_request(cluster, caplog, loader):
     from worker.engine.engine import Engine
 
