@@ -90,6 +90,11 @@
     A line of a batch runs as request `<batch_id>-<line index>` (batch_line_request_id): the id is known
     before the submit, so a replica that takes a batch over submits again with the same id and the enqueue
     script refuses an id already in use: no line runs twice, none is lost.
+    On a Redis Cluster a file's and a batch's keys carry their id as a hash tag of their own (own_tag:
+    embedfleet:file:{<file_id>}, embedfleet:batch:{<batch_id>}:lines, ...): each object is one slot, the
+    indexes (embedfleet:files, embedfleet:batches, embedfleet:batches:active) are written apart from it, a
+    batch's input is copied part by part rather than COPYed, and a line's request id starts with its model's
+    hash tag (`{tag}<batch_id>-<line index>`: the model's queue slot). A plain Redis's layout is as above.
 
     Every key above expires but embedfleet:webhooks. The only keys without a TTL are shared, one per model or
     per fleet: embedfleet:models, embedfleet:webhooks, embedfleet:files, embedfleet:batches,
@@ -359,12 +364,18 @@ MAX_BATCH_LINES = 50_000  # OpenAI's limit of requests per batch file
 FILE_UPLOAD_TTL = 3600  # a file being written, part by part, that is never completed goes after this
 
 
-def file_key(file_id: str) -> str:
-    return f"{PREFIX}:file:{file_id}"
+def own_tag(object_id: str, tagged: bool) -> str:
+    """A file's or batch's id as its keys hold it: on a Redis Cluster (`tagged`) inside {} (a hash tag of its
+    own, so all the object's keys are one slot); on a plain Redis as it is."""
+    return "{" + object_id + "}" if tagged else object_id
 
 
-def file_upload_key(file_id: str) -> str:
-    return f"{PREFIX}:file:{file_id}:upload"
+def file_key(file_id: str, tagged: bool = False) -> str:
+    return f"{PREFIX}:file:{own_tag(file_id, tagged)}"
+
+
+def file_upload_key(file_id: str, tagged: bool = False) -> str:
+    return f"{PREFIX}:file:{own_tag(file_id, tagged)}:upload"
 
 
 def file_part_field(index: int) -> str:
@@ -372,20 +383,20 @@ def file_part_field(index: int) -> str:
     return f"part:{index}"
 
 
-def batch_key(batch_id: str) -> str:
-    return f"{PREFIX}:batch:{batch_id}"
+def batch_key(batch_id: str, tagged: bool = False) -> str:
+    return f"{PREFIX}:batch:{own_tag(batch_id, tagged)}"
 
 
-def batch_input_key(batch_id: str) -> str:
-    return f"{PREFIX}:batch:{batch_id}:input"
+def batch_input_key(batch_id: str, tagged: bool = False) -> str:
+    return f"{PREFIX}:batch:{own_tag(batch_id, tagged)}:input"
 
 
-def batch_lines_key(batch_id: str) -> str:
-    return f"{PREFIX}:batch:{batch_id}:lines"
+def batch_lines_key(batch_id: str, tagged: bool = False) -> str:
+    return f"{PREFIX}:batch:{own_tag(batch_id, tagged)}:lines"
 
 
-def batch_lease_key(batch_id: str) -> str:
-    return f"{PREFIX}:batch:{batch_id}:lease"
+def batch_lease_key(batch_id: str, tagged: bool = False) -> str:
+    return f"{PREFIX}:batch:{own_tag(batch_id, tagged)}:lease"
 
 
 def batch_line_request_id(batch_id: str, index: int) -> str:

@@ -44,7 +44,7 @@ class Placer:
         if len(urls) == 1:
             return urls
         if chosen is not None:
-            return [urls[zlib.crc32(chosen.encode()) % len(urls)]]
+            return [partition_of(urls, chosen)]
         start = next(self._turns.setdefault(model, itertools.count())) % len(urls)
         turn = urls[start:] + urls[:start]
         now = time.monotonic()
@@ -55,6 +55,12 @@ class Placer:
 
     def accepted(self, url: str) -> None:
         self._down.pop(url, None)
+
+
+def partition_of(urls: list[str], chosen: str) -> str:
+    """The partition (of `urls`, a model's partitions) a submit with the caller's own id `chosen` goes to: fixed
+    by the id, so that a submit sent again with it meets the first one (and is refused as a duplicate)."""
+    return urls[zlib.crc32(chosen.encode()) % len(urls)]
 
 
 def place(placer: Placer, model: str, chosen: str | None, send: Callable[[str], T]) -> tuple[str, T]:

@@ -58,18 +58,16 @@ def create_app(settings: GatewaySettings, tracing=None) -> FastAPI:
                         redact(settings.redis_url), err.message)
         for deliveries in gw.deliveries.values():
             deliveries.start()
-        # The Batch API's files and batches are on the default Redis; this replica drives batches too. Not on a
-        # Redis Cluster (its transactions and copies span slots): there its routes refuse (batches/routes.py).
-        runner = None
-        if not is_cluster(producer.redis_url):
-            app.state.batch_store = Store(producer.connection_at(producer.redis_url))
-            app.state.batch_runner = runner = Runner(gw, app.state.batch_store)
-            runner.start()
+        # The Batch API's files and batches are on the default Redis (a Redis Cluster too: store.py); this
+        # replica drives batches too.
+        app.state.batch_store = Store(producer.connection_at(producer.redis_url),
+                                      clustered=is_cluster(producer.redis_url))
+        app.state.batch_runner = runner = Runner(gw, app.state.batch_store)
+        runner.start()
         try:
             yield
         finally:
-            if runner is not None:
-                await runner.close()
+            await runner.close()
             for deliveries in gw.deliveries.values():
                 await deliveries.close()
             await producer.close()

@@ -8,6 +8,7 @@ carries the very 400 the route would answer for that body.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 
@@ -15,6 +16,8 @@ from pydantic import ValidationError as PydanticValidationError
 
 from common.errors import EmbedfleetError, PayloadTooLargeError, ValidationError, echo, invalid_request
 from common.protocol import keys
+from common.redisurls import cluster_tag
+from producer.client.placement import partition_of
 from producer.gateway.core.errors import error_response, status_of
 from producer.gateway.core.schemas import EmbedBody
 
@@ -172,8 +175,27 @@ def _dump(value) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+def request_id_of(batch_id: str, line: Line, partitions: list[str]) -> str:
+    """The request id line `line` runs as (keys.batch_line_request_id), fixed before its submit so that every
+    replica submits it under the same id. On a Redis Cluster (`partitions`: the URLs of the line's model) it
+    starts with the hash tag of the model's partition it goes to (cluster_tag: that partition's queue slot);
+    a model in several partitions sends a chosen id to partition_of(id), so the id is the first, in a fixed
+    order (a `-<n>` suffix after the first round), whose own tag is that of the partition it goes to."""
+    base = keys.batch_line_request_id(batch_id, line.index)
+    tags = [cluster_tag(url, line.body.model) for url in partitions] if line.body is not None else []
+    if not any(tags):
+        return base
+    for round_ in itertools.count():
+        for url, tag in zip(partitions, tags):
+            request_id = f"{tag}{base}-{round_}" if round_ else tag + base
+            if partition_of(partitions, request_id) == url:
+                return request_id
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def line_id(request_id: str) -> str:
-    return f"batch_req_{request_id.removeprefix('batch_')}"
+    """The output line's `id` (batch_req_...): the request id without its hash tag and `batch_` prefix."""
+    return f"batch_req_{keys.untagged(request_id).removeprefix('batch_')}"
 
 
 def answered(line: Line, request_id: str, status_code: int, body: bytes) -> bytes:

@@ -59,16 +59,10 @@ class BatchBody(BaseModel):
 
 
 def _store(request: Request) -> Store:
-    store = getattr(request.app.state, "batch_store", None)
-    if store is None:  # the gateway's --redis-url is a Redis Cluster (app.py)
-        raise ValidationError("the Batch API (/v1/files, /v1/batches) needs a plain Redis as the gateway's "
-                              "--redis-url; on a Redis Cluster it is not supported yet: run it on a gateway whose "
-                              "--redis-url is a plain Redis")
-    return store
+    return request.app.state.batch_store
 
 
 def _runner(request: Request) -> Runner:
-    _store(request)
     return request.app.state.batch_runner
 
 

@@ -313,7 +313,8 @@ class Drive:
                 await self.gw.producer.cancel(request_id)
 
     def request_id(self, line: Line) -> str:
-        return keys.batch_line_request_id(self.batch_id, line.index)
+        partitions = self.gw.producer.shards.partitions(line.body.model) if line.body is not None else []
+        return batchlines.request_id_of(self.batch_id, line, partitions)
 
     async def run_line(self, line: Line) -> Collected:
         """A line's answer; with tracing on, in a trace of its own linked to the batch's creation (one trace per

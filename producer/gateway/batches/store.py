@@ -4,6 +4,12 @@ Status changes, collected lines and leases go through the protocol's Lua scripts
 batch*.lua), so that a change is checked against the state it changes (a cancel cannot be overwritten by a
 runner's `completed`; a line is counted once) and, for a runner, against its lease: a replica that lost its
 lease writes nothing.
+
+On a Redis Cluster (`clustered`) each file's and each batch's keys are one slot of their own (keys.own_tag), the
+indexes another: a transaction holds one object's keys and the index is written after it (a listing drops ids
+whose object is gone; a runner forgets an ended batch it finds active), a batch's input is copied part by part
+(COPY cannot cross slots), and an ending batch leaves the active index in a second step. On a plain Redis every
+command is as it was.
 """
 
 from __future__ import annotations
@@ -35,42 +41,66 @@ def _text(raw) -> str:
 
 
 class Store:
-    """The Batch API's Redis reads and writes, on one asyncio connection (the gateway's default Redis)."""
+    """The Batch API's Redis reads and writes, on one asyncio connection (the gateway's default Redis);
+    `clustered`: that Redis is a Redis Cluster."""
 
-    def __init__(self, connection: aioredis.Redis):
+    def __init__(self, connection: aioredis.Redis, clustered: bool = False):
         self.connection = connection
+        self.clustered = clustered
+
+    def file_key(self, file_id: str) -> str:
+        return keys.file_key(file_id, self.clustered)
+
+    def batch_key(self, batch_id: str) -> str:
+        return keys.batch_key(batch_id, self.clustered)
+
+    def input_key(self, batch_id: str) -> str:
+        return keys.batch_input_key(batch_id, self.clustered)
+
+    def lines_key(self, batch_id: str) -> str:
+        return keys.batch_lines_key(batch_id, self.clustered)
+
+    def lease_key(self, batch_id: str) -> str:
+        return keys.batch_lease_key(batch_id, self.clustered)
 
     # -- files ------------------------------------------------------------------------------------
     def file_writer(self, file_id: str, part_bytes: int) -> PartWriter:
         """A writer of the file's bytes, part by part, under its staging key (commit_file puts it in place)."""
-        return PartWriter(self.connection, keys.file_upload_key(file_id), part_bytes)
+        return PartWriter(self.connection, keys.file_upload_key(file_id, self.clustered), part_bytes)
 
     async def commit_file(self, meta: dict, writer: PartWriter, ttl: int) -> None:
         """The written file in place with its meta (`bytes` and `parts` from the writer), listed."""
         await writer.close()
         meta = {**meta, "bytes": writer.size, "parts": writer.parts}
-        key = keys.file_key(meta["id"])
+        key = self.file_key(meta["id"])
         async with self.connection.pipeline(transaction=True) as pipe:
             pipe.hset(writer.key, "meta", json.dumps(meta))
-            pipe.rename(writer.key, key)
+            pipe.execute_command("RENAME", writer.key, key)  # redis-py's cluster pipeline blocks its rename()
             pipe.expire(key, ttl)
-            pipe.zadd(keys.FILES_KEY, {meta["id"]: _ms()})
-            # no file outlives FILE_TTL_MAX: older members are gone files (a listing only reads the newest)
-            pipe.zremrangebyscore(keys.FILES_KEY, "-inf", f"({_ms() - keys.FILE_TTL_MAX * 1000}")
+            if not self.clustered:
+                _index_file(pipe, meta["id"])
             await pipe.execute()
+        if self.clustered:  # the index is another slot: listed once the file is in place
+            async with self.connection.pipeline(transaction=False) as pipe:
+                _index_file(pipe, meta["id"])
+                await pipe.execute()
 
     async def discard(self, writer: PartWriter) -> None:
         await self.connection.delete(writer.key)
 
     def file_parts(self, file_id: str) -> AsyncIterator[bytes]:
         """The file's bytes part by part (parts.read_parts: FileNotFoundError once it is gone)."""
-        return read_parts(self.connection, keys.file_key(file_id))
+        return read_parts(self.connection, self.file_key(file_id))
 
     async def file_meta(self, file_id: str) -> dict | None:
-        raw = await self.connection.hget(keys.file_key(file_id), "meta")
+        raw = await self.connection.hget(self.file_key(file_id), "meta")
         return json.loads(raw) if raw else None
 
     async def delete_file(self, file_id: str) -> None:
+        if self.clustered:  # two slots: the file goes first (an index member without its file is dropped)
+            await self.connection.delete(self.file_key(file_id))
+            await self.connection.zrem(keys.FILES_KEY, file_id)
+            return
         async with self.connection.pipeline(transaction=True) as pipe:
             pipe.delete(keys.file_key(file_id))
             pipe.zrem(keys.FILES_KEY, file_id)
@@ -78,52 +108,82 @@ class Store:
 
     async def list_files(self) -> list[dict]:
         """Every stored file's meta, oldest first (ids whose file expired are dropped from the index)."""
-        return await self._listed(keys.FILES_KEY, keys.file_key, "meta")
+        return await self._listed(keys.FILES_KEY, self.file_key, "meta")
 
     # -- batches ----------------------------------------------------------------------------------
     async def create_batch(self, meta: dict) -> bool:
         """The batch, with a copy of its input file made in Redis (no byte of it passes through here);
         False when the input file is gone."""
         batch_id, created = meta["id"], _ms()  # created_at is whole seconds: the index orders by ms
-        key = keys.batch_key(batch_id)
-        if not await self.connection.copy(keys.file_key(meta["input_file_id"]), keys.batch_input_key(batch_id),
-                                          replace=True):
+        key = self.batch_key(batch_id)
+        if not await self._copy_input(meta["input_file_id"], batch_id):
             return False
         async with self.connection.pipeline(transaction=True) as pipe:
             pipe.hset(key, mapping={"meta": json.dumps(meta), "status": "validating", "total": 0,
                                     "completed": 0, "failed": 0, "input_tokens": 0})
             pipe.expire(key, keys.BATCH_TTL)
-            pipe.expire(keys.batch_input_key(batch_id), keys.BATCH_TTL)
-            pipe.zadd(keys.BATCHES_KEY, {batch_id: created})
-            pipe.zadd(keys.ACTIVE_BATCHES_KEY, {batch_id: created})
-            pipe.zremrangebyscore(keys.BATCHES_KEY, "-inf", f"({created - keys.BATCH_TTL * 1000}")  # expired ones
+            pipe.expire(self.input_key(batch_id), keys.BATCH_TTL)
+            if not self.clustered:
+                _index_batch(pipe, batch_id, created)
             await pipe.execute()
+        if self.clustered:  # the indexes are another slot: the batch is whole before a runner can claim it
+            async with self.connection.pipeline(transaction=False) as pipe:
+                _index_batch(pipe, batch_id, created)
+                await pipe.execute()
+        return True
+
+    async def _copy_input(self, file_id: str, batch_id: str) -> bool:
+        """The file's hash copied to the batch's input (False when the file is gone). On a Redis Cluster the two
+        are in different slots: copied part by part (one part held at a time), its meta last, so that a copy
+        cut short reads as a missing input."""
+        source, target = self.file_key(file_id), self.input_key(batch_id)
+        if not self.clustered:
+            return bool(await self.connection.copy(source, target, replace=True))
+        meta = await self.connection.hget(source, "meta")
+        await self.connection.delete(target)
+        try:
+            index = 0
+            async for part in read_parts(self.connection, source):
+                async with self.connection.pipeline(transaction=True) as pipe:
+                    pipe.hset(target, keys.file_part_field(index), part)
+                    pipe.expire(target, keys.FILE_UPLOAD_TTL)
+                    await pipe.execute()
+                index += 1
+        except FileNotFoundError:
+            await self.connection.delete(target)
+            return False
+        await self.connection.hset(target, "meta", meta)
         return True
 
     async def batch(self, batch_id: str) -> dict | None:
         """The batch's hash as text fields (`meta` parsed), or None."""
-        raw = await self.connection.hgetall(keys.batch_key(batch_id))
+        raw = await self.connection.hgetall(self.batch_key(batch_id))
         return _batch(raw) if raw else None
 
     async def list_batches(self) -> list[dict]:
-        return await self._listed(keys.BATCHES_KEY, keys.batch_key, None)
+        return await self._listed(keys.BATCHES_KEY, self.batch_key, None)
 
     def input_parts(self, batch_id: str) -> AsyncIterator[bytes]:
         """The batch's input file, part by part (FileNotFoundError once it is gone)."""
-        return read_parts(self.connection, keys.batch_input_key(batch_id))
+        return read_parts(self.connection, self.input_key(batch_id))
 
     async def transition(self, batch_id: str, before: tuple[str, ...], after: str, *, token: str = "",
                          end: bool = False, **fields) -> str | None:
         """Set status `after` (and `fields`) if the status is one of `before`: None when changed, else the
         status found. With `token`, only while that lease holds (else LeaseLost). `end`: the batch leaves
         the active set and its work keys (input, lines, lease) go."""
-        work = [keys.batch_input_key(batch_id), keys.batch_lines_key(batch_id)] if end else []
+        work = [self.input_key(batch_id), self.lines_key(batch_id)] if end else []
         pairs = [x for name, value in fields.items() for x in (name, value)]
+        # on a Redis Cluster the active index is another slot: the script gets a stand-in of the batch's slot
+        # (an absent key: its ZREM does nothing) and the batch leaves the index once it ended (a replica that
+        # dies between finds it ended and forgets it: Runner's Drive.run)
+        active = self.batch_key(batch_id) + ":active" if self.clustered else keys.ACTIVE_BATCHES_KEY
         reply = await scripts.BATCH_TRANSITION.run_async(
-            self.connection, [keys.batch_key(batch_id), keys.ACTIVE_BATCHES_KEY, keys.batch_lease_key(batch_id),
-                              *work],
+            self.connection, [self.batch_key(batch_id), active, self.lease_key(batch_id), *work],
             [batch_id, token, " ".join(before), after, "1" if end else "0", *pairs])
         code = int(reply[0])
+        if code == 1 and end and self.clustered:
+            await self.forget(batch_id)
         if code == -1:
             raise LeaseLost(batch_id)
         if code == -2:
@@ -139,15 +199,15 @@ class Store:
 
     # -- a runner's lease and its collected lines --------------------------------------------------
     async def claim(self, batch_id: str, token: str, lease: float) -> bool:
-        return bool(await self.connection.set(keys.batch_lease_key(batch_id), token, nx=True,
+        return bool(await self.connection.set(self.lease_key(batch_id), token, nx=True,
                                               px=int(lease * 1000)))
 
     async def renew(self, batch_id: str, token: str, lease: float) -> bool:
-        return bool(await scripts.BATCH_LEASE.run_async(self.connection, [keys.batch_lease_key(batch_id)],
+        return bool(await scripts.BATCH_LEASE.run_async(self.connection, [self.lease_key(batch_id)],
                                                          [token, int(lease * 1000), "1"]))
 
     async def release(self, batch_id: str, token: str) -> None:
-        await scripts.BATCH_LEASE.run_async(self.connection, [keys.batch_lease_key(batch_id)], [token, 0, "0"])
+        await scripts.BATCH_LEASE.run_async(self.connection, [self.lease_key(batch_id)], [token, 0, "0"])
 
     async def collect(self, batch_id: str, token: str, lines: list[tuple[int, bool, int, bytes]]) -> int:
         """Record lines (index, ok, prompt tokens, the output line) not recorded yet; returns how many were
@@ -156,7 +216,7 @@ class Store:
         for index, ok, tokens, line in lines:
             args += [index, "completed" if ok else "failed", tokens, (b"1" if ok else b"0") + line]
         added = int(await scripts.BATCH_COLLECT.run_async(
-            self.connection, [keys.batch_lease_key(batch_id), keys.batch_lines_key(batch_id), keys.batch_key(batch_id)],
+            self.connection, [self.lease_key(batch_id), self.lines_key(batch_id), self.batch_key(batch_id)],
             args))
         if added == -1:
             raise LeaseLost(batch_id)
@@ -165,13 +225,13 @@ class Store:
         return added
 
     async def collected(self, batch_id: str) -> set[int]:
-        return {int(i) for i in await self.connection.hkeys(keys.batch_lines_key(batch_id))}
+        return {int(i) for i in await self.connection.hkeys(self.lines_key(batch_id))}
 
     async def lines(self, batch_id: str, total: int) -> AsyncIterator[tuple[bool, bytes]]:
         """Each collected line in order, a few hundred per read: whether it was answered with a 2xx (the output
         file) or not (the error file), and the line."""
         for start in range(0, total, LINES_PER_READ):
-            found = await self.connection.hmget(keys.batch_lines_key(batch_id),
+            found = await self.connection.hmget(self.lines_key(batch_id),
                                                 list(range(start, min(start + LINES_PER_READ, total))))
             for value in found:
                 if value is not None:
@@ -197,6 +257,18 @@ class Store:
         if field:
             return [json.loads(raw) for raw in found if raw]
         return [_batch(raw) for raw in found if raw]
+
+
+def _index_file(pipe, file_id: str) -> None:
+    pipe.zadd(keys.FILES_KEY, {file_id: _ms()})
+    # no file outlives FILE_TTL_MAX: older members are gone files (a listing only reads the newest)
+    pipe.zremrangebyscore(keys.FILES_KEY, "-inf", f"({_ms() - keys.FILE_TTL_MAX * 1000}")
+
+
+def _index_batch(pipe, batch_id: str, created: int) -> None:
+    pipe.zadd(keys.BATCHES_KEY, {batch_id: created})
+    pipe.zadd(keys.ACTIVE_BATCHES_KEY, {batch_id: created})
+    pipe.zremrangebyscore(keys.BATCHES_KEY, "-inf", f"({created - keys.BATCH_TTL * 1000}")  # expired ones
 
 
 def _batch(raw: dict) -> dict:

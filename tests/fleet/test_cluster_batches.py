@@ -1,0 +1,94 @@
+"""OpenAI's Batch API on a real Redis Cluster of three masters (tests/rediscluster.py, issue 39), through the real
+`openai` client against a gateway whose --redis-url is the cluster: a JSONL file uploaded, a batch created and
+run, its output file downloaded with the vectors one plain Redis gives; a cancel cancels what is queued. A
+file's and a batch's keys each lie in one slot of their own (keys.own_tag), a line's request id carries its
+model's hash tag (its queue's slot)."""
+
+from __future__ import annotations
+
+import numpy as np
+import openai
+import pytest
+
+from common.protocol import keys
+from common.redisclient import connect
+from tests import gatewayserver
+from tests.fleet.test_batch_api import batch_file, output_lines, run_batch, wait_status
+from tests.fleet.test_cluster import TEXTS, _cosines, _keys_by_master
+from tests.harness import Fleet, serve
+
+MODEL = "minilm"
+
+
+@pytest.fixture(scope="module")
+def expected(minilm_engine, redis_server) -> np.ndarray:
+    """The vectors of TEXTS through one plain Redis (the session's, flushed)."""
+    with Fleet(redis_server.url, flush=True) as plain:
+        plain.serve(minilm_engine)
+        return plain.producer.embed(TEXTS, MODEL)
+
+
+@pytest.fixture
+def cluster_client(cluster_url):
+    """A gateway on the cluster URL (batches looked for every 0.2 s) and an `openai` client of it."""
+    gateway = gatewayserver.Server(gatewayserver.settings(cluster_url, batch_in_flight=8, batch_poll_seconds=0.2))
+    try:
+        with openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0) as client:
+            yield client
+    finally:
+        gateway.stop()
+
+
+def test_a_batch_on_a_cluster_gives_one_plain_redis_vectors(minilm_engine, expected, cluster_url, redis_cluster,
+                                                             cluster_client):
+    connection = connect(cluster_url)
+    try:
+        with serve(minilm_engine, connection):
+            batch = run_batch(cluster_client, batch_file([{"model": MODEL, "input": text} for text in TEXTS]))
+            done = wait_status(cluster_client, batch.id, ("completed", "failed", "expired", "cancelled"), timeout=120)
+            out = output_lines(cluster_client, done.output_file_id)
+    finally:
+        connection.close()
+    assert done.status == "completed" and done.request_counts.completed == len(TEXTS), done
+    assert done.error_file_id is None
+    got = np.array([line["response"]["body"]["data"][0]["embedding"]
+                    for line in sorted(out, key=lambda line: int(line["custom_id"].split("-")[1]))])
+    assert got.shape == expected.shape and _cosines(got, expected).min() >= 0.99999
+    tag = keys.slot_tag(MODEL)
+    assert all(keys.tag_of(line["response"]["request_id"]) == tag for line in out), out[0]
+    assert all(not keys.tag_of(line["id"]) and line["id"].startswith("batch_req_") for line in out)
+    # the batch's and the output file's keys each lie on one master, in their own slot
+    found = _keys_by_master(redis_cluster)
+    for own in (keys.own_tag(i, True) for i in (batch.id, done.output_file_id, batch.input_file_id)):
+        holders = [port for port, names in found.items() if any(own.encode() in name for name in names)]
+        assert len(holders) == 1, f"the keys of {own} lie on {holders}"
+    assert cluster_client.files.retrieve(done.output_file_id).bytes > 0
+    assert batch.id in [b.id for b in cluster_client.batches.list(limit=100)]
+    cluster_client.files.delete(batch.input_file_id)
+    assert batch.input_file_id not in [f.id for f in cluster_client.files.list()]
+
+
+def test_a_cancel_on_a_cluster_cancels_what_is_queued(minilm_engine, cluster_url, cluster_client):
+    bodies = [{"model": MODEL, "input": f"line {i} of a batch cancelled on a cluster"} for i in range(400)]
+    connection = connect(cluster_url)
+    try:
+        with serve(minilm_engine, connection):
+            batch = run_batch(cluster_client, batch_file(bodies))
+            wait_status(cluster_client, batch.id, ("completed",), timeout=120,
+                        until=lambda b: b.request_counts.completed >= 5)
+        # the worker stopped: what is queued now stays queued until the cancel
+        cancelling = cluster_client.batches.cancel(batch.id)
+        assert cancelling.status in ("cancelling", "cancelled")
+        done = wait_status(cluster_client, batch.id, ("cancelled",))
+        out, errors = output_lines(cluster_client, done.output_file_id), output_lines(cluster_client,
+                                                                                      done.error_file_id)
+        queues = connection.llen(keys.rq_queue_key(keys.queue_name(MODEL, "bulk", keys.slot_tag(MODEL))))
+    finally:
+        connection.close()
+    counts = done.request_counts
+    assert counts.total == 400 and counts.completed >= 5 and counts.failed >= 1
+    assert counts.completed + counts.failed == 400
+    assert len(out) == counts.completed and len(errors) == counts.failed
+    assert all(line["response"]["status_code"] == 200 for line in out)
+    assert {line["error"]["code"] for line in errors} == {"batch_cancelled"}
+    assert queues == 0  # the queued lines were cancelled (their tagged ids found in the model's slot)
