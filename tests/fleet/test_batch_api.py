@@ -473,38 +473,41 @@ def test_a_gateway_killed_mid_batch_loses_nothing_and_runs_nothing_twice(tmp_pat
 # -- the lease fences a replica that lost it ------------------------------------------------------------------
 
 def test_a_lapsed_lease_writes_nothing_and_each_line_counts_once(redis_server):
-    batch_id = f"batch_{uuid.uuid4().hex}"  # the session's Redis, not flushed: the module's gateway keeps its state
-
-    async def scenario():
+    async def scenario():  # the session's Redis, not flushed: the module's gateway keeps its state
         connection = aioredis.Redis.from_url(redis_server.url)
-        store = Store(connection)
-        file_id = f"file-{uuid.uuid4().hex[:24]}"
-        await store.commit_file({"id": file_id, "created_at": now()}, store.file_writer(file_id, 1024), 60)
-        meta = {"id": batch_id, "created_at": now(), "expires_at": now() + 60, "input_file_id": file_id}
-        assert await store.claim(batch_id, "replica-a", 30)  # before it is listed: no runner may take it
-        assert await store.create_batch(meta)
-        assert not await store.claim(batch_id, "replica-b", 30)  # one driver at a time
-        assert await store.collect(batch_id, "replica-a", [(0, True, 3, b"{}"), (1, False, 0, b"{}")]) == 2
-        await connection.delete(keys.batch_lease_key(batch_id))  # replica a's lease lapsed ...
-        assert await store.claim(batch_id, "replica-b", 30)  # ... and b took the batch over
-        with pytest.raises(LeaseLost):
-            await store.collect(batch_id, "replica-a", [(2, True, 1, b"{}")])
-        with pytest.raises(LeaseLost):
-            await store.transition(batch_id, ("validating",), "in_progress", token="replica-a")
-        assert not await store.renew(batch_id, "replica-a", 30)
-        # b collects line 1 again (it cannot know a did) and line 2: only line 2 is new
-        assert await store.collect(batch_id, "replica-b", [(1, False, 0, b"{}"), (2, True, 4, b"{}")]) == 1
-        batch = await store.batch(batch_id)
-        assert (batch["completed"], batch["failed"], batch["input_tokens"]) == ("2", "1", "7")
-        assert await store.transition(batch_id, ("validating",), "in_progress", token="replica-b") is None
-        assert await store.transition(batch_id, ("validating",), "failed", token="replica-b") == "in_progress"
-        await store.release(batch_id, "replica-a")  # not a's to give back: b keeps it
-        assert await connection.get(keys.batch_lease_key(batch_id)) == b"replica-b"
-        await store.transition(batch_id, ("in_progress",), "failed", token="replica-b", end=True)
-        assert batch_id not in await store.active() and not await connection.exists(keys.batch_lease_key(batch_id))
+        await lapsed_lease(Store(connection))
         await connection.aclose()
 
     asyncio.run(scenario())
+
+
+async def lapsed_lease(store: Store) -> None:
+    """A lapsed lease's replica writes nothing, each line counts once (also on a cluster: test_cluster_batches)."""
+    connection, batch_id = store.connection, f"batch_{uuid.uuid4().hex}"
+    file_id = f"file-{uuid.uuid4().hex[:24]}"
+    await store.commit_file({"id": file_id, "created_at": now()}, store.file_writer(file_id, 1024), 60)
+    meta = {"id": batch_id, "created_at": now(), "expires_at": now() + 60, "input_file_id": file_id}
+    assert await store.claim(batch_id, "replica-a", 30)  # before it is listed: no runner may take it
+    assert await store.create_batch(meta)
+    assert not await store.claim(batch_id, "replica-b", 30)  # one driver at a time
+    assert await store.collect(batch_id, "replica-a", [(0, True, 3, b"{}"), (1, False, 0, b"{}")]) == 2
+    await connection.delete(store.lease_key(batch_id))  # replica a's lease lapsed ...
+    assert await store.claim(batch_id, "replica-b", 30)  # ... and b took the batch over
+    with pytest.raises(LeaseLost):
+        await store.collect(batch_id, "replica-a", [(2, True, 1, b"{}")])
+    with pytest.raises(LeaseLost):
+        await store.transition(batch_id, ("validating",), "in_progress", token="replica-a")
+    assert not await store.renew(batch_id, "replica-a", 30)
+    # b collects line 1 again (it cannot know a did) and line 2: only line 2 is new
+    assert await store.collect(batch_id, "replica-b", [(1, False, 0, b"{}"), (2, True, 4, b"{}")]) == 1
+    batch = await store.batch(batch_id)
+    assert (batch["completed"], batch["failed"], batch["input_tokens"]) == ("2", "1", "7")
+    assert await store.transition(batch_id, ("validating",), "in_progress", token="replica-b") is None
+    assert await store.transition(batch_id, ("validating",), "failed", token="replica-b") == "in_progress"
+    await store.release(batch_id, "replica-a")  # not a's to give back: b keeps it
+    assert await connection.get(store.lease_key(batch_id)) == b"replica-b"
+    await store.transition(batch_id, ("in_progress",), "failed", token="replica-b", end=True)
+    assert batch_id not in await store.active() and not await connection.exists(store.lease_key(batch_id))
 
 
 def test_a_batch_left_finalizing_by_a_dead_replica_is_finished_by_another(client, shared):

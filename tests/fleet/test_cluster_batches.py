@@ -6,14 +6,17 @@ model's hash tag (its queue's slot)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import openai
 import pytest
 
 from common.protocol import keys
-from common.redisclient import connect
+from common.redisclient import connect, connect_async
+from producer.gateway.batches.store import Store, now
 from tests import gatewayserver
-from tests.fleet.test_batch_api import batch_file, output_lines, run_batch, wait_status
+from tests.fleet.test_batch_api import batch_file, lapsed_lease, output_lines, run_batch, wait_status
 from tests.fleet.test_cluster import TEXTS, _cosines, _keys_by_master
 from tests.harness import Fleet, serve
 
@@ -92,3 +95,22 @@ def test_a_cancel_on_a_cluster_cancels_what_is_queued(minilm_engine, cluster_url
     assert all(line["response"]["status_code"] == 200 for line in out)
     assert {line["error"]["code"] for line in errors} == {"batch_cancelled"}
     assert queues == 0  # the queued lines were cancelled (their tagged ids found in the model's slot)
+
+
+def test_a_lapsed_lease_writes_nothing_on_a_cluster(cluster_url, redis_cluster):
+    """The lease fences a replica that lost it, and an ended batch leaves the active index, with each object's
+    keys in its own slot (the scripts and transactions there would fail CROSSSLOT otherwise); a batch made from a
+    file that is gone is refused and leaves no input copy."""
+    async def scenario():
+        connection = connect_async(cluster_url)
+        store = Store(connection, clustered=True)
+        try:
+            await lapsed_lease(store)
+            meta = {"id": "batch_gone_input", "created_at": now(), "expires_at": now() + 60,
+                    "input_file_id": "file-gone"}
+            assert not await store.create_batch(meta)
+            assert not await connection.exists(store.input_key("batch_gone_input"), store.batch_key("batch_gone_input"))
+        finally:
+            await connection.aclose()
+
+    asyncio.run(scenario())

@@ -175,14 +175,14 @@ def _dump(value) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def request_id_of(batch_id: str, line: Line, partitions: list[str]) -> str:
-    """The request id line `line` runs as (keys.batch_line_request_id), fixed before its submit so that every
-    replica submits it under the same id. On a Redis Cluster (`partitions`: the URLs of the line's model) it
-    starts with the hash tag of the model's partition it goes to (cluster_tag: that partition's queue slot);
-    a model in several partitions sends a chosen id to partition_of(id), so the id is the first, in a fixed
-    order (a `-<n>` suffix after the first round), whose own tag is that of the partition it goes to."""
-    base = keys.batch_line_request_id(batch_id, line.index)
-    tags = [cluster_tag(url, line.body.model) for url in partitions] if line.body is not None else []
+def request_id_of(batch_id: str, index: int, model: str | None, partitions: list[str]) -> str:
+    """The request id line `index` runs as (keys.batch_line_request_id), fixed before its submit so that every
+    replica submits it under the same id. On a Redis Cluster (`partitions`: the URLs of `model`) it starts
+    with the hash tag of the model's partition it goes to (cluster_tag: that partition's queue slot); a model
+    in several partitions sends a chosen id to partition_of(id), so the id is the first, in a fixed order (a
+    `-<n>` suffix after the first round), whose own tag is that of the partition it goes to."""
+    base = keys.batch_line_request_id(batch_id, index)
+    tags = [cluster_tag(url, model) for url in partitions] if model is not None else []
     if not any(tags):
         return base
     for round_ in itertools.count():

@@ -28,6 +28,7 @@ from common.errors import (DuplicateRequestError, EmbedfleetError, NoWorkerError
                            UnavailableError)
 from common.protocol import keys
 from producer.client import traced
+from producer.client.core import pick_model
 from producer.gateway.core import encoding
 from producer.gateway.batches import lines as batchlines, objects
 from producer.gateway.batches.lines import Line
@@ -312,14 +313,22 @@ class Drive:
             with contextlib.suppress(EmbedfleetError):
                 await self.gw.producer.cancel(request_id)
 
-    def request_id(self, line: Line) -> str:
-        partitions = self.gw.producer.shards.partitions(line.body.model) if line.body is not None else []
-        return batchlines.request_id_of(self.batch_id, line, partitions)
+    def request_id(self, line: Line, model: str | None = None) -> str:
+        partitions = self.gw.producer.shards.partitions(model) if model is not None else []
+        return batchlines.request_id_of(self.batch_id, line.index, model, partitions)
+
+    async def model_of(self, line: Line) -> str | None:
+        """The line's model; on a Redis Cluster a line without one gets the only served model's (its id carries
+        that model's tag), else None (the submit then says why)."""
+        if line.body.model is None and self.store.clustered:
+            with contextlib.suppress(EmbedfleetError):
+                return pick_model(None, await self.gw.producer.models(refresh=False)).name
+        return line.body.model
 
     async def run_line(self, line: Line) -> Collected:
         """A line's answer; with tracing on, in a trace of its own linked to the batch's creation (one trace per
         line: a batch's thousands of lines in one trace would be past what trace viewers show)."""
-        request_id = self.request_id(line)
+        request_id = self.request_id(line, await self.model_of(line))
         with traced.linked("batch line", self.trace, {"embedfleet.batch.id": self.batch_id,
                                                       "embedfleet.batch.line": line.index,
                                                       "embedfleet.batch.custom_id": line.custom_id[:128],
