@@ -14,13 +14,20 @@ import pytest
 
 from common.protocol import keys
 from common.redisclient import connect, connect_async
+from common.redisserver import free_port
 from producer.gateway.batches.store import Store, now
 from tests import gatewayserver
-from tests.fleet.test_batch_api import batch_file, lapsed_lease, output_lines, run_batch, wait_status
+from tests.commands import clean_env
+from tests.fleet.test_batch_api import (GatewayProcess, batch_file, lapsed_lease, output_lines, run_batch,
+                                        wait_status)
 from tests.fleet.test_cluster import TEXTS, _cosines, _keys_by_master
 from tests.harness import Fleet, serve
+from tests.tinymodels import sample_texts
+from worker.engine.engine import Engine
+from worker.engine.models.loader import load_model
 
 MODEL = "minilm"
+TINY = "tiny"
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +121,44 @@ def test_a_lapsed_lease_writes_nothing_on_a_cluster(cluster_url, redis_cluster):
             await connection.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_gateway_killed_mid_batch_on_a_cluster_loses_nothing_and_runs_nothing_twice(tmp_path, bert_mean,
+                                                                                        cluster_url):
+    """test_batch_api's kill test on the cluster: the gateway process is killed mid-batch, a new one takes the
+    batch over (lease, then the same tagged line ids: its submits of lines already queued are refused as
+    duplicates) and every line runs exactly once."""
+    tag = keys.slot_tag(TINY)
+    connection = connect(cluster_url)
+    port, env, log = free_port(), clean_env(tmp_path / "cache"), tmp_path / "gateway.log"
+    bodies = [{"model": TINY, "input": text} for text in sample_texts(600, seed=11)]
+    gateway = None
+    try:
+        with serve(Engine(load_model(bert_mean, served_name=TINY)), connection, rq_records="full"):
+            gateway = GatewayProcess(cluster_url, port, log, env)
+            with openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=3) as client:
+                batch = run_batch(client, batch_file(bodies))
+                wait_status(client, batch.id, ("completed",), until=lambda b: b.request_counts.completed >= 50)
+                gateway.kill()
+                held = connection.hgetall(keys.batch_key(batch.id, True))
+                assert held[b"status"] == b"in_progress", held
+                collected = int(held[b"completed"]) + int(held[b"failed"])
+                submitted = sum(connection.exists(keys.rq_job_key(tag + keys.batch_line_request_id(batch.id, i)))
+                                for i in range(600))
+                assert submitted > collected, (submitted, collected)  # lines in flight died with the gateway
+                gateway = GatewayProcess(cluster_url, port, log, env)
+                done = wait_status(client, batch.id, ("completed", "failed", "expired"), timeout=120)
+                out = output_lines(client, done.output_file_id)
+        assert done.status == "completed", done
+        assert done.request_counts.model_dump() == {"total": 600, "completed": 600, "failed": 0}
+        assert "of 600 lines to run" in log.read_text()  # the restarted gateway took the batch over
+        assert [line["custom_id"] for line in out] == [f"req-{i}" for i in range(600)]
+        ids = [tag + keys.batch_line_request_id(batch.id, i) for i in range(600)]
+        assert [line["response"]["request_id"] for line in out] == ids
+        finished = keys.rq_finished_key(keys.queue_name(TINY, "bulk", tag))
+        assert {m.decode() for m in connection.zrange(finished, 0, -1)} >= set(ids)
+        assert {connection.hget(keys.rq_job_key(i), "deliveries") for i in ids} == {b"1"}  # each ran once
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        connection.close()
