@@ -51,7 +51,8 @@ def summary(exc: BaseException) -> str:
     problem = access_problem(exc)  # credentials, ACL or TLS: say so, not "unreachable"
     if problem and not isinstance(exc, AccessError):
         return problem
-    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+    # a Redis Cluster none of whose nodes answers: redis-py's own class, no ConnectionError
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, redis.exceptions.RedisClusterUnreachableError)):
         return f"Redis is unreachable ({str(exc).rstrip('.')}); {HINTS['redis_unavailable']}"
     if isinstance(exc, EmbedfleetError):
         hint = HINTS.get(exc.code)

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 import redis
 from pydantic import Field
 from rq import Queue
-from rq.job import Job
 
 from common.protocol import keys
+from common.protocol.taggedjob import TaggedJob
 from common.codec import unpackb
 from common.config import Settings
 from common.errors import NotFoundError, ValidationError
-from common.redisclient import connect, is_cluster
+from common.redisclient import cluster_tag, connect
 from common.request import EmbedRequest
 from common.serializer import MsgpackSerializer
 
@@ -54,13 +54,9 @@ def run(argv: list[str]) -> int:
     values = vars(parser.parse_args(argv))
     action, ids, every = values.pop("action"), values.pop("ids"), values.pop("all")
     settings = FailedSettings.from_values(parser, values)
-    if is_cluster(settings.redis_url):  # rq's Job refuses an id with a hash tag: nothing here could read one
-        raise ValidationError("`embedfleet failed` does not support a Redis Cluster yet (its failed jobs carry a "
-                              "hash tag that rq's own Job refuses); read them with `embedfleet status` or a "
-                              "Producer's status()/get() by id")
     connection = connect(settings.redis_url)
     try:
-        queues = _queues(connection, settings.model)
+        queues = _queues(connection, settings.model, cluster_tag(settings.redis_url, settings.model or ""))
         if action == "list":
             return _list(connection, queues)
         if action == "show":
@@ -76,21 +72,23 @@ def run(argv: list[str]) -> int:
         connection.close()
 
 
-def _queues(connection: redis.Redis, model: str | None) -> list[Queue]:
+def _queues(connection: redis.Redis, model: str | None, tag: str) -> list[Queue]:
+    """The model's queue (on a Redis Cluster: `tag`, its hash tag; the URL's #partition's), or every model's.
+    TaggedJob: rq's registries read a cluster's jobs (tagged ids) through it."""
     if model:
-        names = [keys.queue_name(model)]
+        names = [keys.queue_name(model, tag=tag)]
     else:
         names = sorted(q.name for q in Queue.all(connection=connection, serializer=MsgpackSerializer)
-                       if q.name.startswith(keys.queue_name("")))
-    return [Queue(name, connection=connection, serializer=MsgpackSerializer) for name in names]
+                       if keys.untagged(q.name).startswith(keys.queue_name("")))
+    return [Queue(name, connection=connection, serializer=MsgpackSerializer, job_class=TaggedJob) for name in names]
 
 
 def _model(queue: Queue) -> str:
-    return queue.name[len(keys.queue_name("")):]
+    return keys.untagged(queue.name)[len(keys.queue_name("")):]
 
 
 def _read(connection: redis.Redis, queue: Queue, job_id: str) -> Failed | None:
-    fields = connection.hgetall(Job.key_for(job_id))
+    fields = connection.hgetall(TaggedJob.key_for(job_id))
     if not fields:
         return None
     text = {k.decode(): v for k, v in fields.items()}
@@ -160,8 +158,9 @@ def _requeue(connection: redis.Redis, queues: list[Queue], ids: list[str]) -> in
     targets = [_find(connection, queues, i) for i in ids] if ids else list(_failed(connection, queues))
     for queue, failed in targets:
         with connection.pipeline() as pipe:  # a fresh start: no lapses, no stored error to answer with
-            pipe.hdel(Job.key_for(failed.id), "lapses", "deliveries")
-            pipe.delete(keys.result_key(failed.id), keys.notify_key(failed.id))
+            pipe.hdel(TaggedJob.key_for(failed.id), "lapses", "deliveries")
+            # one DEL of both (one slot: the id's); redis-py's cluster pipeline refuses a delete() of two keys
+            pipe.execute_command("DEL", keys.result_key(failed.id), keys.notify_key(failed.id))
             pipe.execute()
         queue.failed_job_registry.requeue(failed.id, at_front=True)
         print(f"requeued {failed.id} at the head of {queue.name}")
@@ -173,7 +172,7 @@ def _requeue(connection: redis.Redis, queues: list[Queue], ids: list[str]) -> in
 def _purge(connection: redis.Redis, queues: list[Queue]) -> int:
     count = 0
     for _, failed in list(_failed(connection, queues)):
-        Job.fetch(failed.id, connection=connection, serializer=MsgpackSerializer).delete()  # rq's own way
+        TaggedJob.fetch(failed.id, connection=connection, serializer=MsgpackSerializer).delete()  # rq's own way
         connection.delete(keys.result_key(failed.id), keys.notify_key(failed.id))
         count += 1
     print(f"purged {count} failed request(s)")

@@ -34,8 +34,10 @@ def test_a_worker_gateway_and_status_run_on_a_cluster_url(cluster_url, tmp_path)
     assert model["queues"][0]["queue"] == keys.queue_name(MODEL, tag=keys.slot_tag(MODEL))
 
 
-def test_failed_refuses_a_cluster_in_one_line(tmp_path):
+def test_failed_on_a_cluster_none_of_whose_nodes_answers_says_so_in_one_line(tmp_path):
+    """`embedfleet failed` works on a cluster (tests/fleet/test_cluster_failed.py); one that does not answer is
+    unreachable, in one line."""
     from tests.commands import assert_one_line_error
 
     done = embedfleet("failed", "list", "--redis-url", "redis+cluster://127.0.0.1:1", env=clean_env(tmp_path))
-    assert_one_line_error(done, 1, "Redis Cluster")
+    assert_one_line_error(done, 1, "Redis is unreachable")

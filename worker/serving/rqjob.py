@@ -17,12 +17,11 @@ limit, so dropping them loses nothing.
 
 from __future__ import annotations
 
-from rq.job import Job
 from rq.utils import decode_redis_hash
 
 from common.errors import DecodeError
-from common.protocol import keys
 from common.protocol.jobdata import inflate
+from common.protocol.taggedjob import TaggedJob
 
 # What rq would import, call or act on when it handles a job; never set by embedfleet.
 DROPPED_FIELDS = ("success_callback_name", "failure_callback_name", "stopped_callback_name", "webhooks",
@@ -30,16 +29,10 @@ DROPPED_FIELDS = ("success_callback_name", "failure_callback_name", "stopped_cal
 MAX_EXC_INFO = 64 << 10  # bytes of a failure record read back (embedfleet's own are clipped to ~2 KB)
 
 
-class SafeJob(Job):
+class SafeJob(TaggedJob):
     """An rq Job that never imports, calls or acts on what its hash names (see the module docstring), and that
-    takes a Redis Cluster's ids (a hash tag before rq's alphabet, common/protocol/keys.py), which rq's own
-    refuses: rq's maintenance reads a lapsed claim's job through this class."""
-
-    def __init__(self, id: str | None = None, connection=None, serializer=None):
-        tagged = id if id and keys.tag_of(id) and keys.valid_request_id(id) else None
-        super().__init__(None if tagged else id, connection, serializer)
-        if tagged:
-            self._id = tagged
+    takes a Redis Cluster's ids (TaggedJob), which rq's own refuses: rq's maintenance reads a lapsed claim's
+    job through this class."""
 
     def restore(self, raw_data):
         fields = decode_redis_hash(raw_data)

@@ -1,0 +1,16 @@
+"""TaggedJob: rq's Job that takes a Redis Cluster's request ids (a hash tag before rq's alphabet,
+common/protocol/keys.py), which rq's own refuses. For a plain id it is rq's Job unchanged."""
+
+from __future__ import annotations
+
+from rq.job import Job
+
+from common.protocol import keys
+
+
+class TaggedJob(Job):
+    def __init__(self, id: str | None = None, connection=None, serializer=None):
+        tagged = id if id and keys.tag_of(id) and keys.valid_request_id(id) else None
+        super().__init__(None if tagged else id, connection, serializer)
+        if tagged:
+            self._id = tagged
