@@ -125,8 +125,11 @@ def run_one(label: str, tree: str | None, texts: list[str], args, hog_count: int
         busy = hogs(hog_count, prefix)
         try:
             # -P: the working directory (this checkout) does not come before PYTHONPATH's older tree.
+            # finished_rate counts rq's finished registry: this tree writes it with --rq-records full only (the
+            # few commands it adds a request are nothing beside a MiniLM pass); older trees always wrote it.
+            records = [] if tree else ["--rq-records", "full"]
             worker = Process([*prefix, sys.executable, "-P", "-m", "worker", "--redis-url", server.url, "--model",
-                              model_path(), "--served-model-name", NAME, "--no-cache"], f"worker-{NAME}",
+                              model_path(), "--served-model-name", NAME, "--no-cache", *records], f"worker-{NAME}",
                              pythonpath=(tree,) if tree else ())
             try:
                 wait_advertised(worker, server.url, NAME, timeout=600)

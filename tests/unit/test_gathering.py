@@ -28,8 +28,9 @@ class Clock:
         return False
 
 
-def busy(free_in: float, passes: int | None = 16, lower: bool = False, now: float = 100.0) -> OnDevice:
-    return OnDevice(began=now - 1.0, free_at=now + free_in, passes=passes, lower=lower)
+def busy(free_in: float, largest: int | None = 16, lower: bool = False, now: float = 100.0) -> OnDevice:
+    """`largest`: the passes the largest request of the round on the device needs alone."""
+    return OnDevice(began=now - 1.0, free_at=now + free_in, largest=largest, lower=lower)
 
 
 def test_a_round_s_worth_queued_is_taken_at_once():
@@ -46,10 +47,12 @@ def test_the_take_comes_as_late_as_still_lets_the_round_be_ready_when_the_device
     assert plan.take_at == pytest.approx(101.0 - lead)
 
 
-@pytest.mark.parametrize("passes, reach, look", [(CUT_IN_PASSES + 1, 1, 1), (16, 2, 2), (CUT_IN_PASSES, 2, 0),
-                                                 (1, 1, 0), (None, 2, 0)])
-def test_work_behind_a_round_of_several_passes_is_looked_for(passes, reach, look):
-    plan = Gathering(max_jobs=64, clock=Clock()).plan(busy(1.0, passes), queued=0, prepare_seconds=0.0, reach=reach)
+@pytest.mark.parametrize("largest, reach, look", [(CUT_IN_PASSES + 1, 1, 1), (16, 2, 2), (CUT_IN_PASSES, 2, 0),
+                                                  (1, 1, 0), (None, 2, 0)])
+def test_work_behind_a_request_of_several_passes_is_looked_for(largest, reach, look):
+    """Only a round whose largest request needs more than CUT_IN_PASSES passes alone is cut into: a full round
+    of small requests (ROUND_PASSES passes, each request in one) is not, so a steady load keeps whole rounds."""
+    plan = Gathering(max_jobs=64, clock=Clock()).plan(busy(1.0, largest), queued=0, prepare_seconds=0.0, reach=reach)
     assert plan.look == look
 
 
@@ -97,15 +100,34 @@ def test_a_stop_ends_the_wait_and_a_past_take_time_does_not_wait():
 def test_the_device_state_the_forward_stage_reports():
     device = Device()
     assert device.take_now.is_set() and device.now() == OnDevice()  # nothing on it: take at once
-    device.busy(began=10.0, texts=100, passes=4, lower=True)
+    device.busy(began=10.0, texts=100, largest=4, lower=True)
     assert not device.take_now.is_set()
     assert device.now() == OnDevice(10.0, 10.0, 4, True)  # no time per text measured yet: free "now"
     device.measured(texts=100, seconds=1.0)  # 10 ms a text, smoothed from 0
     device.measured(texts=0, seconds=5.0)  # a round with nothing to compute teaches nothing
     device.free()
     assert device.take_now.is_set()
-    device.busy(began=20.0, texts=100, passes=None, lower=False)
+    device.busy(began=20.0, texts=100, largest=None, lower=False)
     assert device.now().free_at == pytest.approx(20.0 + 100 * 0.3 * 0.01)
     assert not device.wanted.is_set()
     device.call_for_interactive()
     assert device.take_now.is_set() and device.wanted.is_set()
+
+
+def test_a_round_knows_the_passes_of_its_largest_request_apart_from_its_own():
+    """What the take stage reports to the device (rounds.passes_of): a full round of small requests needs many
+    passes but none of its requests more than one; one large request needs them all by itself."""
+    from worker.engine.engine import Work
+    from worker.engine.preprocess import Prepared
+    from worker.engine.shaper import Shape
+    from worker.serving.rounds import Round, passes_of
+
+    def round_of(*sizes: int) -> Round:
+        prepared = {i: Prepared(token_lists=[[1] * 8] * size) for i, size in enumerate(sizes)}
+        return Round(0.0, work=Work(requests=[], results=[], prepared=prepared))
+
+    shape = Shape(tokens=128, rows=16)  # 16 rows of 8 tokens a pass
+    assert passes_of(round_of(*[8] * 32), shape) == (16, 1)  # 32 requests of 8 texts: 16 passes, one each
+    assert passes_of(round_of(256, 8), shape) == (17, 16)  # a 256-text request holds 16 passes alone
+    assert passes_of(round_of(256), None) == (None, None)
+    assert passes_of(Round(0.0), shape) == (0, 0)

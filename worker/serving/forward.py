@@ -103,7 +103,7 @@ class ForwardStage:
             self.watchdog.arm(round_.work)
         began, texts = time.monotonic(), round_.work.texts
         if not nested:
-            self.device.busy(began, texts, round_.passes, round_.lower)
+            self.device.busy(began, texts, round_.largest, round_.lower)
             self.live.on_device(len(round_.runnable), texts)
         round_.stamps.forward = time.time_ns()
         try:

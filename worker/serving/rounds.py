@@ -62,6 +62,7 @@ class Round:
     lower: bool = False
     preemptible: bool = False  # lower and not the share's round: given back if higher-level work beats it
     passes: int | None = None  # forward passes its work needs, about (`passes_of`); None: not known
+    largest: int | None = None  # forward passes its largest request needs alone, about (`passes_of`)
     stamps: Stamps = field(default_factory=Stamps)
 
     @property
@@ -83,18 +84,23 @@ class Round:
         return [(self.runnable[i], self.work.resolved[i], prepared) for i, prepared in self.spread.items()]
 
 
-def passes_of(round_: Round, shape) -> int | None:
-    """About how many forward passes the round's work needs at `shape` (a worker.engine.shaper.Shape): the
-    inputs it must compute (not the cached ones) sorted by length and cut as the engine cuts them; None without
-    a shape."""
+def passes_of(round_: Round, shape) -> tuple[int | None, int | None]:
+    """About how many forward passes the round's work needs at `shape` (a worker.engine.shaper.Shape), and its
+    largest request alone: the inputs it must compute (not the cached ones) sorted by length and cut as the
+    engine cuts them; (None, None) without a shape."""
     if shape is None:
-        return None
+        return None, None
     work = round_.work
     if work is None:
-        return 0
+        return 0, 0
     hits = round_.lookup.hits if round_.lookup is not None else {}
-    lengths = sorted(len(ids) for index, prepared in work.prepared.items()
-                     for row, ids in enumerate(prepared.token_lists) if row not in hits.get(index, ()))
+    each = {index: [len(ids) for row, ids in enumerate(prepared.token_lists) if row not in hits.get(index, ())]
+            for index, prepared in work.prepared.items()}
+    largest = max(each.values(), key=len, default=[])
+    return _passes(sorted(n for lengths in each.values() for n in lengths), shape), _passes(sorted(largest), shape)
+
+
+def _passes(lengths: list[int], shape) -> int:
     return sum(1 for _ in cuts(lengths, shape.tokens, shape.rows))
 
 

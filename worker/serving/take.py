@@ -211,7 +211,7 @@ class TakeStage:
         round_.stamps.tokenise = time.time_ns()
         if requests:
             self.steps.prepare(round_, requests)
-        round_.passes = rounds.passes_of(round_, self.steps.engine.shape())
+        round_.passes, round_.largest = rounds.passes_of(round_, self.steps.engine.shape())
         round_.stamps.prepared = time.time_ns()
 
     def _flush_parked(self, handoff: Handoff) -> None:
