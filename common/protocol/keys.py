@@ -125,7 +125,9 @@
                                             queue empty (which heals drift), or the counter holds no whole
                                             number. No TTL: one per queue, like the queue itself
     rq:wip:<queue>                  ZSET    rq's started registry: member <id>:<execution>, score = the
-                                            claim's lease end + LEASE_GRACE (Redis server clock)
+                                            claim's lease end + LEASE_GRACE (Redis server clock); a member
+                                            is over 64 bytes (the execution id is hex, 32 or more
+                                            characters), which keeps the zset a skiplist (take.lua)
     rq:execution:<id>:<execution>   HASH    rq's record of one run of a job (take writes, finish and recover
                                             delete it), TTL the lease + grace; --rq-records full only
     rq:executions:<id>              ZSET    a job's runs (rq's Execution registry), TTL the lease + grace + 60;

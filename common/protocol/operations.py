@@ -245,7 +245,7 @@ def take_from(schemas: list[RqSchema], max_jobs: int, block: float | None, befor
     `states`: the worker's rq state to write if it claims jobs / if it claims none ('': leave it)."""
     first = schemas[0]
     stamp = datetime.now(timezone.utc)
-    args = [max_jobs, first.worker_name, f"{stamp.timestamp():.6f}", rq_time(stamp), uuid4().hex[:24],
+    args = [max_jobs, first.worker_name, f"{stamp.timestamp():.6f}", rq_time(stamp), (uuid4().hex + uuid4().hex)[:56],
             keys.JOB_TIMEOUT, first.lease, keys.LEASE_GRACE, keys.CANCELED_TTL, max(0, int(max_tokens)),
             first.records, *states]
     keys_ = first.worker_keys + [key for schema in schemas for key in schema.level_keys]

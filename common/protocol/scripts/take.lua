@@ -22,7 +22,7 @@
 -- per id: rq:job:<id> HASH (HMGET; HSET status/started_at/last_heartbeat/worker_name/deliveries; HSET '' over
 --         any callback name; full: PERSIST), full: rq:execution:<id>:<execution> HASH (HSET, EXPIRE),
 --         rq:executions:<id> ZSET (ZADD, EXPIRE; both through pcall: rq's bookkeeping, kept where it can be)
--- ARGV: 1 max ids, 2 worker name, 3 now (unix s), 4 now (rq time), 5 execution id prefix,
+-- ARGV: 1 max ids, 2 worker name, 3 now (unix s), 4 now (rq time), 5 execution id prefix (56 hex characters),
 --       6 default job timeout (s), 7 lease (s), 8 lease grace (s), 9 how long a cancelled id stays in
 --       rq:canceled:<q> (s), 10 most estimated tokens a round holds (0: no limit; the job that reaches it
 --       is still taken: a round is cut by the work its jobs say they hold, at least one job), 11 `lean` or
@@ -56,6 +56,7 @@ if redis.call('EXISTS', KEYS[3]) == 1 then return {1, {}, {}, {}} end
 local FIELDS = {'data', 'status', 'timeout', 'result_ttl', 'failure_ttl', 'lapses', 'tokens', 'deliveries',
                 'success_callback_name', 'failure_callback_name', 'stopped_callback_name', 'reply_to', 'options'}
 local WAITING = {queued = true, started = true, deferred = true, scheduled = true, stopped = true}
+local COUNTS = {{6, 'lapses'}, {7, 'tokens'}, {8, 'deliveries'}}  -- whole-number fields: HMGET position, name
 
 -- a TTL field: absent, empty or a whole number (rq writes -1 for "never"); false when it is none of these
 local function ttl_field(value)
@@ -85,7 +86,7 @@ local function judge(id)
   job.result_ttl, job.failure_ttl = ttl_field(f[4]), ttl_field(f[5])
   if job.result_ttl == false then bad[#bad + 1] = 'result_ttl' end
   if job.failure_ttl == false then bad[#bad + 1] = 'failure_ttl' end
-  for _, field in ipairs({{6, 'lapses'}, {7, 'tokens'}, {8, 'deliveries'}}) do
+  for _, field in ipairs(COUNTS) do
     local value = f[field[1]]
     if value then
       local n = integer(value)
@@ -143,13 +144,22 @@ if entry == nil then
 end
 
 -- 2. write --------------------------------------------------------------------------------------------
+-- An execution id is hex like rq's (uuid4().hex: 32 characters): this take's random prefix and the job's
+-- number in it, and longer for a short job id, so that every started-registry member `<id>:<execution>` is
+-- over 64 bytes. A zset whose members are all within zset-max-listpack-value (64 by default) is a listpack,
+-- where each insert scans and shifts the whole list: a take's ZADD of 64 claims cost Redis 0.4-1.2 ms
+-- there, ~0.05 ms in the skiplist that one longer member makes it (docs/capacity.md).
+local function execution_id(id, n)
+  local width = math.max(32, 64 - #id)
+  return string.sub(ARGV[5], 1, width - 8) .. string.format('%08x', n)
+end
 local clock, ttl = server_time(), math.ceil(lease + grace)
 local started, members, taken_n = {}, {}, 0
 for i, id in ipairs(entry.ids) do
   local job = entry.jobs[i]
   if job.kind == 'started' or job.kind == 'bad' then
     taken_n = taken_n + 1
-    job.execution = ARGV[5] .. taken_n
+    job.execution = execution_id(id, taken_n)
     job.member = id .. ':' .. job.execution
     started[#started + 1] = clock + lease + grace
     started[#started + 1] = job.member
