@@ -1,5 +1,11 @@
-"""rq's `data` field of an embedfleet job: zlib of msgpack [func, instance, args, kwargs], inflated with a cap.
-Shared by the worker (decoding what it took) and the producer (a cancel looking for the reply stream)."""
+"""rq's `data` field of an embedfleet job: msgpack [func, instance, args, kwargs], zlib-compressed when it is
+larger than COMPRESS_ABOVE bytes, inflated with a cap. Shared by the producer (which writes it, and a cancel
+looking for the reply stream) and the worker (decoding what it took).
+
+rq compresses every job's data and reads it back either way (`Job.restore`: zlib, or the bytes as they are). A
+one-text request is ~430 bytes of msgpack that zlib cuts by ~80, for a call on each side: ~6 us of the worker's
+per request, and a release of the GIL in the take stage that another stage's thread may hold for the rest of
+its switch interval. So small data goes as it is; larger data (64 texts: 4 KB -> 1.9 KB) is compressed."""
 
 from __future__ import annotations
 
@@ -18,9 +24,25 @@ _STEP = 1 << 20  # inflated a MiB at a time: pieces the allocator hands back to 
 _MOST_RATIO = 1032  # deflate makes at most ~1032 bytes of one (zlib's FAQ); 1028 measured on zeros
 
 
+COMPRESS_ABOVE = 1024  # bytes of msgpack: larger job data is written zlib-compressed (rq's own format)
+
+
+def deflate(raw: bytes) -> bytes:
+    """A job's `data` field from its msgpack bytes: zlib-compressed if it is larger than COMPRESS_ABOVE."""
+    return zlib.compress(raw) if len(raw) > COMPRESS_ABOVE else raw
+
+
+def _zlib_header(data: bytes) -> bool:
+    """Whether `data` starts as a zlib stream does (RFC 1950: deflate, and the header's check bits); msgpack
+    data starts with 0x94 (an array of four), which no zlib stream does."""
+    return len(data) >= 2 and data[0] & 0x0F == 8 and ((data[0] << 8) | data[1]) % 31 == 0
+
+
 def inflate(data: bytes, limit: int = MAX_JOB_DATA) -> bytes:
     """rq's `data` field as rq reads it (zlib-decompressed, or as it is when it is no complete zlib stream),
     never more than `limit` bytes of it: past that, DecodeError."""
+    if not _zlib_header(data):  # what zlib would refuse at its first two bytes: as it is, without the call
+        return data
     if len(data) * _MOST_RATIO <= limit:  # it cannot inflate past the limit: one call (a request's usual case)
         try:
             return zlib.decompress(data)

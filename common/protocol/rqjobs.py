@@ -2,8 +2,9 @@
 
 rq builds one job per queue (and Retry or not) on a pipeline of a client that never connects; the fields it would
 write are read off that pipeline once and kept as the queue's template. Each request then gets the fields rq
-computes per job - its data (zlib of the serializer's [func, instance, args, kwargs]), description and
-timestamps - the way rq computes them; the rest are the template's. (Building each job through rq cost ~80 us a
+computes per job - its data (the serializer's [func, instance, args, kwargs], zlib-compressed above
+common/protocol/jobdata.py's COMPRESS_ABOVE bytes, where rq compresses all), description and timestamps - the
+way rq computes them; the rest are the template's. (Building each job through rq cost ~80 us a
 request, most of a producer's submit.) tests/fleet/test_contract.py holds the result to rq's own, field by field.
 rq's empty fields are left out: rq reads a missing field as it reads '', and each value costs the enqueue
 script's Redis twice (as it comes in and as it is written).
@@ -11,13 +12,13 @@ script's Redis twice (as it comes in and as it is written).
 
 from __future__ import annotations
 
-import zlib
 from datetime import datetime, timezone
 
 import redis
 from rq import Queue, Retry
 
 from common.protocol import keys
+from common.protocol.jobdata import deflate
 from common.protocol.records import rq_time
 from common.request import EmbedRequest
 from common.serializer import MsgpackSerializer
@@ -38,7 +39,7 @@ def rq_fields(queue: str, requests: list[EmbedRequest], retry: bool) -> list[dic
             _templates.clear()
         template = _templates[queue, retry] = built_by_rq(queue, [_PROTOTYPE], retry)[0]
     stamp = rq_time(datetime.now(timezone.utc))
-    return [{**template, "data": zlib.compress(MsgpackSerializer.dumps([keys.JOB_FUNC, None, [r.encode()], {}])),
+    return [{**template, "data": deflate(MsgpackSerializer.dumps([keys.JOB_FUNC, None, [r.encode()], {}])),
              "created_at": stamp, "enqueued_at": stamp, "description": description(r)} for r in requests]
 
 

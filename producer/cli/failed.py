@@ -12,6 +12,7 @@ from pydantic import Field
 from rq import Queue
 
 from common.protocol import keys
+from common.protocol.jobdata import inflate
 from common.protocol.taggedjob import TaggedJob
 from common.codec import unpackb
 from common.config import Settings
@@ -109,7 +110,7 @@ def _str(raw: bytes | None) -> str:
 def _summary(data: bytes | None) -> str:
     """What the request asked for, in one line; never the whole input."""
     try:
-        _, _, args, _ = unpackb(zlib.decompress(data))
+        _, _, args, _ = unpackb(inflate(data))
         request = EmbedRequest.decode(args[0])
     except Exception as exc:  # noqa: BLE001 - the data is often why it failed: say so, do not crash
         return f"undecodable job data ({type(exc).__name__}, {len(data or b'')} bytes)"
