@@ -206,6 +206,10 @@ class EmbedRequest(BaseModel):
         for optional in ("text_pair", "part_of", "deadline", "chat", "traceparent", "tracestate"):
             if data[optional] is None:
                 del data[optional]
+        # a param left at None travels as no key (None is the default of every param that may be None, so the
+        # worker reads the same params): a one-text request's 16 params were 243 of its 388 bytes, unpacked and
+        # looked up by every worker (issue 38)
+        data["params"] = {name: value for name, value in data["params"].items() if value is not None}
         try:
             raw = packb({"v": WIRE_VERSION, **data})
         except (OverflowError, ValueError, TypeError) as exc:  # a value no bound caught (a model_construct'ed one)
