@@ -145,6 +145,7 @@ class Engine:
         self.shaper = shaper
         self.forward_passes = 0
         self.forward_rows = 0  # inputs the model ran over (after the cache and in-round dedup)
+        self.small_passes = passthreads.SmallPasses()  # one thread or all for a small CPU pass, as measured
         self._resolved: dict[PoolingParams, PoolingParams | EmbedfleetError] = {}
 
     def run(self, requests: list[EmbedRequest]) -> list[Result]:
@@ -374,7 +375,7 @@ class Engine:
             pairs = {"pair_starts": [flat.pair_starts[p] for p in positions]} \
                 if any(flat.pair_starts[p] for p in positions) else {}  # a cross-encoder's pairs
             padded = len(lists) * max(map(len, lists))
-            with passthreads.for_pass(padded, getattr(self.model, "device", "")):  # one thread if small
+            with self.small_passes.for_pass(padded, getattr(self.model, "device", "")):  # 1 or all threads
                 vectors = self.model.embed(lists, [flat.prompt_lengths[p] for p in positions], **pairs)
             vectors = vectors.numpy() if hasattr(vectors, "numpy") else vectors  # torch, or numpy (null model)
         except Exception as exc:
