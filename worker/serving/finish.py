@@ -80,6 +80,8 @@ class FinishStage:
         done, written = self.store.write(written, time.time() - round_.began)
         round_.stamps.published = time.time_ns()
         stageclock.lap("publish")
+        if round_.engine_error is None:
+            self.steps.cache_new(round_)  # after the answers: not on their way
         self.release(round_)
         if self.traces is not None:
             self.traces.close(round_, opened, written)

@@ -6,7 +6,9 @@ requests it spreads over the fleet (worker/serving/spread.py).
               MGET): rows found are the round's hits
     forward   the rows the rounds just before computed (in memory), engine.forward with the hits known,
               remember its rows
-    finish    the new vectors written to the cache (one pipeline), then engine.finish (cut, normalise, cast)
+    finish    engine.finish (cut, normalise, cast)
+    cache     once the round's answers are published: its new vectors written to the cache (one pipeline), so
+              that the round trip is not on its requests' way (a request that asks again meanwhile misses)
 
 Each step is what one stage of the pipeline calls (take.py, forward.py, finish.py), on the round it carries
 (worker/serving/rounds.py); `run` does the three back to back. Without a cache the steps are the engine's own.
@@ -57,17 +59,22 @@ class Steps:
             stageclock.lap("cache")
 
     def finish(self, round_: Round) -> list[Result | None]:
+        return self.engine.finish(round_.work)
+
+    def cache_new(self, round_: Round) -> None:
+        """The round's new vectors into the cache; called after its answers are published."""
         if round_.lookup is not None:
             stageclock.lap("other")
             self.cache.store(round_.work, round_.lookup)  # never raises: a refused write only costs later misses
             stageclock.lap("cache")
-        return self.engine.finish(round_.work)
 
     def run(self, requests: list[EmbedRequest]) -> list[Result | None]:
         round_ = Round(time.time())
         self.prepare(round_, requests)
         self.forward(round_)
-        return self.finish(round_)
+        results = self.finish(round_)
+        self.cache_new(round_)
+        return results
 
     def stats(self) -> dict:
         """Counters for the worker's advert: the cache's hits and misses (none without a cache)."""
