@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import redis
 
@@ -119,15 +120,21 @@ def finished_rate(conn, finished: str, seconds: float) -> tuple[int, float]:
     return last[1] - first[1], last[0] - first[0]
 
 
+def has_records_flag(root: Path) -> bool:
+    """Whether the worker of the tree at `root` takes --rq-records (lean records write no finished registry)."""
+    config = root / "worker" / "serving" / "config.py"
+    return config.exists() and "rq_records" in config.read_text()
+
+
 def run_one(label: str, tree: str | None, texts: list[str], args, hog_count: int, pinned: bool) -> dict:
     prefix = ["taskset", "-c", "0"] if pinned else []
     with RedisServer() as server:
         busy = hogs(hog_count, prefix)
         try:
             # -P: the working directory (this checkout) does not come before PYTHONPATH's older tree.
-            # finished_rate counts rq's finished registry: this tree writes it with --rq-records full only (the
+            # finished_rate counts rq's finished registry: a tree with --rq-records writes it with `full` only (the
             # few commands it adds a request are nothing beside a MiniLM pass); older trees always wrote it.
-            records = [] if tree else ["--rq-records", "full"]
+            records = ["--rq-records", "full"] if has_records_flag(Path(tree) if tree else REPO) else []
             worker = Process([*prefix, sys.executable, "-P", "-m", "worker", "--redis-url", server.url, "--model",
                               model_path(), "--served-model-name", NAME, "--no-cache", *records], f"worker-{NAME}",
                              pythonpath=(tree,) if tree else ())

@@ -145,7 +145,7 @@ class Engine:
         self.shaper = shaper
         self.forward_passes = 0
         self.forward_rows = 0  # inputs the model ran over (after the cache and in-round dedup)
-        self.small_passes = passthreads.SmallPasses()  # one thread or all for a small CPU pass, as measured
+        self.small_passes = passthreads.SmallPasses()  # a small CPU pass: one thread on a busy machine
         self._resolved: dict[PoolingParams, PoolingParams | EmbedfleetError] = {}
 
     def run(self, requests: list[EmbedRequest]) -> list[Result]:
