@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 import time
 
@@ -13,6 +14,7 @@ from rq import Queue, Retry, SimpleWorker, Worker
 from rq.job import JobStatus
 
 from common.codec import packb
+from common.protocol import operations
 from common.protocol.records import RQ_RECORDS
 from common.protocol.keys import (FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, LEASE_GRACE, MODELS_KEY, RESULT_TTL,
                          model_key, model_workers_key, notify_key, queue_name, result_key)
@@ -20,6 +22,7 @@ from common.request import EmbedRequest
 from common.result import Result
 from common.serializer import MsgpackSerializer
 from tests.harness import burst, serve
+from tests.nullworker import null_engine
 from tests.tinymodels import engine_for
 from worker.serving.advertise import Advertiser
 from worker.serving.config import WorkerSettings
@@ -240,6 +243,25 @@ def started_score(conn, request: EmbedRequest) -> float:
     [score] = [score for member, score in conn.zrange(registry.key, 0, -1, withscores=True)
                if member.decode().startswith(request.id + ":")]
     return score
+
+
+def test_the_started_registry_stays_a_skiplist_whatever_the_ids(redis_client):
+    """Every claim's member `<id>:<execution>` is over 64 bytes, for a producer's own id and a caller's short one,
+    so Redis keeps rq:wip:<q> a skiplist (a listpack's every ZADD scans and shifts the whole list: take.lua), and
+    rq's tools still read each member as a job id and an execution id."""
+    requests = [EmbedRequest(model="null", inputs=["one"]), EmbedRequest(id="a", model="null", inputs=["two"]),
+                EmbedRequest(id="b" * 60, model="null", inputs=["three"])]
+    operations.enqueue(redis_client, operations.enqueue_args(queue_name("null"), requests))
+    worker = BatchWorker(null_engine(), redis_client, poll_timeout=1)
+    _, taken = worker.levels.take(8, None)
+    assert sorted(t.id for t in taken) == sorted(r.id for r in requests)
+    registry = rq_queue(redis_client, "null").started_job_registry
+    assert redis_client.object("encoding", registry.key) == b"skiplist"
+    members = [m.decode() for m in redis_client.zrange(registry.key, 0, -1)]
+    assert all(len(m) > 64 for m in members), members
+    assert sorted(m.rsplit(":", 1)[0] for m in members) == sorted(r.id for r in requests)
+    assert all(re.fullmatch(r"[0-9a-f]{32,}", t.execution) for t in taken)
+    assert sorted(registry.get_job_ids()) == sorted(r.id for r in requests)
 
 
 def test_leases_are_renewed_by_beats_and_only_until_the_job_timeout(engine, redis_client):
