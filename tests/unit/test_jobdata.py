@@ -30,3 +30,19 @@ def test_what_may_pass_the_limit_is_inflated_with_the_cap():
     with pytest.raises(DecodeError, match="inflates to more than"):
         inflate(bomb, limit=1 << 20)
     assert inflate(bomb) == bytes(8 << 20)  # within the default cap
+
+
+def test_small_data_goes_as_it_is_and_is_read_without_zlib(monkeypatch):
+    from common.protocol import jobdata
+
+    small, large = b"\x94" + b"s" * (jobdata.COMPRESS_ABOVE - 1), b"\x94" + b"l" * jobdata.COMPRESS_ABOVE
+    assert jobdata.deflate(small) is small  # rq reads either (Job.restore: zlib, or the bytes as they are)
+    assert zlib.decompress(jobdata.deflate(large)) == large
+    for level in range(10):  # every zlib stream passes the header check, whatever its level
+        assert jobdata._zlib_header(zlib.compress(large, level))
+
+    def no_zlib(*_):
+        raise AssertionError("zlib called for data with no zlib header")
+
+    monkeypatch.setattr(jobdata.zlib, "decompress", no_zlib)
+    assert inflate(small) is small
