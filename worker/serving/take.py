@@ -116,8 +116,10 @@ class TakeStage:
             handoff.close(timeout=30)  # full only if the forward stage is gone
 
     def _pause(self, backoff: float) -> float:
-        """Sleep `backoff` seconds after a failed take; the next pause, longer (rq's backoff)."""
-        time.sleep(backoff)
+        """Wait `backoff` seconds after a failed take, or until the worker is asked to stop (a stop during an
+        outage's backoff, up to rq's max_connection_wait_time, ends the worker at once); the next pause, longer
+        (rq's backoff)."""
+        self.lifecycle.stopping.wait(backoff)
         factor, most = self.rq.backoff
         return min(backoff * factor, most)
 
