@@ -25,6 +25,14 @@ def embedfleet(*args: str, env: dict) -> subprocess.CompletedProcess:
                           timeout=120, env=env)
 
 
+def wait_for(condition, timeout: float = 30.0, what: str = "condition") -> None:
+    """Wait for an event another process or thread brings about: `condition()` true, or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
 def assert_one_line_error(done: subprocess.CompletedProcess, code: int, *words: str) -> None:
     """Exit `code`, and on stderr exactly one line `embedfleet: ...` holding `words`; no traceback."""
     assert done.returncode == code, (done.returncode, done.stderr)

@@ -23,7 +23,7 @@ from rq.suspension import resume, suspend
 
 from common.protocol.keys import PRIORITIES, queue_name
 from producer.cli.bulk.checkpoint import Checkpoint, checkpoint_path, records
-from tests.commands import ROOT, assert_one_line_error, clean_env, embedfleet
+from tests.commands import ROOT, assert_one_line_error, clean_env, embedfleet, wait_for
 from tests.crashworker import token, vector
 from tests.hashed import MODEL
 
@@ -94,13 +94,6 @@ class DepthSampler:
     def _run(self):
         while not self._stop.wait(0.003):
             self.most = max(self.most, in_queue(self.redis))
-
-
-def wait_for(condition, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 @pytest.mark.parametrize("suffix", [".txt", ".json", ".jsonl", ".csv", ".parquet"])

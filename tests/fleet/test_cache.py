@@ -245,7 +245,7 @@ def test_end_to_end_cache_flag_over_http_python_and_status(bert_mean, redis_url,
     import httpx
 
     from producer import Producer
-    from tests.commands import ROOT, advertised, clean_env, embedfleet
+    from tests.commands import ROOT, advertised, clean_env, embedfleet, wait_for
     from tests.gatewayserver import Server, settings
 
     env = clean_env(tmp_path / "xdg")
@@ -258,7 +258,8 @@ def test_end_to_end_cache_flag_over_http_python_and_status(bert_mean, redis_url,
             advertised(producer, "tiny", worker)
             texts = ["coffee tea bread", "river mountain"]
             first = producer.wait(producer.submit(texts, "tiny"), 60)
-            assert len(redis_client.keys("embedfleet:cache:*")) == 2
+            # the worker writes a round's new vectors to the cache after it has published their answers
+            wait_for(lambda: len(redis_client.keys("embedfleet:cache:*")) == 2, 30, "the two cache entries")
             bypass = producer.wait(producer.submit(["never cached"], "tiny", cache=False), 60)
             body = {"model": "tiny", "input": ["also never cached"], "cache": False}
             assert http.post("/v1/embeddings", json=body).status_code == 200

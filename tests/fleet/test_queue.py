@@ -21,6 +21,7 @@ from common.protocol.keys import (FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, L
 from common.request import EmbedRequest
 from common.result import Result
 from common.serializer import MsgpackSerializer
+from tests.commands import wait_for
 from tests.harness import burst, serve
 from tests.nullworker import null_engine
 from tests.tinymodels import engine_for
@@ -182,13 +183,6 @@ class GatedEngine:
         self.entered.set()
         assert self.release.wait(20)
         return self.engine.forward(work, between, **known)
-
-
-def wait_for(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("records", RQ_RECORDS)

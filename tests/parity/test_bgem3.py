@@ -17,6 +17,7 @@ import redis
 from common.protocol.keys import result_key
 from common.request import EmbedRequest
 from producer import AsyncProducer
+from tests.commands import wait_for
 from tests.harness import Fleet
 from tests.sparsemodels import M3_COLBERT_DIM, save_tiny_m3
 from tests.tinymodels import cosines, sample_texts
@@ -148,7 +149,11 @@ def test_sparse_top_k_and_threshold(m3_fleet):
 def test_cache_and_inflight_key_on_the_outputs(m3_fleet, reference):
     producer, _, worker = m3_fleet
     text = [TEXTS[0]]
+    cache = worker.steps.cache
+    seen = (cache.written, cache.hits)
     dense = producer.embed(text, "m3")  # fills the vector cache with the dense vector of this text
+    # found there, or written there (after the answer is published)
+    wait_for(lambda: (cache.written, cache.hits) != seen, what="the dense vector in the cache")
     both = producer.encode(text, "m3", outputs=["dense", "sparse"])  # must not be answered from that entry
     np.testing.assert_allclose(both.dense, dense, atol=1e-6)
     assert both.sparse[0].to_dict() == pytest.approx({int(k): float(v) for k, v in
