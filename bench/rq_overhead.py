@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import redis
-from rq import Queue, SimpleWorker
+from rq import Queue
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common.protocol.keys import FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, RESULT_TTL, queue_name
@@ -26,6 +26,7 @@ from common.serializer import MsgpackSerializer
 from worker.engine.engine import Engine
 from worker.engine.models.nullmodel import NullModel
 from worker.serving.pipeline import BatchWorker
+from worker.serving.rqpubsub import PromptSimpleWorker
 
 
 def noop(payload: bytes) -> None:
@@ -46,7 +47,7 @@ def burst(make_worker) -> float:
 
 def measure(conn, make_worker, fill, jobs: int) -> tuple[float, float]:
     """(seconds, commands per job) of a burst over `jobs` jobs, less those of a burst over an empty queue
-    (start-up, maintenance, and rq's 1 s pubsub-thread join at teardown)."""
+    (start-up, maintenance and teardown)."""
     burst(make_worker)
     before = commands(conn)
     fixed = burst(make_worker)
@@ -80,7 +81,7 @@ def main() -> None:
 
         simple_queue = Queue("noop-simple", connection=conn, serializer=MsgpackSerializer)
         simple_s, simple_cmds = measure(
-            conn, lambda: SimpleWorker([simple_queue], connection=conn, serializer=MsgpackSerializer),
+            conn, lambda: PromptSimpleWorker([simple_queue], connection=conn, serializer=MsgpackSerializer),
             lambda: enqueue_all(simple_queue, [(noop, (b"x",), None) for _ in range(args.simple_jobs)]),
             args.simple_jobs)
 

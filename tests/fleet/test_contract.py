@@ -16,7 +16,7 @@ import zlib
 
 import pytest
 import redis
-from rq import Queue, SimpleWorker, Worker
+from rq import Queue, Worker
 from rq.job import Job, JobStatus
 from rq.results import Result as RqResult
 
@@ -29,7 +29,7 @@ from producer import Producer
 from tests.harness import burst
 from tests.fleet.test_queue import engine, enqueue, rq_queue  # noqa: F401 - `engine` is a fixture
 from worker.serving.pipeline import BatchWorker
-from worker.serving.rqpubsub import PromptUnsubscribe
+from worker.serving.rqpubsub import PromptSimpleWorker
 
 
 def succeed(payload: bytes) -> dict:
@@ -63,15 +63,12 @@ def shapes(conn, job_id: str, queue: str, worker_name: str) -> dict[str, tuple]:
     return out
 
 
-class RqWorker(PromptUnsubscribe, SimpleWorker):
-    """rq's own SimpleWorker, whose teardown returns at once (worker/serving/rqpubsub.py): otherwise it may wait
-    60 s, past the EXPIRE 60 rq set on its hash, before the test reads that hash. Writes nothing of its own."""
-
-
 def run_rq(conn, func) -> tuple[dict, Job]:
     queue = Queue("embedfleet.contract", connection=conn, serializer=MsgpackSerializer)
     job = queue.enqueue(func, b"x", job_id="contractjob", result_ttl=600, failure_ttl=900, job_timeout=60)
-    worker = RqWorker([queue], connection=conn, serializer=MsgpackSerializer, name="contractworker")
+    # rq's SimpleWorker whose teardown returns at once: a plain one's may wait 60 s, past the EXPIRE 60 rq sets
+    # on its hash, before the test reads that hash (it writes nothing of its own)
+    worker = PromptSimpleWorker([queue], connection=conn, serializer=MsgpackSerializer, name="contractworker")
     worker.work(burst=True)
     return shapes(conn, job.id, queue.name, worker.name), job
 

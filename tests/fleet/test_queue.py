@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 from pydantic import ValidationError
-from rq import Queue, Retry, SimpleWorker, Worker
+from rq import Queue, Retry, Worker
 from rq.job import JobStatus
 
 from common.codec import packb
@@ -31,6 +31,7 @@ from worker.engine.engine import Engine
 from worker.engine.models.base import LoadedModel
 from worker.engine.models.loader import load_model
 from worker.serving.pipeline import BatchWorker
+from worker.serving.rqpubsub import PromptSimpleWorker
 
 
 @pytest.fixture
@@ -225,8 +226,8 @@ def test_worker_in_thread_is_registered_honestly_and_advertises(engine, redis_cl
 def test_plain_rq_worker_refuses_embedding_jobs(engine, redis_client):
     request = EmbedRequest(model=engine.caps.name, inputs=["hi"])
     job = enqueue(redis_client, request)
-    SimpleWorker([rq_queue(redis_client, request.model)], connection=redis_client,
-                 serializer=MsgpackSerializer).work(burst=True)
+    PromptSimpleWorker([rq_queue(redis_client, request.model)], connection=redis_client,
+                       serializer=MsgpackSerializer).work(burst=True)
     assert job.get_status() == JobStatus.FAILED
     assert "run `embedfleet worker`" in job.latest_result().exc_string
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import redis
-from rq import Queue, SimpleWorker
+from rq import Queue
 from rq.utils import now
 
 from common.request import EmbedRequest
 from common.serializer import MsgpackSerializer
 from tests.fleet.test_queue import enqueue, engine, texts  # noqa: F401 - `engine` is a fixture
 from worker.serving.pipeline import BatchWorker
+from worker.serving.rqpubsub import PromptSimpleWorker
 
 
 def noop(payload: bytes) -> None:
@@ -77,8 +78,8 @@ def test_commands_per_job_are_a_fraction_of_simpleworkers(engine, redis_url):  #
         for _ in range(count):
             noop_queue.enqueue(noop, b"x", result_ttl=600)
 
-    simple = per_job(redis_client, lambda: SimpleWorker([noop_queue], connection=redis_client,
-                                                          serializer=MsgpackSerializer), fill_noops, 64)
+    simple = per_job(redis_client, lambda: PromptSimpleWorker([noop_queue], connection=redis_client,
+                                                                serializer=MsgpackSerializer), fill_noops, 64)
     print(f"\nper job, 64 jobs: BatchWorker (one batch, result writes included) {batch[0]:.1f} commands, "
           f"{batch[1]:.2f} round trips; rq SimpleWorker (no-op jobs) {simple[0]:.1f} commands, "
           f"{simple[1]:.1f} round trips; ratios {simple[0] / batch[0]:.1f}x and {simple[1] / batch[1]:.0f}x")

@@ -12,6 +12,8 @@ the join here waits STOP_SECONDS at most (the thread is a daemon, and rq closes 
 
 from __future__ import annotations
 
+from rq import SimpleWorker
+
 STOP_SECONDS = 2.0
 
 
@@ -26,3 +28,8 @@ class PromptUnsubscribe:
             stop = type(thread).stop
             thread.stop = lambda: stop(thread, timeout=STOP_SECONDS)
         super().unsubscribe()
+
+
+class PromptSimpleWorker(PromptUnsubscribe, SimpleWorker):
+    """rq's own SimpleWorker with this teardown: plain rq as the tests and benches run it beside ours (with
+    redis-py 8.2 a plain SimpleWorker's burst sometimes ends 60 s late, in its teardown)."""
