@@ -3,13 +3,17 @@ taken, prepared, forwarded, answered and stored on one thread (no stage waits fo
 with the Redis CPU of the take and finish scripts beside them. What bench/nullmodel.py measures as a whole, cut
 into its parts: the figures a change to one stage moves.
 
-    PYTHONPATH=. .venv/bin/python bench/stagecost.py [--rounds 200] [--round 64] [--corpus FILE]
+    PYTHONPATH=. .venv/bin/python bench/stagecost.py [--rounds 200] [--round 64] [--gap 0] [--corpus FILE]
 
 Each row is the median over rounds (the first tenth left out: imports and first calls) of microseconds per
 request: `take` and `store` are round trips (the client's wait included: Redis's script time, the reply and its
 parsing), the rest is the worker's Python alone. Redis rows come from INFO commandstats (EVALSHA time of each
 script, per job) and INFO cpu (the server's main thread, all of it) over the same rounds; one private
 redis-server.
+
+--gap S leaves Redis and the worker idle S seconds before each round, as one request at a time does (a sync
+client): a script that runs after an idle gap finds its core's caches cold and costs Redis 2-3x what it costs
+back to back (`--round 1 --gap 0.003` against `--round 1`: issue 38's note).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ def script_usec(conn: redis.Redis) -> float:
     return conn.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0)
 
 
-def measure(texts: list[str], rounds_n: int, size: int) -> dict[str, list[float]]:
+def measure(texts: list[str], rounds_n: int, size: int, gap: float = 0.0) -> dict[str, list[float]]:
     stages: dict[str, list[float]] = {name: [] for name in
                                       ("take (round trip)", "prepare", "forward", "answers", "store (round trip)")}
     scripts = {"take script (Redis)": [], "finish script (Redis)": [], "Redis main thread (INFO calls included)": []}
@@ -53,6 +57,8 @@ def measure(texts: list[str], rounds_n: int, size: int) -> dict[str, list[float]
         engine = Engine(NullModel("null:384", served_name=NAME), max_batch_tokens=1 << 20, max_batch_size=4096)
         worker = BatchWorker(engine, conn, max_jobs=size, poll_timeout=1)
         for _ in range(rounds_n):
+            if gap:
+                time.sleep(gap)
             usec, cpu = script_usec(conn), redis_cpu(conn)
             began = time.perf_counter()
             _, taken = worker.levels.take(size, None)
@@ -87,11 +93,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--round", type=int, default=64, help="requests per round (the worker's --max-jobs)")
+    parser.add_argument("--gap", type=float, default=0.0, help="idle seconds before each round")
     parser.add_argument("--corpus", type=Path, default=None)
     args = parser.parse_args()
     texts = short_texts(load_corpus(args.corpus))
-    print(f"{describe_machine()}; null model, rounds of {args.round} one-text requests", flush=True)
-    measured = measure(texts, args.rounds, args.round)
+    print(f"{describe_machine()}; null model, rounds of {args.round} one-text requests"
+          f"{f', {args.gap:g} s idle before each' if args.gap else ''}", flush=True)
+    measured = measure(texts, args.rounds, args.round, args.gap)
     skip = args.rounds // 10
     rows = [[name, statistics.median(values[skip:]), statistics.mean(values[skip:])]
             for name, values in measured.items()]
