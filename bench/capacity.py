@@ -40,6 +40,7 @@ import argparse
 import asyncio
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -451,8 +452,9 @@ def report(rows: dict[str, dict]) -> str:
     lines = []
     for label, r in rows.items():
         base = raw.get(r["texts_per_request"])
+        ratio = r.get("x_raw", r["redis_cpu_us"] / base if base else float("nan"))
         lines.append([label, r["texts_per_request"], r["commands"], r["producer_round_trips"], r["worker_round_trips"],
-                      r["redis_cpu_us"], r["redis_cpu_us"] / base if base else float("nan"), r["net_bytes"],
+                      r["redis_cpu_us"], ratio, r["net_bytes"],
                       r["kept_bytes"], r["requests"] / r["seconds"]])
     return table(HEADERS, lines)
 
@@ -481,7 +483,8 @@ def main() -> None:
                         help="the 64-text async row again with each of these embed_dtype (smaller result blobs)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run every row this many times, the rows alternating; each row's figures are those of "
-                             "its run with the median Redis CPU (the spread is printed)")
+                             "its run with the median Redis CPU (the spread is printed), its ratio to the raw loop "
+                             "the median of its ratios to the raw loop of the same pass")
     parser.add_argument("--breakdown", type=int, default=0,
                         help="then N more requests per embedfleet row under MONITOR: where each command goes")
     parser.add_argument("--corpus", type=Path, default=None)
@@ -508,6 +511,11 @@ def main() -> None:
         print("Redis CPU us/request of each run:")
         for label, found in runs.items():
             print(f"  {label}: " + ", ".join(f"{r['redis_cpu_us']:.1f}" for r in found))
+        print("x the raw loop of the same pass (a pass's rows are seconds apart, which damps the machine's drift; "
+              "the table's ratio is the median of these):")
+        for label, ratios in pass_ratios(runs).items():
+            rows[label]["x_raw"] = statistics.median(ratios)
+            print(f"  {label}: " + ", ".join(f"{ratio:.3f}" for ratio in ratios))
 
     print(report(rows))
     print(TARGETS)
@@ -530,6 +538,17 @@ def main() -> None:
                     print(f"    {what}: {n:.2f}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
+
+
+def pass_ratios(runs: dict[str, list[dict]]) -> dict[str, list[float]]:
+    """Per row but the raw loops', its Redis CPU over the raw loop's of the same texts in the same pass."""
+    raw = {found[0]["texts_per_request"]: found for label, found in runs.items() if label.startswith("raw")}
+    out = {}
+    for label, found in runs.items():
+        base = raw.get(found[0]["texts_per_request"])
+        if base is not None and not label.startswith("raw"):
+            out[label] = [r["redis_cpu_us"] / b["redis_cpu_us"] for r, b in zip(found, base) if b["redis_cpu_us"]]
+    return out
 
 
 def one_pass(args, corpus: list[str]) -> dict[str, dict]:
