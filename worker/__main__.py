@@ -20,7 +20,7 @@ from common.errors import StartupError
 from common.ports import looks_like_path
 from common.processes import exit_now
 from common.redisclient import check_access, connect, redact
-from worker.engine import cpus
+from worker.engine import cpus, heap
 from worker.serving.config import BUNDLED_MODEL_NAME, WorkerSettings, bundled_model_path
 
 
@@ -32,6 +32,7 @@ def serve(argv: list[str]) -> int:
     settings = WorkerSettings.from_args(argv, "embedfleet worker", __doc__)
     # Before torch loads: libgomp reads OMP_WAIT_POLICY once, at `import torch` (--gpus children inherit it).
     threads = cpus.plan(settings.threads, os.environ)
+    heap.keep_freed_memory(os.environ)  # a round's large arrays reuse the heap (worker/engine/heap.py)
     partitions = len(settings.shards.partitions(_served_name(settings)))  # >1: each engine reaches its own
     connection = None if partitions > 1 else connect(settings.redis_url)
     if connection is not None:
