@@ -24,11 +24,18 @@ T = TypeVar("T")
 @dataclass
 class PassPlan:
     """passes: the flat positions each forward pass computes, in order; copies: duplicate position -> the
-    computed position whose vector it takes; sharers: the reverse (computed position -> its duplicates)."""
+    computed position whose vector it takes (`sharers` gives the reverse, when a failure needs it)."""
 
     passes: list[np.ndarray] = field(default_factory=list)
     copies: dict[int, int] = field(default_factory=dict)
-    sharers: dict[int, list[int]] = field(default_factory=dict)
+
+
+def sharers(copies: dict[int, int]) -> dict[int, list[int]]:
+    """Computed position -> its duplicates: `copies` reversed."""
+    found: dict[int, list[int]] = {}
+    for copy, source in copies.items():
+        found.setdefault(source, []).append(copy)
+    return found
 
 
 def plan_passes(token_lists: Sequence[Sequence[int]], prompt_lengths: Sequence[int], kinds: Sequence[Hashable],
@@ -37,8 +44,6 @@ def plan_passes(token_lists: Sequence[Sequence[int]], prompt_lengths: Sequence[i
     model, whose first element is the head ("pool" rows run first); `known`: positions already at hand."""
     runs, copies = _distinct(token_lists, prompt_lengths, kinds, known)
     plan = PassPlan(copies=copies)
-    for copy, source in copies.items():
-        plan.sharers.setdefault(source, []).append(copy)
     if not runs:
         return plan
     lengths = np.fromiter((len(token_lists[p]) for p in runs), np.int64, len(runs))

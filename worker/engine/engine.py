@@ -21,7 +21,7 @@ from common.params import PoolingParams
 from common.request import EmbedRequest
 from common.result import Result
 from worker.engine import passthreads, stageclock
-from worker.engine.batcher import cuts, plan_passes
+from worker.engine.batcher import cuts, plan_passes, sharers
 from worker.engine.chunking import combine
 from worker.engine.inputbounds import bound_inputs
 from worker.engine.models.base import Model
@@ -93,11 +93,14 @@ class _Flat:
     heads: list[str] = field(default_factory=list)  # flat position -> Prepared.head
     pair_starts: list[int] = field(default_factory=list)  # flat position -> a pair's second text (0: none)
     ragged: dict[int, np.ndarray] = field(default_factory=dict)  # head "tokens": flat position -> its rows
-    sharers: dict[int, list[int]] = field(default_factory=dict)  # computed position -> its duplicates
+    copies: dict[int, int] = field(default_factory=dict)  # duplicate position -> the computed one (PassPlan)
+    _sharers: dict[int, list[int]] | None = None  # the reverse, built when a failure first asks
 
     def users(self, position: int) -> set[int]:
         """The requests that need the vector computed at `position` (its own and its duplicates')."""
-        return {int(self.owners[position])} | {int(self.owners[p]) for p in self.sharers.get(position, ())}
+        if self._sharers is None:
+            self._sharers = sharers(self.copies)
+        return {int(self.owners[position])} | {int(self.owners[p]) for p in self._sharers.get(position, ())}
 
     def allocate(self, width: int) -> None:
         if self.vectors is None:
@@ -216,7 +219,7 @@ class Engine:
         known = self._known(work, known or {})
         plan = plan_passes(flat.token_lists, flat.prompt_lengths, list(zip(flat.heads, flat.pair_starts)), known,
                            shape.tokens, shape.rows)
-        flat.sharers = plan.sharers
+        flat.copies = plan.copies
         stageclock.lap("plan")
         for number, positions in enumerate(plan.passes):
             if number and between is not None:
@@ -234,11 +237,7 @@ class Engine:
             flat.allocate(len(next(iter(known.values()))))
             for position, vector in known.items():
                 flat.vectors[position] = vector
-        for copy, source in plan.copies.items():
-            if source in flat.ragged:
-                flat.ragged[copy] = flat.ragged[source]
-            elif flat.vectors is not None:  # None only if every pass failed: those requests failed
-                flat.vectors[copy] = flat.vectors[source]
+        self._share(flat)
         offset = 0
         for index, prep in work.prepared.items():
             if prep.spans is not None:
@@ -249,6 +248,20 @@ class Engine:
                     if prep.head != "pool" else flat.vectors[offset:offset + count]
             offset += count
         stageclock.lap("scatter")
+
+    @staticmethod
+    def _share(flat: _Flat) -> None:
+        """Each duplicate takes its computed position's rows: per-token rows by reference, pooled vectors in one
+        numpy copy (a round of one text repeated 1,024 times spent 0.7 us a row on a copy each)."""
+        copies = flat.copies
+        if flat.ragged:
+            for copy, source in copies.items():
+                if source in flat.ragged:
+                    flat.ragged[copy] = flat.ragged[source]
+            copies = {copy: source for copy, source in copies.items() if source not in flat.ragged}
+        if copies and flat.vectors is not None:  # None only if every pass failed: those requests failed
+            targets = np.fromiter(copies.keys(), np.intp, len(copies))
+            flat.vectors[targets] = flat.vectors[np.fromiter(copies.values(), np.intp, len(copies))]
 
     @staticmethod
     def _flatten(work: Work) -> _Flat | None:
