@@ -5,7 +5,10 @@ throughput and latency against offered load to a PNG.
     PYTHONPATH=. .venv/bin/python bench/latency.py [--idle-requests 200] [--seconds 10]
         [--fractions 0.25,0.5,0.75,0.9,1.0] [--dtype float32] [--plot bench/load.png] [--json OUT]
 
-Requests carry one short corpus text (10-60 characters). Idle: sequential Producer.embed calls. Maximum: a burst
+Requests carry one short corpus text (10-60 characters), each a text no earlier request of the run sent (the
+worker's vector cache would answer a repeat without computing: a saturation burst of repeats once read 734
+requests/s on a machine that computes ~170/s); past the corpus, texts come round again with a number after them
+(one token more). Idle: sequential Producer.embed calls. Maximum: a burst
 of --burst requests submitted at once and awaited (requests/s). Load: for --seconds, arrivals at exponential
 gaps at fraction x maximum, each submitted by an AsyncProducer at its scheduled time whatever the backlog (open
 loop); latency counts from the scheduled arrival to the result. Bare forward pass: tokenise, forward, mean-pool,
@@ -38,27 +41,44 @@ def bare_latencies(path: str, texts: list[str], n: int, dtype: str, device: str)
     return [1 / bare.run([texts[i % len(texts)]], 1) for i in range(n)]
 
 
-def idle_latencies(producer, texts: list[str], n: int) -> list[float]:
-    for text in texts[:5]:
+class Unsent:
+    """The corpus's short texts in order, each handed out once; past the end, round again with " <lap>" after
+    each, so that no request repeats an earlier one (a repeat is a cache hit)."""
+
+    def __init__(self, texts: list[str]):
+        self.texts, self.next = texts, 0
+
+    def take(self, n: int) -> list[str]:
+        out = []
+        for _ in range(n):
+            lap, index = divmod(self.next, len(self.texts))
+            out.append(self.texts[index] if lap == 0 else f"{self.texts[index]} {lap}")
+            self.next += 1
+        return out
+
+
+def idle_latencies(producer, texts: Unsent, n: int) -> list[float]:
+    for text in texts.take(5):
         producer.embed(text, SERVED, timeout=120)
     out = []
-    for i in range(n):
+    for text in texts.take(n):
         with Timer() as timer:
-            producer.embed(texts[i % len(texts)], SERVED, timeout=120)
+            producer.embed(text, SERVED, timeout=120)
         out.append(timer.seconds)
     return out
 
 
-def saturated_rate(producer, texts: list[str], n: int) -> float:
+def saturated_rate(producer, texts: Unsent, n: int) -> float:
     """Requests/s with `n` one-text requests submitted at once, then awaited."""
+    batch = [[text] for text in texts.take(n)]
     with Timer() as timer:
-        ids = producer.submit_many([[texts[i % len(texts)]] for i in range(n)], SERVED)
+        ids = producer.submit_many(batch, SERVED)
         for request_id in ids:
             producer.wait(request_id, timeout=600)
     return n / timer.seconds
 
 
-async def open_loop(redis_url: str, texts: list[str], rate: float, seconds: float, seed: int) -> dict:
+async def open_loop(redis_url: str, unsent: Unsent, rate: float, seconds: float, seed: int) -> dict:
     """Poisson arrivals at `rate`/s for `seconds`; latency from each scheduled arrival to its result."""
     from producer import AsyncProducer
 
@@ -67,16 +87,17 @@ async def open_loop(redis_url: str, texts: list[str], rate: float, seconds: floa
     while t < seconds:
         arrivals.append(t)
         t += rng.expovariate(rate)
+    texts = unsent.take(len(arrivals) + 1)
     latencies: list[float] = []
     done_at: list[float] = []
     async with AsyncProducer(redis_url) as producer:
-        await producer.embed(texts[0], SERVED, timeout=120)  # connections, reply listener
+        await producer.embed(texts[-1], SERVED, timeout=120)  # connections, reply listener
         loop = asyncio.get_running_loop()
         origin = loop.time() + 0.05
 
         async def one(index: int, at: float) -> None:
             await asyncio.sleep(max(0.0, origin + at - loop.time()))
-            await producer.embed(texts[index % len(texts)], SERVED, timeout=600)
+            await producer.embed(texts[index], SERVED, timeout=600)
             now = loop.time()
             latencies.append(now - (origin + at))
             done_at.append(now - origin)
@@ -144,13 +165,14 @@ def main() -> None:
     with RedisServer() as server, \
             start_worker(server.url, args.model or path, SERVED, "--dtype", args.dtype, "--device", device), \
             Producer(server.url) as producer:
-        idle = idle_latencies(producer, texts, args.idle_requests)
+        unsent = Unsent(texts)
+        idle = idle_latencies(producer, unsent, args.idle_requests)
         idle_row = {"p50_ms": percentile(idle, 50) * 1000, "p99_ms": percentile(idle, 99) * 1000}
         print(f"  idle fleet: p50 {idle_row['p50_ms']:.1f} ms", flush=True)
-        maximum = saturated_rate(producer, texts, args.burst)
+        maximum = saturated_rate(producer, unsent, args.burst)
         print(f"  saturated: {maximum:.0f} requests/s", flush=True)
         for i, fraction in enumerate(float(f) for f in args.fractions.split(",")):
-            point = asyncio.run(open_loop(server.url, texts, fraction * maximum, args.seconds, seed=i))
+            point = asyncio.run(open_loop(server.url, unsent, fraction * maximum, args.seconds, seed=i))
             points.append({"fraction": fraction, **point})
             print(f"  {fraction:.0%} load: offered {point['offered_s']:.0f}/s, p50 {point['p50_ms']:.1f} ms, "
                   f"p99 {point['p99_ms']:.1f} ms", flush=True)
