@@ -2,8 +2,13 @@
 
 A wait registers a future here and asks for one look at its result key. Looks and wake-ups (reply-stream
 entries, notify-list pops, a listener's reconnect) only mark ids as due; one reader task then fetches
-every due id in one round trip (MGETs in one pipeline) and resolves their futures with the decoded result.
-Ten thousand waits cost one read per batch of ids that woke together, never a connection each.
+every due id with MGETs and resolves their futures with the decoded result as each MGET returns. Ten
+thousand waits cost one read per batch of ids that woke together, never a connection each.
+
+One MGET asks for about READ_BYTES of results (by the size of the results this hub has read so far): Redis
+builds a reply in its memory before it sends it, and a reply of many large results costs it twice as much per
+byte as a few at a time (docs/capacity.md, "Large results are read a few at a time"); one small MGET round trip
+more per read of large results, and the first results land before the last are read.
 
 A request wakes one way (common/protocol/keys.py): ids this producer submitted through its reply stream;
 another's request through its own `reply_to` stream (read from its job at the first look: the reply
@@ -33,7 +38,27 @@ from producer.client.core import PENDING, lost_error, read_result
 log = logging.getLogger(__name__)
 
 OUTAGE_RECHECK = 0.5  # seconds between looks while Redis is unreachable
-READ_CHUNK = 1000  # result keys per MGET (several MGETs go in one pipeline: one round trip)
+READ_CHUNK = 1000  # keys per MGET at most
+READ_BYTES = 512 * 1024  # result bytes one MGET asks for, about (by the results read so far)
+FIRST_READ = 4  # keys of an MGET before any result was read here (its size not known yet)
+
+
+def read_size(result_bytes: float | None, first: bool) -> int:
+    """Keys for the next MGET of a read: about READ_BYTES of results of `result_bytes` each. Before any result
+    was read, FIRST_READ for a read's first MGET, and the rest of it at once when that found none (first looks
+    at waits just begun: their results are mostly not there yet)."""
+    if result_bytes is None:
+        return FIRST_READ if first else READ_CHUNK
+    return max(1, min(READ_CHUNK, int(READ_BYTES // max(result_bytes, 1.0))))
+
+
+def result_bytes(previous: float | None, blobs: list) -> float | None:
+    """The size of a result, smoothed over MGET replies (the mean of each reply's results)."""
+    sizes = [len(blob) for blob in blobs if blob is not None]
+    if not sizes:
+        return previous
+    mean = sum(sizes) / len(sizes)
+    return mean if previous is None else (previous + mean) / 2
 
 
 class Look(enum.IntEnum):
@@ -68,6 +93,7 @@ class WaitHub:
         self._task: asyncio.Task | None = None
         self._checks: set[asyncio.Task] = set()  # running _check_pending tasks (held: the loop keeps weak refs)
         self._closed: BaseException | None = None
+        self._result_bytes: float | None = None  # a result's size here, smoothed (None: none read yet)
 
     # -- what the producer and the listeners call ----------------------------------------------------
     def expect(self, request_ids: list[str]) -> None:
@@ -211,18 +237,20 @@ class WaitHub:
                     future.set_result(None)
 
     async def _read(self, due: dict[str, Look]) -> None:
-        ids = list(due)
-        pipe = self.connection.pipeline(transaction=False)
-        for start in range(0, len(ids), READ_CHUNK):
+        ids, missing, start = list(due), [], 0
+        while start < len(ids):
+            chunk = ids[start:start + read_size(self._result_bytes, first=start == 0)]
+            start += len(chunk)
+            pipe = self.connection.pipeline(transaction=False)
             # (as a raw command: a cluster's pipeline refuses mget(); a link's ids share one slot there)
-            pipe.execute_command("MGET", *[keys.result_key(i) for i in ids[start:start + READ_CHUNK]])
-        blobs = [blob for chunk in await pipe.execute() for blob in chunk]
-        missing = []
-        for request_id, blob in zip(ids, blobs):
-            if blob is None:
-                missing.append(request_id)
-            else:
-                self._land(request_id, blob)
+            pipe.execute_command("MGET", *[keys.result_key(i) for i in chunk])
+            blobs = (await pipe.execute())[0]
+            self._result_bytes = result_bytes(self._result_bytes, blobs)
+            for request_id, blob in zip(chunk, blobs):
+                if blob is None:
+                    missing.append(request_id)
+                else:
+                    self._land(request_id, blob)
         # Own ids too: their wake-up comes through the reply stream, but a job that vanished (its hash
         # deleted or expired, or lost with a Redis restarted empty: no result) never sends one, and the wait
         # would last its whole timeout. A first look and a look after a reconnect make sure the job is there.
