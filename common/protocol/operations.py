@@ -376,7 +376,12 @@ def withdraw(connection: redis.Redis, model: str, worker_name: str, oldest_beat:
 
 def inflight_attach(connection: redis.Redis, markers: list[str], leaders: list[str], ttl: int) -> list[str]:
     """Per marker: '' (the request given leads it now) or the id of the request it follows."""
-    return [_str(leader) for leader in scripts.INFLIGHT_ATTACH(connection, markers, [ttl, *leaders])]
+    return attach_reply(scripts.INFLIGHT_ATTACH(connection, markers, [ttl, *leaders]))
+
+
+def attach_reply(reply: list) -> list[str]:
+    """The in-flight attach script's reply, per marker ('' or a leader's id; checked where it is used)."""
+    return [_str(leader) for leader in reply]
 
 
 def inflight_release(connection: redis.Redis, markers: list[str], leaders: list[str]) -> int:

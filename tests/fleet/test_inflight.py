@@ -6,12 +6,14 @@ import threading
 import time
 
 import pytest
+import redis
 
 from common.protocol.keys import inflight_key, result_key
 from common.request import EmbedRequest
 from common.result import Result
 from tests.harness import burst, serve
 from tests.fleet.test_queue import enqueue
+from tests.fleet.test_queue_overhead import CountingConnection
 from tests.tinymodels import sample_texts
 from worker.serving.cache import VectorCache
 from worker.engine.engine import Engine
@@ -181,3 +183,49 @@ def test_the_next_round_takes_what_the_round_on_the_device_computes(twin, redis_
     assert (worker.steps.cache.hits, worker.steps.cache.misses) == (len(TEXTS), len(TEXTS))
     one, two = results(redis_client, [first, second])
     assert two.embed_dtype == "float16" and (one.embeddings.astype("float16") == two.embeddings).all()
+
+
+def test_a_rounds_claims_go_with_its_cache_lookup_in_one_round_trip(twin, bert_mean, redis_url, redis_client):
+    """Where the markers and the cache share one Redis client, a round's take is two round trips: the take, then
+    its in-flight claims and its cache lookup together (three with the cache on a client of its own)."""
+    identity = model_identity("m", folder_digest(bert_mean), "float32", "cpu")
+    counting, other = (redis.Redis(connection_pool=redis.ConnectionPool.from_url(
+        redis_url, connection_class=CountingConnection)) for _ in range(2))  # every send of either counted
+    model = load_model(bert_mean, served_name="m")
+    shared = BatchWorker(Engine(model), counting, cache=VectorCache(counting, identity, model.caps.embedding_size))
+    apart = BatchWorker(Engine(model), counting, cache=VectorCache(other, identity, model.caps.embedding_size))
+    counting.ping(), other.ping()  # their connections made (a new connection's set-up is not a round trip)
+    sends = []
+    for worker, text in ((shared, TEXTS[0]), (apart, TEXTS[1]), (shared, TEXTS[2])):
+        enqueue(redis_client, EmbedRequest(model="m", inputs=[text]))
+        before = CountingConnection.sends
+        round_ = worker.take_round(None)
+        sends.append(CountingConnection.sends - before)
+        assert round_.work.texts == 1 and round_.lookup.keys and worker.inflight.leading  # claimed, looked up
+    assert sends == [2, 3, 2]
+    counting.close()
+    other.close()
+
+
+def test_a_follower_in_a_round_with_others_parks_and_they_run(twin, redis_client):
+    """Claims are answered after the round is tokenised: a round where one request follows a request in flight
+    elsewhere is prepared again without it; it parks, the others run, and the cache counts each input once."""
+    leader = EmbedRequest(model="m", inputs=TEXTS[:2])
+    enqueue(redis_client, leader)
+    device = threading.Event()
+    first, second = twin(gate=device), twin(max_jobs=2)
+    with serve(first, burst=True, stop_seconds=60):
+        marker = inflight_key(request_digest(first.inflight.identity, leader))
+        deadline = time.monotonic() + 60
+        while redis_client.get(marker) != leader.id.encode():
+            assert time.monotonic() < deadline, "the leader never claimed its marker"
+            time.sleep(0.01)
+        follower, other = EmbedRequest(model="m", inputs=TEXTS[:2]), EmbedRequest(model="m", inputs=TEXTS[2:5])
+        enqueue(redis_client, follower)
+        enqueue(redis_client, other)
+        round_ = second.take_round(None)
+        device.set()
+    assert [job.id for job in round_.runnable] == [r.id for r in round_.work.requests] == [other.id]
+    assert round_.work.texts == 3
+    assert [p.request.id for p in second.inflight.parked] == [follower.id]
+    assert (second.steps.cache.hits, second.steps.cache.misses) == (0, 3)  # the other's three inputs, once

@@ -93,8 +93,10 @@ class VectorCache:
 
     # -- around the engine's steps ---------------------------------------------------------------------
 
-    def lookup(self, work) -> Lookup:
-        """The cache keys of every cacheable request of `work` (an engine Work), and the vectors found."""
+    def lookup(self, work, claim=None) -> Lookup:
+        """The cache keys of every cacheable request of `work` (an engine Work), and the vectors found.
+        `claim`: the round's in-flight claims (worker/serving/inflight.py Claim), sent in the same round trip
+        and answered (`sends_claims`: only where the cache is the queue's own Redis)."""
         found = Lookup()
         for index, request in work.resolved.items():
             prep = work.prepared.get(index)
@@ -102,13 +104,16 @@ class VectorCache:
                 found.keys[index] = [self.key(ids, prompt_length)
                                      for ids, prompt_length in zip(prep.token_lists, prep.prompt_lengths)]
         wanted = list(dict.fromkeys(k for ks in found.keys.values() for k in ks))
-        if not wanted:
+        if claim is not None and claim.markers:
+            values = self._claim_and_get(claim, wanted)
+        elif not wanted:
             return found
-        try:
-            values = dict(zip(wanted, self._mget(wanted)))
-        except redis.RedisError as exc:
-            self._warn("lookup", f"cache lookup failed ({exc}); computing {len(wanted)} inputs")
-            values = {}
+        else:
+            try:
+                values = dict(zip(wanted, self._mget(wanted)))
+            except redis.RedisError as exc:
+                self._warn("lookup", f"cache lookup failed ({exc}); computing {len(wanted)} inputs")
+                values = {}
         for index, cache_keys in found.keys.items():
             for row, key in enumerate(cache_keys):
                 vector = self._decode(values.get(key), key)
@@ -164,7 +169,40 @@ class VectorCache:
         except redis.RedisError as exc:  # e.g. OOM on a full noeviction Redis: later lookups miss
             self._warn("store", f"cache write of {len(entries)} vectors failed ({exc})")
 
+    def uncount(self, found: Lookup) -> None:
+        """A lookup made again without some of its requests (worker/serving/take.py): its hits and misses are
+        counted by the new one."""
+        hits = sum(len(rows) for rows in found.hits.values())
+        self.hits -= hits
+        self.misses -= sum(len(keys_) for keys_ in found.keys.values()) - hits
+
+    def sends_claims(self, connection) -> bool:
+        """Whether a round's in-flight claims (on `connection`, the queue's Redis) can go with its lookup:
+        the cache is on that very client, and it is no Redis Cluster (whose lookup is one MGET per slot)."""
+        return self.connection is connection and not isinstance(connection, RedisCluster)
+
     # -- internals ----------------------------------------------------------------------------------
+
+    def _claim_and_get(self, claim, wanted: list[str]) -> dict[str, bytes]:
+        """The claim's script and the MGET in one pipeline (one round trip); the claim answered, the values
+        found. Redis unreachable: no dedup this round and all misses, as each alone would have it."""
+        try:
+            with self.connection.pipeline(transaction=False) as pipe:
+                pipe.execute_command(*claim.command())
+                if wanted:
+                    pipe.execute_command("MGET", *wanted)
+                replies = pipe.execute(raise_on_error=False)
+        except redis.RedisError as exc:
+            claim.answer(exc, self.connection)
+            self._warn("lookup", f"cache lookup failed ({exc}); computing {len(wanted)} inputs")
+            return {}
+        claim.answer(replies[0], self.connection)
+        if not wanted:
+            return {}
+        if isinstance(replies[1], Exception):
+            self._warn("lookup", f"cache lookup failed ({replies[1]}); computing {len(wanted)} inputs")
+            return {}
+        return dict(zip(wanted, replies[1]))
 
     def _mget(self, wanted: list[str]) -> list:
         """One MGET; on a Redis Cluster one per slot (redis-py's mget_nonatomic: the keys lie in many)."""

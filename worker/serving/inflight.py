@@ -13,6 +13,10 @@ its parked followers' leaders in one round trip:
 
 so no follower waits on a leader that will not answer. Identical requests in one round are not followers:
 the engine's in-round dedup computes their inputs once. Requests with `cache: false` never attach.
+
+Where the markers and the vector cache share a Redis (the default) a round's claims go in one pipeline with its
+cache lookup, after it is tokenised (worker/serving/take.py): one round trip, not two, on every round's way to
+the device; the rare round with a follower is then prepared again without it.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 
 import redis
 
-from common.protocol import keys, operations
+from common.protocol import keys, operations, scripts
 from common.codec import packb
 from common.errors import DecodeError
 from common.request import EmbedRequest
@@ -40,6 +44,34 @@ def request_digest(identity: str, request: EmbedRequest) -> str:
     """What makes two requests give the same bytes: the model identity, model, inputs and params."""
     text = packb([identity, request.model, request.inputs, request.params.model_dump(mode="json")])
     return hashlib.sha256(text).hexdigest()
+
+
+@dataclass
+class Claim:
+    """A round's in-flight claims: marker -> the round's positions that have it, the id that claims each marker
+    (its first request's), and the script's answer once sent (per marker, '' = leads, or the leader's id;
+    None: not sent, or refused: no dedup this round)."""
+
+    markers: dict[str, list[int]]
+    ids: list[str]
+    ttl: int
+    leaders: list[str] | None = None
+
+    def command(self) -> tuple:
+        """The attach script as a raw command, for a pipeline that carries other reads too (steps.py)."""
+        return scripts.INFLIGHT_ATTACH.command(list(self.markers), [self.ttl, *self.ids])
+
+    def answer(self, reply, connection: redis.Redis) -> None:
+        """The script's reply from that pipeline (an error reply: run alone once more, by source where the
+        server lost the script; a refusal then means no dedup this round)."""
+        try:
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                reply = scripts.INFLIGHT_ATTACH(connection, list(self.markers), [self.ttl, *self.ids])
+            elif isinstance(reply, Exception):
+                raise reply
+            self.leaders = operations.attach_reply(reply)
+        except redis.RedisError as exc:
+            log.warning("in-flight dedup skipped for a round (%s)", exc)
 
 
 @dataclass
@@ -75,22 +107,33 @@ class InFlight:
     def attach(self, jobs: list, requests: list[EmbedRequest]) -> tuple[list, list[EmbedRequest]]:
         """Claim markers for this round's cacheable requests; park the followers. Returns the jobs and
         requests to run now (leaders, uncacheable ones, and identical ones in this round)."""
+        claim = self.claim(requests)
+        if claim.markers:
+            try:
+                claim.leaders = operations.inflight_attach(self.connection, list(claim.markers), claim.ids,
+                                                           self.ttl)
+            except redis.RedisError as exc:  # no dedup this round; the requests still run
+                log.warning("in-flight dedup skipped for a round (%s)", exc)
+        return self.settle(claim, jobs, requests)
+
+    def claim(self, requests: list[EmbedRequest]) -> Claim:
+        """The markers this round's cacheable requests claim (`attach`, or a claim sent on another round trip:
+        `Claim.command`, answered with `Claim.answer`)."""
         markers: dict[str, list[int]] = {}  # marker -> this round's positions that have it, first first
         for position, request in enumerate(requests):
             if request.cache and request.part_of is None:  # a part answers into its request's join, not alone
                 marker = keys.inflight_key(request_digest(self.identity, request), keys.tag_of(request.id))
                 markers.setdefault(marker, []).append(position)
-        if not markers:
-            return jobs, requests
-        try:
-            leaders = operations.inflight_attach(self.connection, list(markers),
-                                                 [requests[p[0]].id for p in markers.values()], self.ttl)
-        except redis.RedisError as exc:  # no dedup this round; the requests still run
-            log.warning("in-flight dedup skipped for a round (%s)", exc)
+        return Claim(markers, [requests[p[0]].id for p in markers.values()], self.ttl)
+
+    def settle(self, claim: Claim, jobs: list, requests: list[EmbedRequest]) -> tuple[list, list[EmbedRequest]]:
+        """Park the followers the claim's answer names (none when it has no answer: no dedup this round);
+        the jobs and requests to run now."""
+        if claim.leaders is None:
             return jobs, requests
         parked: set[int] = set()
         now = time.monotonic()
-        for (marker, positions), leader in zip(markers.items(), leaders):
+        for (marker, positions), leader in zip(claim.markers.items(), claim.leaders):
             if not leader:  # the first leads; the others of this round ride on the engine's in-round dedup
                 with self._lock:
                     self.leading[requests[positions[0]].id] = marker
@@ -98,6 +141,8 @@ class InFlight:
                 for position in positions:
                     self.parked.append(Parked(jobs[position], requests[position], leader, marker, now))
                     parked.add(position)
+        if not parked:
+            return jobs, requests
         keep = [p for p in range(len(requests)) if p not in parked]
         return [jobs[p] for p in keep], [requests[p] for p in keep]
 

@@ -3,7 +3,8 @@ with what only the serving side does around it: the fleet's vector cache (worker
 requests it spreads over the fleet (worker/serving/spread.py).
 
     prepare   engine.prepare (verify, tokenise); long requests set aside to spread; the cache's lookup (one
-              MGET): rows found are the round's hits
+              MGET, with the round's in-flight claims where both are on one Redis): rows found are the
+              round's hits
     forward   the rows the rounds just before computed (in memory), engine.forward with the hits known,
               remember its rows
     finish    engine.finish (cut, normalise, cast)
@@ -36,14 +37,19 @@ class Steps:
         self.cache = cache
         self.chunks_per_job = chunks_per_job
 
-    def prepare(self, round_: Round, requests: list[EmbedRequest]) -> None:
-        """The round's `work`, `spread` and `lookup`."""
+    def prepare(self, round_: Round, requests: list[EmbedRequest], claim=None) -> None:
+        """The round's `work`, `spread` and `lookup`; `claim`: the round's in-flight claims, sent and answered
+        with the lookup (one round trip: `sends_claims`)."""
         round_.work = work = self.engine.prepare(requests)
         round_.spread = set_aside(work, self.chunks_per_job)
         if self.cache is not None:
             stageclock.lap("other")
-            round_.lookup = self.cache.lookup(work)  # never raises: an unreachable cache is all misses
+            round_.lookup = self.cache.lookup(work, claim)  # never raises: an unreachable cache is all misses
             stageclock.lap("cache")
+
+    def sends_claims(self, connection) -> bool:
+        """Whether in-flight claims on `connection` can go with the cache's lookup (the same Redis client)."""
+        return self.cache is not None and self.cache.sends_claims(connection)
 
     def forward(self, round_: Round, between=None) -> None:
         """`between()`: called between two passes (Engine.forward)."""

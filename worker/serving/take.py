@@ -205,16 +205,43 @@ class TakeStage:
         requests = rounds.triage(round_, taken, self.model, self.max_deliveries, time.time(),
                                  self.metrics.waited if self.metrics is not None else None)
         stageclock.lap("decode")
-        if self.inflight is not None:  # requests identical to one in flight elsewhere park (inflight.py)
-            round_.runnable, requests = self.inflight.attach(round_.runnable, requests)
-            for job, request in resumed:
-                round_.run(job, request)
-                requests.append(request)
-        round_.stamps.tokenise = time.time_ns()
-        if requests:
-            self.steps.prepare(round_, requests)
+        if self.inflight is not None and self.steps.sends_claims(self.inflight.connection):
+            self._prepare_claiming(round_, requests, resumed)
+        else:
+            if self.inflight is not None:  # requests identical to one in flight elsewhere park (inflight.py)
+                round_.runnable, requests = self.inflight.attach(round_.runnable, requests)
+                for job, request in resumed:
+                    round_.run(job, request)
+                    requests.append(request)
+            round_.stamps.tokenise = time.time_ns()
+            if requests:
+                self.steps.prepare(round_, requests)
         round_.passes, round_.largest = rounds.passes_of(round_, self.steps.engine.shape())
         round_.stamps.prepared = time.time_ns()
+
+    def _prepare_claiming(self, round_: Round, requests: list, resumed) -> None:
+        """`prepare` where the in-flight markers and the vector cache share a Redis: tokenise the round first,
+        then claim its markers and look its vectors up in one round trip (not one each). A round where some
+        request follows one in flight elsewhere (rare: identical requests on two workers at once) is prepared
+        again without it, which parks."""
+        jobs, claim = list(round_.runnable), self.inflight.claim(requests)
+        for job, request in resumed:  # parked followers whose leader let them go: they run, claiming nothing
+            round_.run(job, request)
+        everything = requests + [request for _, request in resumed]
+        round_.stamps.tokenise = time.time_ns()
+        if not everything:
+            return
+        self.steps.prepare(round_, everything, claim)
+        kept_jobs, kept = self.inflight.settle(claim, jobs, requests)
+        if len(kept) == len(requests):
+            return
+        round_.runnable = kept_jobs + [job for job, _ in resumed]
+        kept += [request for _, request in resumed]
+        self.steps.cache.uncount(round_.lookup)
+        round_.work = round_.lookup = None
+        round_.spread = {}
+        if kept:
+            self.steps.prepare(round_, kept)
 
     def _flush_parked(self, handoff: Handoff) -> None:
         """Stopping: parked followers stop waiting for their leaders (answered now, or run in a last round)."""
