@@ -2,7 +2,7 @@
 end on an idle fleet, then under open-loop Poisson load at fractions of the fleet's measured maximum; draws
 throughput and latency against offered load to a PNG.
 
-    PYTHONPATH=. .venv/bin/python bench/latency.py [--idle-requests 200] [--seconds 10]
+    PYTHONPATH=. .venv/bin/python bench/latency.py [--idle-requests 200] [--block 25] [--seconds 10]
         [--fractions 0.25,0.5,0.75,0.9,1.0] [--dtype float32] [--plot bench/load.png] [--json OUT]
 
 Requests carry one short corpus text (10-60 characters), each a text no earlier request of the run sent (the
@@ -15,6 +15,11 @@ loop); latency counts from the scheduled arrival to the result. Bare forward pas
 normalise one text with transformers, as often as --idle-requests: back to back (the target's reference), and
 again each after --bare-gap ms idle, as an idle fleet's pass comes (its threads asleep, its caches cold: on a
 2-core VM one such pass took 8-10 ms against 5-6 back to back). The client shares the machine with the fleet.
+
+The idle fleet and the two bare rows are measured side by side: in turns of --block requests (bare back to
+back, bare after gaps, the fleet), SETTLE seconds apart (libgomp's threads in this process spin a few ms after
+a pass: they stop before the fleet's turn). A VM's speed drifts within a minute (one short text's pass read 9 ms
+and 14 ms two runs apart, steal 0%): rows measured one after the other compare two machines.
 """
 
 from __future__ import annotations
@@ -35,20 +40,38 @@ from _common import (RedisServer, Timer, describe_machine, load_corpus, model_pa
 SERVED = "bench"
 
 
-def bare_latencies(path: str, texts: list[str], n: int, dtype: str, device: str,
-                   gap: float = 0.0) -> list[float]:
-    """Seconds of each of `n` one-text passes, back to back, or each after `gap` seconds idle."""
-    from throughput import BareLoop
+SETTLE = 0.05  # seconds between two turns of the side-by-side idle rows
 
-    bare = BareLoop(path, dtype, device)
-    for text in texts[:5]:
-        bare.run([text], 1)
+
+def bare_latencies(bare, texts: list[str], start: int, n: int, gap: float = 0.0) -> list[float]:
+    """Seconds of each of `n` one-text passes of the bare loop, back to back, or each after `gap` seconds idle."""
     out = []
-    for i in range(n):
+    for i in range(start, start + n):
         if gap:
             time.sleep(gap)
         out.append(1 / bare.run([texts[i % len(texts)]], 1))
     return out
+
+
+def side_by_side(bare, texts: list[str], producer, unsent: Unsent, n: int, gap: float,
+                 block: int) -> tuple[list[float], list[float], list[float]]:
+    """(bare back to back, bare each after `gap` s idle, the idle fleet): `n` seconds each, measured in turns of
+    `block`, so that the machine's drift falls on every row alike."""
+    for text in texts[:5]:
+        bare.run([text], 1)
+    idle_latencies(producer, unsent, 0)  # the fleet's warm-up
+    back_to_back: list[float] = []
+    after_gap: list[float] = []
+    fleet: list[float] = []
+    for start in range(0, n, block):
+        size = min(block, n - start)
+        time.sleep(SETTLE)
+        back_to_back += bare_latencies(bare, texts, start, size)
+        time.sleep(SETTLE)
+        after_gap += bare_latencies(bare, texts, start, size, gap)
+        time.sleep(SETTLE)
+        fleet += idle_latencies(producer, unsent, size, warm_up=0)
+    return back_to_back, after_gap, fleet
 
 
 class Unsent:
@@ -67,8 +90,9 @@ class Unsent:
         return out
 
 
-def idle_latencies(producer, texts: Unsent, n: int) -> list[float]:
-    for text in texts.take(5):
+def idle_latencies(producer, texts: Unsent, n: int, warm_up: int = 5) -> list[float]:
+    """Seconds of each of `n` sequential one-text requests, after `warm_up` more."""
+    for text in texts.take(warm_up):
         producer.embed(text, SERVED, timeout=120)
     out = []
     for text in texts.take(n):
@@ -149,6 +173,8 @@ def main() -> None:
     parser.add_argument("--bare-gap", type=float, default=10.0,
                         help="ms idle before each pass of the second bare row (an idle fleet's forward pass comes "
                              "after the queue path's gap, its threads asleep; libgomp spins ~7 ms, then sleeps)")
+    parser.add_argument("--block", type=int, default=25,
+                        help="requests a turn of the side-by-side idle rows (bare, bare after gaps, the fleet)")
     parser.add_argument("--burst", type=int, default=1000, help="requests of the saturation burst")
     parser.add_argument("--seconds", type=float, default=10, help="length of each open-loop run")
     parser.add_argument("--fractions", default="0.25,0.5,0.75,0.9,1.0", help="offered load / measured maximum")
@@ -171,20 +197,21 @@ def main() -> None:
     path = model_path()
     print(f"{describe_machine()}; device {device}, {args.dtype}; {len(texts)} short texts", flush=True)
 
-    bare = bare_latencies(path, texts, args.idle_requests, args.dtype, device)
-    bare_row = {"p50_ms": percentile(bare, 50) * 1000, "p99_ms": percentile(bare, 99) * 1000}
-    print(f"  bare forward pass: p50 {bare_row['p50_ms']:.1f} ms", flush=True)
-    gapped = bare_latencies(path, texts, args.idle_requests, args.dtype, device, args.bare_gap / 1000)
-    gapped_row = {"p50_ms": percentile(gapped, 50) * 1000, "p99_ms": percentile(gapped, 99) * 1000}
-    print(f"  bare forward pass after {args.bare_gap:g} ms idle: p50 {gapped_row['p50_ms']:.1f} ms", flush=True)
+    from throughput import BareLoop
+
+    bare_loop = BareLoop(path, args.dtype, device)
     points = []
     with RedisServer() as server, \
             start_worker(server.url, args.model or path, SERVED, "--dtype", args.dtype, "--device", device), \
             Producer(server.url) as producer:
         unsent = Unsent(texts)
-        idle = idle_latencies(producer, unsent, args.idle_requests)
-        idle_row = {"p50_ms": percentile(idle, 50) * 1000, "p99_ms": percentile(idle, 99) * 1000}
-        print(f"  idle fleet: p50 {idle_row['p50_ms']:.1f} ms", flush=True)
+        bare, gapped, idle = side_by_side(bare_loop, texts, producer, unsent, args.idle_requests,
+                                          args.bare_gap / 1000, args.block)
+        bare_row, gapped_row, idle_row = ({"p50_ms": percentile(row, 50) * 1000, "p99_ms": percentile(row, 99) * 1000}
+                                          for row in (bare, gapped, idle))
+        print(f"  bare forward pass: p50 {bare_row['p50_ms']:.1f} ms; after {args.bare_gap:g} ms idle: p50 "
+              f"{gapped_row['p50_ms']:.1f} ms; idle fleet: p50 {idle_row['p50_ms']:.1f} ms (in turns of "
+              f"{args.block})", flush=True)
         maximum = saturated_rate(producer, unsent, args.burst)
         print(f"  saturated: {maximum:.0f} requests/s", flush=True)
         for i, fraction in enumerate(float(f) for f in args.fractions.split(",")):
