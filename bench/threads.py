@@ -3,9 +3,10 @@
 Each configuration runs in a fresh process (OMP_WAIT_POLICY is read when libgomp loads, at `import torch`),
 which times windows quiet and beside `--hogs` busy loops in turn, `--repeats` times; a figure is the median
 of its windows. "PASSIVE after import" sets the variable
-after `import torch`, to show it then does nothing.
+after `import torch`, to show it then does nothing; the GOMP_SPINCOUNT rows spin that many times (libgomp: about
+100,000 a millisecond, CPU-dependent) before a waiting thread sleeps.
 
-    PYTHONPATH=. .venv/bin/python bench/threads.py [--hogs 2] [--seconds 2] [--repeats 2] [--tokens 32]
+    PYTHONPATH=. .venv/bin/python bench/threads.py [--hogs 2] [--seconds 2] [--repeats 2] [--tokens 32] [--only LABELS]
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ import time
 
 from bench._common import describe_machine, median, model_path, table
 
-CONFIGS = [  # (label, threads, OMP_WAIT_POLICY before import, after import)
-    ("2 (all cores, torch's default)", 2, None, None),
-    ("1", 1, None, None),
-    ("2, PASSIVE", 2, "PASSIVE", None),
-    ("1, PASSIVE", 1, "PASSIVE", None),
-    ("2, PASSIVE set after import torch", 2, None, "PASSIVE"),
+CONFIGS = [  # (label, threads, OMP_WAIT_POLICY before import, after import, GOMP_SPINCOUNT)
+    ("2 (all cores, torch's default)", 2, None, None, None),
+    ("1", 1, None, None, None),
+    ("2, PASSIVE", 2, "PASSIVE", None, None),
+    ("1, PASSIVE", 1, "PASSIVE", None, None),
+    ("2, PASSIVE set after import torch", 2, None, "PASSIVE", None),
+    ("2, PASSIVE, GOMP_SPINCOUNT=1000", 2, "PASSIVE", None, "1000"),
+    ("2, PASSIVE, GOMP_SPINCOUNT=3000", 2, "PASSIVE", None, "3000"),
+    ("2, PASSIVE, GOMP_SPINCOUNT=10000", 2, "PASSIVE", None, "10000"),
 ]
 
 
@@ -67,10 +71,12 @@ def child(threads: int, late: str | None, args) -> None:
     print(json.dumps({key: median(values) for key, values in got.items()}))
 
 
-def run(threads: int, early: str | None, late: str | None, args) -> dict[str, float]:
-    env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+def run(threads: int, early: str | None, late: str | None, spin: str | None, args) -> dict[str, float]:
+    env = {key: value for key, value in os.environ.items() if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     if early:
         env["OMP_WAIT_POLICY"] = early
+    if spin:
+        env["GOMP_SPINCOUNT"] = spin
     cmd = [sys.executable, __file__, "--child", str(threads), "--late", late or "", "--tokens", str(args.tokens),
            "--seconds", str(args.seconds), "--repeats", str(args.repeats), "--hogs", str(args.hogs)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
@@ -83,6 +89,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0, help="timed seconds per shape and window")
     parser.add_argument("--repeats", type=int, default=2, help="quiet/loaded windows per configuration")
     parser.add_argument("--tokens", type=int, default=32, help="tokens per row")
+    parser.add_argument("--only", default="", help="';'-separated labels of the configurations to run (all)")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--late", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -91,8 +98,10 @@ def main() -> None:
         return
     print(describe_machine(), f"affinity {len(os.sched_getaffinity(0))}", flush=True)
     rows = []
-    for label, threads, early, late in CONFIGS:
-        got = run(threads, early, late, args)
+    for label, threads, early, late, spin in CONFIGS:
+        if args.only and label not in args.only.split(";"):
+            continue
+        got = run(threads, early, late, spin, args)
         rows.append([label, *(f"{got[key]:.1f}" for key in ("quiet 1", "quiet 32", "loaded 1", "loaded 32"))])
         print(" ", rows[-1], flush=True)
     print(table(["torch threads, OMP_WAIT_POLICY", "quiet 1 row", "quiet 32 rows", f"{args.hogs} hogs 1 row",
