@@ -2,6 +2,8 @@
 
 URLs: common/redisurls.py (plain, TLS, Sentinel, Cluster; redaction for logs).
 
+Commands of plain and Sentinel clients are packed in C (common/packing.py); a Cluster's nodes pack as redis-py does.
+
 Timeouts: redis-py 8 defaults to a 5 s socket timeout, shorter than the blocking reads here would like; a
 client without any timeout would hang forever on a dead host. Blocking calls wait at most MAX_BLOCK
 seconds per command (then loop), safely inside SOCKET_TIMEOUT.
@@ -35,6 +37,7 @@ import redis.sentinel
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from common import packing
 from common.errors import StartupError
 from common.protocol import keys
 # the URL helpers are imported from here by the entry points too (re-exported: hence F401)
@@ -64,8 +67,8 @@ def connect(url: str) -> redis.Redis:
         hosts, service, kwargs, sentinel_kwargs = parse_sentinel(url)
         sentinels = redis.sentinel.Sentinel(hosts, sentinel_kwargs={**_timeouts(), **sentinel_kwargs},
                                               **_timeouts())
-        return sentinels.master_for(service, **kwargs, **_timeouts())
-    return redis.Redis.from_url(url, **_timeouts())
+        return sentinels.master_for(service, **kwargs, **_timeouts(), redis_connect_func=packing.on_connect)
+    return redis.Redis.from_url(url, **_timeouts(), redis_connect_func=packing.on_connect)
 
 
 class ClusterClient(redis.cluster.RedisCluster):
@@ -97,9 +100,11 @@ def connect_async(url: str, max_connections: int = MAX_ASYNC_CONNECTIONS) -> aio
         hosts, service, kwargs, sentinel_kwargs = parse_sentinel(url)
         sentinels = aiosentinel.Sentinel(hosts, sentinel_kwargs={**_timeouts(), **sentinel_kwargs},
                                               **_timeouts())
-        return sentinels.master_for(service, **kwargs, **_timeouts(), retry=retry)
+        return sentinels.master_for(service, **kwargs, **_timeouts(), retry=retry,
+                                    redis_connect_func=packing.on_connect_async)
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=SOCKET_TIMEOUT, retry=retry, **_timeouts())
+        url, max_connections=max_connections, timeout=SOCKET_TIMEOUT, retry=retry, **_timeouts(),
+        redis_connect_func=packing.on_connect_async)
     return aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it too
 
 

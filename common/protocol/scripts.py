@@ -14,12 +14,8 @@ import redis
 import redis.asyncio as aioredis
 import redis.cluster
 
+from common import packing
 from common.protocol import keys, slotmoves
-
-try:  # the worker's and gateway's extras install it; a producer may run without
-    from hiredis import pack_command as _pack_in_c
-except ImportError:  # pragma: no cover - hiredis is in every extra that sends a round's writes
-    _pack_in_c = None
 
 FOLDER = Path(__file__).with_name("scripts")
 _PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")
@@ -128,18 +124,14 @@ def _node_client(cluster: redis.cluster.RedisCluster, script: tuple) -> redis.Re
 
 
 def packed(connection, commands: list[tuple]) -> bytes:
-    """`commands` in Redis's protocol, as redis-py's own packer writes them, in one piece. hiredis packs each
-    command in C where its name is one word, every argument is a str, bytes, int or float (all the protocol's
-    are) and the connection encodes text as strict UTF-8 (redis-py's default); anything else goes through
-    redis-py's packer, which encodes each argument in Python (~4 us a command: a round's result SETs and its
-    finish script's arguments cost the finish thread more than the rest of its work)."""
-    encoder = connection.encoder
-    if _pack_in_c is not None and encoder.encoding.lower().replace("-", "") == "utf8" \
-            and encoder.encoding_errors == "strict" \
-            and all(isinstance(command[0], str) and " " not in command[0] for command in commands):
+    """`commands` in Redis's protocol, as redis-py's own packer writes them, in one piece: each packed in C
+    where common/packing.py says hiredis packs it as redis-py would (all the protocol's commands), else by
+    redis-py, which encodes each argument in Python (~4 us a command: a round's result SETs and its finish
+    script's arguments cost the finish thread more than the rest of its work)."""
+    if packing.fast(connection) and all(isinstance(command[0], str) and " " not in command[0] for command in commands):
         try:  # (redis-py splits a first argument of several words: "CONFIG GET")
-            return b"".join([_pack_in_c(command) for command in commands])
-        except TypeError:  # an argument hiredis does not take (bytearray, memoryview, bool): redis-py decides
+            return b"".join([packing.pack_command(command) for command in commands])
+        except TypeError:  # an argument hiredis does not take (bytearray, bool, None): redis-py decides
             pass
     return b"".join(connection.pack_commands(commands))
 
