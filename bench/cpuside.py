@@ -17,7 +17,7 @@ The stage table comes from the worker's own `embedfleet_worker_stage_seconds_tot
 stage, waits included; worker/engine/stageclock.py), scraped before and after the fleet row's timed window:
 milliseconds per round, and the share of each thread's time, summed over all the row's runs. Each row is shown
 at its best run and its median run: on a shared machine single runs of a few seconds scatter by 2x.
-The workers' batch shape is pinned (--shape). OMP_WAIT_POLICY is PASSIVE unless set.
+The workers' batch shape is pinned (--shape). OMP_WAIT_POLICY is PASSIVE and GOMP_SPINCOUNT 1000 unless set.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ import os
 
 # OpenMP threads that spin for work on this shared 2-core box slow a tiny forward pass tenfold (ARCHITECTURE.md):
 # passive waiting keeps the forward pass as cheap as the regime this bench stands in for (a GPU's). The worker
-# subprocess inherits it.
+# subprocess inherits both: the worker's own default (worker/engine/cpus.py), PASSIVE after a brief spin.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 import shutil
 import statistics
 import sys

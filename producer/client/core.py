@@ -117,7 +117,7 @@ WORKER_FIELDS = {"model": str, "device": str, "dtype": str, "max_batch_tokens": 
                  "started_at": (int, float), "cache_hits": int, "cache_misses": int,
                  "pass_tokens_per_s": (int, float),  # the learned shape's measured rate (worker/engine/shaper.py)
                  # the forward pass's CPU threads, why that many, and how they wait (worker/engine/cpus.py)
-                 "threads": int, "threads_source": str, "omp_wait_policy": str}
+                 "threads": int, "threads_source": str, "omp_wait_policy": str, "omp_spin_count": str}
 
 
 def parse_worker_info(name: str, raw: bytes | None) -> dict | None:

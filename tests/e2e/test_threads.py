@@ -101,10 +101,17 @@ def test_inside_a_container_the_host_path_is_not_there_and_the_root_files_count(
 def test_omp_waits_passive_unless_the_user_said_otherwise():
     environ: dict[str, str] = {}
     assert apply_wait_policy(environ) == "PASSIVE" and environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert environ["GOMP_SPINCOUNT"] == "1000"  # a brief spin before each sleep
     assert apply_wait_policy({"OMP_WAIT_POLICY": ""}) == "PASSIVE"  # compose passes unset variables as ""
     mine = {"OMP_WAIT_POLICY": "ACTIVE"}
     assert apply_wait_policy(mine) == "ACTIVE" and mine == {"OMP_WAIT_POLICY": "ACTIVE"}
     assert cpus.plan(None, mine).spinning and not cpus.plan(None, {}).spinning
+    passive = {"OMP_WAIT_POLICY": "PASSIVE"}  # the user's own PASSIVE: libgomp's spin count for it, none added
+    assert apply_wait_policy(passive) == "PASSIVE" and passive == {"OMP_WAIT_POLICY": "PASSIVE"}
+    own_spin = {"GOMP_SPINCOUNT": "0", "OMP_WAIT_POLICY": ""}  # GOMP_SPINCOUNT=0: PASSIVE alone
+    assert apply_wait_policy(own_spin) == "PASSIVE" and own_spin["GOMP_SPINCOUNT"] == "0"
+    assert cpus.plan(None, {}).spin_count == "1000" and cpus.plan(None, {"GOMP_SPINCOUNT": "0"}).spin_count == "0"
+    assert cpus.plan(None, mine).spin_count == ""
 
 
 def test_the_entry_point_sets_the_policy_before_torch_loads():
@@ -127,6 +134,7 @@ def test_a_worker_advertises_its_threads_and_status_shows_them(tmp_path, redis_u
     wrap_sentence_transformers(folder, "mean")
     env = {**clean_env(tmp_path / "xdg"), "PYTHONPATH": str(ROOT)}
     env.pop("OMP_WAIT_POLICY", None)
+    env.pop("GOMP_SPINCOUNT", None)
     env["EMBEDFLEET_THREADS"] = "1"
     worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", folder,
                                "--served-model-name", "tiny", "--poll-timeout", "1", "--probe-seconds", "0.2",
@@ -137,14 +145,14 @@ def test_a_worker_advertises_its_threads_and_status_shows_them(tmp_path, redis_u
         with Producer(redis_url) as producer:
             info = advertised(producer, "tiny", worker)
         assert info["threads"] == 1 and info["threads_source"] == "--threads"
-        assert info["omp_wait_policy"] == "PASSIVE"
+        assert info["omp_wait_policy"] == "PASSIVE" and info["omp_spin_count"] == "1000"
         assert info["max_batch_tokens"] >= 2048 and info["max_batch_size"] >= 16  # the CPU floor (probe.py)
         shown = embedfleet("status", "--redis-url", redis_url, env=clean_env(tmp_path / "xdg", COLUMNS="400"))
         assert shown.returncode == 0 and "cpu, 1 thread (--threads)" in shown.stdout, shown.stdout
     finally:
         worker.terminate()
         _, log = worker.communicate(timeout=60)
-    assert "1 CPU thread (--threads; OMP_WAIT_POLICY PASSIVE)" in log, log[-2000:]
+    assert "1 CPU thread (--threads; OMP_WAIT_POLICY PASSIVE, GOMP_SPINCOUNT 1000)" in log, log[-2000:]
 
 
 def test_a_real_worker_given_999_threads_runs_the_cpus_it_has_and_warns_once(tmp_path, redis_url):

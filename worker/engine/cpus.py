@@ -8,9 +8,15 @@ one-row MiniLM pass on a 2-core machine with two busy neighbours ran 2.7-6.8 pas
 
 So: threads = the CPUs of the affinity mask, capped by the quota rounded up (`--threads` may ask for fewer;
 more is capped to them, with one warning), and OpenMP told to sleep rather than spin while it waits
-(OMP_WAIT_POLICY=PASSIVE; the ONNX Runtime twin is `session.intra_op.allow_spinning`), unless the user set the
-variable. libgomp reads OMP_WAIT_POLICY when it is loaded, i.e. at `import torch`: `apply_wait_policy` must
-run before that, at the worker's entry point.
+(OMP_WAIT_POLICY=PASSIVE; the ONNX Runtime twin is `session.intra_op.allow_spinning`) after a brief spin
+(GOMP_SPINCOUNT=1000, libgomp's; ~10-30 us): a thread that finishes its share of a parallel region catches the
+next one without the kernel's sleep and wake, which on 2 cores cost a one-text pass 1.5-2 ms (PASSIVE alone:
+the idle fleet +6.3 ms over the bare pass, +4.45 with the brief spin, 4 runs alternating; beside two busy
+loops its large passes lost 3-5%, bench/shaping.py and bench/threads.py; BENCHMARKS.md, Latency). Small passes on a
+busy machine run on one thread (passthreads.py), where no thread waits. Both only where the user set neither
+variable (a user's OMP_WAIT_POLICY keeps libgomp's spin count for it; GOMP_SPINCOUNT=0 is PASSIVE alone). libgomp
+reads them when it is loaded, i.e. at `import torch`: `apply_wait_policy` must run before that, at the worker's
+entry point.
 
 Torch-free: the decision is pure and reads files whose paths the caller may point at a fixture.
 """
@@ -20,12 +26,14 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 SELF_CGROUP = "/proc/self/cgroup"
 WAIT_POLICY = "OMP_WAIT_POLICY"
 PASSIVE = "PASSIVE"
+SPIN_COUNT = "GOMP_SPINCOUNT"
+BRIEF_SPIN = "1000"  # spins before a PASSIVE thread sleeps (libgomp: ~100,000 a millisecond, CPU-dependent)
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,7 @@ class Threads:
     count: int
     source: str  # "--threads", "affinity 2", "cgroup quota 1.5 CPUs of affinity 2"
     wait_policy: str = PASSIVE  # OMP_WAIT_POLICY as the worker runs with it (ours, or the user's own value)
+    spin_count: str = ""  # GOMP_SPINCOUNT as it runs with it ('': libgomp's own for the policy)
     warning: str | None = None  # what the worker logs once: a --threads above the CPUs it may use, capped
 
     @property
@@ -43,11 +52,14 @@ class Threads:
         return self.wait_policy.upper() == "ACTIVE"
 
     def describe(self) -> str:
-        return f"{self.count} CPU thread{'s' * (self.count != 1)} ({self.source}; OMP_WAIT_POLICY {self.wait_policy})"
+        spin = f", GOMP_SPINCOUNT {self.spin_count}" if self.spin_count else ""
+        waits = f"OMP_WAIT_POLICY {self.wait_policy}{spin}"
+        return f"{self.count} CPU thread{'s' * (self.count != 1)} ({self.source}; {waits})"
 
     def facts(self) -> dict:
         """For the worker's advert (`embedfleet status`)."""
-        return {"threads": self.count, "threads_source": self.source, "omp_wait_policy": self.wait_policy}
+        return {"threads": self.count, "threads_source": self.source, "omp_wait_policy": self.wait_policy,
+                "omp_spin_count": self.spin_count}
 
 
 def affinity() -> int:
@@ -104,10 +116,14 @@ def _allowed(cpus: int, quota: float | None, wait_policy: str) -> Threads:
 
 
 def apply_wait_policy(environ: MutableMapping[str, str]) -> str:
-    """OMP_WAIT_POLICY=PASSIVE in `environ` unless the user set it; returns the policy in force. Call before
-    `import torch` (libgomp reads it when it loads); children started from `environ` inherit it."""
+    """OMP_WAIT_POLICY=PASSIVE in `environ` unless the user set it, with GOMP_SPINCOUNT=BRIEF_SPIN unless the user
+    set that (either: a user's policy keeps libgomp's spin count for it); returns the policy in force. Call before
+    `import torch` (libgomp reads both when it loads); children started from `environ` inherit them. An empty
+    value counts as unset (compose passes unset variables as "")."""
     if not environ.get(WAIT_POLICY):
         environ[WAIT_POLICY] = PASSIVE
+        if not environ.get(SPIN_COUNT):
+            environ[SPIN_COUNT] = BRIEF_SPIN
     return environ[WAIT_POLICY]
 
 
@@ -115,7 +131,8 @@ def plan(flag: int | None, environ: MutableMapping[str, str], root: str = CGROUP
          self_cgroup: str = SELF_CGROUP) -> Threads:
     """What the worker's entry point runs: the wait policy set in `environ`, the count decided."""
     policy = apply_wait_policy(environ)
-    return decide(flag, affinity(), cgroup_quota(root, self_cgroup), policy)
+    return replace(decide(flag, affinity(), cgroup_quota(root, self_cgroup), policy),
+                   spin_count=environ.get(SPIN_COUNT) or "")
 
 
 # -- cgroup files ---------------------------------------------------------------------------------------

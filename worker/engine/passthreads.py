@@ -1,15 +1,15 @@
 """How many torch threads run a small forward pass on a CPU: one while other work keeps the machine's CPUs busy,
 all of them otherwise.
 
-Each layer of a pass is a parallel region; with OMP_WAIT_POLICY=PASSIVE (worker/engine/cpus.py) the threads
-sleep between regions, and a one-row pass waits for them to wake at every layer. Which count wins depends on what
-else runs. On the 2-core development machine, beside a busy loop, bench/threads.py --tokens 12 ran one-row MiniLM
-passes at 83/s on one PASSIVE thread against 35/s on two; quiet, one short text after an idle gap (the idle path
-of an interactive request) took 15.2 ms on one thread against 10.9 ms on two (p50 of the worker's forward stage,
-issue 38's note). So a pass of at most SMALL_PASS_TOKENS padded tokens runs on one thread while the machine's
-1-minute load average is at least its CPU count (read at most once a second), and on every thread otherwise,
-as every larger pass does. (Timing each count in place does not work: the first pass on two threads after a
-run on one wakes a thread that slept, and measures that.)
+Each layer of a pass is a parallel region; with OMP_WAIT_POLICY=PASSIVE (worker/engine/cpus.py) the threads sleep
+between regions (after a brief spin, which a descheduled partner outlasts), and a one-row pass waits for them to
+wake at every layer. Which count wins depends on what else runs. On the 2-core development machine, beside a busy
+loop, bench/threads.py --tokens 12 ran one-row MiniLM passes at 83/s on one PASSIVE thread against 35/s on two;
+quiet, one short text after an idle gap (the idle path of an interactive request) took 15.2 ms on one thread against
+10.9 ms on two (p50 of the worker's forward stage, issue 38's note). So a pass of at most SMALL_PASS_TOKENS padded
+tokens runs on one thread while the machine's 1-minute load average is at least its CPU count (read at most once a
+second), and on every thread otherwise, as every larger pass does. (Timing each count in place does not work: the
+first pass on two threads after a run on one wakes a thread that slept, and measures that.)
 """
 
 from __future__ import annotations
