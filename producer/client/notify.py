@@ -19,7 +19,7 @@ import uuid
 import redis
 import redis.asyncio as aioredis
 
-from common.protocol import keys
+from common.protocol import keys, slotmoves
 from common.redisclient import MAX_BLOCK, bounded, close_async
 from producer.client.waiters import OUTAGE_RECHECK, WaitHub
 
@@ -131,7 +131,7 @@ class NotifyListener:
 
     async def _listen(self) -> None:
         prefix = keys.notify_key("")
-        backoff, recheck = 0.5, False
+        backoff, recheck, moving_pause = 0.5, False, slotmoves.FIRST_PAUSE
         while True:
             if not self.ids:
                 self._changed.clear()
@@ -148,12 +148,21 @@ class NotifyListener:
                 await asyncio.sleep(backoff)
                 backoff, recheck = min(backoff * 2, MAX_BLOCK), True
                 continue
-            except redis.ResponseError as exc:  # one key that is no list fails the BLPOP of all of them
-                await self._drop_unusable(exc)
+            except redis.RedisError as exc:
+                if slotmoves.slot_moving(exc):  # a reshard of the lists' slot (a pop's hand-on may have failed)
+                    recheck = True
+                    log.info("notify lists: their slot is being moved (%s); popping again in %.2f s", exc,
+                             moving_pause)
+                    await asyncio.sleep(moving_pause)
+                    moving_pause = min(moving_pause * 2, slotmoves.MAX_PAUSE)
+                    continue
+                if not isinstance(exc, redis.ResponseError):
+                    raise
+                await self._drop_unusable(exc)  # one key that is no list fails the BLPOP of all of them
                 continue
             finally:
                 self._blocked = False
-            backoff = 0.5
+            backoff, moving_pause = 0.5, slotmoves.FIRST_PAUSE
             if recheck:  # a wake-up may have come while we were away
                 recheck = False
                 self.hub.recheck()

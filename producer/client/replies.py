@@ -19,7 +19,7 @@ import uuid
 import redis
 import redis.asyncio as aioredis
 
-from common.protocol import keys
+from common.protocol import keys, slotmoves
 from common.redisclient import CLOSE_TIMEOUT, MAX_BLOCK, bounded, close_async
 from producer.client.waiters import OUTAGE_RECHECK, WaitHub
 
@@ -109,6 +109,7 @@ class ReplyListener:
 
     async def _listen(self) -> None:
         last_id, backoff, recheck = "0-0", 0.5, False
+        moving_pause = slotmoves.FIRST_PAUSE
         while True:
             streams = {self.stream: last_id, **{name: state[0] for name, state in self._streams.items()}}
             self._blocked, self._kicked = True, False
@@ -120,15 +121,23 @@ class ReplyListener:
                 await asyncio.sleep(backoff)
                 backoff, recheck = min(backoff * 2, MAX_BLOCK), True
                 continue
-            except redis.ResponseError as exc:  # another's stream is no stream any more: its ids are looked at
-                self._drop_unreadable(exc)
+            except redis.RedisError as exc:
+                if slotmoves.slot_moving(exc):  # a reshard of the streams' slot: entries move with them, none lost
+                    log.info("reply stream %s: its slot is being moved (%s); reading again in %.2f s", self.stream,
+                             exc, moving_pause)
+                    await asyncio.sleep(moving_pause)
+                    moving_pause = min(moving_pause * 2, slotmoves.MAX_PAUSE)
+                    continue
+                if not isinstance(exc, redis.ResponseError):
+                    raise
+                self._drop_unreadable(exc)  # another's stream is no stream any more: its ids are looked at
                 await asyncio.sleep(OUTAGE_RECHECK)
                 continue
             finally:
                 self._blocked = False
             if recheck:
                 self.hub.recheck()
-            backoff, recheck = 0.5, False
+            backoff, recheck, moving_pause = 0.5, False, slotmoves.FIRST_PAUSE
             woke = []
             for raw_name, entries in replies:
                 name = raw_name.decode() if isinstance(raw_name, bytes) else raw_name

@@ -30,7 +30,7 @@ import redis
 import redis.asyncio as aioredis
 from rq.job import Job
 
-from common.protocol import keys
+from common.protocol import keys, slotmoves
 from common.errors import DecodeError, EmbedfleetError, NotFoundError, UnavailableError
 from common.result import Result
 from producer.client.core import PENDING, lost_error, read_result
@@ -211,6 +211,7 @@ class WaitHub:
         # Until closed, not merely until cancelled: close() cancels this task while a read may be in flight,
         # and redis-py can take that cancel in a command that the closing connection then fails, which would
         # bring the loop back to wait on _wakeup for ever (and hang the event loop's shutdown).
+        moving_pause = slotmoves.FIRST_PAUSE
         while self._closed is None:
             await self._wakeup.wait()
             self._wakeup.clear()
@@ -223,18 +224,29 @@ class WaitHub:
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("reading %d results: Redis unreachable (%s); looking again in %.1f s", len(due), exc,
                             OUTAGE_RECHECK)
-                for request_id, why in due.items():
-                    if self._due.get(request_id, -1) < why:
-                        self._due[request_id] = why
-                if self._closed is not None:
-                    return
-                self._read_waiters += read  # they wait for a read that happened
-                await asyncio.sleep(OUTAGE_RECHECK)
-                self._wakeup.set()
+                pause = OUTAGE_RECHECK
+            except redis.RedisError as exc:
+                if not slotmoves.slot_moving(exc):
+                    raise
+                # a Redis Cluster resharding their slot (redis-py followed TRYAGAIN / ASK for a while): nothing
+                # is wrong, the read is only sent again, with slotmoves.py's backoff, until the move ends
+                log.info("reading %d results: their slot is being moved (%s); looking again in %.2f s", len(due),
+                         exc, moving_pause)
+                pause, moving_pause = moving_pause, min(moving_pause * 2, slotmoves.MAX_PAUSE)
+            else:
+                moving_pause = slotmoves.FIRST_PAUSE
+                for future in read:
+                    if not future.done():
+                        future.set_result(None)
                 continue
-            for future in read:
-                if not future.done():
-                    future.set_result(None)
+            for request_id, why in due.items():
+                if self._due.get(request_id, -1) < why:
+                    self._due[request_id] = why
+            if self._closed is not None:
+                return
+            self._read_waiters += read  # they wait for a read that happened
+            await asyncio.sleep(pause)
+            self._wakeup.set()
 
     async def _read(self, due: dict[str, Look]) -> None:
         ids, missing, start = list(due), [], 0

@@ -8,6 +8,7 @@ recovery), and the worker and producer go on after the move."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 import time
@@ -45,18 +46,28 @@ def _node_id(port: int) -> str:
 def migrate_slot(masters: list[int], slot: int, source: int, target: int, between=lambda: None) -> int:
     """Move `slot` from the master on port `source` to the one on `target`, the way `redis-cli --cluster
     reshard` moves each slot, calling `between()` after each MIGRATE; returns how many keys moved."""
-    source_id, target_id = _node_id(source), _node_id(target)
-    moved = 0
+    start_move(slot, source, target)
+    return end_move(masters, slot, source, target, between)
+
+
+def start_move(slot: int, source: int, target: int) -> None:
+    """The move's first step: `target` IMPORTING `slot`, `source` MIGRATING it (no key moved yet)."""
     with redis.Redis(port=source) as old, redis.Redis(port=target) as new:
-        new.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
-        old.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        new.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", _node_id(source))
+        old.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", _node_id(target))
+
+
+def end_move(masters: list[int], slot: int, source: int, target: int, between=lambda: None) -> int:
+    """The rest of a move that start_move began: MIGRATE its keys, then SETSLOT NODE on every master."""
+    target_id, moved = _node_id(target), 0
+    with redis.Redis(port=source) as old:
         while batch := old.execute_command("CLUSTER", "GETKEYSINSLOT", slot, KEYS_PER_MIGRATE):
             old.execute_command("MIGRATE", "127.0.0.1", target, "", 0, MIGRATE_TIMEOUT_MS, "KEYS", *batch)
             moved += len(batch)
             between()
-        for port in [target, source, *(p for p in masters if p not in (source, target))]:
-            with redis.Redis(port=port) as client:
-                client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    for port in [target, source, *(p for p in masters if p not in (source, target))]:
+        with redis.Redis(port=port) as client:
+            client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
     return moved
 
 
@@ -174,3 +185,45 @@ def test_the_models_slot_moved_mid_load_loses_no_accepted_request(cluster, caplo
     assert set(load.answers.values()) == {(1, 8)}
     assert not [r for r in caplog.records if "could not store" in r.getMessage()]
     assert not [r for r in caplog.records if "whose lease lapsed" in r.getMessage()], "none left to lease recovery"
+
+
+def test_waits_outlast_redis_pys_own_retries_while_their_slot_moves(cluster, caplog):
+    """AsyncProducer waits whose results are not there yet, their slot being moved: an MGET of several
+    missing keys gets TRYAGAIN there for as long as the move lasts, far past the ~0.4 s redis-py follows it on
+    its own. The waits read again until the move ends, and are answered once a worker serves them."""
+    from worker.engine.engine import Engine
+    from worker.serving.pipeline import BatchWorker
+
+    caplog.set_level(logging.INFO, logger="producer.client.waiters")
+    tag = keys.slot_tag(MODEL)
+    slot = redis.cluster.key_slot(tag.encode())
+    connection = connect(cluster.url)
+    info = {**HASHED_INFO, "host": socket.gethostname()}
+    worker = BatchWorker(Engine(hashed_model(0), max_batch_tokens=64, max_batch_size=64), connection,
+                         max_jobs=8, poll_timeout=1, info=info)
+    worker.advertiser.advertise()  # (served only once the move is over)
+
+    def reads_met_the_move() -> bool:
+        return any("slot is being moved" in r.getMessage() for r in caplog.records)
+
+    async def scenario() -> list:
+        async with AsyncProducer(cluster.url) as producer:
+            request_ids = [await producer.submit([f"text {index}"], MODEL) for index in range(4)]
+            source = connection.get_node_from_key(tag).port
+            target = next(p for p in cluster.master_ports() if p != source)
+            start_move(slot, source, target)
+            waits = [asyncio.ensure_future(producer.wait(i, timeout=60)) for i in request_ids]
+            deadline = time.monotonic() + 30
+            while not reads_met_the_move() and not any(w.done() for w in waits) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert not any(w.done() for w in waits), [w.exception() for w in waits if w.done()]
+            assert reads_met_the_move(), "the waits' reads never met the move"
+            assert end_move(cluster.master_ports(), slot, source, target) > 0
+            with serve(worker):
+                return [(await wait).embeddings.shape for wait in waits]
+
+    try:
+        assert asyncio.run(scenario()) == [(1, 8)] * 4
+    finally:
+        connection.close()
+    assert not [r for r in caplog.records if "died" in r.getMessage()]
