@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 
@@ -264,8 +265,10 @@ class Producer(SyncWaits):
             by_url.setdefault(self.url_of(request_id), []).append(i)
         found: list[Result | None] = [None] * len(request_ids)
         for url, positions in by_url.items():
-            with naming(self.shards, url), _redis_errors():
-                raw = self.links[url].mget([keys.result_key(request_ids[i]) for i in positions])
+            link, wanted = self.links[url], [keys.result_key(request_ids[i]) for i in positions]
+            with naming(self.shards, url), _redis_errors():  # (several keys: refused while their slot moves)
+                raw = slotmoves.while_moving(functools.partial(link.mget, wanted), link) if slotmoves.is_cluster(link) \
+                    else link.mget(wanted)
             for i, blob in zip(positions, raw):
                 found[i] = read_result(request_ids[i], blob)
         return found

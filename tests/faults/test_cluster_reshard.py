@@ -25,6 +25,8 @@ from tests.faults.test_cluster_failover import AFTER_FAILOVER, FAILOVER_AFTER, M
 from tests.harness import serve
 from tests.hashed import HASHED_INFO, MODEL, hashed_model
 from tests.rediscluster import LocalCluster
+from worker.engine.engine import Engine
+from worker.serving.pipeline import BatchWorker
 
 KEYS_PER_MIGRATE = 10  # keys per MIGRATE (redis-cli --cluster reshard's --cluster-pipeline default)
 MIGRATE_TIMEOUT_MS = 5000
@@ -157,8 +159,6 @@ class EmbedLoad(PacedLoad):
 
 @pytest.mark.parametrize("loader", [PacedLoad, AsyncLoad, EmbedLoad], ids=["Producer", "AsyncProducer", "embed"])
 def test_the_models_slot_moved_mid_load_loses_no_accepted_request(cluster, caplog, loader):
-    from worker.engine.engine import Engine
-
     tag = keys.slot_tag(MODEL)
     slot = redis.cluster.key_slot(tag.encode())
     connection = connect(cluster.url)
@@ -191,9 +191,6 @@ def test_waits_outlast_redis_pys_own_retries_while_their_slot_moves(cluster, cap
     """AsyncProducer waits whose results are not there yet, their slot being moved: an MGET of several
     missing keys gets TRYAGAIN there for as long as the move lasts, far past the ~0.4 s redis-py follows it on
     its own. The waits read again until the move ends, and are answered once a worker serves them."""
-    from worker.engine.engine import Engine
-    from worker.serving.pipeline import BatchWorker
-
     caplog.set_level(logging.INFO, logger="producer.client.waiters")
     tag = keys.slot_tag(MODEL)
     slot = redis.cluster.key_slot(tag.encode())
@@ -227,3 +224,39 @@ def test_waits_outlast_redis_pys_own_retries_while_their_slot_moves(cluster, cap
     finally:
         connection.close()
     assert not [r for r in caplog.records if "died" in r.getMessage()]
+
+
+def _tryagains(port: int) -> int:
+    """How many commands the node on `port` refused with TRYAGAIN so far."""
+    with redis.Redis(port=port) as client:
+        return int(client.info("errorstats").get("errorstat_TRYAGAIN", {}).get("count", 0))
+
+
+def test_get_many_waits_for_its_slots_move_to_end(cluster):
+    """Producer.get_many, its results' slot being moved: its MGET gets TRYAGAIN for as long as the move lasts
+    (redis-py gives up after ~8 of them); it sends again until the move ends, then reads (none landed yet)."""
+    tag = keys.slot_tag(MODEL)
+    slot = redis.cluster.key_slot(tag.encode())
+    connection = connect(cluster.url)
+    worker = BatchWorker(Engine(hashed_model(0), max_batch_tokens=64, max_batch_size=64), connection,
+                         info={**HASHED_INFO, "host": socket.gethostname()})
+    worker.advertiser.advertise()  # (never served: the results stay missing)
+    got: list = []
+    try:
+        with Producer(cluster.url) as producer:
+            request_ids = [producer.submit([f"text {index}"], MODEL) for index in range(4)]
+            source = connection.get_node_from_key(tag).port
+            target = next(p for p in cluster.master_ports() if p != source)
+            start_move(slot, source, target)
+            before = _tryagains(target)
+            reader = threading.Thread(target=lambda: got.append(producer.get_many(request_ids)), daemon=True)
+            reader.start()
+            deadline = time.monotonic() + 30
+            while reader.is_alive() and _tryagains(target) < before + 24 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert reader.is_alive(), f"get_many ended while the move went on: {got}"
+            assert end_move(cluster.master_ports(), slot, source, target) > 0
+            reader.join(30)
+            assert got == [[None] * 4]
+    finally:
+        connection.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from dataclasses import dataclass, field
 
@@ -10,7 +11,7 @@ from fastapi import Request
 
 from pydantic import ValidationError as PydanticValidationError
 
-from common.protocol import keys, operations
+from common.protocol import keys, operations, slotmoves
 from common.capabilities import ModelCapabilities
 from common.errors import EmbedfleetError, ResultTimeoutError, ValidationError, invalid_request
 from common.params import PoolingParams
@@ -127,8 +128,9 @@ class Gateway:
             by_url.setdefault(await self.producer.url_of(request_id), []).append(request_id)
         found: dict[str, dict | None] = {}
         for url, ids in by_url.items():
+            connection, wanted = self.producer.connection_at(url), [keys.job_options_key(i) for i in ids]
             with naming(self.producer.shards, url), redis_errors():  # a partition that is down: which one
-                raw = await self.producer.connection_at(url).mget([keys.job_options_key(i) for i in ids])
+                raw = await slotmoves.while_moving_async(functools.partial(connection.mget, wanted))  # (resharding)
             found.update((i, json.loads(r) if r else None) for i, r in zip(ids, raw))
         return found
 
