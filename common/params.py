@@ -11,6 +11,7 @@ from common.bounds import MAX_CHAR_OFFSET, MAX_DIMENSIONS, MAX_TOKENS, bounded_i
 from common.capabilities import ModelCapabilities
 from common.codec import check_text
 from common.errors import ValidationError
+from common.frozen import updated
 
 # fp8_e4m3 / fp8_e5m2: vLLM's 8-bit floats (torch float8_e4m3fn / float8_e5m2), stored as their bits.
 EmbedDtype = Literal["float32", "float16", "bfloat16", "int8", "uint8", "binary", "ubinary", "fp8_e4m3",
@@ -167,7 +168,7 @@ class PoolingParams(BaseModel):
                 f"['use_activation'] parameters: model '{caps.name}' scores by the cosine of two embeddings; "
                 "`use_activation` (`activation`) applies to cross-encoders only, omit it", param="use_activation")
         full = self.dimensions is not None and self.dimensions == caps.embedding_size
-        merged = self.model_copy(update={
+        merged = updated(self, **{
             # the full size is what every model gives: OpenAI clients that always send it get a no-op
             "dimensions": None if full else self.dimensions,
             "use_activation": caps.normalize if self.use_activation is None else self.use_activation,

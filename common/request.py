@@ -15,6 +15,7 @@ from common.capabilities import ModelCapabilities
 from common.chat import CHAT_INPUT, CHAT_TASKS, NO_TEMPLATE, UNTRUSTED_TEMPLATE, ChatInput
 from common.codec import check_text, packb, unpackb
 from common.errors import DecodeError, InputTooLongError, ValidationError
+from common.frozen import updated
 from common.params import PoolingParams, from_wire
 from common.tracing import traceparent_problem, tracestate_problem
 
@@ -148,19 +149,14 @@ class EmbedRequest(BaseModel):
         check_task_inputs(self, params.task)
         if self.chat is not None:
             self._check_chat(caps)
-            params = params.model_copy(update={"prompt_name": None})  # a conversation gets no default prompt
-        return self.model_copy(update={"params": params})
+            params = updated(params, prompt_name=None)  # a conversation gets no default prompt
+        return self.with_params(params)
 
     def with_params(self, params: PoolingParams) -> EmbedRequest:
         """`self.model_copy(update={"params": params})` (`params` already a PoolingParams), without its generic
-        copying: a worker calls it for each request of a round, and model_copy cost more than the rest of verifying
-        one. The same four attributes pydantic's own copy sets (tests/unit/test_wire_params.py compares the two)."""
-        copied = object.__new__(type(self))
-        object.__setattr__(copied, "__dict__", {**self.__dict__, "params": params})
-        object.__setattr__(copied, "__pydantic_fields_set__", self.__pydantic_fields_set__ | {"params"})
-        object.__setattr__(copied, "__pydantic_extra__", None)  # extra="forbid": never any
-        object.__setattr__(copied, "__pydantic_private__", None)  # no private attributes
-        return copied
+        copying (common/frozen.py): a worker calls it for each request of a round, a producer for each it
+        verifies."""
+        return updated(self, params=params)
 
     def _check_text_lengths(self, caps: ModelCapabilities, params) -> None:
         """A text too long in characters alone to fit (common/bounds.py) fails before the worker reads it; the

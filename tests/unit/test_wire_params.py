@@ -69,3 +69,23 @@ def test_with_params_is_model_copy_of_the_params():
     assert request.params == PoolingParams()  # the original is untouched
     with pytest.raises(Exception, match="frozen"):
         lean.model = "other"
+
+
+def test_resolved_params_are_model_copy_of_the_merge():
+    """PoolingParams.resolve builds its merge with common/frozen.py: the same object model_copy would."""
+    from worker.engine.engine import Engine
+    from worker.engine.models.nullmodel import NullModel
+
+    caps = Engine(NullModel("null:16", served_name="null"), max_batch_tokens=64, max_batch_size=8).caps
+    given = PoolingParams(dimensions=16, embed_dtype="float16")
+    merged = given.resolve(caps)
+    generic = given.model_copy(update={name: getattr(merged, name) for name in
+                                       ("dimensions", "use_activation", "truncation_side", "prompt_name", "outputs")})
+    assert merged == generic and hash(merged) == hash(generic)
+    assert merged.model_fields_set == generic.model_fields_set
+    assert merged.model_dump(exclude_unset=True) == generic.model_dump(exclude_unset=True)
+    assert (merged.__pydantic_extra__, merged.__pydantic_private__) == (None, None) == \
+        (generic.__pydantic_extra__, generic.__pydantic_private__)
+    assert given == PoolingParams(dimensions=16, embed_dtype="float16")  # the original is untouched
+    with pytest.raises(Exception, match="frozen"):
+        merged.dimensions = 8
