@@ -59,14 +59,13 @@ class SyncWaits:
         """(its result if it is in, the stream it wakes on or None for its notify list); NotFoundError for
         an id with neither a job nor a result. One round trip: an id this producer submitted is only looked
         for, another's job also says how it wakes (its `reply_to`)."""
+        if sent is not None:
+            if not self._exists(request_id):
+                raise _not_submitted(request_id)
+            return None, sent.stream
         with _redis_errors():
-            pipe = connection.pipeline(transaction=False)
-            if sent is not None:
-                if not pipe.exists(keys.result_key(request_id), keys.rq_job_key(request_id)).execute()[0]:
-                    raise _not_submitted(request_id)
-                return None, sent.stream
-            raw, field, job = pipe.get(keys.result_key(request_id)).hget(keys.rq_job_key(request_id), "reply_to") \
-                .exists(keys.rq_job_key(request_id)).execute()
+            raw, field, job = connection.pipeline(transaction=False).get(keys.result_key(request_id)) \
+                .hget(keys.rq_job_key(request_id), "reply_to").exists(keys.rq_job_key(request_id)).execute()
         result = read_result(request_id, raw)
         if result is None and not job:
             raise _not_submitted(request_id)
@@ -83,13 +82,16 @@ class SyncWaits:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise self._timed_out(request_id, timeout)
-            with _redis_errors():
+            def look(first: bool = first, left: float = left) -> list:
                 pipe = connection.pipeline(transaction=False)
-                if first:
+                if first:  # (two keys: refused while their slot is being moved, then sent again)
                     pipe.exists(keys.result_key(request_id), keys.rq_job_key(request_id))
-                known, woke, raw = ([True] if not first else []) + pipe.blmove(
+                return ([True] if not first else []) + pipe.blmove(
                     notify, notify, min(block_for(left), FIRST_BLOCK) if first else block_for(left), "LEFT",
                     "LEFT").get(keys.result_key(request_id)).execute()
+
+            with _redis_errors():
+                known, woke, raw = slotmoves.while_moving(look, connection) if first else look()
             result = read_result(request_id, raw)
             if result is not None:
                 return result

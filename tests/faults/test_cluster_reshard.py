@@ -226,10 +226,14 @@ def test_waits_outlast_redis_pys_own_retries_while_their_slot_moves(cluster, cap
     assert not [r for r in caplog.records if "died" in r.getMessage()]
 
 
-def _tryagains(port: int) -> int:
-    """How many commands the node on `port` refused with TRYAGAIN so far."""
-    with redis.Redis(port=port) as client:
-        return int(client.info("errorstats").get("errorstat_TRYAGAIN", {}).get("count", 0))
+def _tryagains(*ports: int) -> int:
+    """How many commands the nodes on `ports` refused with TRYAGAIN so far (the source of a move refuses a
+    command whose keys it holds only some of; the target one whose keys are not all there yet)."""
+    count = 0
+    for port in ports:
+        with redis.Redis(port=port) as client:
+            count += int(client.info("errorstats").get("errorstat_TRYAGAIN", {}).get("count", 0))
+    return count
 
 
 def test_get_many_waits_for_its_slots_move_to_end(cluster):
@@ -248,15 +252,47 @@ def test_get_many_waits_for_its_slots_move_to_end(cluster):
             source = connection.get_node_from_key(tag).port
             target = next(p for p in cluster.master_ports() if p != source)
             start_move(slot, source, target)
-            before = _tryagains(target)
+            before = _tryagains(source, target)
             reader = threading.Thread(target=lambda: got.append(producer.get_many(request_ids)), daemon=True)
             reader.start()
             deadline = time.monotonic() + 30
-            while reader.is_alive() and _tryagains(target) < before + 24 and time.monotonic() < deadline:
+            while reader.is_alive() and _tryagains(source, target) < before + 24 and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert reader.is_alive(), f"get_many ended while the move went on: {got}"
             assert end_move(cluster.master_ports(), slot, source, target) > 0
             reader.join(30)
             assert got == [[None] * 4]
+    finally:
+        connection.close()
+
+
+def test_a_sync_wait_outlasts_redis_pys_own_retries_while_its_slot_moves(cluster):
+    """Producer.wait, its request's slot being moved before the answer: its first look (EXISTS of the result
+    and the job, two keys) gets TRYAGAIN for as long as the move lasts; it sends it again until the move ends,
+    then waits as usual and is answered once a worker serves the request."""
+    tag = keys.slot_tag(MODEL)
+    slot = redis.cluster.key_slot(tag.encode())
+    connection = connect(cluster.url)
+    worker = BatchWorker(Engine(hashed_model(0), max_batch_tokens=64, max_batch_size=64), connection,
+                         max_jobs=8, poll_timeout=1, info={**HASHED_INFO, "host": socket.gethostname()})
+    worker.advertiser.advertise()  # (served only once the move is over)
+    got: list = []
+    try:
+        with Producer(cluster.url) as producer:
+            request_id = producer.submit(["text"], MODEL)
+            source = connection.get_node_from_key(tag).port
+            target = next(p for p in cluster.master_ports() if p != source)
+            start_move(slot, source, target)
+            before = _tryagains(source, target)
+            waiter = threading.Thread(target=lambda: got.append(producer.wait(request_id, timeout=60)), daemon=True)
+            waiter.start()
+            deadline = time.monotonic() + 30
+            while waiter.is_alive() and _tryagains(source, target) < before + 24 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert waiter.is_alive(), f"the wait ended while the move went on: {got}"
+            assert end_move(cluster.master_ports(), slot, source, target) > 0
+            with serve(worker):
+                waiter.join(60)
+            assert [result.embeddings.shape for result in got] == [(1, 8)]
     finally:
         connection.close()
