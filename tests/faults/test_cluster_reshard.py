@@ -195,10 +195,7 @@ def test_waits_outlast_redis_pys_own_retries_while_their_slot_moves(cluster, cap
     tag = keys.slot_tag(MODEL)
     slot = redis.cluster.key_slot(tag.encode())
     connection = connect(cluster.url)
-    info = {**HASHED_INFO, "host": socket.gethostname()}
-    worker = BatchWorker(Engine(hashed_model(0), max_batch_tokens=64, max_batch_size=64), connection,
-                         max_jobs=8, poll_timeout=1, info=info)
-    worker.advertiser.advertise()  # (served only once the move is over)
+    worker = _advertised_worker(connection)  # (served only once the move is over)
 
     def reads_met_the_move() -> bool:
         return any("slot is being moved" in r.getMessage() for r in caplog.records)
@@ -236,29 +233,43 @@ def _tryagains(*ports: int) -> int:
     return count
 
 
-def test_get_many_waits_for_its_slots_move_to_end(cluster):
-    """Producer.get_many, its results' slot being moved: its MGET gets TRYAGAIN for as long as the move lasts
-    (redis-py gives up after ~8 of them); it sends again until the move ends, then reads (none landed yet)."""
+def _advertised_worker(connection) -> BatchWorker:
+    """A worker of MODEL on `connection`, advertised (so that producers submit) but not serving yet."""
+    worker = BatchWorker(Engine(hashed_model(0), max_batch_tokens=64, max_batch_size=64), connection, max_jobs=8,
+                         poll_timeout=1, info={**HASHED_INFO, "host": socket.gethostname()})
+    worker.advertiser.advertise()
+    return worker
+
+
+def _held_by_a_move(cluster, connection, call, got: list) -> tuple[int, int, threading.Thread]:
+    """Start moving MODEL's slot, run `call()` in a thread (what it returns appended to `got`), and return once
+    the two nodes refused 24 commands with TRYAGAIN since, past redis-py's own retries (~8 a give-up), asserting
+    that `call` still runs. Returns (source, target, the thread); `end_move` ends the move."""
     tag = keys.slot_tag(MODEL)
-    slot = redis.cluster.key_slot(tag.encode())
+    source = connection.get_node_from_key(tag).port
+    target = next(p for p in cluster.master_ports() if p != source)
+    start_move(redis.cluster.key_slot(tag.encode()), source, target)
+    before = _tryagains(source, target)
+    thread = threading.Thread(target=lambda: got.append(call()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while thread.is_alive() and _tryagains(source, target) < before + 24 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert thread.is_alive(), f"it ended while the move went on: {got}"
+    return source, target, thread
+
+
+def test_get_many_waits_for_its_slots_move_to_end(cluster):
+    """Producer.get_many, its results' slot being moved: its MGET gets TRYAGAIN for as long as the move lasts;
+    it sends again until the move ends, then reads (none landed yet: the worker never serves)."""
     connection = connect(cluster.url)
-    worker = BatchWorker(Engine(hashed_model(0), max_batch_tokens=64, max_batch_size=64), connection,
-                         info={**HASHED_INFO, "host": socket.gethostname()})
-    worker.advertiser.advertise()  # (never served: the results stay missing)
+    _advertised_worker(connection)
     got: list = []
     try:
         with Producer(cluster.url) as producer:
             request_ids = [producer.submit([f"text {index}"], MODEL) for index in range(4)]
-            source = connection.get_node_from_key(tag).port
-            target = next(p for p in cluster.master_ports() if p != source)
-            start_move(slot, source, target)
-            before = _tryagains(source, target)
-            reader = threading.Thread(target=lambda: got.append(producer.get_many(request_ids)), daemon=True)
-            reader.start()
-            deadline = time.monotonic() + 30
-            while reader.is_alive() and _tryagains(source, target) < before + 24 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert reader.is_alive(), f"get_many ended while the move went on: {got}"
+            source, target, reader = _held_by_a_move(cluster, connection, lambda: producer.get_many(request_ids), got)
+            slot = redis.cluster.key_slot(keys.slot_tag(MODEL).encode())
             assert end_move(cluster.master_ports(), slot, source, target) > 0
             reader.join(30)
             assert got == [[None] * 4]
@@ -270,26 +281,15 @@ def test_a_sync_wait_outlasts_redis_pys_own_retries_while_its_slot_moves(cluster
     """Producer.wait, its request's slot being moved before the answer: its first look (EXISTS of the result
     and the job, two keys) gets TRYAGAIN for as long as the move lasts; it sends it again until the move ends,
     then waits as usual and is answered once a worker serves the request."""
-    tag = keys.slot_tag(MODEL)
-    slot = redis.cluster.key_slot(tag.encode())
     connection = connect(cluster.url)
-    worker = BatchWorker(Engine(hashed_model(0), max_batch_tokens=64, max_batch_size=64), connection,
-                         max_jobs=8, poll_timeout=1, info={**HASHED_INFO, "host": socket.gethostname()})
-    worker.advertiser.advertise()  # (served only once the move is over)
+    worker = _advertised_worker(connection)  # (served only once the move is over)
     got: list = []
     try:
         with Producer(cluster.url) as producer:
             request_id = producer.submit(["text"], MODEL)
-            source = connection.get_node_from_key(tag).port
-            target = next(p for p in cluster.master_ports() if p != source)
-            start_move(slot, source, target)
-            before = _tryagains(source, target)
-            waiter = threading.Thread(target=lambda: got.append(producer.wait(request_id, timeout=60)), daemon=True)
-            waiter.start()
-            deadline = time.monotonic() + 30
-            while waiter.is_alive() and _tryagains(source, target) < before + 24 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert waiter.is_alive(), f"the wait ended while the move went on: {got}"
+            source, target, waiter = _held_by_a_move(
+                cluster, connection, lambda: producer.wait(request_id, timeout=60), got)
+            slot = redis.cluster.key_slot(keys.slot_tag(MODEL).encode())
             assert end_move(cluster.master_ports(), slot, source, target) > 0
             with serve(worker):
                 waiter.join(60)
