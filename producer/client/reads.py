@@ -37,6 +37,12 @@ def ok(reply):
     return reply
 
 
+def wrong_type(reply) -> bool:
+    """Whether `reply` is Redis's WRONGTYPE refusal: the key holds another type than the command reads (a key
+    of ours written by someone else: Redis is input). A read of a record there finds none of ours."""
+    return isinstance(reply, redis.ResponseError) and "WRONGTYPE" in str(reply)
+
+
 def text(raw) -> str:
     """A name read from Redis; what is not UTF-8 keeps its place, replaced (a name is input)."""
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
@@ -150,7 +156,7 @@ def status(shards: ShardMap, placed: Placements, request_id: str) -> Read[str]:
     result = read_result(request_id, ok(replies[0]))
     if result is not None:
         return result_state(result)
-    if not valid:
+    if not valid or wrong_type(replies[1]):  # (its job key holding no hash: no job of ours)
         return "not_found"
     raw = ok(replies[1])
     try:
@@ -183,6 +189,8 @@ def cancel(shards: ShardMap, placed: Placements, request_id: str) -> Read[Cancel
     # HGETs, not one HMGET: the README's producer ACL grants HGET
     replies = yield {url: [*(("HGET", keys.rq_job_key(request_id), name) for name in ("origin", "reply_to", "data")),
                            ("EXISTS", keys.result_key(request_id))]}
+    if wrong_type(replies[url][0]):  # its job key holds no hash: no job of ours
+        replies[url][:3] = [None, None, None]
     origin, reply_to, data, answered = map(ok, replies[url])
     if data is None:  # rq's own test for a job (Job.fetch): a hash without data is none
         if answered:

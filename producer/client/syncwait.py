@@ -16,6 +16,7 @@ from common.result import Result
 from producer.client import traced
 from producer.client.core import PENDING, Sent, SentTo, lost_error, read_result, redis_errors as _redis_errors
 from producer.client.placement import naming
+from producer.client.reads import ok, wrong_type
 
 FIRST_BLOCK = 1.0  # seconds the first wait on an id this producer submitted blocks before it looks again
 
@@ -65,7 +66,12 @@ class SyncWaits:
             return None, sent.stream
         with _redis_errors():
             raw, field, job = connection.pipeline(transaction=False).get(keys.result_key(request_id)) \
-                .hget(keys.rq_job_key(request_id), "reply_to").exists(keys.rq_job_key(request_id)).execute()
+                .hget(keys.rq_job_key(request_id), "reply_to").exists(keys.rq_job_key(request_id)) \
+                .execute(raise_on_error=False)
+            raw, job = ok(raw), ok(job)
+        if wrong_type(field):  # its job key holds no hash (Redis is input): no job of ours there
+            field, job = None, False
+        field = ok(field)
         result = read_result(request_id, raw)
         if result is None and not job:
             raise _not_submitted(request_id)

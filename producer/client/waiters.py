@@ -227,7 +227,8 @@ class WaitHub:
                 pause = OUTAGE_RECHECK
             except redis.RedisError as exc:
                 if not slotmoves.slot_moving(exc):
-                    raise
+                    self._refused(due, read, exc)
+                    continue
                 # a Redis Cluster resharding their slot (redis-py followed TRYAGAIN / ASK for a while): nothing
                 # is wrong, the read is only sent again, with slotmoves.py's backoff, until the move ends
                 log.info("reading %d results: their slot is being moved (%s); looking again in %.2f s", len(due),
@@ -247,6 +248,17 @@ class WaitHub:
             self._read_waiters += read  # they wait for a read that happened
             await asyncio.sleep(pause)
             self._wakeup.set()
+
+    def _refused(self, due: dict[str, Look], read: list[asyncio.Future], exc: redis.RedisError) -> None:
+        """Redis refused a read (an ACL without one of its commands, say): the waits it was for fail with that
+        error, said as ours; the reader goes on for the others (a reader that died would fail every wait)."""
+        log.error("reading %d results: Redis refused (%s); their waits fail", len(due), exc)
+        error = UnavailableError(f"Redis refused reading the result: {exc}")
+        for request_id in due:
+            self._fail(request_id, error)
+        for future in read:
+            if not future.done():
+                future.set_result(None)
 
     async def _read(self, due: dict[str, Look]) -> None:
         ids, missing, start = list(due), [], 0
@@ -295,10 +307,18 @@ class WaitHub:
         for request_id in foreign:
             pipe.hget(Job.key_for(request_id), "reply_to")
             pipe.exists(keys.result_key(request_id), Job.key_for(request_id))
-        replies = await pipe.execute()
+        replies = await pipe.execute(raise_on_error=False)
+        for reply in replies[:len(chunks)]:
+            if isinstance(reply, Exception):  # (an EXISTS is refused only as a whole: the read's own error)
+                raise reply
         suspects = [i for chunk, found in zip(chunks, replies) if found < len(chunk) for i in chunk]
         rest = replies[len(chunks):]
         for request_id, field, found in zip(foreign, rest[::2], rest[1::2]):
+            if isinstance(found, Exception):
+                raise found
+            if isinstance(field, Exception):  # its job key holds no hash (WRONGTYPE): Redis is input, no job there
+                self._fail(request_id, _not_a_job(request_id, field))
+                continue
             self._paths[request_id] = field.decode() if keys.is_reply_stream_key(field) else None
             if not found:
                 self._fail(request_id, _not_found(request_id))
@@ -411,3 +431,9 @@ class WaitHub:
 
 def _not_found(request_id: str) -> NotFoundError:
     return NotFoundError(f"no request with id {request_id} (never submitted, or it expired)", param="id")
+
+
+def _not_a_job(request_id: str, refusal: Exception) -> NotFoundError:
+    """An id whose rq job key holds something else than a job hash: no request of ours has that id."""
+    return NotFoundError(f"no request with id {request_id}: its job key {keys.rq_job_key(request_id)} holds no job "
+                         f"({refusal})", param="id")

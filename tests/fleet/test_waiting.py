@@ -309,3 +309,51 @@ def test_a_wait_on_a_job_that_vanished_is_not_found_at_once_in_both_clients(redi
     assert foreign_outcome.param == sync_error.value.param == "id"
     assert isinstance(own, UnavailableError) and own.code == "redis_unavailable", outcomes
     assert "is gone from Redis before its result was stored" in own.message and "send it again" in own.message
+
+
+def test_a_job_key_of_a_foreign_type_fails_its_wait_alone_in_both_clients(redis_url, redis_client, null_worker):
+    """Someone wrote a string at an id's rq job key (Redis is input): a wait for that id fails alone with a
+    NotFoundError that says so, in both clients; the AsyncProducer's reader goes on (before, its first look's
+    WRONGTYPE killed the reader and failed every later wait of the producer); status says not_found and a
+    cancel finds no request."""
+    spoiled = "spoiled-id"
+    redis_client.set(keys.rq_job_key(spoiled), "not a hash")
+    null_worker.serve()
+
+    async def main():
+        async with AsyncProducer(redis_url) as producer:
+            with pytest.raises(NotFoundError, match="holds no job"):
+                await producer.wait(spoiled, timeout=30)
+            assert await producer.status(spoiled) == "not_found"
+            fine = await producer.submit(["fine"], NULL)
+            return await producer.wait(fine, timeout=30)
+
+    assert asyncio.run(main()).ok
+    with Producer(redis_url) as producer:
+        with pytest.raises(NotFoundError, match=f"no request with id {spoiled}"):
+            producer.wait(spoiled, timeout=30)
+        assert producer.status(spoiled) == "not_found"
+        with pytest.raises(NotFoundError, match=f"no request with id {spoiled}"):
+            producer.cancel(spoiled)
+        assert producer.wait(producer.submit(["fine"], NULL), timeout=30).ok
+
+
+def test_a_read_redis_refuses_fails_its_waits_and_the_reader_goes_on(redis_url, redis_client, null_worker):
+    """Redis refuses one of the reader's commands (here an ACL without EXISTS, which a first look without a
+    result sends): those waits fail with an UnavailableError that quotes Redis; the reader goes on, and a later
+    wait whose result is in is answered (before, the reader died and every later wait failed)."""
+    null_worker.serve()
+    with Producer(redis_url) as producer:
+        done = producer.submit(["answered"], NULL)
+        assert producer.wait(done, timeout=30).ok
+    redis_client.execute_command("ACL", "SETUSER", "no-exists", "on", ">n-secret", "~*", "&*", "+@all", "-exists")
+    try:
+        async def main():
+            async with AsyncProducer(redis_url.replace("redis://", "redis://no-exists:n-secret@")) as producer:
+                with pytest.raises(UnavailableError, match="Redis refused reading the result: .*exists"):
+                    await producer.wait("never-submitted", timeout=30)
+                return await producer.wait(done, timeout=30)
+
+        assert asyncio.run(main()).id == done
+    finally:
+        redis_client.execute_command("ACL", "DELUSER", "no-exists")
