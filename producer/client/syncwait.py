@@ -68,10 +68,9 @@ class SyncWaits:
             raw, field, job = connection.pipeline(transaction=False).get(keys.result_key(request_id)) \
                 .hget(keys.rq_job_key(request_id), "reply_to").exists(keys.rq_job_key(request_id)) \
                 .execute(raise_on_error=False)
-            raw, job = ok(raw), ok(job)
-        if wrong_type(field):  # its job key holds no hash (Redis is input): no job of ours there
-            field, job = None, False
-        field = ok(field)
+            if wrong_type(field):  # its job key holds no hash (Redis is input): no job of ours there
+                field, job = None, False
+            raw, field, job = ok(raw), ok(field), ok(job)
         result = read_result(request_id, raw)
         if result is None and not job:
             raise _not_submitted(request_id)

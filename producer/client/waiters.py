@@ -34,6 +34,7 @@ from common.protocol import keys, slotmoves
 from common.errors import DecodeError, EmbedfleetError, NotFoundError, UnavailableError
 from common.result import Result
 from producer.client.core import PENDING, lost_error, read_result
+from producer.client.reads import wrong_type
 
 log = logging.getLogger(__name__)
 
@@ -314,11 +315,12 @@ class WaitHub:
         suspects = [i for chunk, found in zip(chunks, replies) if found < len(chunk) for i in chunk]
         rest = replies[len(chunks):]
         for request_id, field, found in zip(foreign, rest[::2], rest[1::2]):
-            if isinstance(found, Exception):
-                raise found
-            if isinstance(field, Exception):  # its job key holds no hash (WRONGTYPE): Redis is input, no job there
+            if wrong_type(field):  # its job key holds no hash: Redis is input, no job of ours there
                 self._fail(request_id, _not_a_job(request_id, field))
                 continue
+            for reply in (field, found):
+                if isinstance(reply, Exception):
+                    raise reply
             self._paths[request_id] = field.decode() if keys.is_reply_stream_key(field) else None
             if not found:
                 self._fail(request_id, _not_found(request_id))
