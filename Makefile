@@ -15,7 +15,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 ARGS ?=
 
-.PHONY: install tools up test lint bench clean
+.PHONY: install tools up test lint bench wheel clean
 
 # pip speaks (no -q) where it takes minutes: the first run is ~1-4 minutes and ~2.3 GB with torch's CPU build
 # (~0.8 GB of it).
@@ -75,5 +75,12 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/throughput.py
 
+# The distribution: dist/embedfleet-VERSION-py3-none-any.whl. `pip install` of it is the client alone (redis, rq,
+# msgpack, pydantic, numpy; no torch); extras add the rest (README, Install).
+wheel: $(STAMP)
+	rm -rf dist build
+	$(PY) -m pip wheel --no-deps --no-build-isolation -q -w dist .
+	@ls dist/*.whl
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) dist build

@@ -21,29 +21,26 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python bench/x.py` from a checkout, without an install
     sys.path.insert(0, str(REPO))
 
-from common.redisserver import RedisServer, free_port  # noqa: E402
-
-CORPUS_NAME = "docstrings.json"
-# Beside the checkout (the project's layout), then inside it (a device machine's copy of the tree).
-CORPUS_CANDIDATES = (Path(__file__).resolve().parents[2] / "shared" / "data" / CORPUS_NAME,
-                     REPO / "shared" / "data" / CORPUS_NAME)
+from bench.corpus import stdlib_docstrings  # noqa: E402
+from embedfleet.common.redisserver import RedisServer, free_port  # noqa: E402
 
 
 # -- corpus and model ------------------------------------------------------------------------------
 def add_corpus_flags(parser, limit: int | None) -> None:
     parser.add_argument("--corpus", type=Path, default=None,
-                        help=f"JSON list of texts (default: shared/data/{CORPUS_NAME}, 4,849 texts)")
+                        help="JSON list of texts (default: 4,849 docstrings of this Python's standard library, "
+                             "bench/corpus.py)")
     parser.add_argument("--limit", type=int, default=limit, help="texts taken from the corpus")
 
 
 def load_corpus(path: Path | None = None, limit: int | None = None) -> list[str]:
-    """The corpus texts in file order, long ones included; `limit` keeps the first N."""
-    path = path or next((p for p in CORPUS_CANDIDATES if p.exists()), None)
+    """The corpus texts in order, long ones included (bench/corpus.py's unless `path`); `limit` keeps the first N."""
     if path is None:
-        raise SystemExit(f"no corpus: none of {[str(p) for p in CORPUS_CANDIDATES]} exists; pass --corpus")
-    texts = json.loads(Path(path).read_text())
-    if not (isinstance(texts, list) and all(isinstance(t, str) for t in texts)):
-        raise SystemExit(f"{path} is not a JSON list of strings")
+        texts = list(stdlib_docstrings())
+    else:
+        texts = json.loads(Path(path).read_text())
+        if not (isinstance(texts, list) and all(isinstance(t, str) for t in texts)):
+            raise SystemExit(f"{path} is not a JSON list of strings")
     return texts[:limit] if limit else texts
 
 
@@ -207,8 +204,16 @@ def _pythonpath(*first) -> str:
     return os.pathsep.join(str(p) for p in (*first, REPO, os.environ.get("PYTHONPATH", "")) if p)
 
 
+def module_in(tree: Path | None, name: str) -> str:
+    """`name` (worker, producer.gateway) as `python -m` takes it from the checkout at `tree` (default: this one):
+    under `embedfleet.` where one package holds the parts, bare in a tree from before (a --before or --baseline)."""
+    root = Path(tree) if tree else REPO
+    return f"embedfleet.{name}" if (root / "embedfleet" / "__init__.py").is_file() else name
+
+
 def start_from(tree: Path, module: str, args: list[str], name: str) -> Process:
-    """`python -m module` run from `tree`, its own code and not this checkout's (a --before run)."""
+    """`python -m module` (worker, producer.gateway) run from `tree`, its own code and not this checkout's."""
+    module = module_in(tree, module)
     code = f"import runpy, sys; sys.path[0] = {str(tree)!r}; runpy.run_module({module!r}, run_name='__main__')"
     return Process([sys.executable, "-c", code, *args], name, env={"PYTHONPATH": str(tree)})
 
@@ -233,8 +238,8 @@ def post_json(url: str, body: dict, timeout: float = 600) -> tuple[int, float, d
 
 def start_worker(redis_url: str, model: str, served_name: str, *extra: str, timeout: float = 300.0,
                  wait: bool = True) -> Process:
-    """`python -m worker` on `redis_url`; with `wait`, returns once `served_name` is advertised."""
-    worker = Process([sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", model,
+    """`python -m embedfleet.worker` on `redis_url`; with `wait`, returns once `served_name` is advertised."""
+    worker = Process([sys.executable, "-m", "embedfleet.worker", "--redis-url", redis_url, "--model", model,
                       "--served-model-name", served_name, *extra], f"worker-{served_name}")
     if wait:
         wait_advertised(worker, redis_url, served_name, timeout)
@@ -244,7 +249,7 @@ def start_worker(redis_url: str, model: str, served_name: str, *extra: str, time
 def wait_advertised(worker: Process, redis_url: str, served_name: str, timeout: float = 300.0) -> None:
     import redis
 
-    from common.protocol import keys
+    from embedfleet.common.protocol import keys
 
     conn = redis.Redis.from_url(redis_url)
     deadline = time.monotonic() + timeout
@@ -260,9 +265,10 @@ def wait_advertised(worker: Process, redis_url: str, served_name: str, timeout: 
 
 
 def start_gateway(redis_url: str, *extra: str, timeout: float = 60.0) -> tuple[Process, str]:
-    """`python -m producer.gateway` on a free port; returns (process, base URL) once /health answers."""
+    """`python -m embedfleet.producer.gateway` on a free port; returns (process, base URL) once /health answers."""
     port = free_port()
-    gateway = Process([sys.executable, "-m", "producer.gateway", "--redis-url", redis_url, "--port", str(port),
+    gateway = Process([sys.executable, "-m", "embedfleet.producer.gateway", "--redis-url", redis_url,
+                       "--port", str(port),
                        "--log-level", "warning", "--max-queue-depth", "1000000", *extra], "gateway")
     base = f"http://127.0.0.1:{port}"
     wait_http(gateway, base + "/health", timeout, any_status=True)
@@ -308,10 +314,10 @@ def prefill(redis_url: str, model: str, batches: list[list[str]], chunk: int = 2
     (so the queue can be filled before the worker starts); returns the ids in queue order."""
     import redis
 
-    from common.protocol.keys import queue_name
-    from common.params import PoolingParams
-    from common.request import EmbedRequest
-    from common.protocol import operations
+    from embedfleet.common.protocol.keys import queue_name
+    from embedfleet.common.params import PoolingParams
+    from embedfleet.common.request import EmbedRequest
+    from embedfleet.common.protocol import operations
 
     conn = redis.Redis.from_url(redis_url)
     ids = []
@@ -333,7 +339,7 @@ def wait_all_results(conn, ids: list[str], deadline: float, poll: float = 0.005,
     Returns (results found, commands this function sent), the latter so callers can subtract them from
     server-side counts. Polls the last id first (FIFO: it lands last), then checks the rest in pipelines.
     """
-    from common.protocol import keys
+    from embedfleet.common.protocol import keys
 
     sent, missing = 0, list(ids)
     while missing:
@@ -360,7 +366,7 @@ def wait_all_results(conn, ids: list[str], deadline: float, poll: float = 0.005,
     return len(ids) - len(missing), sent
 
 
-__all__ = ["CORPUS_CANDIDATES", "REPO", "Process", "RedisServer", "Timer", "add_corpus_flags", "describe_machine",
-           "free_port", "load_corpus", "median", "model_path", "percentile", "prefill", "ratio", "redis_commands",
-           "rss_mib", "short_texts", "start_gateway", "start_worker", "table", "wait_advertised",
+__all__ = ["REPO", "Process", "RedisServer", "Timer", "add_corpus_flags", "describe_machine",
+           "free_port", "load_corpus", "median", "model_path", "module_in", "percentile", "prefill", "ratio",
+           "redis_commands", "rss_mib", "short_texts", "start_gateway", "start_worker", "table", "wait_advertised",
            "wait_all_results", "wait_http"]

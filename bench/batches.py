@@ -4,8 +4,8 @@
         [--model null:384] [--in-flight 256] [--timeout 1800] [--json OUT] [--corpus PATH]
 
 For each tree (a checkout: `/work/main` is "before", `.` this one) and each line count, a private
-redis-server, one `python -P -m worker --model MODEL` and one `python -P -m producer.gateway`, both run from
-that tree (-P: the checkout in the current directory is not put first), then one batch of N lines through
+redis-server, one `python -P -m embedfleet.worker --model MODEL` and one `python -P -m embedfleet.producer.gateway`,
+both run from that tree (-P: the checkout in the current directory is not put first), then one batch of N lines through
 the `openai` client's files.create + batches.create (line i: a short corpus text and i, so that each is new
 to the worker's vector cache and the quarters hold the same mix of lengths). The batch's request_counts
 are polled every 0.25 s; each quarter's rate is its lines over the time from the first poll at or past its
@@ -29,7 +29,7 @@ from pathlib import Path
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (Process, RedisServer, add_corpus_flags, describe_machine, free_port, load_corpus,
+from _common import (Process, RedisServer, add_corpus_flags, describe_machine, free_port, load_corpus, module_in,
                      short_texts, table, wait_advertised, wait_http)
 
 SERVED = "bench"
@@ -48,11 +48,11 @@ def run_one(tree: Path, model: str, lines: int, texts: list[str], in_flight: int
     import openai
 
     with RedisServer() as server:
-        worker = Process([sys.executable, "-P", "-m", "worker", "--redis-url", server.url, "--model", model,
-                          "--served-model-name", SERVED], "worker", pythonpath=(tree,))
+        worker = Process([sys.executable, "-P", "-m", module_in(tree, "worker"), "--redis-url", server.url, "--model",
+                          model, "--served-model-name", SERVED], "worker", pythonpath=(tree,))
         port = free_port()
-        gateway = Process([sys.executable, "-P", "-m", "producer.gateway", "--redis-url", server.url, "--port",
-                           str(port), "--log-level", "warning", "--max-queue-depth", "1000000",
+        gateway = Process([sys.executable, "-P", "-m", module_in(tree, "producer.gateway"), "--redis-url", server.url,
+                           "--port", str(port), "--log-level", "warning", "--max-queue-depth", "1000000",
                            "--batch-in-flight", str(in_flight), "--batch-poll-seconds", "0.2"],
                           "gateway", pythonpath=(tree,))
         with worker, gateway:

@@ -27,7 +27,7 @@ from _common import REPO, describe_machine, model_path, post_json, start_from, t
 
 import redis
 
-from common.redisserver import RedisServer, free_port
+from embedfleet.common.redisserver import RedisServer, free_port
 
 MODEL = "bench"
 DELAY = 0.2  # seconds between the big request and the first small one

@@ -11,7 +11,7 @@ machine's worker gives the same bits for a text whatever round it lands in (what
 to match an uninterrupted one with a real model).
 
 The corpus's texts (repeated up to --lines) go in a .txt file; the output is .npy. One private redis-server
-and one `python -m worker --model null:384` serve every row.
+and one `python -m embedfleet.worker --model null:384` serve every row.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (REPO, RedisServer, describe_machine, load_corpus, model_path, ratio, start_worker,
                      table)
 
-from common.protocol.keys import PRIORITIES, queue_name
+from embedfleet.common.protocol.keys import PRIORITIES, queue_name
 
 MODEL = "null"
 
@@ -61,7 +61,7 @@ class Peak:
 
 
 def embed(url: str, source: Path, out: Path, *flags: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "producer.cli", "embed", str(source), str(out),
+    return subprocess.Popen([sys.executable, "-m", "embedfleet.producer.cli", "embed", str(source), str(out),
                              "--redis-url", url, "--no-progress", *flags], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

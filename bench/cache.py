@@ -8,7 +8,7 @@ embedded repeats an earlier text, the way a bulk job re-embeds a corpus that bar
 takes the next --limit texts of the file, so that neither the cache in Redis nor the worker's memory of
 recent vectors holds any of them when its "on" run starts.
 
-Requests of --chunk texts are submitted at once (Producer.submit_many) to one `python -m worker` on a
+Requests of --chunk texts are submitted at once (Producer.submit_many) to one `python -m embedfleet.worker` on a
 private redis-server and waited for. "off" sends every request with cache=False (still deduplicated within
 a round, as every request is); in "on" the first occurrences are misses and fill the cache. --max-jobs
 (requests per round) is small so that a repeat seldom shares a round with its first occurrence: what is
@@ -47,7 +47,7 @@ def main() -> None:
 
     import redis
 
-    from producer import Producer
+    from embedfleet import Producer
 
     corpus = load_corpus(args.corpus, args.limit * args.repeat)
     runs = []

@@ -56,9 +56,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _roundtrips
 from _common import (Process, RedisServer, describe_machine, load_corpus, short_texts, table, wait_advertised)
 
-from common.protocol import keys, scripts
-from common.request import EmbedRequest
-from common.result import Result
+from embedfleet.common.protocol import keys, scripts
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
 
 NULL_SIZE = 384
 NULL_NAME, TINY_NAME = "null", "tiny"
@@ -260,7 +260,7 @@ RQ_WORKER = r"""
 import sys
 import redis
 from rq import Queue, SimpleWorker
-from common.serializer import MsgpackSerializer
+from embedfleet.common.serializer import MsgpackSerializer
 conn = redis.Redis.from_url(sys.argv[1])
 SimpleWorker([Queue("plain", connection=conn, serializer=MsgpackSerializer)], connection=conn,
              serializer=MsgpackSerializer, name="bench-worker-rq").work(logging_level="WARNING")
@@ -278,7 +278,7 @@ RQ_BLOB = result_blob(1)
 def rq_row(texts: list[list[str]]) -> dict:
     from rq import Queue
 
-    from common.serializer import MsgpackSerializer
+    from embedfleet.common.serializer import MsgpackSerializer
 
     with RedisServer() as server:
         worker = Process([sys.executable, "-c", RQ_WORKER, server.url], "rq-worker",
@@ -306,14 +306,14 @@ def rq_row(texts: list[list[str]]) -> dict:
 
 # -- embedfleet ------------------------------------------------------------------------------------
 class Fleet:
-    """A redis-server and one `python -m worker` on it, its round trips counted."""
+    """A redis-server and one `python -m embedfleet.worker` on it, its round trips counted."""
 
     def __init__(self, model: str, name: str, extra: list[str]):
         self.server = RedisServer().start()
         self.hook, self.counted = _roundtrips.child_hook()
         self.name = name
-        self.worker = Process([sys.executable, "-m", "worker", "--redis-url", self.server.url, "--model", model,
-                               "--served-model-name", name, *extra], f"worker-{name}",
+        self.worker = Process([sys.executable, "-m", "embedfleet.worker", "--redis-url", self.server.url, "--model",
+                               model, "--served-model-name", name, *extra], f"worker-{name}",
                               env={_roundtrips.ENV: str(self.counted)}, pythonpath=(self.hook,))
         wait_advertised(self.worker, self.server.url, name)
         self.meter = Meter(self.server.url)
@@ -330,7 +330,7 @@ class Fleet:
 
 
 def sync_row(fleet: Fleet, texts: list[list[str]], breakdown: int) -> dict:
-    from producer import Producer
+    from embedfleet import Producer
 
     with Producer(fleet.url) as producer:
         def run(batch):
@@ -349,7 +349,7 @@ def async_row(fleet: Fleet, texts: list[list[str]], in_flight: int, breakdown: i
               **fields) -> dict:
     """AsyncProducer.embed of every element of `texts`, `in_flight` at a time; with `again`, a second row of the
     same texts once more (the tiny model's cache hits). `fields`: request fields (embed_dtype)."""
-    from producer import AsyncProducer
+    from embedfleet import AsyncProducer
 
     loop = asyncio.new_event_loop()
 
@@ -478,7 +478,7 @@ def main() -> None:
     parser.add_argument("--requests-64", type=int, default=300, help="64-text requests")
     parser.add_argument("--in-flight", type=int, default=256, help="requests the async rows keep in flight")
     parser.add_argument("--rows", default="raw,rq,sync,async,tiny", help="comma list of the rows to run")
-    parser.add_argument("--worker-args", default="", help="extra flags for every `python -m worker`")
+    parser.add_argument("--worker-args", default="", help="extra flags for every `python -m embedfleet.worker`")
     parser.add_argument("--dtypes", default="float16,binary",
                         help="the 64-text async row again with each of these embed_dtype (smaller result blobs)")
     parser.add_argument("--repeat", type=int, default=1,

@@ -24,9 +24,9 @@ from pathlib import Path
 import redis
 from _common import Process, RedisServer, describe_machine, ratio, table
 
-from common.protocol import keys
-from common.redisclient import connect
-from producer import AsyncProducer
+from embedfleet.common.protocol import keys
+from embedfleet.common.redisclient import connect
+from embedfleet import AsyncProducer
 from tests.rediscluster import LocalCluster
 
 
@@ -71,7 +71,7 @@ def usage(ports: list[int]) -> dict[int, tuple[float, int]]:
 
 def start_workers(url: str, models: list[str], shards: dict[str, list[str]] | None = None) -> list[Process]:
     """A `null:384` worker per model; `shards`: a model's partition URLs (its worker's --redis-shards)."""
-    workers = [Process([sys.executable, "-m", "worker", "--redis-url", url, "--model", "null:384",
+    workers = [Process([sys.executable, "-m", "embedfleet.worker", "--redis-url", url, "--model", "null:384",
                         "--served-model-name", model, "--no-log-rounds",
                         *(["--redis-shards", f"{model}={','.join(shards[model])}"] if model in (shards or {}) else [])],
                        f"worker-{model}") for model in models]

@@ -10,7 +10,7 @@ forward pass costs ~1/100 of it, as on a GPU. Rows, side by side, alternating --
   tokenise  the corpus in one batched tokenizer call (truncation to the max length): the CPU side's own limit
             (and, for reference, the same ids from the tokenizer's Rust backend alone)
   bare      the bare transformers loop (bench/throughput.py's) at its best batch size
-  fleet     `python -m worker` on a private redis-server, Producer.submit_many of --chunk-text requests, then
+  fleet     `python -m embedfleet.worker` on a private redis-server, Producer.submit_many of --chunk-text requests, then
             Producer.wait on every id (as bench/throughput.py); with --baseline, that checkout's worker too,
             in the same run, alternating with this one's
 The stage table comes from the worker's own `embedfleet_worker_stage_seconds_total` metric (per thread and
@@ -39,7 +39,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (Process, RedisServer, Timer, add_corpus_flags, describe_machine, free_port, load_corpus,
+from _common import (Process, RedisServer, Timer, add_corpus_flags, describe_machine, free_port, load_corpus, module_in,
                      model_path, ratio, settle_gc, table, wait_advertised)
 from throughput import BareLoop, max_seq_length, sweep
 
@@ -109,12 +109,13 @@ def scrape(url: str) -> dict[tuple[str, str], float]:
 def fleet(path: str, texts: list[str], chunk: int, shape: list[str], code: Path | None = None) -> tuple[float, dict]:
     """Texts/s end to end, and the stage seconds (and rounds) of the timed window. `shape`: the worker's batch
     shape flags; `code`: a checkout whose worker runs instead of this one's (first on its PYTHONPATH)."""
-    from producer import Producer
+    from embedfleet import Producer
 
     port = free_port()
     with RedisServer() as server, Process(
-            [sys.executable, "-m", "worker", "--redis-url", server.url, "--model", path, "--served-model-name", "tiny",
-             "--metrics-port", str(port), "--metrics-host", "127.0.0.1", *shape], "worker-tiny",
+            [sys.executable, "-m", module_in(code, "worker"), "--redis-url", server.url, "--model", path,
+             "--served-model-name", "tiny", "--metrics-port", str(port), "--metrics-host", "127.0.0.1",
+             *shape], "worker-tiny",
             pythonpath=(code,) if code else ()) as worker, Producer(server.url) as producer:
         wait_advertised(worker, server.url, "tiny")
         for line in worker.lines("batch budget probe"):

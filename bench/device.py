@@ -85,12 +85,12 @@ def build(shape: str, tokenizer_dir: str, where: Path) -> str:
 
 
 def fleet(path: str, texts: list[str], chunk: int, *extra: str, engines: int = 1) -> float:
-    """embedfleet end to end: a private Redis, `python -m worker *extra` with `engines` engines advertised, requests
-    of `chunk` texts submitted at once, every result waited for; texts/s."""
+    """embedfleet end to end: a private Redis, `python -m embedfleet.worker *extra` with `engines` engines advertised,
+    requests of `chunk` texts submitted at once, every result waited for; texts/s."""
     import redis
 
-    from common.protocol import keys
-    from producer import Producer
+    from embedfleet.common.protocol import keys
+    from embedfleet import Producer
 
     with RedisServer() as server, start_worker(server.url, path, SERVED, *extra) as worker, \
             Producer(server.url) as producer:
@@ -118,9 +118,9 @@ def fidelity(path: str, texts: list[str], device: str, dtype: str) -> tuple[floa
     import numpy as np
     from sentence_transformers import SentenceTransformer
 
-    from common.request import EmbedRequest
-    from worker.engine.engine import Engine
-    from worker.engine.models.loader import load_model
+    from embedfleet.common.request import EmbedRequest
+    from embedfleet.worker.engine.engine import Engine
+    from embedfleet.worker.engine.models.loader import load_model
 
     reference = SentenceTransformer(path, device=device).encode(texts, batch_size=64)
     model = load_model(path, device=device, dtype=dtype, packed="auto")

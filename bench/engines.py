@@ -5,8 +5,8 @@ check (top-10 overlap of --queries queries over --docs documents against torch f
     PYTHONPATH=. .venv/bin/python bench/engines.py [--limit 1000] [--short 1000] [--docs 2000] [--queries 100]
         [--rows torch,torch-bf16,onnx,onnx-int8,openvino,openvino-int8] [--chunk 16] [--repeat 2] [--json OUT]
 
-Each row is a `python -m worker` subprocess with that row's flags (--engine, --quantize, --dtype; the vector cache
-off, so every text is computed) on a private redis-server; the client is Producer.submit_many of requests of
+Each row is a `python -m embedfleet.worker` subprocess with that row's flags (--engine, --quantize, --dtype; the vector
+cache off, so every text is computed) on a private redis-server; the client is Producer.submit_many of requests of
 --chunk texts, then Producer.wait on every id (the method of bench/throughput.py). Exports go to a temporary
 --engine-cache-dir, made at the row's first start (not timed). Per row and repeat: a warm-up request, the corpus
 (file order, long texts included, truncate_prompt_tokens=-1), the short texts (10-60 characters), timed apart;
@@ -52,7 +52,7 @@ def embed_all(producer, texts: list[str], chunk: int) -> tuple[float, np.ndarray
 
 def run_row(flags: list[str], sets: dict[str, list[str]], chunk: int, cache_dir: str,
             want_vectors: bool) -> tuple[dict[str, float], dict[str, np.ndarray], str]:
-    from producer import Producer
+    from embedfleet import Producer
 
     extra = [*flags, "--engine-cache-dir", cache_dir, "--no-cache"]
     with RedisServer() as server, start_worker(server.url, model_path(), "bench", *extra, timeout=900) as worker, \

@@ -24,7 +24,7 @@ from transformers import AutoModel
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import add_corpus_flags, describe_machine, load_corpus, model_path, table
 
-from worker.engine.models.loader import load_model
+from embedfleet.worker.engine.models.loader import load_model
 
 
 def run(model, batches: list[list[list[int]]]) -> tuple[float, np.ndarray]:

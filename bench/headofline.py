@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (REPO, add_corpus_flags, describe_machine, load_corpus, model_path, post_json, start_from, table,
                      wait_advertised, wait_http)
 
-from common.redisserver import RedisServer, free_port
+from embedfleet.common.redisserver import RedisServer, free_port
 
 MODEL = "bench"
 

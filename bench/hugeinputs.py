@@ -26,12 +26,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, describe_machine, model_path, post_json, start_from, table, wait_advertised, wait_http
 
-from common.redisserver import RedisServer, free_port
-from common.request import EmbedRequest
-from worker.engine.inputbounds import bound_inputs
-from worker.engine.models.loader import load_model
-from worker.engine.preprocess import prepare
-from worker.engine.tasks.inputs import prepare_task
+from embedfleet.common.redisserver import RedisServer, free_port
+from embedfleet.common.request import EmbedRequest
+from embedfleet.worker.engine.inputbounds import bound_inputs
+from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.engine.preprocess import prepare
+from embedfleet.worker.engine.tasks.inputs import prepare_task
 
 
 def peak_mib(pid: str | int = "self") -> float:
@@ -76,7 +76,8 @@ def end_to_end(tree: Path, label: str, mb: float, redis_url: str) -> list[list]:
     wait_advertised(worker, redis_url, "bench")
     port = free_port()
     gateway = start_from(tree, "producer.gateway", ["--redis-url", redis_url, "--port", str(port), "--log-level",
-                                               "warning", "--max-body-bytes", str(int(mb * 2e6))], f"gateway-{label}")
+                                                    "warning", "--max-body-bytes", str(int(mb * 2e6))],
+                         f"gateway-{label}")
     base = f"http://127.0.0.1:{port}"
     wait_http(gateway, base + "/health", 60, any_status=True)
     huge = "word " * int(mb * 200_000)

@@ -114,7 +114,7 @@ def saturated_rate(producer, texts: Unsent, n: int) -> float:
 
 async def open_loop(redis_url: str, unsent: Unsent, rate: float, seconds: float, seed: int) -> dict:
     """Poisson arrivals at `rate`/s for `seconds`; latency from each scheduled arrival to its result."""
-    from producer import AsyncProducer
+    from embedfleet import AsyncProducer
 
     rng = random.Random(seed)
     arrivals, t = [], rng.expovariate(rate)
@@ -188,7 +188,7 @@ def main() -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from producer import Producer
+    from embedfleet import Producer
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(os.cpu_count() or 1)

@@ -26,11 +26,11 @@ from _common import describe_machine, load_corpus, model_path, table
 
 import redis
 
-from common.redisserver import RedisServer
-from producer import Producer
-from worker.engine.engine import Engine
-from worker.engine.models.loader import load_model
-from worker.serving.pipeline import BatchWorker
+from embedfleet.common.redisserver import RedisServer
+from embedfleet import Producer
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 
 def documents(tokenizer, count: int, tokens: int) -> list[str]:

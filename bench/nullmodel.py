@@ -6,8 +6,8 @@ with Redis commands per request and round trips per 64 requests (one take of 64 
         [--simple-requests 2000] [--seconds 60] [--sizes 1,64] [--skip worker,simple,raw] [--json OUT]
 
 Worker row: the queue is filled first (the Producer's job format), then
-`python -m worker --model null:384 --served-model-name null` starts; the clock runs from its first take to the
-last result blob. SimpleWorker row: rq's own worker in burst mode on no-op jobs with the same payloads (its
+`python -m embedfleet.worker --model null:384 --served-model-name null` starts; the clock runs from its first take to
+the last result blob. SimpleWorker row: rq's own worker in burst mode on no-op jobs with the same payloads (its
 start and teardown, measured on an empty queue, are subtracted). Raw loop row: LPOP 64 ids, MGET their payloads,
 one pipeline of SET result blob + RPUSH/EXPIRE notify per id. Commands come from INFO commandstats deltas (this
 script's own polls subtracted); round trips are counted on the client side, as redis-py sends (one command, or
@@ -36,10 +36,10 @@ import _roundtrips
 from _common import (Process, RedisServer, Timer, describe_machine, load_corpus, prefill, ratio,
                      redis_commands, short_texts, table, wait_all_results)
 
-from common.protocol import keys
-from common.protocol.keys import queue_name
-from common.request import EmbedRequest
-from common.result import Result
+from embedfleet.common.protocol import keys
+from embedfleet.common.protocol.keys import queue_name
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
 
 SIZE = 384  # the null model's embedding size
 NAME = "null"
@@ -56,7 +56,7 @@ def batches_of(texts: list[str], requests: int, size: int) -> list[list[str]]:
 
 # -- the worker's null model -----------------------------------------------------------------------
 def worker_args(redis_url: str) -> list[str]:
-    entry = ["-m", "worker"]
+    entry = ["-m", "embedfleet.worker"]
     return [sys.executable, *entry, "--redis-url", redis_url, "--model", f"null:{SIZE}",
             "--served-model-name", NAME]
 
@@ -111,7 +111,7 @@ class SimpleBurst:
     def __init__(self, url: str):
         from rq import Queue
 
-        from common.serializer import MsgpackSerializer
+        from embedfleet.common.serializer import MsgpackSerializer
 
         self.serializer = MsgpackSerializer
         self.conn = redis.Redis.from_url(url)
@@ -125,7 +125,7 @@ class SimpleBurst:
                                  for p in payloads])
 
     def run(self) -> float:
-        from worker.serving.rqpubsub import PromptSimpleWorker  # rq's SimpleWorker, its teardown bounded
+        from embedfleet.worker.serving.rqpubsub import PromptSimpleWorker  # rq's SimpleWorker, its teardown bounded
 
         with Timer() as timer:
             PromptSimpleWorker([self.queue], connection=self.conn, serializer=self.serializer).work(

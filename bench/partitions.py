@@ -31,8 +31,8 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Process, RedisServer, describe_machine, table
 
-from common.protocol import keys
-from producer import AsyncProducer
+from embedfleet.common.protocol import keys
+from embedfleet import AsyncProducer
 
 NAME, MODEL = "null", "null:384"
 TARGETS = {2: 0.6, 3: 0.4}  # issue 39: each Redis's CPU per second, x one Redis alone
@@ -81,9 +81,9 @@ def run_row(count: int, args, texts: int) -> dict:
     with ExitStack() as stack:
         servers = [stack.enter_context(RedisServer()) for _ in range(count)]
         urls = [s.url for s in servers]
-        worker = stack.enter_context(Process(
-            [sys.executable, "-m", "worker", "--redis-url", urls[0], "--redis-shards", f"{NAME}={','.join(urls)}",
-             "--model", MODEL, "--served-model-name", NAME, "--no-log-rounds"], f"worker-{count}"))
+        worker = stack.enter_context(Process([sys.executable, "-m", "embedfleet.worker", "--redis-url", urls[0],
+                                               "--redis-shards", f"{NAME}={','.join(urls)}", "--model", MODEL,
+                                               "--served-model-name", NAME, "--no-log-rounds"], f"worker-{count}"))
         clients = [redis.Redis.from_url(u) for u in urls]
         _wait_served(worker, clients)
         sent, answered, seconds, spent = asyncio.run(_offer(urls, args, texts, clients))

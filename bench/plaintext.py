@@ -15,9 +15,9 @@ import shutil
 import tempfile
 
 from bench._common import Timer, add_corpus_flags, describe_machine, load_corpus, model_path, ratio, table
-from common.request import EmbedRequest
-from worker.engine.models.loader import load_model
-from worker.engine.preprocess import prepare
+from embedfleet.common.request import EmbedRequest
+from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.engine.preprocess import prepare
 
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -23,12 +23,12 @@ from datetime import datetime, timezone
 import redis
 
 from bench._common import Timer, add_corpus_flags, describe_machine, load_corpus, median, model_path, ratio, table
-from common.protocol.keys import queue_name
-from common.redisserver import RedisServer
-from producer import Producer
-from worker.engine.engine import Engine
-from worker.engine.models.loader import load_model
-from worker.serving.pipeline import BatchWorker
+from embedfleet.common.protocol.keys import queue_name
+from embedfleet.common.redisserver import RedisServer
+from embedfleet import Producer
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 
 def _answered_at(conn, request_id: str) -> float:

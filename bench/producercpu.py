@@ -35,7 +35,7 @@ def measure(sync_requests: int, requests: int, in_flight: int) -> dict:
     """One run in this process, on this process's checkout (sys.path): the figures as a dict."""
     from _common import RedisServer, start_worker
 
-    from producer import AsyncProducer, Producer
+    from embedfleet import AsyncProducer, Producer
 
     with RedisServer() as server, start_worker(server.url, "null:384", SERVED):
         with Producer(server.url) as producer:

@@ -5,7 +5,7 @@
 The cross-encoder is the bundled all-MiniLM-L6-v2 encoder with a random one-label head (the size of the
 common ms-marco-MiniLM-L6 rerankers; the scores mean nothing, the cost is real), saved to a temp folder.
 Each query is reranked against --documents corpus texts: in process with CrossEncoder.predict (batch 32),
-and end to end with Producer.rerank on one worker process (`python -m worker`, 32 rows / 8192 padded tokens
+and end to end with Producer.rerank on one worker process (`python -m embedfleet.worker`, 32 rows / 8192 padded tokens
 per pass: the start-up probe is meaningless on a shared, loaded machine),
 where one request holds every (query, document) pair; the two alternate query by query. The client shares
 the machine with the worker (the in-process model idles while the worker runs, and the other way round).
@@ -45,7 +45,7 @@ def main() -> None:
 
     from sentence_transformers import CrossEncoder
 
-    from producer import Producer
+    from embedfleet import Producer
 
     texts = [t for t in load_corpus() if 20 <= len(t) <= 400]
     queries = [t[:60] for t in texts[: args.queries]]

@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 
 from bench._common import Timer, add_corpus_flags, describe_machine, load_corpus, model_path, ratio, table
-from common.request import EmbedRequest
-from worker.engine.engine import Engine
-from worker.engine.models.loader import load_model
+from embedfleet.common.request import EmbedRequest
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.loader import load_model
 
 
 def main() -> None:

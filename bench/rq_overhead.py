@@ -19,14 +19,14 @@ import redis
 from rq import Queue
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common.protocol.keys import FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, RESULT_TTL, queue_name
-from common.redisserver import RedisServer
-from common.request import EmbedRequest
-from common.serializer import MsgpackSerializer
-from worker.engine.engine import Engine
-from worker.engine.models.nullmodel import NullModel
-from worker.serving.pipeline import BatchWorker
-from worker.serving.rqpubsub import PromptSimpleWorker
+from embedfleet.common.protocol.keys import FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, RESULT_TTL, queue_name
+from embedfleet.common.redisserver import RedisServer
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.serializer import MsgpackSerializer
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.nullmodel import NullModel
+from embedfleet.worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.rqpubsub import PromptSimpleWorker
 
 
 def noop(payload: bytes) -> None:

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python bench/rss.py [--requests 100000] [--seconds 30] [--model null:384] [--json OUT]
 
-A private redis-server and one `python -m worker` (default: the bundled all-MiniLM-L6-v2; `--model null:384`
+A private redis-server and one `python -m embedfleet.worker` (default: the bundled all-MiniLM-L6-v2; `--model null:384`
 for the queue path alone). Idle RSS: sampled from /proc for 2 s after the worker advertises. Then --requests
 one-short-text requests are enqueued (Producer.submit_many, 5,000 per round trip) and the worker's RSS is
 sampled every 0.1 s while they are enqueued and for --seconds after; the run stops there, queue not drained.
@@ -59,8 +59,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
 
-    from common.protocol.keys import queue_name
-    from producer import Producer
+    from embedfleet.common.protocol.keys import queue_name
+    from embedfleet import Producer
 
     texts = short_texts(load_corpus(args.corpus))
     model = args.model or model_path()

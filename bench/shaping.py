@@ -34,9 +34,9 @@ from pathlib import Path
 import redis
 
 from bench._common import (REPO, Process, RedisServer, add_corpus_flags, describe_machine, load_corpus,
-                           model_path, ratio, table, wait_advertised)
-from common.protocol import keys
-from producer import Producer
+                           model_path, module_in, ratio, table, wait_advertised)
+from embedfleet.common.protocol import keys
+from embedfleet import Producer
 
 NAME = "shaping"
 BEFORE = "bb06e1a"  # the tree before issue 30
@@ -47,7 +47,7 @@ def hogs(count: int, prefix: list[str]) -> list[subprocess.Popen]:
 
 
 def advert(conn) -> dict:
-    from producer.client.core import parse_worker_info
+    from embedfleet.producer.client.core import parse_worker_info
 
     for key in conn.scan_iter(match=keys.worker_info_key("*")):
         info = parse_worker_info(key.decode().rsplit(":", 1)[-1], conn.get(key))
@@ -135,9 +135,9 @@ def run_one(label: str, tree: str | None, texts: list[str], args, hog_count: int
             # finished_rate counts rq's finished registry: a tree with --rq-records writes it with `full` only (the
             # few commands it adds a request are nothing beside a MiniLM pass); older trees always wrote it.
             records = ["--rq-records", "full"] if has_records_flag(Path(tree) if tree else REPO) else []
-            worker = Process([*prefix, sys.executable, "-P", "-m", "worker", "--redis-url", server.url, "--model",
-                              model_path(), "--served-model-name", NAME, "--no-cache", *records], f"worker-{NAME}",
-                             pythonpath=(tree,) if tree else ())
+            worker = Process([*prefix, sys.executable, "-P", "-m", module_in(tree and Path(tree), "worker"),
+                              "--redis-url", server.url, "--model", model_path(), "--served-model-name", NAME,
+                              "--no-cache", *records], f"worker-{NAME}", pythonpath=(tree,) if tree else ())
             try:
                 wait_advertised(worker, server.url, NAME, timeout=600)
                 conn = redis.Redis.from_url(server.url)
@@ -168,7 +168,11 @@ def times(value: float, quiet: float) -> str:
 
 def before_tree(rev: str, folder: str) -> str:
     """`rev`'s common/, producer/ and worker/ extracted into `folder` (what a worker process imports)."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "common", "producer", "worker"],
+    parts = ["common", "producer", "worker"]
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", rev], capture_output=True, text=True,
+                            check=True).stdout.split()
+    parts += ["embedfleet"] if "embedfleet" in listed else []  # the package that holds the parts, since it exists
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, *parts],
                              capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
     return folder

@@ -30,10 +30,10 @@ import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from common.protocol import keys  # noqa: E402
-from common.errors import EmbedfleetError, UnavailableError  # noqa: E402
-from common.redisserver import RedisServer  # noqa: E402
-from producer import Producer  # noqa: E402
+from embedfleet.common.protocol import keys  # noqa: E402
+from embedfleet.common.errors import EmbedfleetError, UnavailableError  # noqa: E402
+from embedfleet.common.redisserver import RedisServer  # noqa: E402
+from embedfleet import Producer  # noqa: E402
 from tests.crashworker import token, vector  # noqa: E402
 
 MODEL = "soak"

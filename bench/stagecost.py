@@ -29,11 +29,11 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RedisServer, describe_machine, load_corpus, prefill, short_texts, table
 
-from worker.engine.engine import Engine
-from worker.engine.models.nullmodel import NullModel
-from worker.serving import rounds
-from worker.serving.pipeline import BatchWorker
-from worker.serving.rounds import Round
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.nullmodel import NullModel
+from embedfleet.worker.serving import rounds
+from embedfleet.worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.rounds import Round
 
 NAME = "null"
 

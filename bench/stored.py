@@ -17,14 +17,14 @@ import time
 
 import redis
 
-from common.redisserver import RedisServer
-from producer import AsyncProducer, Producer
+from embedfleet.common.redisserver import RedisServer
+from embedfleet import AsyncProducer, Producer
 
 MODEL = "stored"
 
 
 def serve(url: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", url, "--model", "null:384",
+    return subprocess.Popen([sys.executable, "-m", "embedfleet.worker", "--redis-url", url, "--model", "null:384",
                              "--served-model-name", MODEL, "--no-cache"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=os.environ)
 

@@ -6,8 +6,8 @@ sentence-transformers `encode` at its best batch size, per dtype.
 
 The corpus texts are taken in file order, long ones included (truncate_prompt_tokens=-1 for embedfleet, the
 model's max_seq_length for the others). End to end = Producer.submit_many of requests of --chunk texts on a
-private redis-server, a `python -m worker --dtype D` subprocess, then Producer.wait on every id. The bare loop
-sorts the texts by token length, pads per batch, mean-pools and normalises (the work a user would otherwise
+private redis-server, a `python -m embedfleet.worker --dtype D` subprocess, then Producer.wait on every id. The bare
+loop sorts the texts by token length, pads per batch, mean-pools and normalises (the work a user would otherwise
 write). Both in-process rows sweep --batch-sizes and report their best. The rows alternate --repeat times and
 each keeps its best run, so that a drift of the machine favours no row. Absolute figures drift with machine
 load; the ratios are the figures to compare. Bounded by --limit and --repeat.
@@ -92,7 +92,7 @@ def sweep(runner, texts: list[str], batch_sizes: list[int]) -> dict[int, float]:
 
 
 def end_to_end(path: str, texts: list[str], chunk: int, dtype: str, device: str | None) -> float:
-    from producer import Producer
+    from embedfleet import Producer
 
     extra = ["--dtype", dtype] + (["--device", device] if device else [])
     with RedisServer() as server, start_worker(server.url, path, "bench", *extra) as worker, \

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python bench/uploads.py [--trees /work/main,.] [--mib 64] [--concurrent 1,4]
 
-For each tree and each concurrency, a private redis-server and a fresh `python -m producer.gateway` from
+For each tree and each concurrency, a private redis-server and a fresh `python -m embedfleet.producer.gateway` from
 that tree (so its peak, /proc VmHWM, is this row's alone); its resident memory once it answers /health is
 the baseline. The uploads (a JSONL file just under --mib MiB, sent by httpx as the `openai` client sends
 it: multipart) go at once from threads of this process; the row gives the gateway's peak resident memory
@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Process, RedisServer, describe_machine, free_port, rss_mib, table, wait_http
+from _common import Process, RedisServer, describe_machine, free_port, module_in, rss_mib, table, wait_http
 
 
 def peak_mib(pid: int) -> float:
@@ -39,8 +39,8 @@ def run_one(tree: Path, content: bytes, concurrent: int) -> dict:
 
     with RedisServer() as server:
         port = free_port()
-        gateway = Process([sys.executable, "-P", "-m", "producer.gateway", "--redis-url", server.url, "--port",
-                           str(port), "--log-level", "warning", "--batch-max-running", "0"], "gateway",
+        gateway = Process([sys.executable, "-P", "-m", module_in(tree, "producer.gateway"), "--redis-url", server.url,
+                           "--port", str(port), "--log-level", "warning", "--batch-max-running", "0"], "gateway",
                           pythonpath=(tree,), env={"EMBEDFLEET_MAX_CONCURRENT_UPLOADS": str(concurrent)})
         with gateway:
             base = f"http://127.0.0.1:{port}"

@@ -32,11 +32,11 @@ from _common import RedisServer, describe_machine, percentile, table
 
 import redis
 
-from common.protocol import keys, scripts
-from common.capabilities import ModelCapabilities
-from common.result import Result
-from producer import AsyncProducer, Producer
-from worker.serving.advertise import Advertiser
+from embedfleet.common.protocol import keys, scripts
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.result import Result
+from embedfleet import AsyncProducer, Producer
+from embedfleet.worker.serving.advertise import Advertiser
 
 MODEL = "wakeup"
 SETTLE = 0.005  # seconds a waiter is given to block before its result is written

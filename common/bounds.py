@@ -13,7 +13,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-from common.capabilities import MAX_EMBED_LEN
+from embedfleet.common.capabilities import MAX_EMBED_LEN
 
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)

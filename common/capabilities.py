@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from common.codec import packb, unpackb
-from common.errors import DecodeError
+from embedfleet.common.codec import packb, unpackb
+from embedfleet.common.errors import DecodeError
 
 MAX_EMBED_LEN = 1 << 20  # the most tokens --max-embed-len may allow one input (its chunks are held at once)
 

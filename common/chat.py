@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
-from common.codec import check_text
+from embedfleet.common.codec import check_text
 
 CHAT_INPUT = "<chat messages, rendered by the worker>"  # `inputs` of a chat request: one conversation
 MAX_MESSAGES = 4096

@@ -13,9 +13,9 @@ from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from common.fleetstate import resolve_redis_url
-from common.redisclient import with_tls
-from common.shards import ShardMap, parse_shards
+from embedfleet.common.fleetstate import resolve_redis_url
+from embedfleet.common.redisclient import with_tls
+from embedfleet.common.shards import ShardMap, parse_shards
 
 ENV_PREFIX = "EMBEDFLEET_"
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import redis
 
-from common.errors import NO_WORKER_HINT, EmbedfleetError
-from common.redisclient import AccessError, access_problem
+from embedfleet.common.errors import NO_WORKER_HINT, EmbedfleetError
+from embedfleet.common.redisclient import AccessError, access_problem
 
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2

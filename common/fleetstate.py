@@ -6,18 +6,22 @@ runs, and removes it when it stops. A Redis URL is resolved in this order (first
     1. the --redis-url flag (or the `redis_url` argument of Producer/AsyncProducer)
     2. the EMBEDFLEET_REDIS_URL environment variable
     3. the most recently started `embedfleet up` that is still running
-    4. redis://127.0.0.1:6379/0
+    4. redis://127.0.0.1:6379/0 (rq's default too); a process that connects to it so is told once, on stderr
+       (a fleet that is not running should not look like an empty one on someone else's Redis)
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import logging
 import os
 from pathlib import Path
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 ENV_REDIS_URL = "EMBEDFLEET_REDIS_URL"
+_fell_back = False  # whether resolve_redis_url gave DEFAULT_REDIS_URL for want of any other in this process
 
 
 def state_dir() -> Path:
@@ -59,7 +63,25 @@ def resolve_redis_url(url: str | None = None) -> str:
     if os.environ.get(ENV_REDIS_URL):
         return os.environ[ENV_REDIS_URL]
     fleets = running()
-    return fleets[0]["redis_url"] if fleets else DEFAULT_REDIS_URL
+    if fleets:
+        return fleets[0]["redis_url"]
+    global _fell_back
+    _fell_back = True
+    return DEFAULT_REDIS_URL
+
+
+def connecting(url: str) -> None:
+    """Called by every client made from a URL (common.redisclient): the first connection to the default Redis
+    that no one named says so, once."""
+    if _fell_back and url == DEFAULT_REDIS_URL:
+        _say_default()
+
+
+@functools.cache
+def _say_default() -> None:
+    logging.getLogger("embedfleet").warning(
+        "embedfleet: using Redis %s, the default: no --redis-url, no %s and no `embedfleet up` running",
+        DEFAULT_REDIS_URL, ENV_REDIS_URL)
 
 
 def _alive(pid: int) -> bool:

@@ -7,11 +7,11 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from common.bounds import MAX_CHAR_OFFSET, MAX_DIMENSIONS, MAX_TOKENS, bounded_int, shown
-from common.capabilities import ModelCapabilities
-from common.codec import check_text
-from common.errors import ValidationError
-from common.frozen import updated
+from embedfleet.common.bounds import MAX_CHAR_OFFSET, MAX_DIMENSIONS, MAX_TOKENS, bounded_int, shown
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.codec import check_text
+from embedfleet.common.errors import ValidationError
+from embedfleet.common.frozen import updated
 
 # fp8_e4m3 / fp8_e5m2: vLLM's 8-bit floats (torch float8_e4m3fn / float8_e5m2), stored as their bits.
 EmbedDtype = Literal["float32", "float16", "bfloat16", "int8", "uint8", "binary", "ubinary", "fp8_e4m3",

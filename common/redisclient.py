@@ -37,13 +37,13 @@ import redis.sentinel
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from common import packing
-from common.errors import StartupError
-from common.protocol import keys
+from embedfleet.common import fleetstate, packing
+from embedfleet.common.errors import StartupError
+from embedfleet.common.protocol import keys
 # the URL helpers are imported from here by the entry points too (re-exported: hence F401)
-from common.redisurls import (CLUSTER_SCHEMES, SENTINEL_SCHEMES, cluster_tag, is_cluster,  # noqa: F401
-                              is_cluster_client, is_sentinel, parse_cluster, parse_sentinel, redact, user_of,
-                              with_tls)
+from embedfleet.common.redisurls import (CLUSTER_SCHEMES, SENTINEL_SCHEMES, cluster_tag, is_cluster,  # noqa: F401
+                                         is_cluster_client, is_sentinel, parse_cluster, parse_sentinel, redact,
+                                         user_of, with_tls)
 
 SOCKET_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 5.0
@@ -57,6 +57,7 @@ ACL_GRANT = "resetkeys resetchannels +@all -@dangerous +info +client|setname +cl
 
 
 def connect(url: str) -> redis.Redis:
+    fleetstate.connecting(url)
     if is_cluster(url):
         nodes, kwargs = parse_cluster(url)
         client = ClusterClient(startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in nodes],
@@ -91,6 +92,7 @@ def connect_async(url: str, max_connections: int = MAX_ASYNC_CONNECTIONS) -> aio
     up to SOCKET_TIMEOUT for one to be free). Through Sentinel, and on a Redis Cluster (a pool per node), the
     pools are redis-py's own, which have no blocking variant: there the bound is not enforced (exceeding it
     would fail commands with MaxConnectionsError, not queue them)."""
+    fleetstate.connecting(url)
     retry = Retry(NoBackoff(), 1, (redis.ConnectionError,))
     if is_cluster(url):
         nodes, kwargs = parse_cluster(url)

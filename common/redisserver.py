@@ -14,9 +14,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from common.errors import StartupError
-from common.ports import port_in_use
-from common.processes import die_with_parent
+from embedfleet.common.errors import StartupError
+from embedfleet.common.ports import port_in_use
+from embedfleet.common.processes import die_with_parent
 
 LOG_LINES_QUOTED = 3  # lines of the server's own log quoted when it fails to start
 LOADING_REPORT_SECONDS = 2.0  # how often a start waiting for the data to load says so

@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 import redis.asyncio.cluster as aiocluster
 import redis.cluster
 
-from common.protocol import keys
+from embedfleet.common.protocol import keys
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")

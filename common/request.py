@@ -8,16 +8,16 @@ import uuid
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from common.protocol import keys
-from common.bounds import (CHARS_PER_TOKEN, INT32_MAX, MAX_REQUEST_BYTES, MAX_UNIX_TIME, long_text_problem,
-                           most_chars, text_limit, token_id_problem)
-from common.capabilities import ModelCapabilities
-from common.chat import CHAT_INPUT, CHAT_TASKS, NO_TEMPLATE, UNTRUSTED_TEMPLATE, ChatInput
-from common.codec import check_text, packb, unpackb
-from common.errors import DecodeError, InputTooLongError, ValidationError
-from common.frozen import updated
-from common.params import PoolingParams, from_wire
-from common.tracing import traceparent_problem, tracestate_problem
+from embedfleet.common.protocol import keys
+from embedfleet.common.bounds import (CHARS_PER_TOKEN, INT32_MAX, MAX_REQUEST_BYTES, MAX_UNIX_TIME, long_text_problem,
+                                      most_chars, text_limit, token_id_problem)
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.chat import CHAT_INPUT, CHAT_TASKS, NO_TEMPLATE, UNTRUSTED_TEMPLATE, ChatInput
+from embedfleet.common.codec import check_text, packb, unpackb
+from embedfleet.common.errors import DecodeError, InputTooLongError, ValidationError
+from embedfleet.common.frozen import updated
+from embedfleet.common.params import PoolingParams, from_wire
+from embedfleet.common.tracing import traceparent_problem, tracestate_problem
 
 WIRE_VERSION = 1
 _DECODED = {"decoded": "msgpack"}  # validation context of a request read off the wire (EmbedRequest.decode)

@@ -37,11 +37,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from common.protocol import keys
-from common.codec import packb, unpackb
-from common.dtypes import (FP8_DTYPES, bfloat16_bits_to_float32, fp8_bits_to_float32, from_bytes,
-                           resolve_endianness, to_bytes)
-from common.errors import DecodeError, EmbedfleetError, error_from_code
+from embedfleet.common.protocol import keys
+from embedfleet.common.codec import packb, unpackb
+from embedfleet.common.dtypes import (FP8_DTYPES, bfloat16_bits_to_float32, fp8_bits_to_float32, from_bytes,
+                                      resolve_endianness, to_bytes)
+from embedfleet.common.errors import DecodeError, EmbedfleetError, error_from_code
 
 MAGIC = b"EFR"
 VERSION = 1

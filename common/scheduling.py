@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import math
 
-from common.bounds import INT32_MAX, INT32_MIN, MAX_TIMEOUT, MAX_UNIX_TIME, shown
-from common.errors import ValidationError
-from common.protocol.keys import PRIORITIES
-from common.request import EmbedRequest
+from embedfleet.common.bounds import INT32_MAX, INT32_MIN, MAX_TIMEOUT, MAX_UNIX_TIME, shown
+from embedfleet.common.errors import ValidationError
+from embedfleet.common.protocol.keys import PRIORITIES
+from embedfleet.common.request import EmbedRequest
 
 DEFAULT_PRIORITY = PRIORITIES[0]
 

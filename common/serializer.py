@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.codec import packb, unpackb
+from embedfleet.common.codec import packb, unpackb
 
 
 class MsgpackSerializer:

@@ -27,12 +27,20 @@ a JSON object {"MODEL": "URL" or ["URL", ...], ...}, or a text file of MODEL=URL
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+ENV_REDIS_SHARDS = "EMBEDFLEET_REDIS_SHARDS"
 _ENTRY_SPLIT = re.compile(r"[;\s]+")
 _URL_SPLIT = re.compile(r",(?=[a-z][a-z0-9+.-]*://)")  # a comma that starts another URL, not one inside a URL
+
+
+def resolve_shards(shards: Mapping[str, str | Sequence[str]] | None) -> Mapping[str, str | Sequence[str]]:
+    """A client's shard map: the one it was given, else EMBEDFLEET_REDIS_SHARDS's, as every command reads it (a
+    Producer() beside `embedfleet worker` and `status` in one environment sees the same partitions)."""
+    return parse_shards(os.environ.get(ENV_REDIS_SHARDS)) if shards is None else shards
 
 
 def parse_shards(text: str | None) -> dict[str, list[str]]:

@@ -16,9 +16,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from common.errors import EmbedfleetError
-from producer import AsyncProducer
-from producer.gateway.core.errors import error_body, status_of
+from embedfleet.common.errors import EmbedfleetError
+from embedfleet import AsyncProducer
+from embedfleet.producer.gateway.core.errors import error_body, status_of
 
 
 @asynccontextmanager

@@ -7,12 +7,12 @@ import numpy as np
 import redis
 from rq.job import Job
 
-from common.protocol import keys
-from common.capabilities import ModelCapabilities
-from common.request import EmbedRequest
-from common.result import Result, publish
-from common.serializer import MsgpackSerializer
-from worker.serving.advertise import Advertiser
+from embedfleet.common.protocol import keys
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result, publish
+from embedfleet.common.serializer import MsgpackSerializer
+from embedfleet.worker.serving.advertise import Advertiser
 
 MODEL = "stub"
 CAPS = ModelCapabilities(name=MODEL, max_model_len=32, embedding_size=4, vocab_size=100)

@@ -21,7 +21,7 @@ def clean_env(cache: Path, **extra: str) -> dict:
 
 
 def embedfleet(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "producer.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "embedfleet.producer.cli", *args], capture_output=True, text=True,
                           timeout=120, env=env)
 
 

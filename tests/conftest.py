@@ -6,7 +6,7 @@ import pytest
 import redis
 from hypothesis import settings
 
-from common.redisserver import RedisServer
+from embedfleet.common.redisserver import RedisServer
 from tests.rediscluster import LocalCluster
 from tests.systemtools import INSTALL, untested
 
@@ -107,8 +107,8 @@ def minilm_path() -> str:
 @pytest.fixture(scope="session")
 def minilm_engine(minilm_path):
     """The real Engine on the bundled model, loaded once per session and served as "minilm"."""
-    from worker.engine.engine import Engine
-    from worker.engine.models.loader import load_model
+    from embedfleet.worker.engine.engine import Engine
+    from embedfleet.worker.engine.models.loader import load_model
 
     return Engine(load_model(minilm_path, served_name="minilm"), max_batch_tokens=8192)
 

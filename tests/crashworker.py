@@ -16,12 +16,12 @@ import time
 
 import numpy as np
 
-from common.redisclient import connect
-from common.request import EmbedRequest
-from worker.engine.engine import Engine
-from worker.engine.models.nullmodel import NullModel
-from worker.engine.preprocess import Prepared
-from worker.serving.pipeline import BatchWorker
+from embedfleet.common.redisclient import connect
+from embedfleet.common.request import EmbedRequest
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.nullmodel import NullModel
+from embedfleet.worker.engine.preprocess import Prepared
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 DIM = 8
 DIE, HANG = -1, -2

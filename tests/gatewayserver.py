@@ -7,8 +7,8 @@ import time
 
 import uvicorn
 
-from common.redisserver import free_port
-from producer.gateway import GatewaySettings, create_app, server
+from embedfleet.common.redisserver import free_port
+from embedfleet.producer.gateway import GatewaySettings, create_app, server
 
 
 class Server:

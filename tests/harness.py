@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import redis
 from redis.cluster import RedisCluster
 
-from producer import Producer
+from embedfleet import Producer
 from tests import gatewayserver
 from tests.commands import advertised
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 STOP_SECONDS = 30  # a stopped worker ends within one poll (1 s here) and the rounds it holds
 ADVERT_SECONDS = 60  # work() advertises before its first take: only a loaded box makes this take long

@@ -34,7 +34,7 @@ HASHED_INFO = {"device": "cpu", "dtype": "float32", "max_batch_tokens": 64, "max
 @pytest.fixture
 def hashed_worker(fleet, redis_client):
     """start(seconds_per_text=0, **worker options): a worker of MODEL serving in the test's `fleet`."""
-    from worker.engine.engine import Engine
+    from embedfleet.worker.engine.engine import Engine
 
     def start(seconds_per_text: float = 0.0, **options):
         engine = Engine(hashed_model(seconds_per_text), max_batch_tokens=64, max_batch_size=64)

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import redis
 
 from tests.harness import serve
-from worker.engine.engine import Engine
-from worker.engine.models.nullmodel import NullModel
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.nullmodel import NullModel
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 NULL = "null"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import redis
 
-from common.redisserver import RedisServer, free_port
+from embedfleet.common.redisserver import RedisServer, free_port
 from tests.systemtools import need
 
 READY_TIMEOUT = 30.0

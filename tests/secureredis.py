@@ -14,8 +14,8 @@ from pathlib import Path
 
 import redis
 
-from common.redisclient import ACL_GRANT
-from common.redisserver import find_redis_server, free_port
+from embedfleet.common.redisclient import ACL_GRANT
+from embedfleet.common.redisserver import find_redis_server, free_port
 from tests.commands import ROOT
 from tests.systemtools import missing, need
 
@@ -93,7 +93,7 @@ class SecureRedis:
 
 
 def embedfleet_process(*args: str, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "producer.cli", *args], env=env, stdin=subprocess.DEVNULL,
+    return subprocess.Popen([sys.executable, "-m", "embedfleet.producer.cli", *args], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
 
 

@@ -208,15 +208,15 @@ def st_reference(folder: str, *, drop_normalize: bool = False):
 
 @functools.cache
 def engine_for(folder: str):
-    from worker.engine.engine import Engine
-    from worker.engine.models.loader import load_model
+    from embedfleet.worker.engine.engine import Engine
+    from embedfleet.worker.engine.models.loader import load_model
 
     return Engine(load_model(folder))
 
 
 def embed(folder: str, texts, **params):
     """Run one request through the folder's cached Engine; raises if it failed."""
-    from common.request import EmbedRequest
+    from embedfleet.common.request import EmbedRequest
 
     result = engine_for(folder).run([EmbedRequest(model="m", inputs=list(texts), params=params)])[0]
     result.raise_for_error()

@@ -1,10 +1,10 @@
-"""`python -m worker` (= `embedfleet worker`): load one model and serve its queue until stopped."""
+"""`embedfleet worker`: load one model and serve its queue until stopped."""
 
 from __future__ import annotations
 
 # First, before anything is imported by name: the working directory leaves sys.path (-P would do it only on
-# Python 3.11+, and only where our own CLI starts the worker, not for `python -m worker` run by hand).
-import worker.safepath  # noqa: F401
+# Python 3.11+, and only where our own CLI starts the worker, not for `python -m embedfleet.worker` run by hand).
+import embedfleet.worker.safepath  # noqa: F401
 
 import functools
 import logging
@@ -15,13 +15,13 @@ import time
 
 import redis
 
-from common import console, tracing
-from common.errors import StartupError
-from common.ports import looks_like_path
-from common.processes import exit_now
-from common.redisclient import check_access, connect, redact
-from worker.engine import cpus, heap
-from worker.serving.config import BUNDLED_MODEL_NAME, WorkerSettings, bundled_model_path
+from embedfleet.common import console, tracing
+from embedfleet.common.errors import StartupError
+from embedfleet.common.ports import looks_like_path
+from embedfleet.common.processes import exit_now
+from embedfleet.common.redisclient import check_access, connect, redact
+from embedfleet.worker.engine import cpus, heap
+from embedfleet.worker.serving.config import BUNDLED_MODEL_NAME, WorkerSettings, bundled_model_path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,10 +30,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(argv: list[str]) -> int:
     settings = WorkerSettings.from_args(argv, "embedfleet worker", __doc__)
-    # Before torch loads: libgomp reads OMP_WAIT_POLICY once, at `import torch` (--gpus children inherit it).
-    threads = cpus.plan(settings.threads, os.environ)
-    heap.keep_freed_memory(os.environ)  # a round's large arrays reuse the heap (worker/engine/heap.py)
     partitions = len(settings.shards.partitions(_served_name(settings)))  # >1: each engine reaches its own
+    # Before torch loads: libgomp reads OMP_WAIT_POLICY once, at `import torch` (--gpus children inherit it). The
+    # engines of a partitioned model's partitions share the CPUs (each gets its part; docs/performance.md).
+    threads = cpus.plan(settings.threads, os.environ, engines=partitions if settings.partition else 1)
+    heap.keep_freed_memory(os.environ)  # a round's large arrays reuse the heap (worker/engine/heap.py)
     connection = None if partitions > 1 else connect(settings.redis_url)
     if connection is not None:
         # A Redis that is down, a wrong password, a missing ACL permission or a certificate that does not
@@ -41,14 +42,14 @@ def serve(argv: list[str]) -> int:
         check_access(connection, settings.redis_url)
     if connection is not None and settings.cache and not settings.shards.shards and \
             not (settings.model or "").startswith("null:"):
-        from worker.serving.cache import check_placement  # noqa: PLC0415
+        from embedfleet.worker.serving.cache import check_placement  # noqa: PLC0415
 
         check_placement(connection, _cache_redis(settings))  # a refusal comes now, not after the model loads
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("rq.worker").addFilter(_maintenance_at_debug)
     if not settings.log_rounds:
         logging.getLogger("embedfleet.worker.rounds").setLevel(logging.WARNING)
-    from worker.serving import gpus  # noqa: PLC0415 - the per-GPU supervisor loads no model itself
+    from embedfleet.worker.serving import gpus  # noqa: PLC0415 - the per-GPU supervisor loads no model itself
 
     ids = gpus.visible_gpus(settings.gpus, dict(os.environ)) if settings.gpus else [None]
     cores = cpus.decide(None, cpus.affinity(), cpus.cgroup_quota()).count  # the CPUs it may use, quota included
@@ -57,11 +58,11 @@ def serve(argv: list[str]) -> int:
     if settings.gpus or replicas > 1 or partitions > 1:  # a child per GPU, replica and partition of the model
         return gpus.run(ids, argv, settings.name, dict(os.environ), settings.metrics_port, replicas,
                         settings.max_restarts, partitions)
-    from worker.engine.engine import Engine  # noqa: PLC0415 - torch loads after the flags
-    from worker.engine.models.nullmodel import NullModel, is_null  # noqa: PLC0415 - the null model needs no transformers
-    from worker.engine.probe import Budget, device_floor, device_limits, probe_budget  # noqa: PLC0415
-    from worker.engine.shaper import Shape, Shaper  # noqa: PLC0415
-    from worker.serving.pipeline import BatchWorker  # noqa: PLC0415
+    from embedfleet.worker.engine.engine import Engine  # noqa: PLC0415 - torch loads after the flags
+    from embedfleet.worker.engine.models.nullmodel import NullModel, is_null  # noqa: PLC0415 - the null model needs no transformers
+    from embedfleet.worker.engine.probe import Budget, device_floor, device_limits, probe_budget  # noqa: PLC0415
+    from embedfleet.worker.engine.shaper import Shape, Shaper  # noqa: PLC0415
+    from embedfleet.worker.serving.pipeline import BatchWorker  # noqa: PLC0415
 
     # Empty values (docker compose passes unset variables as "") count as unset.
     path, name = settings.model, settings.served_model_name or None
@@ -184,7 +185,7 @@ def _traces(traced, settings: WorkerSettings):
     model) when tracing is on (common.tracing.start), else None."""
     if traced is None:
         return None
-    from worker.serving.traces import RoundTraces  # noqa: PLC0415 - OpenTelemetry loads only when tracing is on
+    from embedfleet.worker.serving.traces import RoundTraces  # noqa: PLC0415 - OpenTelemetry loads only when tracing is on
 
     return functools.partial(RoundTraces, traced.tracer("worker"))
 
@@ -193,7 +194,7 @@ def _metrics(settings: WorkerSettings, model: str):
     """The worker's Prometheus metrics, served on --metrics-port, or None."""
     if settings.metrics_port is None:
         return None
-    from worker.serving.metrics import WorkerMetrics  # noqa: PLC0415 - only with a metrics port
+    from embedfleet.worker.serving.metrics import WorkerMetrics  # noqa: PLC0415 - only with a metrics port
 
     port = settings.metrics_port
     metrics = WorkerMetrics(model)
@@ -209,9 +210,9 @@ def _metrics(settings: WorkerSettings, model: str):
 def _cache(settings: WorkerSettings, queue, model, path: str, dtype: str, engine: str):
     """The vector cache (worker/serving/cache.py), or None: off by flag, or the null model (it computes nothing).
     A cache on the queue's Redis is refused when that Redis may evict queue or result keys."""
-    from worker.serving.cache import VectorCache, check_placement  # noqa: PLC0415
-    from worker.engine.identity import folder_digest, model_identity  # noqa: PLC0415
-    from worker.engine.models.nullmodel import is_null  # noqa: PLC0415
+    from embedfleet.worker.serving.cache import VectorCache, check_placement  # noqa: PLC0415
+    from embedfleet.worker.engine.identity import folder_digest, model_identity  # noqa: PLC0415
+    from embedfleet.worker.engine.models.nullmodel import is_null  # noqa: PLC0415
 
     log = logging.getLogger("embedfleet.worker")
     if not settings.cache or is_null(path):
@@ -255,8 +256,8 @@ def _load(path: str, name: str | None, settings: WorkerSettings, threads: cpus.T
         logging.getLogger("embedfleet.worker").warning("%s", threads.warning)
     torch.set_num_threads(threads.count)  # worker/engine/cpus.py: the CPU this process has, not the host's
 
-    from worker.engine.backends import EngineChoice  # noqa: PLC0415
-    from worker.engine.models.loader import load_model  # noqa: PLC0415
+    from embedfleet.worker.engine.backends import EngineChoice  # noqa: PLC0415
+    from embedfleet.worker.engine.models.loader import load_model  # noqa: PLC0415
 
     hf_logging.disable_progress_bar()  # a progress bar per start only clutters worker logs
     if looks_like_path(path) and not os.path.isdir(path):

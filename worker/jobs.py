@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.protocol.keys import JOB_FUNC
+from embedfleet.common.protocol.keys import JOB_FUNC
 
 
 class WrongWorkerError(RuntimeError):

@@ -1,4 +1,4 @@
-"""The working directory leaves sys.path: imported first by `python -m worker` (worker/__main__.py).
+"""The working directory leaves sys.path: imported first by `python -m embedfleet.worker` (worker/__main__.py).
 
 `python -m` puts the directory the command runs in first on sys.path, so a module lying there (a data or
 shared directory) would shadow what the worker imports, or be importable by a name read from Redis. Nothing

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import zlib
 
-from common.bounds import MAX_REQUEST_BYTES
-from common.errors import DecodeError
+from embedfleet.common.bounds import MAX_REQUEST_BYTES
+from embedfleet.common.errors import DecodeError
 
 # The most bytes a job's data may inflate to: the largest request a producer enqueues (MAX_REQUEST_BYTES, which
 # EmbedRequest.encode enforces on every path that enqueues: Producer, AsyncProducer, the gateway, the bulk CLI,

@@ -36,12 +36,12 @@ import redis
 import redis.asyncio as aioredis
 import redis.cluster
 
-from common.errors import DuplicateRequestError
-from common.protocol import keys, rqjobs, scripts, slotmoves
-from common.protocol.records import RQ_RECORDS, Answer, Finished, Kind, Outcome, Recovered, Taken, rq_time
-from common.request import EmbedRequest
-from common.result import Result
-from common.scheduling import estimate_tokens
+from embedfleet.common.errors import DuplicateRequestError
+from embedfleet.common.protocol import keys, rqjobs, scripts, slotmoves
+from embedfleet.common.protocol.records import RQ_RECORDS, Answer, Finished, Kind, Outcome, Recovered, Taken, rq_time
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
+from embedfleet.common.scheduling import estimate_tokens
 
 # -- enqueue ------------------------------------------------------------------------------------------
 

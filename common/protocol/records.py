@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
 
-from common.protocol import keys
+from embedfleet.common.protocol import keys
 
 # What the scripts write of rq's own bookkeeping (the worker's --rq-records; docs/capacity.md says what each
 # records): the first is the default.

@@ -17,11 +17,11 @@ from datetime import datetime, timezone
 import redis
 from rq import Queue, Retry
 
-from common.protocol import keys
-from common.protocol.jobdata import deflate
-from common.protocol.records import rq_time
-from common.request import EmbedRequest
-from common.serializer import MsgpackSerializer
+from embedfleet.common.protocol import keys
+from embedfleet.common.protocol.jobdata import deflate
+from embedfleet.common.protocol.records import rq_time
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.serializer import MsgpackSerializer
 
 _RECORDER = redis.Redis(host="embedfleet-recorder.invalid")
 _RQ_VERSION = (7, 0, 0)  # what rq would read with INFO; it only picks commands, never fields

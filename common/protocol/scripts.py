@@ -14,8 +14,8 @@ import redis
 import redis.asyncio as aioredis
 import redis.cluster
 
-from common import packing
-from common.protocol import keys, slotmoves
+from embedfleet.common import packing
+from embedfleet.common.protocol import keys, slotmoves
 
 FOLDER = Path(__file__).with_name("scripts")
 _PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")

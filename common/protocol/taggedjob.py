@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rq.job import Job
 
-from common.protocol import keys
+from embedfleet.common.protocol import keys
 
 
 class TaggedJob(Job):

@@ -1,6 +1,6 @@
 """The `embedfleet` command line: `up`, `embed` (bulk files), `status`, `failed`, `health`; `worker` and
 `gateway` exec their own modules."""
 
-from producer.cli.main import main
+from embedfleet.producer.cli.main import main
 
 __all__ = ["main"]

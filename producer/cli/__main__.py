@@ -1,7 +1,7 @@
-"""`python -m producer.cli.main` = `embedfleet`."""
+"""`python -m embedfleet.producer.cli.main` = `embedfleet`."""
 
 import sys
 
-from producer.cli.main import main
+from embedfleet.producer.cli.main import main
 
 sys.exit(main())

@@ -11,15 +11,15 @@ import redis
 from pydantic import Field
 from rq import Queue
 
-from common.protocol import keys
-from common.protocol.jobdata import inflate
-from common.protocol.taggedjob import TaggedJob
-from common.codec import unpackb
-from common.config import Settings
-from common.errors import NotFoundError, ValidationError
-from common.redisclient import cluster_tag, connect
-from common.request import EmbedRequest
-from common.serializer import MsgpackSerializer
+from embedfleet.common.protocol import keys
+from embedfleet.common.protocol.jobdata import inflate
+from embedfleet.common.protocol.taggedjob import TaggedJob
+from embedfleet.common.codec import unpackb
+from embedfleet.common.config import Settings
+from embedfleet.common.errors import NotFoundError, ValidationError
+from embedfleet.common.redisclient import cluster_tag, connect
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.serializer import MsgpackSerializer
 
 DOC = """Failed requests, per model queue (rq's failed registry).
 

@@ -17,11 +17,11 @@ import urllib.request
 
 from pydantic import Field
 
-from common.protocol import keys
-from common.config import Settings
-from common.errors import NoWorkerError, StartupError, UnavailableError
-from common.redisclient import connect, redact
-from producer.client.core import parse_worker_info
+from embedfleet.common.protocol import keys
+from embedfleet.common.config import Settings
+from embedfleet.common.errors import NoWorkerError, StartupError, UnavailableError
+from embedfleet.common.redisclient import connect, redact
+from embedfleet.producer.client.core import parse_worker_info
 
 
 class HealthSettings(Settings):

@@ -6,8 +6,8 @@ import contextlib
 import os
 import sys
 
-from common import console
-from common.errors import StartupError
+from embedfleet.common import console
+from embedfleet.common.errors import StartupError
 
 USAGE = """usage: embedfleet {up,worker,gateway,embed,status,failed,health} [options]
 
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command in ("worker", "gateway"):
         # Separate programs, so that this CLI never imports torch or the web stack.
-        module = "worker" if command == "worker" else "producer.gateway"
+        module = "embedfleet.worker" if command == "worker" else "embedfleet.producer.gateway"
         os.execv(sys.executable, [sys.executable, "-m", module, *rest])
     commands = {"up": _up, "embed": embed_file, "status": status, "failed": _failed, "health": _health}
     if command not in commands:
@@ -43,19 +43,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _up(argv: list[str]) -> int:
-    from producer.cli import up  # noqa: PLC0415 - only `up` needs the process supervisor
+    from embedfleet.producer.cli import up  # noqa: PLC0415 - only `up` needs the process supervisor
 
     return up.run(up.UpSettings.from_args(argv, "embedfleet up", up.__doc__))
 
 
 def _failed(argv: list[str]) -> int:
-    from producer.cli import failed  # noqa: PLC0415 - rq and friends load after the command is known
+    from embedfleet.producer.cli import failed  # noqa: PLC0415 - rq and friends load after the command is known
 
     return failed.run(argv)
 
 
 def _health(argv: list[str]) -> int:
-    from producer.cli import health  # noqa: PLC0415 - only `health` needs it
+    from embedfleet.producer.cli import health  # noqa: PLC0415 - only `health` needs it
 
     parser = health.HealthSettings.parser("embedfleet health", health.__doc__)
     settings = health.HealthSettings.from_values(parser, vars(parser.parse_args(argv)))
@@ -68,14 +68,14 @@ def _health(argv: list[str]) -> int:
 
 def status(argv: list[str]) -> int:
     with _cli_extra("status"):
-        from producer.cli import statusview  # noqa: PLC0415 - rich loads only for `status`
+        from embedfleet.producer.cli import statusview  # noqa: PLC0415 - rich loads only for `status`
 
         return statusview.main(argv)
 
 
 def embed_file(argv: list[str]) -> int:
     with _cli_extra("embed"):
-        from producer.cli import bulk  # noqa: PLC0415 - its readers and writers load only for `embed`
+        from embedfleet.producer.cli import bulk  # noqa: PLC0415 - its readers and writers load only for `embed`
 
         return bulk.main(argv)
 

@@ -29,17 +29,18 @@ import redis
 from pydantic import Field, field_validator
 from rq import SimpleWorker
 
-from common import fleetstate
-from common.protocol import keys
-from common.config import Settings
-from common.errors import InternalError, StartupError
-from common.ports import looks_like_path, port_free
-from common.processes import start_owned
-from common.redisclient import connect
-from common.redisserver import RedisServer
-from common.serializer import MsgpackSerializer
-from common.restarts import Restarts, exit_reason
-from producer.cli.upbanner import banner
+from embedfleet.common import fleetstate
+from embedfleet.common.protocol import keys
+from embedfleet.common.config import Settings
+from embedfleet.common.console import EXIT_INTERRUPTED
+from embedfleet.common.errors import InternalError, StartupError
+from embedfleet.common.ports import looks_like_path, port_free
+from embedfleet.common.processes import start_owned
+from embedfleet.common.redisclient import connect
+from embedfleet.common.redisserver import RedisServer
+from embedfleet.common.serializer import MsgpackSerializer
+from embedfleet.common.restarts import Restarts, exit_reason
+from embedfleet.producer.cli.upbanner import banner
 
 STOP_TIMEOUT = 60.0  # seconds a child may take to stop (a worker finishes its batch) before it is killed
 WATCH_INTERVAL = 0.5  # seconds between looks at the children
@@ -118,7 +119,7 @@ class Fleet:
 
     # -- start ------------------------------------------------------------------------------------------
 
-    def serve(self, stop: threading.Event) -> int:
+    def serve(self, stop: StopSignal) -> int:
         settings = self.settings
         if settings.gateway and not port_free(settings.host, settings.port):
             raise StartupError(f"gateway port {settings.port} on {settings.host} is already in use; pass "
@@ -141,7 +142,7 @@ class Fleet:
         self._publish()
         print(banner(self.url, self.name, self.gateway_url, settings.api_key), flush=True)
         self._watch(stop)
-        return 0
+        return EXIT_INTERRUPTED if stop.signum == signal.SIGINT else 0
 
     def _start_redis(self) -> None:
         settings = self.settings
@@ -174,15 +175,17 @@ class Fleet:
     def _spawn_worker(self, worker_name: str) -> subprocess.Popen:
         engines = [*(["--replicas", str(self.settings.replicas)] if self.settings.replicas else []),
                    *(["--gpus", self.settings.gpus] if self.settings.gpus else [])]
-        return _spawn("worker", "--redis-url", self.url, "--model", self.model, "--served-model-name", self.name,
-                      "--name", worker_name, "--log-rounds" if self.settings.access_log else "--no-log-rounds",
-                      *engines)
+        return _spawn("embedfleet.worker", "--redis-url", self.url, "--model", self.model, "--served-model-name",
+                      self.name, "--name", worker_name,
+                      "--log-rounds" if self.settings.access_log else "--no-log-rounds", *engines)
 
     def _spawn_gateway(self) -> subprocess.Popen:
         env = {**os.environ, "EMBEDFLEET_API_KEY": self.settings.api_key} if self.settings.api_key else None
-        return _spawn("producer.gateway", "--redis-url", self.url, "--host", self.settings.host,
+        # quiet unless --access-log: its progress lines (a Batch API batch started, completed) are no problem
+        quiet = [] if self.settings.access_log else ["--log-level", "warning"]
+        return _spawn("embedfleet.producer.gateway", "--redis-url", self.url, "--host", self.settings.host,
                       "--port", str(self.settings.port),
-                      "--access-log" if self.settings.access_log else "--no-access-log", env=env)
+                      "--access-log" if self.settings.access_log else "--no-access-log", *quiet, env=env)
 
     def _wait_ready(self, connection: redis.Redis, stop: threading.Event) -> None:
         """Until each of OUR workers has a fresh beat (an earlier run's advert does not count) and the
@@ -389,14 +392,25 @@ def _say(message: str) -> None:
     print(f"embedfleet: {message}", flush=True)
 
 
-def _install_stop_handler() -> threading.Event:
-    stop = threading.Event()
+class StopSignal(threading.Event):
+    """Set by SIGINT or SIGTERM; `signum` is the first of them. After Ctrl-C `up` exits 130 (the shell's code, as
+    the worker does), after SIGTERM (docker, systemd: a stop asked for) 0."""
+
+    signum: int | None = None
+
+    def received(self, signum: int, _frame=None) -> None:
+        self.signum = self.signum or signum
+        self.set()
+
+
+def _install_stop_handler() -> StopSignal:
+    stop = StopSignal()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, stop.received)
     return stop
 
 
 if __name__ == "__main__":
-    from common import console
+    from embedfleet.common import console
 
     sys.exit(console.run(lambda argv: run(UpSettings.from_args(argv, "embedfleet up", __doc__)), sys.argv[1:]))

@@ -16,7 +16,7 @@ def command(name: str) -> str:
     mine = Path(sys.executable) if name == "python" else Path(sys.executable).parent / name
     found = shutil.which(name)
     if not mine.exists():  # installed some other way (pip --user, a distribution's package): PATH's, or the module
-        return name if found or name != "embedfleet" else f"{sys.executable} -m producer.cli"
+        return name if found or name != "embedfleet" else f"{sys.executable} -m embedfleet.producer.cli"
     if found and os.path.samefile(found, mine):
         return name
     relative = os.path.relpath(mine)
@@ -28,7 +28,7 @@ def banner(url: str, name: str, gateway_url: str | None, api_key: str | None) ->
     python, embedfleet = command("python"), command("embedfleet")
     lines = [
         f"embedfleet is up: model '{name}' on {url}",
-        f"  Python:  {python} -c \"from producer import Producer; print(Producer().embed(['hello world']).shape)\"",
+        f"  Python:  {python} -c \"from embedfleet import Producer; print(Producer().embed(['hello world']).shape)\"",
     ]
     if gateway_url:
         # The key itself is never printed: the line reads it from the caller's shell.
@@ -39,7 +39,8 @@ def banner(url: str, name: str, gateway_url: str | None, api_key: str | None) ->
         if api_key:
             lines += ["           (export EMBEDFLEET_API_KEY=<the key given to --api-key> first)"]
     lines += [f"  Status:  {embedfleet} status   (this fleet's Redis and gateway, its queues and workers)",
-              f"  rq:      {command('rq')} info --url {url} --serializer common.serializer.MsgpackSerializer",
+              f"  rq:      {command('rq')} info --url {url}"
+              " --serializer embedfleet.common.serializer.MsgpackSerializer",
               "From now on only problems and restarts are printed (--access-log: every HTTP request too). "
               "Ctrl-C stops everything."]
     return "\n".join(lines)

@@ -20,24 +20,24 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis.asyncio as aioredis
 
-from common.capabilities import ModelCapabilities
-from common.errors import ResultTimeoutError, UnavailableError
-from common.fleetstate import resolve_redis_url
-from common.params import PoolingParams
-from common.protocol import keys, operations
-from common.redisclient import close_async, cluster_tag, connect_async, is_cluster
-from common.result import Result, SparseVector
-from common.shards import ShardMap
-from producer.client import asubmit, fleetview, reads, traced
-from producer.client.core import (Placements, Served, build_request, chosen_ids, looked_at, read_result,
-                                  redis_errors, resolve_target, tagged_ids)
-from producer.client.fleet import LevelStats, level_stats
-from producer.client.notify import NotifyListener
-from producer.client.placement import Placer, naming, place_async
-from producer.client.replies import ReplyListener
-from producer.client.exchanges import run_async
-from producer.client.tasks import check_rerank, rank, score_pairs
-from producer.client.waiters import WaitHub
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.errors import ResultTimeoutError, UnavailableError
+from embedfleet.common.fleetstate import resolve_redis_url
+from embedfleet.common.params import PoolingParams
+from embedfleet.common.protocol import keys, operations
+from embedfleet.common.redisclient import close_async, cluster_tag, connect_async, is_cluster
+from embedfleet.common.result import Result, SparseVector
+from embedfleet.common.shards import ShardMap, resolve_shards
+from embedfleet.producer.client import asubmit, fleetview, reads, traced
+from embedfleet.producer.client.core import (Placements, Served, build_request, chosen_ids, looked_at, read_result,
+                                             redis_errors, resolve_target, tagged_ids)
+from embedfleet.producer.client.fleet import LevelStats, level_stats
+from embedfleet.producer.client.notify import NotifyListener
+from embedfleet.producer.client.placement import Placer, naming, place_async
+from embedfleet.producer.client.replies import ReplyListener
+from embedfleet.producer.client.exchanges import run_async
+from embedfleet.producer.client.tasks import check_rerank, rank, score_pairs
+from embedfleet.producer.client.waiters import WaitHub
 
 COMMAND_CONNECTIONS = 2  # per Redis: submits and reads share them (a WATCH transaction holds one briefly)
 
@@ -82,7 +82,7 @@ class AsyncProducer:
     def __init__(self, redis_url: str | None = None, *, shards: Mapping[str, str] | None = None,
                  max_queue_depth: int | None = None):
         self.redis_url = resolve_redis_url(redis_url)  # resolved once (flag, env, running `up`, default)
-        self.shards = ShardMap(self.redis_url, shards)
+        self.shards = ShardMap(self.redis_url, resolve_shards(shards))
         self._max_queue_depth = max_queue_depth
         self._links = {url: _Link(url, self.status, max_queue_depth) for url in self.shards.urls()}
         # On a Redis Cluster every wake-up key of a request lies in its model's slot: a link (reply stream,
@@ -188,8 +188,9 @@ class AsyncProducer:
                           text_pair: list[str] | None = None, priority: str | int | None = None,
                           deadline: float | None = None, timeout: float | None = None,
                           request_ids: list[str] | None = None, **fields) -> list[str]:
-        """Enqueue one request per element of `batches` in one transaction; returns their ids (the
-        keywords as in Producer.submit_many)."""
+        """Enqueue one request per element of `batches`, those on one partition in one transaction (all of them,
+        unless the model is partitioned: placement.py); returns their ids (the keywords as in
+        Producer.submit_many)."""
         chosen = chosen_ids(request_ids, len(batches))
         served = await self.models(refresh=False)
         if model not in served:  # a worker may have come up since the cached read
@@ -198,16 +199,25 @@ class AsyncProducer:
                                            self.where)
         name = caps if isinstance(caps, str) else caps.name
 
-        async def send(url: str) -> list[str]:  # on one partition (placement.py)
+        async def send(url: str, indices: list[int]) -> list[str]:  # on one partition (placement.py)
             tag = cluster_tag(url, name)  # a Redis Cluster: the model's (or its partition's) slot (keys.py)
             link = self._link_at(url, tag)
-            requests = [build_request(inputs, caps, params, fields, reply_to or link.replies.stream, text_pair,
-                                      when, request_id) for inputs, request_id in zip(batches, tagged_ids(chosen, tag))]
+            ids = tagged_ids([chosen[i] for i in indices], tag)
+            requests = [build_request(batches[i], caps, params, fields, reply_to or link.replies.stream, text_pair,
+                                      when, request_id) for i, request_id in zip(indices, ids)]
             return await self._submit_on(link, name, requests, level, reply_to is None, request_ids is None)
 
-        url, ids = await place_async(self._placer, name, request_ids[0] if request_ids else None, send)
-        if self.shards:
-            self._placed.remember(ids, url)
+        async def group(order: list[str], indices: list[int]) -> tuple[list[int], list[str]]:
+            url, ids = await place_async(self._placer, order, lambda url: send(url, indices))
+            if self.shards:
+                self._placed.remember(ids, url)
+            return indices, ids
+
+        placed = await asyncio.gather(*(group(order, indices) for order, indices in self._placer.plan(name, chosen)))
+        ids: list[str] = [""] * len(batches)
+        for indices, group_ids in placed:
+            for index, request_id in zip(indices, group_ids):
+                ids[index] = request_id
         return ids
 
     @staticmethod

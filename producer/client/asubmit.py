@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import redis
 import redis.asyncio as aioredis
 
-from common.protocol import keys, operations, scripts, slotmoves
-from common.request import EmbedRequest
-from common.scheduling import DEFAULT_PRIORITY
-from producer.client.core import enqueue_args, queue_full
+from embedfleet.common.protocol import keys, operations, scripts, slotmoves
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.scheduling import DEFAULT_PRIORITY
+from embedfleet.producer.client.core import enqueue_args, queue_full
 
 MAX_COALESCED = 2000  # requests per coalesced send
 

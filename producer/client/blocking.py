@@ -9,24 +9,24 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import redis
 
-from common import tracing
-from common.capabilities import ModelCapabilities
-from common.fleetstate import resolve_redis_url
-from common.params import PoolingParams
-from common.protocol import keys, operations, scripts, slotmoves
-from common.redisclient import block_for, check_access, cluster_tag, connect
-from common.request import EmbedRequest
-from common.result import Result, SparseVector
-from common.shards import ShardMap
-from producer.client import fleetview, reads, traced
-from producer.client.placement import Placer, naming, place
-from producer.client.core import (Placements, Sent, Served, build_request, chosen_ids, enqueue_args, looked_at,
-                                  pick_model, queue_full, read_result, redis_errors as _redis_errors,
-                                  resolve_target, tagged_ids)
-from producer.client.fleet import LevelStats, level_stats
-from producer.client.exchanges import run
-from producer.client.syncwait import FIRST_BLOCK, SyncWaits
-from producer.client.tasks import check_rerank, rank, score_pairs
+from embedfleet.common import tracing
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.fleetstate import resolve_redis_url
+from embedfleet.common.params import PoolingParams
+from embedfleet.common.protocol import keys, operations, scripts, slotmoves
+from embedfleet.common.redisclient import block_for, check_access, cluster_tag, connect
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result, SparseVector
+from embedfleet.common.shards import ShardMap, resolve_shards
+from embedfleet.producer.client import fleetview, reads, traced
+from embedfleet.producer.client.placement import Placer, naming, place
+from embedfleet.producer.client.core import (Placements, Sent, Served, build_request, chosen_ids, enqueue_args,
+                                             looked_at, pick_model, queue_full, read_result,
+                                             redis_errors as _redis_errors, resolve_target, tagged_ids)
+from embedfleet.producer.client.fleet import LevelStats, level_stats
+from embedfleet.producer.client.exchanges import run
+from embedfleet.producer.client.syncwait import FIRST_BLOCK, SyncWaits
+from embedfleet.producer.client.tasks import check_rerank, rank, score_pairs
 
 
 class Producer(SyncWaits):
@@ -38,7 +38,8 @@ class Producer(SyncWaits):
             `embedfleet up`'s, else redis://127.0.0.1:6379/0 (see common.fleetstate). Any URL form of
             common.redisclient: a password and ACL user, rediss:// with TLS files, redis+sentinel://.
         shards: {model: Redis URL, or a list of them} for models on Redis shards of their own, or partitioned
-            over several (common.shards); the others live on `redis_url`.
+            over several (common.shards); the others live on `redis_url`. Default: EMBEDFLEET_REDIS_SHARDS (as every
+            command reads it), else none.
         max_queue_depth: refuse submits (QueueFullError) while a model's queue holds this many jobs.
     """
 
@@ -46,7 +47,7 @@ class Producer(SyncWaits):
                  max_queue_depth: int | None = None, connection: redis.Redis | None = None):
         self.redis_url = resolve_redis_url(redis_url)
         self.redis = connection or connect(self.redis_url)
-        self.shards = ShardMap(self.redis_url, shards)
+        self.shards = ShardMap(self.redis_url, resolve_shards(shards))
         self.links = {url: self.redis if url == self.redis_url else connect(url) for url in self.shards.urls()}
         self.max_queue_depth = max_queue_depth
         self.where = looked_at(self.shards.urls())  # named by a NoWorkerError: which Redis had no worker
@@ -144,7 +145,8 @@ class Producer(SyncWaits):
                     reply_to: str | None = None, text_pair: list[str] | None = None,
                     priority: str | int | None = None, deadline: float | None = None, timeout: float | None = None,
                     request_ids: list[str] | None = None, **fields) -> list[str]:
-        """Enqueue one request per element of `batches` in one round trip; returns their ids.
+        """Enqueue one request per element of `batches`, in one round trip per partition they go to (one, unless
+        the model is partitioned: placement.py); returns their ids.
 
         `request_ids`: the caller's own ids, one per request (core.chosen_ids): a submit repeated with the
         same ids is refused with DuplicateRequestError and enqueues nothing, so it is safe to retry.
@@ -153,18 +155,24 @@ class Producer(SyncWaits):
         `deadline` (unix time) / `timeout` (seconds from now): a request still queued then is answered
         `expired` (ExpiredError) and never computed. See common/scheduling.py.
         """
-        name, build = self._prepare(batches, model, params, reply_to, text_pair, priority, deadline, timeout,
-                                    request_ids, fields)
-        url, reply = place(self._placer, name, request_ids[0] if request_ids else None,
-                           lambda url: scripts.ENQUEUE(self.links[url], *self._enqueue_args(url, build(url)[0])))
-        work, requests = build(url)
-        return self._enqueued(name, url, work, requests, reply_to, reply[0])
+        name, chosen, build = self._prepare(batches, model, params, reply_to, text_pair, priority, deadline,
+                                            timeout, request_ids, fields)
+        ids: list[str] = [""] * len(batches)
+        for order, indices in self._placer.plan(name, chosen):
+            url, reply = place(self._placer, order, lambda url, indices=indices: scripts.ENQUEUE(
+                self.links[url], *self._enqueue_args(url, build(url, indices)[0])))
+            work, requests = build(url, indices)
+            for index, request_id in zip(indices, self._enqueued(name, url, work, requests, reply_to, reply[0])):
+                ids[index] = request_id
+        return ids
 
     def _prepare(self, batches, model, params, reply_to, text_pair, priority, deadline, timeout, request_ids,
-                 fields) -> tuple[str, Callable[[str], tuple[operations.Enqueue, list[EmbedRequest]]]]:
-        """(model name, URL -> the enqueue and the requests there) of a submit, checked; no I/O but the adverts.
-        The requests are built per URL it is placed on (once each): on a Redis Cluster their ids and queue carry
-        the URL's hash tag (the model's, or its partition's: redisurls.cluster_tag)."""
+                 fields) -> tuple[str, list[str | None], Callable[[str, list[int]], tuple[operations.Enqueue,
+                                                                                         list[EmbedRequest]]]]:
+        """(model name, the caller's ids, (URL, indices of `batches`) -> the enqueue and the requests there) of a
+        submit, checked; no I/O but the adverts. The requests are built per URL they are placed on (once each): on a
+        Redis Cluster their ids and queue carry the URL's hash tag (the model's, or its partition's:
+        redisurls.cluster_tag)."""
         chosen = chosen_ids(request_ids, len(batches))
         served = self.models(refresh=False)
         if model not in served:  # a worker may have come up since the cached read
@@ -172,18 +180,20 @@ class Producer(SyncWaits):
         caps, level, when = resolve_target(model, served, self._served.known, priority, deadline, timeout,
                                            self.where)
         name = caps if isinstance(caps, str) else caps.name
-        built: dict[str, tuple[operations.Enqueue, list[EmbedRequest]]] = {}
+        built: dict[tuple[str, tuple[int, ...]], tuple[operations.Enqueue, list[EmbedRequest]]] = {}
 
-        def build(url: str) -> tuple[operations.Enqueue, list[EmbedRequest]]:
-            if url not in built:
+        def build(url: str, indices: list[int]) -> tuple[operations.Enqueue, list[EmbedRequest]]:
+            if (url, tuple(indices)) not in built:
                 tag = cluster_tag(url, name)
-                requests = [build_request(inputs, caps, params, fields, reply_to, text_pair, when, request_id)
-                            for inputs, request_id in zip(batches, tagged_ids(chosen, tag))]
-                built[url] = (enqueue_args(keys.queue_name(name, level, tag), requests, max_depth=self.max_queue_depth,
-                                           fresh=request_ids is None), requests)
-            return built[url]
+                ids = tagged_ids([chosen[i] for i in indices], tag)
+                requests = [build_request(batches[i], caps, params, fields, reply_to, text_pair, when, request_id)
+                            for i, request_id in zip(indices, ids)]
+                built[url, tuple(indices)] = (enqueue_args(keys.queue_name(name, level, tag), requests,
+                                                           max_depth=self.max_queue_depth, fresh=request_ids is None),
+                                              requests)
+            return built[url, tuple(indices)]
 
-        return name, build
+        return name, chosen, build
 
     def _enqueue_args(self, url: str, work: operations.Enqueue) -> tuple[list, list]:
         """The enqueue script's KEYS and ARGV (rq:queues is told of the queue on its first use)."""
@@ -215,10 +225,10 @@ class Producer(SyncWaits):
             return self.wait(self.submit(inputs, model, **submit), timeout)
         deadline = time.monotonic() + timeout
         params, text_pair = submit.pop("params", None), submit.pop("text_pair", None)
-        name, build = self._prepare([inputs], model, params, None, text_pair, None, None, None, None, submit)
-        url, (reply, raw) = place(self._placer, name, None,
-                                  lambda url: self._ask_exchange(url, *build(url), timeout))
-        work, requests = build(url)
+        name, _, build = self._prepare([inputs], model, params, None, text_pair, None, None, None, None, submit)
+        url, (reply, raw) = place(self._placer, self._placer.order(name),
+                                  lambda url: self._ask_exchange(url, *build(url, [0]), timeout))
+        work, requests = build(url, [0])
         connection, request_id = self.links[url], requests[0].id
         self._enqueued(name, url, work, requests, None, reply[0])
         result = read_result(request_id, raw)

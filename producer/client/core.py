@@ -12,20 +12,20 @@ import redis
 from pydantic import ValidationError as PydanticValidationError
 from rq.job import JobStatus
 
-from common.chat import CHAT_INPUT
-from common.protocol import keys, operations, slotmoves
-from common.capabilities import ModelCapabilities
-from common.codec import unpackb
-from common.errors import (NO_WORKER_HINT, DecodeError, NoWorkerError, QueueFullError, UnavailableError,
-                           UnknownModelError, ValidationError, echo, invalid_request)
-from common.fleetstate import DEFAULT_REDIS_URL
-from common.params import PoolingParams
-from common.redisclient import cluster_tag, redact
-from common.request import EmbedRequest, normalize_inputs
-from common.scheduling import DEFAULT_PRIORITY, priority_level, resolve_deadline
-from common.result import Result
-from common.serializer import MsgpackSerializer
-from producer.client import traced
+from embedfleet.common.chat import CHAT_INPUT
+from embedfleet.common.protocol import keys, operations, slotmoves
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.codec import unpackb
+from embedfleet.common.errors import (NO_WORKER_HINT, DecodeError, NoWorkerError, QueueFullError, UnavailableError,
+                                      UnknownModelError, ValidationError, echo, invalid_request)
+from embedfleet.common.fleetstate import DEFAULT_REDIS_URL
+from embedfleet.common.params import PoolingParams
+from embedfleet.common.redisclient import cluster_tag, redact
+from embedfleet.common.request import EmbedRequest, normalize_inputs
+from embedfleet.common.scheduling import DEFAULT_PRIORITY, priority_level, resolve_deadline
+from embedfleet.common.result import Result
+from embedfleet.common.serializer import MsgpackSerializer
+from embedfleet.producer.client import traced
 
 SERIALIZER = MsgpackSerializer
 CAPS_CACHE_SECONDS = 2.0  # how long a producer trusts the advertised capabilities before re-reading them

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 import redis
 import redis.asyncio as aioredis
 
-from common.errors import UnavailableError
-from common.shards import ShardMap
-from producer.client.core import redis_errors
-from producer.client.placement import unavailable
-from producer.client.reads import Read, T
+from embedfleet.common.errors import UnavailableError
+from embedfleet.common.shards import ShardMap
+from embedfleet.producer.client.core import redis_errors
+from embedfleet.producer.client.placement import unavailable
+from embedfleet.producer.client.reads import Read, T
 
 
 class Unreachable(redis.ConnectionError):

@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from common.protocol import keys
-from common.shards import ShardMap
-from producer.client.core import model_queue
-from producer.client.reads import Read, answered
+from embedfleet.common.protocol import keys
+from embedfleet.common.shards import ShardMap
+from embedfleet.producer.client.core import model_queue
+from embedfleet.producer.client.reads import Read, answered
 
 _RQ_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"  # rq's utcformat, as `enqueued_at` is stored
 

@@ -30,15 +30,15 @@ from datetime import datetime
 
 from rq.utils import utcparse
 
-from common.capabilities import ModelCapabilities
-from common.errors import DecodeError
-from common.protocol import keys
-from common.redisclient import redact
-from common.result import Result
-from common.shards import ShardMap
-from producer.client import reads
-from producer.client.core import model_queue, parse_worker_info
-from producer.client.reads import Read
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.errors import DecodeError
+from embedfleet.common.protocol import keys
+from embedfleet.common.redisclient import redact
+from embedfleet.common.result import Result
+from embedfleet.common.shards import ShardMap
+from embedfleet.producer.client import reads
+from embedfleet.producer.client.core import model_queue, parse_worker_info
+from embedfleet.producer.client.reads import Read
 
 FAILURE_WINDOW = 3600  # seconds of failures shown
 FAILED_SAMPLE = 1000  # failed ids per queue whose answers are read for their codes (the newest)

@@ -19,9 +19,9 @@ import uuid
 import redis
 import redis.asyncio as aioredis
 
-from common.protocol import keys, slotmoves
-from common.redisclient import MAX_BLOCK, bounded, close_async
-from producer.client.waiters import OUTAGE_RECHECK, WaitHub
+from embedfleet.common.protocol import keys, slotmoves
+from embedfleet.common.redisclient import MAX_BLOCK, bounded, close_async
+from embedfleet.producer.client.waiters import OUTAGE_RECHECK, WaitHub
 
 log = logging.getLogger(__name__)
 

@@ -16,15 +16,15 @@ from typing import TypeVar
 import redis
 from rq.job import JobStatus
 
-from common.errors import CancelledError, DecodeError, NotFoundError, echo
-from common.protocol import keys
-from common.protocol.jobdata import inflate
-from common.redisurls import is_cluster
-from common.request import args_reply_to
-from common.result import Result
-from common.shards import ShardMap
-from producer.client.core import (SERIALIZER, Placements, job_state, model_of_queue, model_queue, parse_models,
-                                  parse_worker_info, read_result, result_state)
+from embedfleet.common.errors import CancelledError, DecodeError, NotFoundError, echo
+from embedfleet.common.protocol import keys
+from embedfleet.common.protocol.jobdata import inflate
+from embedfleet.common.redisurls import is_cluster
+from embedfleet.common.request import args_reply_to
+from embedfleet.common.result import Result
+from embedfleet.common.shards import ShardMap
+from embedfleet.producer.client.core import (SERIALIZER, Placements, job_state, model_of_queue, model_queue,
+                                             parse_models, parse_worker_info, read_result, result_state)
 
 T = TypeVar("T")
 Exchange = dict[str, list[tuple]]

@@ -9,14 +9,15 @@ import time
 
 import redis
 
-from common.errors import NotFoundError, ResultTimeoutError
-from common.protocol import keys, slotmoves
-from common.redisclient import block_for
-from common.result import Result
-from producer.client import traced
-from producer.client.core import PENDING, Sent, SentTo, lost_error, read_result, redis_errors as _redis_errors
-from producer.client.placement import naming
-from producer.client.reads import ok, wrong_type
+from embedfleet.common.errors import NotFoundError, ResultTimeoutError
+from embedfleet.common.protocol import keys, slotmoves
+from embedfleet.common.redisclient import block_for
+from embedfleet.common.result import Result
+from embedfleet.producer.client import traced
+from embedfleet.producer.client.core import PENDING, Sent, SentTo, lost_error, read_result
+from embedfleet.producer.client.core import redis_errors as _redis_errors
+from embedfleet.producer.client.placement import naming
+from embedfleet.producer.client.reads import ok, wrong_type
 
 FIRST_BLOCK = 1.0  # seconds the first wait on an id this producer submitted blocks before it looks again
 

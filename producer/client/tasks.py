@@ -3,8 +3,8 @@ scored documents for rerank (pure functions, no I/O)."""
 
 from __future__ import annotations
 
-from common.bounds import INT32_MAX, shown
-from common.errors import ValidationError
+from embedfleet.common.bounds import INT32_MAX, shown
+from embedfleet.common.errors import ValidationError
 
 
 def score_pairs(text_1, text_2) -> tuple[list[str], list[str]]:

@@ -14,7 +14,7 @@ import functools
 import inspect
 from collections.abc import Iterator
 
-from common import tracing
+from embedfleet.common import tracing
 
 QUEUE_SYSTEM = "rq"  # messaging.system: the jobs are rq jobs on Redis
 
@@ -32,7 +32,7 @@ def current() -> tuple[str | None, str | None]:
     Nones where there is none, or where the application does not trace."""
     if not tracing.client_on():
         return None, None
-    from common.tracing import spans  # noqa: PLC0415 - only where the application traces
+    from embedfleet.common.tracing import spans  # noqa: PLC0415 - only where the application traces
 
     return _carriable(*spans.carried())
 
@@ -43,7 +43,7 @@ def _span(name: str, kind: str, attributes: dict, link: tuple | None = None) -> 
     if not tracing.client_on():
         yield None
         return
-    from common.tracing import spans  # noqa: PLC0415 - only where the application traces
+    from embedfleet.common.tracing import spans  # noqa: PLC0415 - only where the application traces
 
     if link is None:
         with spans.client_span(name, kind, attributes) as span:

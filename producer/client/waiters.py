@@ -30,11 +30,11 @@ import redis
 import redis.asyncio as aioredis
 from rq.job import Job
 
-from common.protocol import keys, slotmoves
-from common.errors import DecodeError, EmbedfleetError, NotFoundError, UnavailableError
-from common.result import Result
-from producer.client.core import PENDING, lost_error, read_result
-from producer.client.reads import wrong_type
+from embedfleet.common.protocol import keys, slotmoves
+from embedfleet.common.errors import DecodeError, EmbedfleetError, NotFoundError, UnavailableError
+from embedfleet.common.result import Result
+from embedfleet.producer.client.core import PENDING, lost_error, read_result
+from embedfleet.producer.client.reads import wrong_type
 
 log = logging.getLogger(__name__)
 

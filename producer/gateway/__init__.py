@@ -7,12 +7,12 @@ import sys
 
 import redis
 
-from common import console, tracing
-from common.errors import StartupError
-from common.ports import port_free
-from common.redisclient import check_access, connect
-from producer.gateway.app import create_app
-from producer.gateway.settings import GatewaySettings
+from embedfleet.common import console, tracing
+from embedfleet.common.errors import StartupError
+from embedfleet.common.ports import port_free
+from embedfleet.common.redisclient import check_access, connect
+from embedfleet.producer.gateway.app import create_app
+from embedfleet.producer.gateway.settings import GatewaySettings
 
 __all__ = ["GatewaySettings", "create_app", "main"]
 
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
 def serve(argv: list[str]) -> int:
     import uvicorn  # noqa: PLC0415 - only the entry point needs the server
 
-    from producer.gateway import server  # noqa: PLC0415 - nor uvicorn's protocol
+    from embedfleet.producer.gateway import server  # noqa: PLC0415 - nor uvicorn's protocol
 
     settings = GatewaySettings.from_args(argv, prog="embedfleet gateway",
                                          description="HTTP gateway of an embedfleet fleet")

@@ -1,7 +1,7 @@
-"""`python -m producer.gateway`: what `embedfleet gateway` and `embedfleet up` run."""
+"""`python -m embedfleet.producer.gateway`: what `embedfleet gateway` and `embedfleet up` run."""
 
 import sys
 
-from producer.gateway import main
+from embedfleet.producer.gateway import main
 
 sys.exit(main())

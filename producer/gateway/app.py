@@ -11,30 +11,30 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from common.errors import UnavailableError
-from common.redisclient import connect_async, is_cluster, redact
-from producer import AsyncProducer
-from producer.gateway.batches import routes as batches
-from producer.gateway.batches.runner import Runner
-from producer.gateway.batches.store import Store
-from producer.gateway.cohere import routes as cohere
-from producer.gateway.core import errors
-from producer.gateway.core.limits import BodyLimitMiddleware
-from producer.gateway.core.memory import ReleaseMemory
-from producer.gateway.core.metrics import Metrics, MetricsMiddleware
-from producer.gateway.core.service import Gateway
-from producer.gateway.fleet import dashboard
-from producer.gateway.fleet import routes as fleet
-from producer.gateway.jobs import events
-from producer.gateway.jobs import routes as jobs
-from producer.gateway.jobs.webhooks import Deliveries
-from producer.gateway.openai import routes as openai
-from producer.gateway.sagemaker import routes as sagemaker
-from producer.gateway.settings import GatewaySettings
-from producer.gateway.tasks import routes as tasks
-from producer.gateway.tei import routes as tei
-from producer.gateway.tei.paths import TeiModelPaths
-from producer.gateway.vllm import routes as vllm
+from embedfleet.common.errors import UnavailableError
+from embedfleet.common.redisclient import connect_async, is_cluster, redact
+from embedfleet import AsyncProducer
+from embedfleet.producer.gateway.batches import routes as batches
+from embedfleet.producer.gateway.batches.runner import Runner
+from embedfleet.producer.gateway.batches.store import Store
+from embedfleet.producer.gateway.cohere import routes as cohere
+from embedfleet.producer.gateway.core import errors
+from embedfleet.producer.gateway.core.limits import BodyLimitMiddleware
+from embedfleet.producer.gateway.core.memory import ReleaseMemory
+from embedfleet.producer.gateway.core.metrics import Metrics, MetricsMiddleware
+from embedfleet.producer.gateway.core.service import Gateway
+from embedfleet.producer.gateway.fleet import dashboard
+from embedfleet.producer.gateway.fleet import routes as fleet
+from embedfleet.producer.gateway.jobs import events
+from embedfleet.producer.gateway.jobs import routes as jobs
+from embedfleet.producer.gateway.jobs.webhooks import Deliveries
+from embedfleet.producer.gateway.openai import routes as openai
+from embedfleet.producer.gateway.sagemaker import routes as sagemaker
+from embedfleet.producer.gateway.settings import GatewaySettings
+from embedfleet.producer.gateway.tasks import routes as tasks
+from embedfleet.producer.gateway.tei import routes as tei
+from embedfleet.producer.gateway.tei.paths import TeiModelPaths
+from embedfleet.producer.gateway.vllm import routes as vllm
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def create_app(settings: GatewaySettings, tracing=None) -> FastAPI:
     routes = [route for router in [*routers, dashboard.public, dashboard.protected] for route in router.routes]
     app.add_middleware(MetricsMiddleware, metrics=metrics, routes=routes)
     if tracing is not None:  # around the metrics: its span times what they count
-        from producer.gateway.core.tracing import TraceRequests  # noqa: PLC0415 - OpenTelemetry only when tracing
+        from embedfleet.producer.gateway.core.tracing import TraceRequests  # noqa: PLC0415 - OpenTelemetry only when tracing
 
         app.add_middleware(TraceRequests, tracer=tracing.tracer("gateway"), routes=routes)
     app.add_middleware(errors.ErrorBoundary, retry_after=settings.retry_after, on_error=metrics.error)

@@ -20,9 +20,9 @@ import h11
 from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from common.errors import EmbedfleetError, ValidationError
-from producer.gateway.core.errors import HeadersTooLargeError, error_body, status_of
-from producer.gateway.settings import GatewaySettings
+from embedfleet.common.errors import EmbedfleetError, ValidationError
+from embedfleet.producer.gateway.core.errors import HeadersTooLargeError, error_body, status_of
+from embedfleet.producer.gateway.settings import GatewaySettings
 
 log = logging.getLogger("uvicorn.error")
 

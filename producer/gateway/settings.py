@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pydantic import Field, PrivateAttr, model_validator
 
-from common.config import Settings
-from common.protocol import keys
-from common.tracing import OTLP_ENDPOINT_HELP
-from producer.gateway.core.apikeys import ApiKey, parse_api_keys
-from producer.gateway.jobs.webhookurls import WebhookPolicy
+from embedfleet.common.config import Settings
+from embedfleet.common.protocol import keys
+from embedfleet.common.tracing import OTLP_ENDPOINT_HELP
+from embedfleet.producer.gateway.core.apikeys import ApiKey, parse_api_keys
+from embedfleet.producer.gateway.jobs.webhookurls import WebhookPolicy
 
 
 class GatewaySettings(Settings):

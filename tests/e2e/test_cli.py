@@ -11,11 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from common.protocol.keys import model_workers_key, worker_info_key
-from common.redisserver import free_port
-from producer import Producer
+from embedfleet.common.protocol.keys import model_workers_key, worker_info_key
+from embedfleet.common.redisserver import free_port
+from embedfleet import Producer
 from tests.commands import assert_one_line_error, clean_env, embedfleet, socket_listening
-from worker.serving.config import WorkerSettings
+from embedfleet.worker.serving.config import WorkerSettings
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_embed_refuses_an_empty_file_and_status_lists_the_fleet(tmp_path, redis_
     done = embedfleet("embed", str(empty), str(tmp_path / "out.npy"), "--redis-url", redis_url, env=env)
     assert_one_line_error(done, 1, "no texts to embed")
 
-    status = embedfleet("status", "--redis-url", redis_url, env={**env, "COLUMNS": "250"})
+    status = embedfleet("status", "--wide", "--redis-url", redis_url, env=env)  # the model's shape is --wide's
     assert status.returncode == 0, status.stderr
     assert "minilm" in status.stdout and "384 / 256 / mean" in status.stdout
     assert "cpu" in status.stdout and "float32" in status.stdout and "8192 tok / 256 rows" in status.stdout
@@ -161,7 +161,7 @@ def test_missing_file_and_unknown_model_are_one_line_and_exit_1(tmp_path, redis_
 
 def test_gateway_warns_about_a_dead_redis_and_refuses_a_taken_port(env):
     port = free_port()
-    gateway = subprocess.Popen([sys.executable, "-m", "producer.cli", "gateway", "--redis-url", dead_redis(),
+    gateway = subprocess.Popen([sys.executable, "-m", "embedfleet.producer.cli", "gateway", "--redis-url", dead_redis(),
                                 "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
     lines = []
     try:

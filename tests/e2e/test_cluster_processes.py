@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from common.protocol import keys
-from common.redisserver import free_port
+from embedfleet.common.protocol import keys
+from embedfleet.common.redisserver import free_port
 from tests.commands import clean_env, embedfleet
 from tests.secureredis import embedfleet_process, post_embeddings, stop, wait_healthy
 

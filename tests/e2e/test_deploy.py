@@ -16,9 +16,9 @@ import pytest
 import redis
 import yaml
 
-from common.protocol import keys
-from common.codec import unpackb
-from common.redisserver import free_port
+from embedfleet.common.protocol import keys
+from embedfleet.common.codec import unpackb
+from embedfleet.common.redisserver import free_port
 from tests.commands import ROOT, assert_one_line_error, clean_env, embedfleet
 from tests.secureredis import embedfleet_process, stop
 from tests.systemtools import need

@@ -25,10 +25,10 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.errors import ValidationError
-from common.redisserver import free_port
-from producer import Producer
-from producer.gateway import GatewaySettings
+from embedfleet.common.errors import ValidationError
+from embedfleet.common.redisserver import free_port
+from embedfleet import Producer
+from embedfleet.producer.gateway import GatewaySettings
 from tests.gatewayserver import Server
 
 MODEL = "minilm"
@@ -53,11 +53,11 @@ def _settings(redis_url: str, **fields) -> GatewaySettings:
 
 @pytest.fixture(scope="module")
 def gateways(redis_server, minilm_path):
-    """A real `python -m worker` process serving MiniLM, two gateways on it (main: an API key and a 256 KiB body
-    limit; tight: no key, queue depth 2, 0.5 s timeout, 4 inputs), a Producer, the reference vectors."""
+    """A real `python -m embedfleet.worker` process serving MiniLM, two gateways on it (main: an API key and a 256 KiB
+    body limit; tight: no key, queue depth 2, 0.5 s timeout, 4 inputs), a Producer, the reference vectors."""
     redis.Redis.from_url(redis_server.url).flushall()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_server.url, "--model",
+    worker = subprocess.Popen([sys.executable, "-m", "embedfleet.worker", "--redis-url", redis_server.url, "--model",
                                minilm_path, "--served-model-name", MODEL, "--poll-timeout", "1",
                                "--probe-seconds", "1", "--max-embed-len", "2048", "--chunks-per-job", "2"],
                               env=env)
@@ -129,17 +129,18 @@ def assert_error(response: httpx.Response, status: int, code: str, param: str | 
 
 # -- without a fleet ------------------------------------------------------------------------------------
 def test_every_error_code_has_a_status_and_every_pooling_param_a_field():
-    from common.errors import _BY_CODE
-    from common.params import PoolingParams
-    from producer.gateway.core.errors import STATUS
-    from producer.gateway.core.schemas import EmbedBody
+    from embedfleet.common.errors import _BY_CODE
+    from embedfleet.common.params import PoolingParams
+    from embedfleet.producer.gateway.core.errors import STATUS
+    from embedfleet.producer.gateway.core.schemas import EmbedBody
 
     assert set(_BY_CODE) <= set(STATUS)
     assert set(PoolingParams.model_fields) <= set(EmbedBody.model_fields)
 
 
 def test_gateway_imports_no_model_code():
-    check = "import sys, producer.gateway; print(sorted({'torch', 'transformers', 'worker'} & set(sys.modules)))"
+    check = ("import sys, embedfleet.producer.gateway;"
+             " print(sorted({'torch', 'transformers', 'embedfleet.worker'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.stdout.strip() == "[]"
@@ -147,7 +148,7 @@ def test_gateway_imports_no_model_code():
 
 def test_entry_point_takes_the_flags_up_passes(redis_server):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "producer.gateway", "--redis-url", redis_server.url,
+    proc = subprocess.Popen([sys.executable, "-m", "embedfleet.producer.gateway", "--redis-url", redis_server.url,
                              "--host", "127.0.0.1", "--port", str(port), "--api-key", KEY],
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:

@@ -1,5 +1,5 @@
-"""The gateway at its edges (issue #36, item 6), on a real `python -m producer.gateway` process and a real worker
-process (the null model: the gateway's side is under test, not the vectors): an id of 5,000 characters is not
+"""The gateway at its edges (issue #36, item 6), on a real `python -m embedfleet.producer.gateway` process and a real
+worker process (the null model: the gateway's side is under test, not the vectors): an id of 5,000 characters is not
 echoed whole, a 200 KB header gets a 431 answer instead of a reset connection, and large bodies leave no
 lasting memory behind."""
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from common.errors import MAX_ECHO
-from common.redisserver import RedisServer, free_port
+from embedfleet.common.errors import MAX_ECHO
+from embedfleet.common.redisserver import RedisServer, free_port
 from tests import gatewayserver
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +43,8 @@ def _stop(process: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def gateway_process(tmp_path_factory):
-    """A real `python -m producer.gateway` process over a real null-model worker process, on a Redis of its own."""
+    """A real `python -m embedfleet.producer.gateway` process over a real null-model worker process, on a Redis of its
+    own."""
     with RedisServer(tmp_path_factory.mktemp("redis")) as redis_server:  # its own: other tests flush theirs
         yield from _fleet(redis_server)
 
@@ -51,10 +52,10 @@ def gateway_process(tmp_path_factory):
 def _fleet(redis_server):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     port = free_port()
-    worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_server.url, "--model",
+    worker = subprocess.Popen([sys.executable, "-m", "embedfleet.worker", "--redis-url", redis_server.url, "--model",
                                "null:384", "--served-model-name", MODEL, "--poll-timeout", "1"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    gateway = subprocess.Popen([sys.executable, "-m", "producer.gateway", "--redis-url", redis_server.url,
+    gateway = subprocess.Popen([sys.executable, "-m", "embedfleet.producer.gateway", "--redis-url", redis_server.url,
                                 "--port", str(port), "--log-level", "warning"], env=env)
     url = f"http://127.0.0.1:{port}"
     try:

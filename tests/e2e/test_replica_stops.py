@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from producer import Producer
+from embedfleet import Producer
 from tests.commands import ROOT, running
 from tests.fleet.test_queue import wait_for
 from tests.e2e.test_replicas import MODEL, engines, supervisor

@@ -16,15 +16,15 @@ import redis
 from rich.console import Console
 from rq.job import JobStatus
 
-from common.codec import packb
-from common.protocol import keys
-from producer import Producer
-from producer.cli.statusview import _workers
-from producer.client.core import parse_worker_info
+from embedfleet.common.codec import packb
+from embedfleet.common.protocol import keys
+from embedfleet import Producer
+from embedfleet.producer.cli.statusview import _workers
+from embedfleet.producer.client.core import parse_worker_info
 from tests.commands import ROOT, children_of, clean_env
 from tests.fleet.test_queue import rq_queue, wait_for
 from tests.e2e.test_up import Up, alive
-from worker.serving.gpus import child_argv, default_replicas
+from embedfleet.worker.serving.gpus import child_argv, default_replicas
 
 MODEL = "replicas"
 LEASE = 2.0
@@ -36,7 +36,7 @@ def supervisor(redis_url: str, tmp_path, *flags: str, **env: str):
     log = tmp_path / "worker.log"
     env = clean_env(tmp_path, EMBEDFLEET_REDIS_URL=redis_url, **env)
     with open(log, "w") as out:
-        parent = subprocess.Popen([sys.executable, "-m", "producer.cli", "worker", "--model", "null:4",
+        parent = subprocess.Popen([sys.executable, "-m", "embedfleet.producer.cli", "worker", "--model", "null:4",
                                    "--served-model-name", MODEL, "--lease-seconds", str(LEASE), "--max-jobs", "8",
                                    "--no-cache", *flags], env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

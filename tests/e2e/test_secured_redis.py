@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import redis
 
-from common.redisclient import ACL_GRANT, AccessError, check_access, connect, redact, with_tls
-from common.redisserver import RedisServer, find_redis_server, free_port
-from producer import Producer
+from embedfleet.common.redisclient import ACL_GRANT, AccessError, check_access, connect, redact, with_tls
+from embedfleet.common.redisserver import RedisServer, find_redis_server, free_port
+from embedfleet import Producer
 from tests.commands import assert_one_line_error, clean_env, embedfleet
 from tests.secureredis import (DEFAULT_PASSWORD, SecureRedis, embedfleet_process, make_pki, post_embeddings,
                                stop, wait_healthy)

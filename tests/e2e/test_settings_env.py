@@ -10,17 +10,17 @@ import sys
 
 import pytest
 
-from common.config import ENV_PREFIX
-from producer import Producer
-from producer.cli.bulk import EmbedFileSettings
-from producer.cli.failed import FailedSettings
-from producer.cli.health import HealthSettings
-from producer.cli.statusview import StatusSettings
-from producer.cli.up import UpSettings
-from producer.gateway.settings import GatewaySettings
+from embedfleet.common.config import ENV_PREFIX
+from embedfleet import Producer
+from embedfleet.producer.cli.bulk import EmbedFileSettings
+from embedfleet.producer.cli.failed import FailedSettings
+from embedfleet.producer.cli.health import HealthSettings
+from embedfleet.producer.cli.statusview import StatusSettings
+from embedfleet.producer.cli.up import UpSettings
+from embedfleet.producer.gateway.settings import GatewaySettings
 from tests.commands import ROOT, advertised, assert_one_line_error, clean_env
-from worker.engine import cpus
-from worker.serving.config import WorkerSettings
+from embedfleet.worker.engine import cpus
+from embedfleet.worker.serving.config import WorkerSettings
 
 ENTRY_POINTS = [WorkerSettings, GatewaySettings, UpSettings, EmbedFileSettings, StatusSettings, FailedSettings,
                 HealthSettings]
@@ -63,7 +63,7 @@ def test_a_bad_variable_is_named_in_the_one_line_error(tmp_path):
                           "EMBEDFLEET_MAX_JOBS: Input should be greater than or equal to 1")
     flag = run("worker", "--redis-url", "redis://127.0.0.1:1/0", "--max-jobs", "0", env=clean_env(tmp_path / "cache"))
     assert_one_line_error(flag, 2, "--max-jobs: Input should be greater than or equal to 1")
-    gateway = run("producer.gateway", "--redis-url", "redis://127.0.0.1:1/0",
+    gateway = run("embedfleet.producer.gateway", "--redis-url", "redis://127.0.0.1:1/0",
                   env=clean_env(tmp_path / "cache", EMBEDFLEET_MAX_IN_FLIGHT="none"))
     assert_one_line_error(gateway, 2, "EMBEDFLEET_MAX_IN_FLIGHT: Input should be a valid integer")
 
@@ -72,7 +72,7 @@ def test_a_real_worker_starts_with_an_empty_threads_line(tmp_path, redis_url):
     """EMBEDFLEET_THREADS="" (an empty compose line) used to stop the worker with a usage error; it is unset."""
     env = clean_env(tmp_path / "cache", EMBEDFLEET_THREADS="", EMBEDFLEET_MAX_BATCH_SIZE="",
                     EMBEDFLEET_METRICS_PORT="", EMBEDFLEET_QUANTIZE="", EMBEDFLEET_BURST="")
-    worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", "null:8",
+    worker = subprocess.Popen([sys.executable, "-m", "embedfleet.worker", "--redis-url", redis_url, "--model", "null:8",
                                "--served-model-name", "null", "--poll-timeout", "1"],
                               env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:

@@ -10,10 +10,10 @@ import urllib.request
 import pytest
 import redis
 
-from common.protocol import keys
-from common.redisserver import RedisServer, free_port
-from common.shards import parse_shards
-from producer import Producer
+from embedfleet.common.protocol import keys
+from embedfleet.common.redisserver import RedisServer, free_port
+from embedfleet.common.shards import parse_shards
+from embedfleet import Producer
 from tests.commands import clean_env, embedfleet
 from tests.secureredis import embedfleet_process, post_embeddings, stop, wait_healthy
 

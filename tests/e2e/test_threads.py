@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from worker.engine import cpus
-from worker.engine.cpus import Threads, apply_wait_policy, cgroup_quota, decide
+from embedfleet.worker.engine import cpus
+from embedfleet.worker.engine.cpus import Threads, apply_wait_policy, cgroup_quota, decide
 
 
 def cgroup(tmp_path: Path, own: str, files: dict[str, str]) -> tuple[str, str]:
@@ -30,12 +30,21 @@ def test_the_count_is_the_affinity_without_a_quota():
     assert decide(0, 1, None).count == 1  # 0 is auto too
 
 
+def test_the_engines_of_a_partitioned_model_share_the_cpus():
+    """Each partition's engine (fed alike by round robin) gets its part of the CPUs, never none; --threads wins."""
+    assert decide(None, 8, None, engines=2) == Threads(4, "affinity 8, shared by 2 engines", "PASSIVE")
+    assert decide(None, 2, None, engines=3) == Threads(1, "affinity 2, shared by 3 engines", "PASSIVE")
+    assert decide(None, 8, 2.0, engines=2).count == 1
+    assert decide(3, 8, None, engines=2) == Threads(3, "--threads", "PASSIVE")
+
+
 def test_the_count_follows_the_real_affinity_mask():
     """A process pinned to one CPU (as `taskset -c 0` does) counts one, whatever the host has."""
     from tests.commands import ROOT
 
     code = ("import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
-            "from worker.engine import cpus; t = cpus.plan(None, {}, root='/nonexistent'); print(t.count, t.source)")
+            "from embedfleet.worker.engine import cpus; t = cpus.plan(None, {}, root='/nonexistent');"
+            " print(t.count, t.source)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.stdout.split("\n")[0] == "1 affinity 1", done.stderr
@@ -118,7 +127,7 @@ def test_the_entry_point_sets_the_policy_before_torch_loads():
     """libgomp reads OMP_WAIT_POLICY once, when torch is imported: the worker's module must not import it."""
     from tests.commands import ROOT
 
-    code = "import sys, worker.__main__; assert 'torch' not in sys.modules, 'torch loaded before the flags'"
+    code = "import sys, embedfleet.worker.__main__; assert 'torch' not in sys.modules, 'torch loaded before the flags'"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
@@ -136,18 +145,18 @@ def test_a_worker_advertises_its_threads_and_status_shows_them(tmp_path, redis_u
     env.pop("OMP_WAIT_POLICY", None)
     env.pop("GOMP_SPINCOUNT", None)
     env["EMBEDFLEET_THREADS"] = "1"
-    worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", folder,
+    worker = subprocess.Popen([sys.executable, "-m", "embedfleet.worker", "--redis-url", redis_url, "--model", folder,
                                "--served-model-name", "tiny", "--poll-timeout", "1", "--probe-seconds", "0.2",
                                "--no-cache"], env=env, stderr=subprocess.PIPE, text=True)
     try:
-        from producer import Producer
+        from embedfleet import Producer
 
         with Producer(redis_url) as producer:
             info = advertised(producer, "tiny", worker)
         assert info["threads"] == 1 and info["threads_source"] == "--threads"
         assert info["omp_wait_policy"] == "PASSIVE" and info["omp_spin_count"] == "1000"
         assert info["max_batch_tokens"] >= 2048 and info["max_batch_size"] >= 16  # the CPU floor (probe.py)
-        shown = embedfleet("status", "--redis-url", redis_url, env=clean_env(tmp_path / "xdg", COLUMNS="400"))
+        shown = embedfleet("status", "--wide", "--redis-url", redis_url, env=clean_env(tmp_path / "xdg"))
         assert shown.returncode == 0 and "cpu, 1 thread (--threads)" in shown.stdout, shown.stdout
     finally:
         worker.terminate()
@@ -160,13 +169,13 @@ def test_a_real_worker_given_999_threads_runs_the_cpus_it_has_and_warns_once(tmp
     from tests.tinymodels import save_tiny_bert, wrap_sentence_transformers
 
     folder = wrap_sentence_transformers(save_tiny_bert(str(tmp_path / "tiny")), "mean")
-    worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", folder,
+    worker = subprocess.Popen([sys.executable, "-m", "embedfleet.worker", "--redis-url", redis_url, "--model", folder,
                                "--served-model-name", "tiny", "--threads", "999", "--poll-timeout", "1",
                                "--probe-seconds", "0.2", "--no-cache"],
                               env={**clean_env(tmp_path / "xdg"), "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE,
                               text=True)
     try:
-        from producer import Producer
+        from embedfleet import Producer
 
         with Producer(redis_url) as producer:
             info = advertised(producer, "tiny", worker)

@@ -21,11 +21,11 @@ import redis
 from rq import SimpleWorker
 from sentence_transformers import SentenceTransformer
 
-from common.protocol import keys
-from common.capabilities import ModelCapabilities
-from common.redisserver import RedisServer, free_port
-from common.serializer import MsgpackSerializer
-from producer import Producer
+from embedfleet.common.protocol import keys
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.redisserver import RedisServer, free_port
+from embedfleet.common.serializer import MsgpackSerializer
+from embedfleet import Producer
 from tests.commands import assert_one_line_error, clean_env, embedfleet, socket_listening
 
 ERROR_LINE = re.compile(r"\b(ERROR|WARNING|CRITICAL)\b|Traceback|exited with|could not|unreachable")
@@ -35,7 +35,7 @@ class Up:
     """One `embedfleet up` process; its output (stdout and stderr together) is collected by a thread."""
 
     def __init__(self, *args: str, env: dict, cwd: Path | None = None):
-        self.proc = subprocess.Popen([sys.executable, "-m", "producer.cli", "up", *args], env=env, cwd=cwd,
+        self.proc = subprocess.Popen([sys.executable, "-m", "embedfleet.producer.cli", "up", *args], env=env, cwd=cwd,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self.ready = threading.Event()
@@ -115,7 +115,7 @@ def test_up_serves_is_found_without_flags_and_ctrl_c_stops_everything_in_order(t
         venv = Path(sys.executable).parent
         assert f"  Status:  {os.path.relpath(venv / 'embedfleet')} status" in output or \
             f"  Status:  {venv / 'embedfleet'} status" in output, output
-        assert f"rq info --url {up.redis_url} --serializer common.serializer.MsgpackSerializer" in output
+        assert f"rq info --url {up.redis_url} --serializer embedfleet.common.serializer.MsgpackSerializer" in output
         texts = ["the fleet is up", "one command starts Redis, a worker and the gateway"]
         reference = SentenceTransformer(minilm_path, device="cpu").encode(texts)
         with Producer(up.redis_url) as producer:
@@ -144,7 +144,7 @@ def test_up_serves_is_found_without_flags_and_ctrl_c_stops_everything_in_order(t
         [state_file] = (tmp_path / "cache" / "embedfleet" / "up").glob("*.json")
         pids = json.loads(state_file.read_text())["pids"]
         assert (tmp_path / "data" / "redis").is_dir()  # the Redis keeps its AOF under --data-dir
-        assert up.stop(signal.SIGINT) == 0, up.output
+        assert up.stop(signal.SIGINT) == 130, up.output  # Ctrl-C: the shell's code (docs/cli.md)
     finally:
         up.kill()
     lines = up.output[len(output):].splitlines()
@@ -263,7 +263,7 @@ def test_up_with_every_default_from_an_empty_folder_restarts_over_its_own_data(t
             # in submits of 100 (a transaction each in the AOF: Redis answers between them while it loads)
             queued = [request_id for start in range(0, QUEUED, 100)
                       for request_id in producer.submit_many([[f"queued text {i}"] for i in range(start, start + 100)])]
-        assert up.stop(signal.SIGINT) == 0, up.output
+        assert up.stop(signal.SIGINT) == 130, up.output  # Ctrl-C: the shell's code (docs/cli.md)
     finally:
         up.kill()
 
@@ -288,7 +288,7 @@ def test_up_with_every_default_from_an_empty_folder_restarts_over_its_own_data(t
         with Producer(url) as producer:
             results = [producer.wait(request_id, 240) for request_id in queued]
         assert all(result.ok and result.embeddings.shape == (1, 384) for result in results)
-        assert again.stop(signal.SIGINT) == 0, again.output
+        assert again.stop(signal.SIGINT) == 130, again.output
     finally:
         again.kill()
     assert not [line for line in again.lines if ERROR_LINE.search(line)], again.output

@@ -13,17 +13,17 @@ import numpy as np
 import pytest
 import redis
 
-from common.protocol import keys
-from common.request import EmbedRequest
-from common.result import Result
-from producer import Producer
+from embedfleet.common.protocol import keys
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
+from embedfleet import Producer
 from tests.commands import ROOT
 from tests.harness import burst
-from worker.engine.engine import Engine
-from worker.engine.models.nullmodel import NullModel
-from worker.serving.pipeline import BatchWorker
-from worker.serving.spread import ChunkJobs
-from worker.serving.storing import BulkLimit
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.nullmodel import NullModel
+from embedfleet.worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.spread import ChunkJobs
+from embedfleet.worker.serving.storing import BulkLimit
 
 MODEL = "wide"
 DIM = 384  # 1,000 inputs of float32: 1.5 MB, over the 1 MB limit; float16 halves it under
@@ -43,9 +43,9 @@ def secretive_redis(configured_redis):
 
 @contextlib.contextmanager
 def worker_process(url: str, *flags: str):
-    """`python -m worker` on the null model (the result path is the model's; the null model only skips the
+    """`python -m embedfleet.worker` on the null model (the result path is the model's; the null model only skips the
     compute), a short lease so that a lapse would show within the test; killed on the way out."""
-    proc = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", url, "--model", f"null:{DIM}",
+    proc = subprocess.Popen([sys.executable, "-m", "embedfleet.worker", "--redis-url", url, "--model", f"null:{DIM}",
                              "--served-model-name", MODEL, "--poll-timeout", "1", "--lease-seconds", "2", *flags],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

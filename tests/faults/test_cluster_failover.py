@@ -12,10 +12,10 @@ import time
 import pytest
 import redis
 
-from common.errors import EmbedfleetError
-from common.protocol import keys
-from common.redisclient import connect
-from producer import Producer
+from embedfleet.common.errors import EmbedfleetError
+from embedfleet.common.protocol import keys
+from embedfleet.common.redisclient import connect
+from embedfleet import Producer
 from tests.harness import serve
 from tests.hashed import HASHED_INFO, MODEL, hashed_model
 from tests.rediscluster import LocalCluster
@@ -105,7 +105,7 @@ class Load(threading.Thread):
 
 
 def test_a_master_failed_over_mid_load_loses_no_accepted_request(cluster, caplog):
-    from worker.engine.engine import Engine
+    from embedfleet.worker.engine.engine import Engine
 
     tag = keys.slot_tag(MODEL)
     connection = connect(cluster.url)
@@ -135,8 +135,8 @@ def test_rqs_own_cleanup_reads_a_lapsed_claim_of_a_tagged_id(cluster_url):
     """A claim no worker recovered within LEASE_GRACE (every worker of the model was down) is rq's own
     StartedJobRegistry.cleanup's to handle at the next worker's start; its id carries a hash tag, which rq's Job
     refuses: the worker's SafeJob takes it, so the maintenance runs instead of raising."""
-    from worker.engine.engine import Engine
-    from worker.serving.pipeline import BatchWorker
+    from embedfleet.worker.engine.engine import Engine
+    from embedfleet.worker.serving.pipeline import BatchWorker
 
     connection = connect(cluster_url)
     try:

@@ -17,16 +17,16 @@ import pytest
 import redis
 import redis.cluster
 
-from common.protocol import keys
-from common.redisclient import connect
-from common.errors import EmbedfleetError
-from producer import AsyncProducer, Producer
+from embedfleet.common.protocol import keys
+from embedfleet.common.redisclient import connect
+from embedfleet.common.errors import EmbedfleetError
+from embedfleet import AsyncProducer, Producer
 from tests.faults.test_cluster_failover import AFTER_FAILOVER, FAILOVER_AFTER, MAX_REQUESTS, WINDOW, Load
 from tests.harness import serve
 from tests.hashed import HASHED_INFO, MODEL, hashed_model
 from tests.rediscluster import LocalCluster
-from worker.engine.engine import Engine
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 KEYS_PER_MIGRATE = 10  # keys per MIGRATE (redis-cli --cluster reshard's --cluster-pipeline default)
 MIGRATE_TIMEOUT_MS = 5000
@@ -191,7 +191,7 @@ def test_waits_outlast_redis_pys_own_retries_while_their_slot_moves(cluster, cap
     """AsyncProducer waits whose results are not there yet, their slot being moved: an MGET of several
     missing keys gets TRYAGAIN there for as long as the move lasts, far past the ~0.4 s redis-py follows it on
     its own. The waits read again until the move ends, and are answered once a worker serves them."""
-    caplog.set_level(logging.INFO, logger="producer.client.waiters")
+    caplog.set_level(logging.INFO, logger="embedfleet.producer.client.waiters")
     tag = keys.slot_tag(MODEL)
     slot = redis.cluster.key_slot(tag.encode())
     connection = connect(cluster.url)

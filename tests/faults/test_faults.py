@@ -12,14 +12,14 @@ import redis
 from rq import Queue
 from rq.job import JobStatus
 
-from common.protocol import keys
-from common.errors import UnavailableError
-from common.serializer import MsgpackSerializer
-from producer import Producer
+from embedfleet.common.protocol import keys
+from embedfleet.common.errors import UnavailableError
+from embedfleet.common.serializer import MsgpackSerializer
+from embedfleet import Producer
 from tests.harness import burst, serve
 from tests.faults.test_leases import MODEL, workers
 from tests.tinymodels import sample_texts
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 
 def wait_until(check, timeout: float, what: str):
@@ -34,7 +34,7 @@ def wait_until(check, timeout: float, what: str):
 def test_jobs_of_a_worker_killed_mid_batch_are_retried_by_the_next_worker(
         redis_url, redis_client, minilm_path, minilm_engine, records):
     worker = subprocess.Popen(
-        [sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", minilm_path,
+        [sys.executable, "-m", "embedfleet.worker", "--redis-url", redis_url, "--model", minilm_path,
          "--served-model-name", "minilm", "--poll-timeout", "1", "--probe-seconds", "1", "--rq-records", records],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -10,17 +10,17 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.codec import packb
-from common.errors import EmbedfleetError
-from common.protocol.keys import JOB_FUNC, result_key
-from common.request import EmbedRequest
-from common.result import Result
-from producer import Producer
+from embedfleet.common.codec import packb
+from embedfleet.common.errors import EmbedfleetError
+from embedfleet.common.protocol.keys import JOB_FUNC, result_key
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
+from embedfleet import Producer
 from tests.harness import burst
 from tests.fleet.test_queue import enqueue, rq_queue
-from worker.engine.engine import Engine
-from worker.engine.models.nullmodel import NullModel
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.nullmodel import NullModel
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 MODEL = "fuzz"
 FUZZ = settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -7,14 +7,14 @@ import zlib
 
 from rq.job import Job
 
-from common.codec import packb
-from common.protocol.keys import FAILURE_TTL, JOB_FUNC, RESULT_TTL, notify_key, result_key
-from common.request import EmbedRequest, job_reply_to
-from common.result import Result
-from common.serializer import MsgpackSerializer
+from embedfleet.common.codec import packb
+from embedfleet.common.protocol.keys import FAILURE_TTL, JOB_FUNC, RESULT_TTL, notify_key, result_key
+from embedfleet.common.request import EmbedRequest, job_reply_to
+from embedfleet.common.result import Result
+from embedfleet.common.serializer import MsgpackSerializer
 from tests.harness import burst
 from tests.fleet.test_queue import engine, enqueue, rq_queue, texts  # noqa: F401 - `engine` is a fixture
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 
 def good_requests(conn, model: str, count: int = 20) -> list[EmbedRequest]:

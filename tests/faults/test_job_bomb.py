@@ -9,18 +9,18 @@ import zlib
 
 from rq.job import Job
 
-from common.codec import packb
-from common.protocol.keys import JOB_FUNC, result_key
-from common.request import EmbedRequest
-from common.result import Result
-from common.serializer import MsgpackSerializer
+from embedfleet.common.codec import packb
+from embedfleet.common.protocol.keys import JOB_FUNC, result_key
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
+from embedfleet.common.serializer import MsgpackSerializer
 from tests.harness import burst
 from tests.nullworker import NULL
 from tests.fleet.test_queue import enqueue, rq_queue, texts
-from worker.engine.engine import Engine
-from worker.engine.models.nullmodel import NullModel
-from common.protocol.jobdata import MAX_JOB_DATA
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.nullmodel import NullModel
+from embedfleet.common.protocol.jobdata import MAX_JOB_DATA
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 SMALL = 4096  # bytes an error blob, or rq's failure record, may take
 

@@ -17,16 +17,16 @@ import pytest
 import redis
 from rq.job import JobStatus
 
-from common.protocol import keys
-from common.request import EmbedRequest
-from producer import Producer
+from embedfleet.common.protocol import keys
+from embedfleet.common.request import EmbedRequest
+from embedfleet import Producer
 from tests.commands import ROOT, clean_env, embedfleet
 from tests.crashworker import token, vector
 from tests.fleet.test_queue import enqueue, rq_queue, wait_for
-from worker.engine.engine import Engine
-from worker.engine.models.nullmodel import NullModel
-from worker.serving.pipeline import BatchWorker
-from common.protocol.operations import RqSchema
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.nullmodel import NullModel
+from embedfleet.worker.serving.pipeline import BatchWorker
+from embedfleet.common.protocol.operations import RqSchema
 
 MODEL = "crashy"
 LEASE = 2.0

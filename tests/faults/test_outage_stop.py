@@ -10,7 +10,7 @@ import redis
 
 from tests.harness import serve
 from tests.nullworker import null_engine
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 STOP_SECONDS = 2.0  # well under the 4 s pause the stop lands in
 

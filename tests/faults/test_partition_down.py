@@ -13,9 +13,9 @@ import urllib.request
 
 import pytest
 
-from common.errors import UnavailableError
-from common.redisserver import RedisServer
-from producer import AsyncProducer, Producer
+from embedfleet.common.errors import UnavailableError
+from embedfleet.common.redisserver import RedisServer
+from embedfleet import AsyncProducer, Producer
 from tests import gatewayserver
 from tests.nullworker import NULL, null_worker
 

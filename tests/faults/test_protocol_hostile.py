@@ -20,12 +20,12 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.errors import DecodeError
-from common.protocol import keys, operations
-from common.protocol.operations import RqSchema, take_from
-from common.protocol.records import RQ_RECORDS, Answer, Kind, Outcome
-from common.request import EmbedRequest, PartOf
-from common.result import Result
+from embedfleet.common.errors import DecodeError
+from embedfleet.common.protocol import keys, operations
+from embedfleet.common.protocol.operations import RqSchema, take_from
+from embedfleet.common.protocol.records import RQ_RECORDS, Answer, Kind, Outcome
+from embedfleet.common.request import EmbedRequest, PartOf
+from embedfleet.common.result import Result
 
 ROUND = 6  # jobs per round; the victim is one of them
 EXAMPLES = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

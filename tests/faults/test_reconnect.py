@@ -15,10 +15,10 @@ import httpx
 import pytest
 import redis
 
-from common.errors import UnavailableError
-from common.redisclient import CLOSE_TIMEOUT
-from common.redisserver import RedisServer
-from producer import AsyncProducer, Producer
+from embedfleet.common.errors import UnavailableError
+from embedfleet.common.redisclient import CLOSE_TIMEOUT
+from embedfleet.common.redisserver import RedisServer
+from embedfleet import AsyncProducer, Producer
 from tests.answers import MODEL, advertise, answer
 from tests.gatewayserver import Server, settings
 

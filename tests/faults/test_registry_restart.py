@@ -10,7 +10,7 @@ from collections import Counter
 
 import httpx
 
-from common.redisserver import RedisServer
+from embedfleet.common.redisserver import RedisServer
 from tests.livegateway import live_gateway
 
 DEADLINE = 120  # seconds the test may take at most: it ends as soon as the fleet answers after the restart

@@ -1,7 +1,7 @@
 """No import driven by Redis data: a job's hash may name callbacks and webhooks (anyone with producer rights can
 write it), and the worker's rq maintenance handles abandoned and stuck jobs without importing, calling or
-contacting any of them (worker/serving/rqjob.py); `python -m worker` imports nothing from its working directory
-(worker/safepath.py)."""
+contacting any of them (worker/serving/rqjob.py); `python -m embedfleet.worker` imports nothing from its working
+directory (worker/safepath.py)."""
 
 from __future__ import annotations
 
@@ -18,16 +18,16 @@ import pytest
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job, JobStatus
 
-from common.protocol.keys import result_key
-from common.request import EmbedRequest
-from common.result import Result
-from common.serializer import MsgpackSerializer
+from embedfleet.common.protocol.keys import result_key
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
+from embedfleet.common.serializer import MsgpackSerializer
 from tests.harness import burst
 from tests.nullworker import NULL
 from tests.fleet.test_queue import enqueue, rq_queue
-from worker.engine.engine import Engine
-from worker.engine.models.nullmodel import NullModel
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.nullmodel import NullModel
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 ROOT = Path(__file__).resolve().parents[2]
 CANARY = "embedfleet_canary_module"
@@ -116,11 +116,11 @@ def test_maintenance_imports_and_calls_nothing_a_job_names(redis_client, canary,
 
 
 def test_python_m_worker_imports_nothing_from_its_working_directory(tmp_path):
-    """A `common` package in the directory `python -m worker` runs in would shadow embedfleet's own."""
+    """A `common` package in the directory `python -m embedfleet.worker` runs in would shadow embedfleet's own."""
     marker = tmp_path / "marker"
     (tmp_path / "common").mkdir()
     (tmp_path / "common" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\n")
-    done = subprocess.run([sys.executable, "-m", "worker", "--help"], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "embedfleet.worker", "--help"], cwd=tmp_path, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert not marker.exists(), done.stderr
     assert done.returncode == 0 and "--max-jobs" in done.stdout, done.stderr

@@ -11,15 +11,15 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.protocol import keys
-from producer.gateway.core.apikeys import ApiKey, KeyLimiter, parse_api_keys
-from producer.gateway.core.errors import RateLimitedError
+from embedfleet.common.protocol import keys
+from embedfleet.producer.gateway.core.apikeys import ApiKey, KeyLimiter, parse_api_keys
+from embedfleet.producer.gateway.core.errors import RateLimitedError
 from tests.commands import assert_one_line_error, clean_env, embedfleet
 from tests.gatewayserver import Server, settings
 from tests.harness import burst
-from worker.engine.engine import Engine
-from worker.engine.models.nullmodel import NullModel
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.nullmodel import NullModel
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 MODEL = "keyed"
 KEYS = {"sk-web": {"name": "web", "weight": 3}, "sk-batch": {"name": "batch", "weight": 1, "rate": 1, "burst": 2}}

@@ -10,11 +10,11 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from common.errors import ValidationError
-from common.params import PoolingParams
-from common.request import EmbedRequest
-from producer import AsyncProducer
-from producer.client.asubmit import Submitter
+from embedfleet.common.errors import ValidationError
+from embedfleet.common.params import PoolingParams
+from embedfleet.common.request import EmbedRequest
+from embedfleet import AsyncProducer
+from embedfleet.producer.client.asubmit import Submitter
 from tests.gatewayserver import Server, settings
 from tests.nullworker import NULL, null_worker
 

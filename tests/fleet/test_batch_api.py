@@ -1,6 +1,6 @@
 """OpenAI's Batch API on the fleet, through the real `openai` client: files and batches end to end against a
 live uvicorn gateway and BatchWorker threads on a tiny random BERT, a real redis-server; bad lines, invalid
-files, cancel, expiry, ownership; and a 2,000-line batch whose gateway (a real `python -m producer.gateway`
+files, cancel, expiry, ownership; and a 2,000-line batch whose gateway (a real `python -m embedfleet.producer.gateway`
 process) is SIGKILLed mid-batch and restarted: every line answered once, byte for byte the route's answer."""
 
 from __future__ import annotations
@@ -20,22 +20,22 @@ import redis
 import redis.asyncio as aioredis
 from rq.suspension import resume, suspend
 
-from common.errors import DuplicateRequestError, ValidationError
-from common.protocol import keys
-from common.redisserver import RedisServer, free_port
-from producer import AsyncProducer, Producer
-from producer.gateway.batches import objects
-from producer.gateway.batches.store import LeaseLost, Store, now
+from embedfleet.common.errors import DuplicateRequestError, ValidationError
+from embedfleet.common.protocol import keys
+from embedfleet.common.redisserver import RedisServer, free_port
+from embedfleet import AsyncProducer, Producer
+from embedfleet.producer.gateway.batches import objects
+from embedfleet.producer.gateway.batches.store import LeaseLost, Store, now
 from tests import gatewayserver
 from tests.commands import ROOT, clean_env
 from tests.harness import Fleet
 from tests.fleet.test_keyspace import KeyRecorder, documented_patterns
 from tests.tinymodels import sample_texts
-from worker.engine.engine import Engine
-from worker.engine.identity import folder_digest, model_identity
-from worker.engine.models.loader import load_model
-from worker.serving.cache import VectorCache
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.identity import folder_digest, model_identity
+from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.serving.cache import VectorCache
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 MODEL = "tiny"
 BULK_QUEUE = keys.queue_name(MODEL, "bulk")
@@ -369,13 +369,13 @@ def test_listing_pages(client):
 # -- the Must show: a 2,000-line batch survives its gateway's SIGKILL -----------------------------------------
 
 class GatewayProcess:
-    """`python -m producer.gateway` as users run it, on a fixed port, its output in a log file."""
+    """`python -m embedfleet.producer.gateway` as users run it, on a fixed port, its output in a log file."""
 
     def __init__(self, redis_url: str, port: int, log_path, env: dict):
         self.log_path = log_path
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "producer.gateway", "--redis-url", redis_url, "--port", str(port),
+                [sys.executable, "-m", "embedfleet.producer.gateway", "--redis-url", redis_url, "--port", str(port),
                  "--batch-lease-seconds", "2", "--batch-poll-seconds", "0.2", "--log-level", "info"],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{port}"

@@ -20,10 +20,10 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from common.protocol import keys
-from producer.gateway.batches import lines as batchlines
-from producer.gateway.batches import objects
-from producer.gateway.batches.store import Store, now
+from embedfleet.common.protocol import keys
+from embedfleet.producer.gateway.batches import lines as batchlines
+from embedfleet.producer.gateway.batches import objects
+from embedfleet.producer.gateway.batches.store import Store, now
 from tests import gatewayserver
 from tests.nullworker import NULL, null_worker
 
@@ -115,7 +115,7 @@ def test_an_output_redis_refuses_fails_the_batch_with_a_reason_in_one_drive(serv
     connection = redis.Redis.from_url(served_small_redis.url)
     try:
         client = client_of(server)
-        with caplog.at_level(logging.INFO, logger="producer.gateway.batches.runner"):
+        with caplog.at_level(logging.INFO, logger="embedfleet.producer.gateway.batches.runner"):
             uploaded = client.files.create(file=("out.jsonl", content), purpose="batch")
             batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings",
                                           completion_window="24h")

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from huggingface_hub import InferenceClient
 
-from common.redisserver import RedisServer
+from embedfleet.common.redisserver import RedisServer
 from tests import gatewayserver
 from tests.livegateway import forbid_internet, live_gateway
-from worker.engine.engine import Engine
-from worker.engine.models.loader import load_model
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.loader import load_model
 
 HUGE = "word " * 1_400_000  # 7 MB, 1.4M tokens
 

@@ -8,21 +8,21 @@ import numpy as np
 import pytest
 import redis
 
-from common.protocol.keys import cache_key, result_key, worker_info_key
-from common.params import EMBED_DTYPES, PACKED_DTYPES
-from common.redisserver import RedisServer
-from common.errors import StartupError
-from common.request import EmbedRequest
-from common.result import Result
-from producer.client.core import parse_worker_info
+from embedfleet.common.protocol.keys import cache_key, result_key, worker_info_key
+from embedfleet.common.params import EMBED_DTYPES, PACKED_DTYPES
+from embedfleet.common.redisserver import RedisServer
+from embedfleet.common.errors import StartupError
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
+from embedfleet.producer.client.core import parse_worker_info
 from tests.harness import burst
 from tests.fleet.test_queue import enqueue
 from tests.tinymodels import engine_for, sample_texts
-from worker.serving.cache import VectorCache, check_placement
-from worker.engine.engine import Engine
-from worker.engine.identity import folder_digest, model_identity
-from worker.serving.pipeline import BatchWorker
-from worker.serving.steps import Steps
+from embedfleet.worker.serving.cache import VectorCache, check_placement
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.identity import folder_digest, model_identity
+from embedfleet.worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.steps import Steps
 
 
 class Cached(Steps):
@@ -236,7 +236,7 @@ def test_the_cache_key_names_the_model_and_the_input():
 
 
 def test_end_to_end_cache_flag_over_http_python_and_status(bert_mean, redis_url, redis_client, tmp_path):
-    """A real `python -m worker` process (cache on by default), a real gateway and the Python producer:
+    """A real `python -m embedfleet.worker` process (cache on by default), a real gateway and the Python producer:
     `cache: false` travels on every path, and `embedfleet status` shows the worker's counters."""
     import subprocess
     import sys
@@ -244,13 +244,13 @@ def test_end_to_end_cache_flag_over_http_python_and_status(bert_mean, redis_url,
 
     import httpx
 
-    from producer import Producer
+    from embedfleet import Producer
     from tests.commands import ROOT, advertised, clean_env, embedfleet, wait_for
     from tests.gatewayserver import Server, settings
 
     env = clean_env(tmp_path / "xdg")
-    worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", bert_mean,
-                               "--served-model-name", "tiny", "--poll-timeout", "1", "--probe-seconds", "1"],
+    worker = subprocess.Popen([sys.executable, "-m", "embedfleet.worker", "--redis-url", redis_url, "--model",
+                               bert_mean, "--served-model-name", "tiny", "--poll-timeout", "1", "--probe-seconds", "1"],
                               env={**env, "PYTHONPATH": str(ROOT)})
     gateway = Server(settings(redis_url))
     try:
@@ -281,7 +281,7 @@ def test_end_to_end_cache_flag_over_http_python_and_status(bert_mean, redis_url,
                 assert time.monotonic() < deadline, out
                 time.sleep(1)
             assert [model["cache_hit_rate"] for model in out["models"]] == [round(4 / 6, 4)]
-            assert "67%" in embedfleet("status", "--redis-url", redis_url, env={**env, "COLUMNS": "250"}).stdout
+            assert "67%" in embedfleet("status", "--wide", "--redis-url", redis_url, env=env).stdout  # cache hits
             metrics = http.get("/metrics").text
             assert 'embedfleet_cache_inputs{model="tiny",outcome="hit"} 4.0' in metrics
             assert 'embedfleet_cache_inputs{model="tiny",outcome="miss"} 2.0' in metrics
@@ -299,7 +299,8 @@ def test_the_worker_refuses_to_start_with_its_cache_on_an_allkeys_queue_redis(be
 
     with RedisServer(tmp_path / "lru") as server:
         redis.Redis.from_url(server.url).config_set("maxmemory-policy", "allkeys-lru")
-        command = [sys.executable, "-m", "worker", "--redis-url", server.url, "--model", bert_mean, "--burst"]
+        command = [sys.executable, "-m", "embedfleet.worker", "--redis-url", server.url, "--model", bert_mean,
+                   "--burst"]
         env = {**clean_env(tmp_path / "xdg"), "PYTHONPATH": str(ROOT)}
         done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
         assert_one_line_error(done, 1, "maxmemory-policy is allkeys-lru", "queued jobs and results included",

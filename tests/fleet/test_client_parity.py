@@ -18,18 +18,18 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from common.capabilities import ModelCapabilities
-from common.errors import EmbedfleetError
-from common.protocol import keys
-from common.request import new_request_id
-from common.result import Result
-from producer import AsyncProducer, Producer
-from producer.client.fleet import LevelStats
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.errors import EmbedfleetError
+from embedfleet.common.protocol import keys
+from embedfleet.common.request import new_request_id
+from embedfleet.common.result import Result
+from embedfleet import AsyncProducer, Producer
+from embedfleet.producer.client.fleet import LevelStats
 from tests.harness import burst, serve
 from tests.parity.test_longinputs import MAX_LEN, _one_round, long_model, words  # noqa: F401 - `long_model` is a fixture
-from worker.engine.engine import Engine
-from worker.engine.models.nullmodel import NullModel
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.nullmodel import NullModel
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 LONG_TEXT = words(7 * MAX_LEN, seed=3)  # 8 chunks of the tiny BERT: 4 parts, spread over the fleet
 BAD_ID = "not an id!"  # no request of ours has such an id

@@ -14,10 +14,10 @@ import openai
 import pytest
 import redis
 
-from common.protocol import keys
-from common.redisclient import connect
-from common.redisurls import cluster_tag
-from producer import AsyncProducer, Producer
+from embedfleet.common.protocol import keys
+from embedfleet.common.redisclient import connect
+from embedfleet.common.redisurls import cluster_tag
+from embedfleet import AsyncProducer, Producer
 from tests import gatewayserver
 from tests.crashworker import CrashModel
 from tests.harness import Fleet, serve
@@ -115,7 +115,7 @@ async def _many(url: str, names: list[str]) -> dict[str, list]:
 def test_models_with_distinct_tags_put_their_traffic_on_distinct_masters(cluster_url, redis_cluster):
     """Three models whose tags lie on three masters, their requests in flight together through one
     AsyncProducer (a link per tag, the command connections shared): each master holds its model's results."""
-    from worker.engine.engine import Engine
+    from embedfleet.worker.engine.engine import Engine
 
     connection = connect(cluster_url)
     names = _names_on_each_master(connection, 3)
@@ -139,8 +139,8 @@ def test_models_with_distinct_tags_put_their_traffic_on_distinct_masters(cluster
 
 @pytest.mark.parametrize("request_id", ["plain-id", "{x}"])
 def test_a_chosen_id_without_its_models_tag_is_refused_on_a_cluster(request_id, cluster_url):
-    from common.errors import ValidationError
-    from producer.client.core import tagged_ids
+    from embedfleet.common.errors import ValidationError
+    from embedfleet.producer.client.core import tagged_ids
 
     with pytest.raises(ValidationError, match="hash tag"):
         tagged_ids([request_id], keys.slot_tag("minilm"))
@@ -149,7 +149,7 @@ def test_a_chosen_id_without_its_models_tag_is_refused_on_a_cluster(request_id, 
 def test_queue_depths_and_the_fleet_view_read_a_clusters_tagged_queues(cluster_url):
     """What `status`, autoscaling and the producer read of a queue (its depth, its rows in the fleet view)
     reads the tagged queue on a cluster: requests that wait behind a slow worker are counted."""
-    from worker.engine.engine import Engine
+    from embedfleet.worker.engine.engine import Engine
 
     connection = connect(cluster_url)
     engine = Engine(hashed_model(0.2), max_batch_tokens=64, max_batch_size=64)
@@ -173,9 +173,9 @@ def test_the_vector_cache_and_in_flight_dedup_work_on_a_cluster(minilm_path, min
     """A worker with the fleet's cache on the cluster (its vectors in many slots, read per slot) and in-flight
     dedup (its markers in the requests' slot): the second time the same texts come, no forward pass runs."""
     from tests.fleet.test_cache import Cached
-    from worker.engine.engine import Engine
-    from worker.engine.identity import folder_digest, model_identity
-    from worker.serving.cache import VectorCache, check_placement
+    from embedfleet.worker.engine.engine import Engine
+    from embedfleet.worker.engine.identity import folder_digest, model_identity
+    from embedfleet.worker.serving.cache import VectorCache, check_placement
 
     connection = connect(cluster_url)
     identity = model_identity("minilm", folder_digest(minilm_path), "float32", "cpu")
@@ -216,7 +216,7 @@ def test_a_models_partitions_on_one_cluster_put_its_traffic_on_every_master(clus
     """One model, three partitions on one cluster (its URL with #<partition>: a tag, so a slot, each) in the
     partition map (common/shards.py): a worker per partition URL, a Producer and an AsyncProducer placing round
     robin; its results lie on all 3 masters, each partition's on one."""
-    from worker.engine.engine import Engine
+    from embedfleet.worker.engine.engine import Engine
 
     seed = connect(cluster_url)
     urls = [f"{cluster_url}#{name}" for name in _partitions_on_each_master(seed, "parted", 3)]

@@ -12,10 +12,10 @@ import numpy as np
 import openai
 import pytest
 
-from common.protocol import keys
-from common.redisclient import connect, connect_async
-from common.redisserver import free_port
-from producer.gateway.batches.store import Store, now
+from embedfleet.common.protocol import keys
+from embedfleet.common.redisclient import connect, connect_async
+from embedfleet.common.redisserver import free_port
+from embedfleet.producer.gateway.batches.store import Store, now
 from tests import gatewayserver
 from tests.commands import clean_env
 from tests.fleet.test_batch_api import (GatewayProcess, batch_file, lapsed_lease, output_lines, run_batch,
@@ -23,8 +23,8 @@ from tests.fleet.test_batch_api import (GatewayProcess, batch_file, lapsed_lease
 from tests.fleet.test_cluster import TEXTS, _cosines, _keys_by_master
 from tests.harness import Fleet, serve
 from tests.tinymodels import sample_texts
-from worker.engine.engine import Engine
-from worker.engine.models.loader import load_model
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.loader import load_model
 
 MODEL = "minilm"
 TINY = "tiny"

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
-from common.protocol import keys
-from common.redisclient import connect
-from producer import Producer
-from producer.cli import failed
+from embedfleet.common.protocol import keys
+from embedfleet.common.redisclient import connect
+from embedfleet import Producer
+from embedfleet.producer.cli import failed
 from tests.harness import serve
 from tests.nullworker import NULL, null_engine
 

@@ -9,8 +9,8 @@ import time
 
 import httpx
 
-from common.protocol import keys
-from common.redisclient import connect
+from embedfleet.common.protocol import keys
+from embedfleet.common.redisclient import connect
 from tests.fleet.test_job_push import SECRET, Receiver
 from tests.gatewayserver import Server, settings
 from tests.harness import serve

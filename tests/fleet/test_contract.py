@@ -20,16 +20,16 @@ from rq import Queue, Worker
 from rq.job import Job, JobStatus
 from rq.results import Result as RqResult
 
-from common.errors import CancelledError
-from common.protocol import jobdata, keys, operations, rqjobs
-from common.request import EmbedRequest, PartOf
-from common.result import Result
-from common.serializer import MsgpackSerializer
-from producer import Producer
+from embedfleet.common.errors import CancelledError
+from embedfleet.common.protocol import jobdata, keys, operations, rqjobs
+from embedfleet.common.request import EmbedRequest, PartOf
+from embedfleet.common.result import Result
+from embedfleet.common.serializer import MsgpackSerializer
+from embedfleet import Producer
 from tests.harness import burst
 from tests.fleet.test_queue import engine, enqueue, rq_queue  # noqa: F401 - `engine` is a fixture
-from worker.serving.pipeline import BatchWorker
-from worker.serving.rqpubsub import PromptSimpleWorker
+from embedfleet.worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.rqpubsub import PromptSimpleWorker
 
 
 def succeed(payload: bytes) -> dict:
@@ -218,7 +218,7 @@ MAX_LEN = 32
 def long_model(tmp_path_factory):
     """Tiny BERT, max length 32, inputs up to 8x that embedded in chunks (spread over the fleet past 2)."""
     from tests.tinymodels import save_tiny_bert, wrap_sentence_transformers
-    from worker.engine.models.loader import load_model
+    from embedfleet.worker.engine.models.loader import load_model
 
     folder = wrap_sentence_transformers(save_tiny_bert(str(tmp_path_factory.mktemp("contract"))), "mean",
                                         normalize=True, max_seq_length=MAX_LEN)
@@ -238,7 +238,7 @@ ENDINGS = {  # ending -> (answer's error code or None for rows, rq status, the r
 @pytest.mark.parametrize("records", ["full", "lean"])
 def test_every_way_a_request_ends_has_the_same_effects(long_model, redis_url, redis_client, records):
     from tests.tinymodels import WORDS
-    from worker.engine.engine import Engine
+    from embedfleet.worker.engine.engine import Engine
 
     worker = BatchWorker(Engine(long_model), redis_client, max_jobs=64, name="contractworker", chunks_per_job=2,
                          rq_records=records)

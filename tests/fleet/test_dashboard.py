@@ -80,7 +80,7 @@ def test_the_dashboard_shows_a_running_worker_in_a_real_browser(gateway, hashed_
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from producer import Producer
+    from embedfleet import Producer
 
     worker = hashed_worker(heartbeat_interval=0.3)
     with Producer(redis_url) as producer:

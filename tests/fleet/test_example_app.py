@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import uvicorn
 
-from common.redisserver import free_port
+from embedfleet.common.redisserver import free_port
 from tests.nullworker import null_worker
 
 

@@ -12,18 +12,18 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.protocol import keys
-from common.redisserver import free_port
-from producer import Producer
+from embedfleet.common.protocol import keys
+from embedfleet.common.redisserver import free_port
+from embedfleet import Producer
 from tests.commands import ROOT, clean_env
 from tests.gatewayserver import Server, settings
 from tests.harness import burst
 from tests.fleet.test_queue import wait_for
 from tests.tinymodels import bert_mean, engine_for  # noqa: F401 - `bert_mean` is a fixture
-from worker.engine.engine import Engine
-from worker.serving.metrics import WorkerMetrics
-from worker.engine.models.nullmodel import NullModel
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.serving.metrics import WorkerMetrics
+from embedfleet.worker.engine.models.nullmodel import NullModel
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
@@ -121,14 +121,19 @@ def test_gateway_fleet_gauges_per_model_and_priority_move_with_the_queues(gatewa
 
 
 def test_a_worker_started_with_a_metrics_port_serves_them(redis_url, redis_client, tmp_path):
-    """The flag end to end: `python -m worker --metrics-port` on the null model, scraped over HTTP."""
+    """The flag end to end: `python -m embedfleet.worker --metrics-port` on the null model, scraped over HTTP; with
+    no --metrics-host it listens on loopback only, as every listener of the project does by default."""
+    import psutil
+
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", "null:4",
-                             "--served-model-name", "flagged", "--metrics-port", str(port), "--metrics-host",
-                             "127.0.0.1", "--poll-timeout", "1"], cwd=ROOT, env=clean_env(tmp_path),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-m", "embedfleet.worker", "--redis-url", redis_url, "--model", "null:4",
+                             "--served-model-name", "flagged", "--metrics-port", str(port), "--poll-timeout", "1"],
+                            cwd=ROOT, env=clean_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: redis_client.zcard(keys.model_workers_key("flagged")) >= 1, 60)
+        listening = {c.laddr.ip for c in psutil.Process(proc.pid).net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+        assert listening == {"127.0.0.1"}
         with Producer(redis_url) as producer:
             assert producer.embed(["one", "two"], "flagged", timeout=30).shape == (2, 4)
         wait_for(lambda: value(scrape(f"http://127.0.0.1:{port}/metrics"), "embedfleet_worker_rows_total",
@@ -142,7 +147,7 @@ def test_a_worker_started_with_a_metrics_port_serves_them(redis_url, redis_clien
 def test_the_keda_example_names_our_real_queue_and_gauges():
     import yaml
 
-    from producer.gateway.core.metrics import Metrics
+    from embedfleet.producer.gateway.core.metrics import Metrics
 
     docs = list(yaml.safe_load_all((ROOT / "deploy" / "keda-scaledobject.yaml").read_text()))
     triggers = [t for d in docs if d["kind"] == "ScaledObject" for t in d["spec"]["triggers"]]

@@ -12,8 +12,8 @@ from collections import Counter
 import pytest
 import redis
 
-from common.protocol import keys
-from producer import Producer
+from embedfleet.common.protocol import keys
+from embedfleet import Producer
 from tests.answers import MODEL, advertise, answer
 from tests.gatewayserver import Server, settings
 

@@ -8,11 +8,11 @@ import threading
 
 import pytest
 
-from common.request import EmbedRequest
+from embedfleet.common.request import EmbedRequest
 from tests.harness import burst, serve
 from tests.nullworker import NULL, null_engine
 from tests.fleet.test_queue import GatedEngine, enqueue
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 
 class Boom(Exception):

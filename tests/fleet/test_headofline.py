@@ -10,15 +10,15 @@ import sys
 import threading
 import time
 
-from common.protocol import keys
-from producer import Producer
+from embedfleet.common.protocol import keys
+from embedfleet import Producer
 from tests.commands import ROOT
 from tests.harness import serve
 from tests.fleet.test_yield import Recorded
 from tests.tinymodels import sample_texts
-from worker.engine.engine import Engine
-from worker.engine.models.loader import load_model
-from worker.serving.yielding import CUT_IN_PASSES
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.serving.yielding import CUT_IN_PASSES
 
 MODEL = "minilm"
 
@@ -33,8 +33,8 @@ def wait_for(check, timeout: float, what: str, proc: subprocess.Popen) -> None:
 
 def test_a_one_text_request_behind_a_2048_input_one_is_answered_first(redis_url, redis_client, minilm_path):
     # a pinned shape of 64 rows: the big request is 32 passes (its own round), whatever the probe would pick
-    proc = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", minilm_path,
-                             "--served-model-name", MODEL, "--poll-timeout", "1", "--max-batch-size", "64",
+    proc = subprocess.Popen([sys.executable, "-m", "embedfleet.worker", "--redis-url", redis_url, "--model",
+                             minilm_path, "--served-model-name", MODEL, "--poll-timeout", "1", "--max-batch-size", "64",
                              "--max-batch-tokens", "4096",
                              "--rq-records", "full"],  # served jobs keep their records: deliveries, ended_at below
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -8,19 +8,19 @@ import time
 import pytest
 import redis
 
-from common.protocol.keys import inflight_key, result_key
-from common.request import EmbedRequest
-from common.result import Result
+from embedfleet.common.protocol.keys import inflight_key, result_key
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
 from tests.harness import burst, serve
 from tests.fleet.test_queue import enqueue
 from tests.fleet.test_queue_overhead import CountingConnection
 from tests.tinymodels import sample_texts
-from worker.serving.cache import VectorCache
-from worker.engine.engine import Engine
-from worker.engine.identity import folder_digest, model_identity
-from worker.serving.inflight import request_digest
-from worker.engine.models.loader import load_model
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.cache import VectorCache
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.identity import folder_digest, model_identity
+from embedfleet.worker.serving.inflight import request_digest
+from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 TEXTS = sample_texts(6, seed=21)
 

@@ -13,8 +13,8 @@ import uuid
 import httpx
 import pytest
 
-from common.protocol import keys
-from producer.gateway.core.owners import fingerprint, may_see
+from embedfleet.common.protocol import keys
+from embedfleet.producer.gateway.core.owners import fingerprint, may_see
 from tests.gatewayserver import Server, settings
 from tests.nullworker import NULL, null_worker
 from tests.fleet.test_job_push import read_events

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from common.protocol import keys
+from embedfleet.common.protocol import keys
 from tests.gatewayserver import Server, settings
 from tests.nullworker import NULL, null_worker
 

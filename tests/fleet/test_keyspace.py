@@ -14,11 +14,11 @@ import time
 import pytest
 import redis
 
-from common.protocol import keys, operations
-from common.redisserver import RedisServer
-from producer import AsyncProducer, Producer
+from embedfleet.common.protocol import keys, operations
+from embedfleet.common.redisserver import RedisServer
+from embedfleet import AsyncProducer, Producer
 from tests.harness import serve
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 MAX_LEN = 32
 
@@ -82,10 +82,10 @@ def long_folder(tmp_path_factory):
 
 def test_every_key_written_in_a_full_scenario_is_described_in_keys_py(long_folder):
     from tests.tinymodels import WORDS
-    from worker.engine.engine import Engine
-    from worker.engine.identity import folder_digest, model_identity
-    from worker.engine.models.loader import load_model
-    from worker.serving.cache import VectorCache
+    from embedfleet.worker.engine.engine import Engine
+    from embedfleet.worker.engine.identity import folder_digest, model_identity
+    from embedfleet.worker.engine.models.loader import load_model
+    from embedfleet.worker.serving.cache import VectorCache
 
     with RedisServer() as server:
         recorder = KeyRecorder(server.url)

@@ -8,9 +8,9 @@ import re
 
 import numpy as np
 
-from common.protocol import keys
-from producer import AsyncProducer
-from producer.client.waiters import FIRST_READ, READ_BYTES, READ_CHUNK, read_size, result_bytes
+from embedfleet.common.protocol import keys
+from embedfleet import AsyncProducer
+from embedfleet.producer.client.waiters import FIRST_READ, READ_BYTES, READ_CHUNK, read_size, result_bytes
 from tests.nullworker import NULL, null_worker
 
 DIMENSIONS = 1024

@@ -20,8 +20,8 @@ import threading
 
 import redis
 
-from common.protocol import keys
-from producer import AsyncProducer, Producer
+from embedfleet.common.protocol import keys
+from embedfleet import AsyncProducer, Producer
 from tests.nullworker import NULL, null_worker
 from tests.fleet.test_queue import wait_for
 

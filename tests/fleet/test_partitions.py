@@ -10,10 +10,10 @@ import contextlib
 import pytest
 import redis
 
-from common.protocol import keys
-from common.redisserver import RedisServer
-from producer import AsyncProducer, Producer
-from producer.client.fleet import level_stats
+from embedfleet.common.protocol import keys
+from embedfleet.common.redisserver import RedisServer
+from embedfleet import AsyncProducer, Producer
+from embedfleet.producer.client.fleet import level_stats
 from tests.nullworker import NULL, null_worker
 
 
@@ -88,8 +88,8 @@ def test_the_async_producer_spreads_and_finds_its_requests(partitions):
 
 
 def test_level_stats_of_a_partitioned_model_sum_over_its_partitions(partitions):
-    from common.shards import ShardMap
-    from producer.client.exchanges import run
+    from embedfleet.common.shards import ShardMap
+    from embedfleet.producer.client.exchanges import run
 
     urls = partitions[:2]
     with null_worker(urls[0]), null_worker(urls[1]):
@@ -103,3 +103,59 @@ def test_level_stats_of_a_partitioned_model_sum_over_its_partitions(partitions):
                 for link in links.values():
                     link.close()
     assert stats["bulk"].depth == 6 and stats["bulk"].oldest_age is not None and stats["interactive"].depth == 0
+
+
+def test_a_producer_reads_the_partitions_from_the_environment_as_every_command_does(partitions, monkeypatch):
+    """Producer() and AsyncProducer() take EMBEDFLEET_REDIS_SHARDS (as `worker`, `status` and `embed` do), and a
+    submit_many of ten requests spreads over the partitions, one enqueue per partition."""
+    urls = partitions[:2]
+    monkeypatch.setenv("EMBEDFLEET_REDIS_SHARDS", f"{NULL}={urls[0]},{urls[1]}")
+    with null_worker(urls[0]), null_worker(urls[1]):
+        with Producer(urls[0]) as producer:
+            assert producer.shards.partitions(NULL) == urls
+            producer.submit_many([[f"many {i}"] for i in range(10)], NULL)
+            assert _jobs_on(urls) == [5, 5]
+
+        async def spread() -> list[str]:
+            async with AsyncProducer(urls[0]) as producer:
+                assert producer.shards.partitions(NULL) == urls
+                return await producer.submit_many([[f"async {i}"] for i in range(10)], NULL)
+
+        ids = asyncio.run(spread())
+        assert _jobs_on(urls) == [10, 10] and len(set(ids)) == 10
+
+
+def test_a_chosen_id_has_one_home_whoever_submits_it_and_is_never_accepted_twice(partitions):
+    """Four producers over three partitions, two listing them in other orders, submit 250 chosen ids 1,125 times
+    in all: alone, and in pairs whose ids have different homes (one new, one a retry). Each id is enqueued once,
+    on its home (placement.partition_of: the set of partitions, not a producer's order), and every later submit
+    of it is refused as a duplicate (issue 49's target: 0 ids accepted twice)."""
+    from embedfleet.common.errors import DuplicateRequestError
+    from embedfleet.producer.client.placement import partition_of
+
+    urls = partitions[:3]
+    orders = [urls, urls[::-1], [urls[1], urls[2], urls[0]], urls]
+    ids = [f"order-{i}" for i in range(250)]
+    pairs = [ids[i:i + 2] for i in range(0, len(ids), 2)]
+    rounds = [[[i] for i in ids[::2]],  # the even ids, alone
+              pairs,  # each even id (a retry) with an odd one (new), whose home is often another partition
+              [[i] for i in ids], [[i] for i in ids] + pairs]  # every id again, alone and paired
+    accepted: list[str] = []
+    with contextlib.ExitStack() as stack:
+        for url in urls:
+            stack.enter_context(null_worker(url))
+        for order, submits in zip(orders, rounds):
+            with Producer(order[0], shards={NULL: order}) as producer:
+                for chosen in submits:
+                    with contextlib.suppress(DuplicateRequestError):  # a retry: refused, all or part
+                        accepted += producer.submit_many([[f"text of {i}"] for i in chosen], NULL,
+                                                         request_ids=chosen)
+    where = {}
+    for url in urls:
+        with redis.Redis.from_url(url) as client:
+            for request_id in ids:
+                if client.exists(keys.rq_job_key(request_id)):
+                    where.setdefault(request_id, []).append(url)
+    assert where == {i: [partition_of(urls, i)] for i in ids}  # once each, on its home
+    assert {len(v) for v in where.values()} == {1} and len({v[0] for v in where.values()}) == 3  # spread
+    assert len(accepted) == len(set(accepted))  # no submit answered an id that was taken before

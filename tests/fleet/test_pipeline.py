@@ -15,18 +15,18 @@ from rq import Worker
 from rq.job import JobStatus
 from rq.suspension import resume, suspend
 
-from common.protocol.keys import notify_key, result_key
-from common.protocol.records import RQ_RECORDS
-from common.request import EmbedRequest
-from common.result import Result
+from embedfleet.common.protocol.keys import notify_key, result_key
+from embedfleet.common.protocol.records import RQ_RECORDS
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
 from tests.harness import burst, serve
 from tests.fleet.test_queue import GatedEngine, enqueue, rq_queue, wait_for
 from tests.tinymodels import sample_texts
-from worker.engine.engine import Engine
-from worker.engine.models.loader import load_model
-from worker.engine.models.nullmodel import NullModel
-from worker.engine.probe import choose, probe_budget
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.engine.models.nullmodel import NullModel
+from embedfleet.worker.engine.probe import choose, probe_budget
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,8 @@ def rq_info(conn) -> str:
     kwargs = conn.connection_pool.connection_kwargs
     done = subprocess.run([sys.executable, "-m", "rq.cli", "info", "--raw", "--url",
                            f"redis://{kwargs['host']}:{kwargs['port']}/0", "--serializer",
-                           "common.serializer.MsgpackSerializer"], capture_output=True, text=True, timeout=60)
+                           "embedfleet.common.serializer.MsgpackSerializer"], capture_output=True, text=True,
+                           timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

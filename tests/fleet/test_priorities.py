@@ -13,19 +13,19 @@ import pytest
 from rq import Queue
 from rq.job import Job, JobStatus
 
-from common.protocol import keys
-from common.errors import ExpiredError, ValidationError
-from common.request import EmbedRequest
-from common.scheduling import estimate_tokens, priority_level
-from common.serializer import MsgpackSerializer
-from producer import Producer
+from embedfleet.common.protocol import keys
+from embedfleet.common.errors import ExpiredError, ValidationError
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.scheduling import estimate_tokens, priority_level
+from embedfleet.common.serializer import MsgpackSerializer
+from embedfleet import Producer
 from tests.harness import burst, serve
 from tests.fleet.test_queue import wait_for
-from worker.engine.engine import Engine
-from worker.engine.models.nullmodel import NullModel
-from worker.serving import levels as levels_module
-from worker.serving.pipeline import BatchWorker
-from common.protocol.records import rq_time
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.nullmodel import NullModel
+from embedfleet.worker.serving import levels as levels_module
+from embedfleet.worker.serving.pipeline import BatchWorker
+from embedfleet.common.protocol.records import rq_time
 
 MODEL = "prio"
 INTERACTIVE, BULK = keys.queue_name(MODEL), keys.queue_name(MODEL, "bulk")
@@ -215,7 +215,7 @@ def test_queued_tokens_follow_submit_take_cancel_and_requeue(engine, producer, r
 
 def test_bulk_waits_for_a_model_scaled_to_zero_while_interactive_is_told_no_worker(engine, producer,
                                                                                   redis_client):
-    from common.errors import NoWorkerError, UnknownModelError
+    from embedfleet.common.errors import NoWorkerError, UnknownModelError
 
     gone = advertised(engine, redis_client)
     gone.advertiser.withdraw()  # the model is known, no worker serves it now (scaled to zero)

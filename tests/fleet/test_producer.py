@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import json
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,19 +13,18 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from sentence_transformers import SentenceTransformer
 
-from common.protocol import keys
-from common.errors import (CancelledError, InputTooLongError, NotFoundError, NoWorkerError, TimeoutError,
-                           UnavailableError, UnknownModelError, ValidationError)
-from common.params import PoolingParams
-from common.result import Result
-from common.serializer import MsgpackSerializer
-from producer import AsyncProducer, Producer
-from producer.client.core import looked_at
+from embedfleet.common.protocol import keys
+from embedfleet.common.errors import (CancelledError, InputTooLongError, NotFoundError, NoWorkerError, TimeoutError,
+                                      UnavailableError, UnknownModelError, ValidationError)
+from embedfleet.common.params import PoolingParams
+from embedfleet.common.result import Result
+from embedfleet.common.serializer import MsgpackSerializer
+from embedfleet import AsyncProducer, Producer
+from embedfleet.producer.client.core import looked_at
 from tests.harness import burst
-from tests.tinymodels import sample_texts
-from worker.serving.pipeline import BatchWorker
+from bench.corpus import stdlib_docstrings
+from embedfleet.worker.serving.pipeline import BatchWorker
 
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "data" / "docstrings.json"
 ROUNDS = 25  # closes with a read in flight (before the fix, one of about ten hung)
 
 
@@ -62,13 +59,10 @@ def serving_worker(fleet, engine):
 
 
 def corpus_texts() -> list[str]:
-    """60 texts of varied length (real ones from the shared corpus when it is there), some far beyond the
-    model's 256 tokens."""
-    if CORPUS.exists():
-        texts = sorted(json.loads(CORPUS.read_text()), key=len)
-        picked = texts[:: len(texts) // 54][:54]
-    else:
-        picked = sample_texts(54, max_words=80)
+    """60 texts of varied length (real English: the bench corpus's docstrings, spread over its lengths), some far
+    beyond the model's 256 tokens."""
+    texts = sorted(stdlib_docstrings(), key=len)
+    picked = texts[:: len(texts) // 54][:54]
     long = " ".join(picked[-5:] * 20)
     return picked + [long, long[: len(long) // 2], "a", "short text", "another short one",
                      " ".join(["many words"] * 400)]
@@ -107,8 +101,8 @@ def test_requests_submitted_before_a_worker_starts_are_batched(producer, engine,
 
 
 def producer_request(texts):
-    from common.params import PoolingParams
-    from common.request import EmbedRequest
+    from embedfleet.common.params import PoolingParams
+    from embedfleet.common.request import EmbedRequest
 
     return EmbedRequest(model="minilm", inputs=texts, params=PoolingParams(truncate_prompt_tokens=-1))
 
@@ -359,8 +353,8 @@ def test_closing_the_hub_ends_its_reader_even_with_a_read_in_flight(redis_url, r
     """close() cancels the reader while its read may be on the wire and the connection closes under it:
     redis-py can take that cancel, and a reader that then went back to wait for work hung the event loop's
     shutdown (asyncio.run waited for it for ever). Bounded: ROUNDS closes, each reader must end in 10 s."""
-    from common.redisclient import close_async, connect_async
-    from producer.client.waiters import WaitHub
+    from embedfleet.common.redisclient import close_async, connect_async
+    from embedfleet.producer.client.waiters import WaitHub
 
     async def status(request_id):
         return "queued"
@@ -390,8 +384,8 @@ def test_closing_the_hub_ends_its_reader_even_with_a_read_in_flight(redis_url, r
 def test_a_recheck_wakes_waiters_whose_reply_was_lost_in_an_outage(redis_url, redis_client):
     """After a listener reconnects the hub looks at its waiters' result keys: a stream entry lost with a
     restarted Redis (or trimmed meanwhile) must not leave a waiter hanging."""
-    from common.redisclient import close_async, connect_async
-    from producer.client.waiters import WaitHub
+    from embedfleet.common.redisclient import close_async, connect_async
+    from embedfleet.producer.client.waiters import WaitHub
 
     async def status(request_id):
         return "queued"

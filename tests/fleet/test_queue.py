@@ -13,25 +13,26 @@ from pydantic import ValidationError
 from rq import Queue, Retry, Worker
 from rq.job import JobStatus
 
-from common.codec import packb
-from common.protocol import operations
-from common.protocol.records import RQ_RECORDS
-from common.protocol.keys import (FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, LEASE_GRACE, MODELS_KEY, RESULT_TTL,
-                         model_key, model_workers_key, notify_key, queue_name, result_key)
-from common.request import EmbedRequest
-from common.result import Result
-from common.serializer import MsgpackSerializer
+from embedfleet.common.codec import packb
+from embedfleet.common.protocol import operations
+from embedfleet.common.protocol.records import RQ_RECORDS
+from embedfleet.common.protocol.keys import (FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, LEASE_GRACE, MODELS_KEY,
+                                             RESULT_TTL, model_key, model_workers_key, notify_key, queue_name,
+                                             result_key)
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
+from embedfleet.common.serializer import MsgpackSerializer
 from tests.commands import wait_for
 from tests.harness import burst, serve
 from tests.nullworker import null_engine
 from tests.tinymodels import engine_for
-from worker.serving.advertise import Advertiser
-from worker.serving.config import WorkerSettings
-from worker.engine.engine import Engine
-from worker.engine.models.base import LoadedModel
-from worker.engine.models.loader import load_model
-from worker.serving.pipeline import BatchWorker
-from worker.serving.rqpubsub import PromptSimpleWorker
+from embedfleet.worker.serving.advertise import Advertiser
+from embedfleet.worker.serving.config import WorkerSettings
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.base import LoadedModel
+from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.rqpubsub import PromptSimpleWorker
 
 
 @pytest.fixture

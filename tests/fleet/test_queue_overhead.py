@@ -6,11 +6,11 @@ import redis
 from rq import Queue
 from rq.utils import now
 
-from common.request import EmbedRequest
-from common.serializer import MsgpackSerializer
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.serializer import MsgpackSerializer
 from tests.fleet.test_queue import enqueue, engine, texts  # noqa: F401 - `engine` is a fixture
-from worker.serving.pipeline import BatchWorker
-from worker.serving.rqpubsub import PromptSimpleWorker
+from embedfleet.worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.rqpubsub import PromptSimpleWorker
 
 
 def noop(payload: bytes) -> None:

@@ -11,16 +11,16 @@ import pytest
 from rq import Retry
 from rq.job import JobStatus
 
-from common.errors import InternalError
-from common.protocol.keys import result_key
-from common.protocol.records import RQ_RECORDS
-from common.request import EmbedRequest
-from common.result import Result
-from producer import AsyncProducer
+from embedfleet.common.errors import InternalError
+from embedfleet.common.protocol.keys import result_key
+from embedfleet.common.protocol.records import RQ_RECORDS
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
+from embedfleet import AsyncProducer
 from tests.harness import burst
 from tests.fleet.test_queue import engine, enqueue, rq_queue, wait_for  # noqa: F401 - `engine` is a fixture
-from worker.serving.heartbeat import Heartbeat
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.heartbeat import Heartbeat
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 
 @pytest.mark.parametrize("records", RQ_RECORDS)

@@ -13,16 +13,16 @@ import redis
 from rq import Queue
 from rq.job import Job
 
-from common.protocol import keys
-from common.errors import DecodeError, DuplicateRequestError, TimeoutError
-from common.redisclient import connect_async
-from common.redisserver import RedisServer
-from common.request import EmbedRequest, job_reply_to
-from common.result import Result
-from common.serializer import MsgpackSerializer
-from producer import AsyncProducer, Producer
-from common.protocol import operations
-from producer.gateway.core.service import save_job_options
+from embedfleet.common.protocol import keys
+from embedfleet.common.errors import DecodeError, DuplicateRequestError, TimeoutError
+from embedfleet.common.redisclient import connect_async
+from embedfleet.common.redisserver import RedisServer
+from embedfleet.common.request import EmbedRequest, job_reply_to
+from embedfleet.common.result import Result
+from embedfleet.common.serializer import MsgpackSerializer
+from embedfleet import AsyncProducer, Producer
+from embedfleet.common.protocol import operations
+from embedfleet.producer.gateway.core.service import save_job_options
 from tests.answers import MODEL, advertise, answer
 from tests.gatewayserver import Server, settings
 
@@ -201,7 +201,7 @@ def test_the_documented_acl_recipe_runs_a_fleet(bert_mean):
     everything works, Redis denied nothing, and each user is refused what it has no business doing."""
     from tests.harness import burst
     from tests.tinymodels import engine_for
-    from worker.serving.pipeline import BatchWorker
+    from embedfleet.worker.serving.pipeline import BatchWorker
 
     passwords = {"producer": "p-secret", "worker": "w-secret"}
     with RedisServer() as server:

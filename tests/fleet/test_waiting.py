@@ -15,10 +15,10 @@ import pytest
 import redis
 from rq.job import Job
 
-from common.errors import NotFoundError, UnavailableError
-from common.protocol import keys
-from producer import AsyncProducer, Producer
-from producer.client.core import CAPS_CACHE_SECONDS
+from embedfleet.common.errors import NotFoundError, UnavailableError
+from embedfleet.common.protocol import keys
+from embedfleet import AsyncProducer, Producer
+from embedfleet.producer.client.core import CAPS_CACHE_SECONDS
 from tests.answers import MODEL, advertise, answer
 from tests.fleet.test_trust import documented_acl
 from tests.nullworker import NULL
@@ -215,9 +215,9 @@ def test_results_yields_each_of_this_producers_results_once(redis_url, redis_cli
 def test_coalesced_submits_fail_alone(redis_url, redis_client):
     """Callers whose submits share a transaction are refused one by one: past max_queue_depth in arrival
     order, and a taken id fails only its own caller."""
-    from common.errors import DuplicateRequestError, QueueFullError
-    from common.request import EmbedRequest
-    from producer.client.asubmit import Submitter
+    from embedfleet.common.errors import DuplicateRequestError, QueueFullError
+    from embedfleet.common.request import EmbedRequest
+    from embedfleet.producer.client.asubmit import Submitter
     from redis.asyncio import Redis
 
     advertise(redis_client)

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.protocol import keys
-from producer.gateway.jobs.webhookurls import WebhookPolicy, WebhookRefusedError, loggable, refusal
+from embedfleet.common.protocol import keys
+from embedfleet.producer.gateway.jobs.webhookurls import WebhookPolicy, WebhookRefusedError, loggable, refusal
 from tests.gatewayserver import Server, settings
 from tests.nullworker import NULL, null_worker
 from tests.fleet.test_job_push import SECRET, Receiver
@@ -225,7 +225,7 @@ def test_a_host_that_resolves_to_loopback_is_refused_at_connect_and_nothing_is_s
                                                                                       receiver, caplog):
     """A replica that allows `localhost` accepts the job; the replica that delivers it does not, and finds
     at connect time that the name resolves to loopback: the webhook leaves the delivery list unsent."""
-    caplog.set_level(logging.WARNING, logger="producer.gateway.jobs.webhooks")
+    caplog.set_level(logging.WARNING, logger="embedfleet.producer.gateway.jobs.webhooks")
     webhook = f"http://localhost:{receiver.port}/hook?token=s3cr3t"
     with null_worker(redis_url) as worker:
         accepting = gateway(redis_url, webhook_allow_http=True, webhook_allow_hosts="localhost")

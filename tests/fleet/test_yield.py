@@ -13,14 +13,14 @@ import time
 import pytest
 import redis
 
-from common.protocol import keys
-from producer import Producer
+from embedfleet.common.protocol import keys
+from embedfleet import Producer
 from tests.commands import clean_env, embedfleet
 from tests.harness import burst, serve
-from worker.engine.engine import Engine
-from worker.engine.models.loader import load_model
-from worker.engine.shaper import Shape, Shaper
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.engine.shaper import Shape, Shaper
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 MODEL = "yield"
 

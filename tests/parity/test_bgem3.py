@@ -14,19 +14,19 @@ import numpy as np
 import pytest
 import redis
 
-from common.protocol.keys import result_key
-from common.request import EmbedRequest
-from producer import AsyncProducer
+from embedfleet.common.protocol.keys import result_key
+from embedfleet.common.request import EmbedRequest
+from embedfleet import AsyncProducer
 from tests.commands import wait_for
 from tests.harness import Fleet
 from tests.sparsemodels import M3_COLBERT_DIM, save_tiny_m3
 from tests.tinymodels import cosines, sample_texts
-from worker.engine.engine import Engine
-from worker.engine.identity import folder_digest, model_identity
-from worker.engine.models.loader import load_model
-from worker.serving.cache import VectorCache
-from worker.serving.inflight import request_digest
-from worker.serving.metrics import WorkerMetrics
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.identity import folder_digest, model_identity
+from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.serving.cache import VectorCache
+from embedfleet.worker.serving.inflight import request_digest
+from embedfleet.worker.serving.metrics import WorkerMetrics
 
 TEXTS = sample_texts(6, seed=7, max_words=20)
 ALL = ("dense", "sparse", "colbert")
@@ -232,7 +232,7 @@ def test_bad_requests_are_clear_400s(m3_fleet):
 
 def test_outputs_checked_against_the_model(m3, m3_fleet):
     producer, _, _ = m3_fleet
-    from common.errors import ValidationError
+    from embedfleet.common.errors import ValidationError
 
     with pytest.raises(ValidationError, match="`outputs`"):
         producer.submit(["x"], "m3", outputs=["dense", "dense"])
@@ -304,8 +304,8 @@ def test_rerank_with_weights(m3_fleet, reference):
 
 
 def test_a_malformed_version_2_blob_is_a_decode_error(m3_fleet):
-    from common.errors import DecodeError
-    from common.result import Result
+    from embedfleet.common.errors import DecodeError
+    from embedfleet.common.result import Result
 
     producer, _, _ = m3_fleet
     good = producer.encode(TEXTS[:2], "m3", outputs=["sparse"])

@@ -11,14 +11,14 @@ import torch
 from pydantic import ValidationError as PydanticValidationError
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from common.chat import CHAT_INPUT, NO_TEMPLATE, UNTRUSTED_TEMPLATE
-from common.errors import DecodeError
-from common.request import EmbedRequest
-from producer import Producer
+from embedfleet.common.chat import CHAT_INPUT, NO_TEMPLATE, UNTRUSTED_TEMPLATE
+from embedfleet.common.errors import DecodeError
+from embedfleet.common.request import EmbedRequest
+from embedfleet import Producer
 from tests.livegateway import live_fleet
 from tests.tinymodels import save_tiny_bert, save_tiny_classifier, st_reference, wrap_sentence_transformers
-from worker.engine.engine import Engine
-from worker.engine.models.loader import load_model
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.loader import load_model
 
 TEMPLATE = ("{% for m in messages %}"
             "{% if m['role'] not in ['system', 'user', 'assistant'] %}{{ raise_exception('unknown role ' + m['role'])"
@@ -158,7 +158,7 @@ def test_a_bad_conversation_fails_alone(folders):
 def test_chat_read_from_redis_is_validated():
     good = EmbedRequest(model="m", inputs=[CHAT_INPUT], chat={"messages": MESSAGES}).encode()
     assert EmbedRequest.decode(good).chat.messages[1].content == MESSAGES[1]["content"]
-    from common.codec import packb, unpackb
+    from embedfleet.common.codec import packb, unpackb
     for change in ({"chat": {"messages": "not a list"}}, {"chat": {"messages": MESSAGES, "chat_template_kwargs":
                                                                     {"messages": []}}},
                    {"inputs": ["two", "inputs"]}):

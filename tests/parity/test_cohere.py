@@ -18,8 +18,8 @@ from transformers import AutoTokenizer
 from tests.livegateway import live_fleet
 from tests.parity.test_tasks import DOCS, QUERY
 from tests.tinymodels import save_tiny_bert, sample_texts, st_reference, wrap_sentence_transformers
-from worker.engine.engine import Engine
-from worker.engine.models.loader import load_model
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.loader import load_model
 
 PROMPTS = {"search_query": "query: ", "search_document": "passage: "}
 TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"

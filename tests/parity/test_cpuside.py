@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 import torch
 
-from common.request import EmbedRequest
+from embedfleet.common.request import EmbedRequest
 from tests.harness import burst
 from tests.fleet.test_queue import enqueue
 from tests.tinymodels import sample_texts
-from worker.engine import stageclock
-from worker.engine.encode import token_ids
-from worker.engine.engine import Engine
-from worker.engine.models.base import pad_batch
-from worker.engine.models.loader import load_model
-from worker.engine.preprocess import prepare, prepare_many
-from worker.serving.metrics import WorkerMetrics
+from embedfleet.worker.engine import stageclock
+from embedfleet.worker.engine.encode import token_ids
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.base import pad_batch
+from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.engine.preprocess import prepare, prepare_many
+from embedfleet.worker.serving.metrics import WorkerMetrics
 
 
 @pytest.fixture(scope="module")

@@ -11,16 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from common.dtypes import float32_to_bfloat16_bits
-from common.params import EMBED_DTYPES
-from common.quantize import quantization_ranges
-from common.request import EmbedRequest
-from common.result import Result
+from embedfleet.common.dtypes import float32_to_bfloat16_bits
+from embedfleet.common.params import EMBED_DTYPES
+from embedfleet.common.quantize import quantization_ranges
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
 from tests.tinymodels import cosines, embed, engine_for, sample_texts, st_reference
-from worker.engine.engine import Engine
-from worker.engine.fidelity import cast_with_fidelity_check
-from worker.engine.models.loader import load_model
-from worker.engine.postprocess import cast
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.fidelity import cast_with_fidelity_check
+from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.engine.postprocess import cast
 
 logging.getLogger("sentence_transformers").setLevel(logging.ERROR)
 
@@ -282,7 +282,7 @@ def test_a_model_failing_the_fidelity_check_is_refused_and_left_in_float32(bert_
 
 def test_a_model_that_overflows_in_float16_is_refused_not_served_as_nan(tmp_path):
     """Its float16 vectors are NaN, and a NaN cosine compares false with any gate: it passed the check before."""
-    from common.errors import StartupError
+    from embedfleet.common.errors import StartupError
     from tests.tinymodels import save_float16_overflowing_bert
 
     folder = save_float16_overflowing_bert(str(tmp_path / "overflow"))
@@ -367,9 +367,9 @@ def test_the_engine_runs_with_no_redis_at_all(tmp_path):
         "    if name.split('.')[0] in ('redis', 'rq'): raise ImportError('the engine imported ' + name)\n"
         "    return real(name, *a, **k)\n"
         "builtins.__import__ = guard\n"
-        "from common.request import EmbedRequest\n"
-        "from worker.engine.engine import Engine\n"
-        "from worker.engine.models.loader import load_model\n"
+        "from embedfleet.common.request import EmbedRequest\n"
+        "from embedfleet.worker.engine.engine import Engine\n"
+        "from embedfleet.worker.engine.models.loader import load_model\n"
         f"engine = Engine(load_model({folder!r}, served_name='m'))\n"
         "results = engine.run([EmbedRequest(model='m', inputs=['no redis here', 'none at all'])])\n"
         "assert results[0].ok and results[0].embeddings.shape == (2, 32), results\n"

@@ -1,6 +1,6 @@
 """CPU engines (worker/engine/backends): ONNX Runtime and OpenVINO, float32 and int8, against sentence-transformers
 in float32 on the bundled MiniLM and tiny random models; the fidelity gate, the export cache, the refusals, and a
-real `python -m worker --engine onnx` serving through a real gateway."""
+real `python -m embedfleet.worker --engine onnx` serving through a real gateway."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ import sys
 import numpy as np
 import pytest
 
-from common.errors import StartupError
-from common.request import EmbedRequest
+from embedfleet.common.errors import StartupError
+from embedfleet.common.request import EmbedRequest
 from tests.tinymodels import cosines, sample_texts, save_tiny_bert, st_reference, wrap_sentence_transformers
-from worker.engine.backends import GATES, EngineChoice, export
-from worker.engine.engine import Engine
-from worker.engine.identity import folder_digest, model_identity
-from worker.engine.models.loader import load_model
+from embedfleet.worker.engine.backends import GATES, EngineChoice, export
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.identity import folder_digest, model_identity
+from embedfleet.worker.engine.models.loader import load_model
 
 # `make install` installs the [onnx] and [openvino] extras: a missing one is an install defect, not a skip
 import onnxruntime  # noqa: F401
@@ -177,24 +177,24 @@ def test_cli_refuses_an_unknown_engine_or_quantisation():
     from tests.commands import ROOT
 
     for flags in (["--engine", "tensorrt"], ["--quantize", "int4"]):
-        done = subprocess.run([sys.executable, "-m", "worker", *flags], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-m", "embedfleet.worker", *flags], capture_output=True, text=True,
                               cwd=ROOT, timeout=120)
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and flags[0].strip("-") in done.stderr
 
 
 def test_a_worker_started_with_engine_onnx_serves_end_to_end(bert_mean, engine_cache, redis_url, tmp_path):
-    """`python -m worker --engine onnx` (export from the cache the tests above filled), a real gateway, the openai
-    client: the vectors are sentence-transformers' and the advert names the engine and its measured cosine."""
+    """`python -m embedfleet.worker --engine onnx` (export from the cache the tests above filled), a real gateway, the
+    openai client: the vectors are sentence-transformers' and the advert names the engine and its measured cosine."""
     import openai
 
-    from producer import Producer
+    from embedfleet import Producer
     from tests.commands import ROOT, advertised, clean_env
     from tests.gatewayserver import Server, settings
 
     env = {**clean_env(tmp_path / "xdg"), "PYTHONPATH": str(ROOT)}
-    worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", bert_mean,
-                               "--served-model-name", "tiny", "--engine", "onnx", "--engine-cache-dir", engine_cache,
-                               "--poll-timeout", "1", "--probe-seconds", "1"], env=env)
+    worker = subprocess.Popen([sys.executable, "-m", "embedfleet.worker", "--redis-url", redis_url, "--model",
+                               bert_mean, "--served-model-name", "tiny", "--engine", "onnx", "--engine-cache-dir",
+                               engine_cache, "--poll-timeout", "1", "--probe-seconds", "1"], env=env)
     gateway = Server(settings(redis_url))
     try:
         with Producer(redis_url) as producer:

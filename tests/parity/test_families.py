@@ -17,16 +17,16 @@ import numpy as np
 import pytest
 import redis
 
-from common.errors import StartupError
-from common.request import EmbedRequest
-from producer import Producer
+from embedfleet.common.errors import StartupError
+from embedfleet.common.request import EmbedRequest
+from embedfleet import Producer
 from tests.harness import Fleet
 from tests.stfamilies import FAMILIES, FLAT_TEMPLATE, build, save_family, with_template
 from tests.tinymodels import cosines, sample_texts, wrap_sentence_transformers
-from worker.engine.backends import EngineChoice
-from worker.engine.engine import Engine
-from worker.engine.models.loader import load_model
-from worker.engine.preprocess import prepare
+from embedfleet.worker.engine.backends import EngineChoice
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.engine.preprocess import prepare
 
 MIN_COSINE = 0.99999
 # Short and mixed texts, unicode, code, whitespace, and inputs over every folder's max length (truncated by

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoModel
 
-from common.request import EmbedRequest
+from embedfleet.common.request import EmbedRequest
 from tests.fleet.test_producer import corpus_texts
-from worker.engine.engine import Engine
-from worker.engine.models.loader import load_model
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.loader import load_model
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

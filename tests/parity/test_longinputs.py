@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from common.protocol import keys
-from common.errors import DecodeError, InputTooLongError, InternalError
-from common.request import EmbedRequest
-from common.result import Result
-from producer import Producer
+from embedfleet.common.protocol import keys
+from embedfleet.common.errors import DecodeError, InputTooLongError, InternalError
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
+from embedfleet import Producer
 from tests.harness import burst, serve
 from tests.tinymodels import WORDS, save_tiny_bert, st_reference, wrap_sentence_transformers
-from worker.engine.engine import Engine
-from worker.engine.models.loader import load_model
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 MAX_LEN = 32  # the tiny model's max length: 7x of it is still a fast test
 
@@ -95,7 +95,7 @@ def test_truncation_wins_over_chunking_and_limits_are_clear(long_model):
 
 def test_max_embed_len_is_bounded(long_model):
     folder, _ = long_model
-    from common.errors import StartupError
+    from embedfleet.common.errors import StartupError
 
     with pytest.raises(StartupError, match="must exceed the model's max length"):
         load_model(folder, max_embed_len=MAX_LEN)
@@ -332,6 +332,6 @@ def test_two_serving_workers_join_concurrent_parts_once(long_model, redis_url, r
 
 def alone_parts(text: str, model) -> list:
     """The chunks one worker makes of `text` (one part each at chunks_per_job=1)."""
-    from worker.engine.preprocess import prepare
+    from embedfleet.worker.engine.preprocess import prepare
 
     return prepare(model, EmbedRequest(model="long", inputs=[text]).resolve(model.caps)).token_lists

@@ -12,12 +12,12 @@ import sys
 
 import pytest
 
-from common.errors import StartupError
-from common.protocol import keys, operations
-from common.request import EmbedRequest
+from embedfleet.common.errors import StartupError
+from embedfleet.common.protocol import keys, operations
+from embedfleet.common.request import EmbedRequest
 from tests.commands import ROOT, clean_env
 from tests.tinymodels import _bert_vocab
-from worker.engine.models.loader import load_model
+from embedfleet.worker.engine.models.loader import load_model
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
 
@@ -46,7 +46,7 @@ def test_a_worker_on_a_folder_without_its_tokenizer_exits_with_the_line_and_answ
         os.remove(copy / name)
     queued = EmbedRequest(model="broken", inputs=["The cat sits on the mat."])
     operations.enqueue(redis_client, operations.enqueue_args(keys.queue_name("broken"), [queued]))
-    done = subprocess.run([sys.executable, "-m", "worker", "--redis-url", redis_url, "--model", str(copy),
+    done = subprocess.run([sys.executable, "-m", "embedfleet.worker", "--redis-url", redis_url, "--model", str(copy),
                            "--served-model-name", "broken", "--poll-timeout", "1", "--probe-seconds", "0.2"],
                           env=clean_env(tmp_path / "xdg"), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr[-2000:]

@@ -12,12 +12,12 @@ import sys
 import numpy as np
 import pytest
 
-from common.request import EmbedRequest
+from embedfleet.common.request import EmbedRequest
 from tests.commands import clean_env
 from tests.tinymodels import cosines, sample_texts, save_tiny_bert, st_reference, wrap_sentence_transformers
-from worker.engine.engine import Engine
-from worker.engine.models.loader import load_model
-from worker.serving.config import WorkerSettings
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.serving.config import WorkerSettings
 
 TEXTS = sample_texts(24, seed=5) + ["x", "Paris is the capital of France.", "def add(a, b):\n    return a + b"]
 
@@ -94,9 +94,9 @@ def test_the_gate_falls_back_to_padded_in_one_line(kind, other_encoders, caplog)
     """DeBERTa-v2 and MPNet run attention of their own: packed, texts would see each other (DeBERTa-v2 agrees to
     ~0.9998 on the probe texts, enough for a float16 gate and not for this one). They serve padded, said once."""
     padded = load_model(other_encoders[kind], device="cpu")
-    with caplog.at_level(logging.INFO, logger="worker.engine.packed"):
+    with caplog.at_level(logging.INFO, logger="embedfleet.worker.engine.packed"):
         model = load_model(other_encoders[kind], device="cpu", packed="on")
-    lines = [r for r in caplog.records if r.name == "worker.engine.packed"]
+    lines = [r for r in caplog.records if r.name == "embedfleet.worker.engine.packed"]
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING
     assert "padded: packed forward disagrees with padded" in lines[0].getMessage()
     assert model.forward_layout == "padded" and model.packer is None
@@ -105,7 +105,7 @@ def test_the_gate_falls_back_to_padded_in_one_line(kind, other_encoders, caplog)
 
 
 def test_auto_packs_only_on_cuda_in_half_precision(bert_mean, caplog):
-    with caplog.at_level(logging.INFO, logger="worker.engine.packed"):
+    with caplog.at_level(logging.INFO, logger="embedfleet.worker.engine.packed"):
         model = load_model(bert_mean, device="cpu", packed="auto")
     assert model.forward_layout == "padded" and model.packer is None
     assert "auto packs on CUDA in float16/bfloat16; this is cpu float32" in caplog.text
@@ -122,7 +122,7 @@ def test_half_precision_packs_when_the_float32_gate_passes(minilm_path, caplog):
     """MiniLM in bfloat16: packed and padded differ by bfloat16's rounding (0.99992 on the probe texts), which a
     gate of 0.99999 in the serving dtype always refused. The gate runs in float32; the dtype's own check then
     judges the packed path, and packed serves what padded bfloat16 serves, to the dtype's rounding."""
-    with caplog.at_level(logging.INFO, logger="worker.engine.packed"):
+    with caplog.at_level(logging.INFO, logger="embedfleet.worker.engine.packed"):
         packed = load_model(minilm_path, device="cpu", dtype="bfloat16", packed="on")
     assert packed.forward_layout == "packed", caplog.text
     assert "probe cosine vs padded in float32" in caplog.text
@@ -137,14 +137,14 @@ def test_half_precision_packs_when_the_float32_gate_passes(minilm_path, caplog):
 def test_a_packed_path_the_dtype_check_refuses_is_unpacked_and_padded_judged_alone(tmp_path, caplog):
     """Packed passes its float32 gate, then fails float16's check (it overflows): the worker unpacks, says so,
     and gives the padded path its own check, which here refuses the dtype too, with the dtype's message."""
-    from common.errors import StartupError
+    from embedfleet.common.errors import StartupError
     from tests.tinymodels import save_float16_overflowing_bert
 
     folder = save_float16_overflowing_bert(str(tmp_path / "overflow"))
-    with caplog.at_level(logging.INFO, logger="worker.engine.packed"), \
+    with caplog.at_level(logging.INFO, logger="embedfleet.worker.engine.packed"), \
             pytest.raises(StartupError, match=r"in float16 agrees with float32 only to cosine NaN"):
         load_model(folder, device="cpu", dtype="float16", packed="on")
-    said = [r.getMessage() for r in caplog.records if r.name == "worker.engine.packed"]
+    said = [r.getMessage() for r in caplog.records if r.name == "embedfleet.worker.engine.packed"]
     assert said[0].endswith("forward: packed (SDPA per text; probe cosine vs padded in float32 1.000000)"), said
     assert "forward: padded: packed in float16 fails (ValueError: " in said[1], said
 
@@ -152,8 +152,8 @@ def test_a_packed_path_the_dtype_check_refuses_is_unpacked_and_padded_judged_alo
 @pytest.mark.parametrize("packed", ["on", "off"])
 def test_the_start_up_lines_say_padded_tokens_only_for_a_padded_worker(packed, bert_mean, redis_url, tmp_path):
     """A packed pass has no padding: its budget bounds real tokens, and the probe's and serving lines say so."""
-    done = subprocess.run([sys.executable, "-m", "producer.cli", "worker", "--model", bert_mean, "--packed", packed,
-                           "--probe-seconds", "0.5", "--burst", "--no-cache", "--redis-url", redis_url],
+    done = subprocess.run([sys.executable, "-m", "embedfleet.producer.cli", "worker", "--model", bert_mean, "--packed",
+                           packed, "--probe-seconds", "0.5", "--burst", "--no-cache", "--redis-url", redis_url],
                           env=clean_env(tmp_path), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     said = [line for line in done.stderr.splitlines() if "batch budget probe" in line or "serving model" in line]

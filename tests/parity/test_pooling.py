@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from common.request import EmbedRequest
+from embedfleet.common.request import EmbedRequest
 from tests.tinymodels import (cosines, embed, engine_for, sample_texts, save_tiny_bert, save_tiny_decoder,
                               st_reference)
-from worker.engine.engine import Engine
-from worker.engine.models.loader import load_model
-from worker.engine.pooling import STRATEGIES, Pooler, modes_from_config
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.engine.pooling import STRATEGIES, Pooler, modes_from_config
 
 logging.getLogger("sentence_transformers").setLevel(logging.ERROR)
 MODES = sorted(STRATEGIES)

@@ -15,8 +15,8 @@ from tests.commands import clean_env, embedfleet
 from tests.harness import Fleet
 from tests.sparsemodels import save_tiny_splade
 from tests.tinymodels import sample_texts
-from worker.engine.engine import Engine
-from worker.engine.models.loader import load_model
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.loader import load_model
 
 TEXTS = sample_texts(7, seed=11, max_words=25)
 

@@ -15,7 +15,7 @@ import torch
 from sentence_transformers import CrossEncoder
 from transformers import AutoModel, AutoTokenizer
 
-from producer import Producer
+from embedfleet import Producer
 from tests.parity.test_tasks import DOCS, QUERY, TEXTS, engine
 
 

@@ -13,15 +13,15 @@ import torch
 from sentence_transformers import CrossEncoder, SentenceTransformer
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
-from common.errors import CancelledError, DecodeError, InputTooLongError, ValidationError
-from common.protocol.keys import queue_name
-from common.request import EmbedRequest
-from common.result import Result
-from producer import AsyncProducer, Producer
+from embedfleet.common.errors import CancelledError, DecodeError, InputTooLongError, ValidationError
+from embedfleet.common.protocol.keys import queue_name
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
+from embedfleet import AsyncProducer, Producer
 from tests.tinymodels import cosines, sample_texts
-from worker.engine.engine import Engine
-from worker.engine.models.loader import load_model
-from worker.serving.pipeline import BatchWorker
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.serving.pipeline import BatchWorker
 
 QUERY = "weather in paris today"
 DOCS = sample_texts(7, seed=3)
@@ -181,7 +181,7 @@ def test_every_unsupported_task_fails_at_submit_naming_the_supported_ones(tasks,
 def test_the_worker_verifies_the_task_again(tasks):
     """A request that skipped the producer's check (an older producer, a hand-made job) is refused by the
     worker with the same message, alone."""
-    from common.protocol import keys, operations
+    from embedfleet.common.protocol import keys, operations
 
     request = EmbedRequest(model="emb", inputs=["a"], params={"task": "classify"})
     operations.enqueue(tasks.redis, operations.enqueue_args(keys.queue_name("emb"), [request]))

@@ -233,7 +233,7 @@ KEY = "tei-key"
 
 @pytest.fixture(scope="module")
 def tiny_fleet(matryoshka_model, cross_encoder, classifier):
-    from common.redisserver import RedisServer
+    from embedfleet.common.redisserver import RedisServer
     from tests.parity.test_tasks import engine
 
     engines = [engine(matryoshka_model, "mrl"), engine(cross_encoder, "ce"), engine(classifier, "clf")]

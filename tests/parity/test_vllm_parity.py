@@ -25,8 +25,8 @@ from sentence_transformers import CrossEncoder, SentenceTransformer
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from tests.livegateway import live_gateway
-from worker.engine.engine import Engine
-from worker.engine.models.loader import load_model
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.loader import load_model
 
 MINILM, CE, CLF = "minilm", "ce", "clf"
 MAX_LEN = 256  # all-MiniLM-L6-v2's max_seq_length; the tiny models' is 128

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.engine.batcher import batches, next_batch
+from embedfleet.worker.engine.batcher import batches, next_batch
 
 lengths_lists = st.lists(st.integers(1, 600), max_size=200).map(sorted)
 budgets = st.integers(1, 4096)

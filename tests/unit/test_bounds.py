@@ -10,17 +10,17 @@ import pytest
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
-from common.bounds import MAX_REQUEST_BYTES
-from common.errors import ValidationError, invalid_request
-from common.params import PoolingParams
-from common.request import EmbedRequest, PartOf, normalize_inputs
-from common.scheduling import priority_level, resolve_deadline
-from producer.client.tasks import check_rerank
-from producer.gateway.core.schemas import EmbedBody
-from producer.gateway.jobs.schemas import JobBody
-from producer.gateway.vllm.schemas import PoolingBody
-from producer.gateway.tasks.schemas import (ClassifyBody, DetokenizeBody, RerankBody, ScoreBody, TeiDecodeBody,
-                                          TeiRerankBody, TeiTokenizeBody, TokenizeBody)
+from embedfleet.common.bounds import MAX_REQUEST_BYTES
+from embedfleet.common.errors import ValidationError, invalid_request
+from embedfleet.common.params import PoolingParams
+from embedfleet.common.request import EmbedRequest, PartOf, normalize_inputs
+from embedfleet.common.scheduling import priority_level, resolve_deadline
+from embedfleet.producer.client.tasks import check_rerank
+from embedfleet.producer.gateway.core.schemas import EmbedBody
+from embedfleet.producer.gateway.jobs.schemas import JobBody
+from embedfleet.producer.gateway.vllm.schemas import PoolingBody
+from embedfleet.producer.gateway.tasks.schemas import (ClassifyBody, DetokenizeBody, RerankBody, ScoreBody,
+                                                       TeiDecodeBody, TeiRerankBody, TeiTokenizeBody, TokenizeBody)
 
 HUGE = 2**64  # one past what msgpack packs
 # (model, field, a value out of bounds, what the message must say): every integer field of a request model.

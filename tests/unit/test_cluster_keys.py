@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.protocol import keys
-from common.redisclient import is_cluster, parse_cluster, with_tls
+from embedfleet.common.protocol import keys
+from embedfleet.common.redisclient import is_cluster, parse_cluster, with_tls
 
 
 def test_a_cluster_url_gives_its_seed_nodes_and_credentials():
@@ -39,7 +39,7 @@ def test_an_id_with_a_malformed_tag_is_no_request_id(bad):
 
 
 def test_a_partition_of_a_cluster_url_has_a_tag_of_its_own():
-    from common.redisurls import cluster_tag
+    from embedfleet.common.redisurls import cluster_tag
 
     url = "redis+cluster://h:7000,h:7001"
     assert cluster_tag(url, "m") == keys.slot_tag("m") != cluster_tag(url + "#p1", "m") == keys.slot_tag("m", "p1")
@@ -48,8 +48,8 @@ def test_a_partition_of_a_cluster_url_has_a_tag_of_its_own():
 
 
 def test_a_partition_map_keeps_a_clusters_seed_list_whole():
-    from common.redisurls import cluster_tag
-    from common.shards import parse_shards
+    from embedfleet.common.redisurls import cluster_tag
+    from embedfleet.common.shards import parse_shards
 
     seeds = "redis+cluster://n1:7000,n2:7001"
     (partitions,) = parse_shards(f"m={seeds}#p0,{seeds}#p1").values()

@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from common.dtypes import (FP8_DTYPES, bfloat16_bits_to_float32, float32_to_bfloat16_bits, fp8_bits_to_float32,
-                           storage_dtype)
-from common.errors import DecodeError, InputTooLongError, ValidationError
-from common.params import EMBED_DTYPES, PoolingParams
-from common.request import EmbedRequest, normalize_inputs
-from common.result import Result
-from common.serializer import MsgpackSerializer
+from embedfleet.common.dtypes import (FP8_DTYPES, bfloat16_bits_to_float32, float32_to_bfloat16_bits,
+                                      fp8_bits_to_float32, storage_dtype)
+from embedfleet.common.errors import DecodeError, InputTooLongError, ValidationError
+from embedfleet.common.params import EMBED_DTYPES, PoolingParams
+from embedfleet.common.request import EmbedRequest, normalize_inputs
+from embedfleet.common.result import Result
+from embedfleet.common.serializer import MsgpackSerializer
 
 texts = st.lists(st.text(min_size=1, max_size=50), min_size=1, max_size=5)
 token_lists = st.lists(st.lists(st.integers(0, 30000), min_size=1, max_size=8), min_size=1, max_size=4)
@@ -133,6 +133,6 @@ def test_openai_input_shapes_normalise(given_, expected):
 
 
 def test_rq_serializer_is_msgpack():
-    payload = ["worker.jobs.embed", None, [b"\x00bytes"], {}]
+    payload = ["embedfleet.worker.jobs.embed", None, [b"\x00bytes"], {}]
     assert MsgpackSerializer.loads(MsgpackSerializer.dumps(payload)) == payload
     assert msgpack.unpackb(MsgpackSerializer.dumps(payload)) == payload

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker.serving.gathering import GATHER_LEAD, IDLE_LOOK, LOOK_EVERY, Device, Gather, Gathering, OnDevice
-from worker.serving.yielding import CUT_IN_PASSES
+from embedfleet.worker.serving.gathering import GATHER_LEAD, IDLE_LOOK, LOOK_EVERY, Device, Gather, Gathering, OnDevice
+from embedfleet.worker.serving.yielding import CUT_IN_PASSES
 
 
 class Clock:
@@ -117,10 +117,10 @@ def test_the_device_state_the_forward_stage_reports():
 def test_a_round_knows_the_passes_of_its_largest_request_apart_from_its_own():
     """What the take stage reports to the device (rounds.passes_of): a full round of small requests needs many
     passes but none of its requests more than one; one large request needs them all by itself."""
-    from worker.engine.engine import Work
-    from worker.engine.preprocess import Prepared
-    from worker.engine.shaper import Shape
-    from worker.serving.rounds import Round, passes_of
+    from embedfleet.worker.engine.engine import Work
+    from embedfleet.worker.engine.preprocess import Prepared
+    from embedfleet.worker.engine.shaper import Shape
+    from embedfleet.worker.serving.rounds import Round, passes_of
 
     def round_of(*sizes: int) -> Round:
         prepared = {i: Prepared(token_lists=[[1] * 8] * size) for i, size in enumerate(sizes)}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 import threading
 
-from worker.serving.handoff import END, Handoff
-from worker.serving.rounds import Round
+from embedfleet.worker.serving.handoff import END, Handoff
+from embedfleet.worker.serving.rounds import Round
 
 
 def prepared(handoff: Handoff, began: float = 0.0) -> Round:

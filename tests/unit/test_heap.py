@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.commands import ROOT
-from worker.engine import heap
+from embedfleet.worker.engine import heap
 
 # 50 rounds, after `setup`, of what a worker's round does: several large blocks alive at once (vectors, their
 # normalised copy, result blobs, the finish pipeline's bytes), all freed at its end; prints the page faults
@@ -27,7 +27,7 @@ for _ in range(50):
     del blocks
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
-TUNED = "import os; from worker.engine import heap; print(heap.keep_freed_memory(os.environ))"
+TUNED = "import os; from embedfleet.worker.engine import heap; print(heap.keep_freed_memory(os.environ))"
 
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 

@@ -15,7 +15,7 @@ PACKAGE = ROOT / "worker" / "engine"
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+    parts = ("embedfleet", *path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -87,12 +87,12 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_worker_engine_has_no_import_cycle():
     graph = _graph()
     def siblings(module: str) -> set[str]:
-        return {m for m in graph[module] if m.startswith("worker.engine.models")}
+        return {m for m in graph[module] if m.startswith("embedfleet.worker.engine.models")}
 
     # the shared pieces: a leaf but for the folder checks, themselves a leaf (base.py's docstring)
-    assert "worker.engine.models.loader" in graph
-    assert siblings("worker.engine.models.base") <= {"worker.engine.models.folderchecks"}
-    assert not siblings("worker.engine.models.folderchecks")
+    assert "embedfleet.worker.engine.models.loader" in graph
+    assert siblings("embedfleet.worker.engine.models.base") <= {"embedfleet.worker.engine.models.folderchecks"}
+    assert not siblings("embedfleet.worker.engine.models.folderchecks")
     assert _cycle(graph) is None, " -> ".join(_cycle(graph))
 
 
@@ -108,7 +108,7 @@ def test_every_module_imports_first_and_alone():
     script = (
         "import importlib, sys, torch, transformers\n"
         f"for name in {names!r}:\n"
-        "    for loaded in [m for m in sys.modules if m.split('.')[0] in ('worker', 'common')]:\n"
+        "    for loaded in [m for m in sys.modules if m.startswith(('embedfleet.worker', 'embedfleet.common'))]:\n"
         "        del sys.modules[loaded]\n"
         "    importlib.import_module(name)\n"
         "print('ok')\n")

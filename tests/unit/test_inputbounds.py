@@ -9,12 +9,12 @@ import random
 
 import pytest
 
-from common.bounds import MIN_TEXT_WINDOW, most_chars
-from common.errors import InputTooLongError, ValidationError
-from common.request import EmbedRequest
+from embedfleet.common.bounds import MIN_TEXT_WINDOW, most_chars
+from embedfleet.common.errors import InputTooLongError, ValidationError
+from embedfleet.common.request import EmbedRequest
 from tests.tinymodels import engine_for, sample_texts
-from worker.engine.inputbounds import bound_inputs
-from worker.engine.preprocess import prepare
+from embedfleet.worker.engine.inputbounds import bound_inputs
+from embedfleet.worker.engine.preprocess import prepare
 
 SEPARATORS = [" ", "  ", "\n", "\t ", " \n\n ", " - ", ", ", "   "]
 

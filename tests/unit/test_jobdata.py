@@ -7,8 +7,8 @@ import zlib
 
 import pytest
 
-from common.errors import DecodeError
-from common.protocol.jobdata import inflate
+from embedfleet.common.errors import DecodeError
+from embedfleet.common.protocol.jobdata import inflate
 
 SMALL = zlib.compress(b"a short job" * 20)
 CASES = {"zlib": SMALL, "zlib and junk after it": SMALL + b"junk", "cut short": SMALL[:-6], "not zlib": b"\x93plain",
@@ -33,7 +33,7 @@ def test_what_may_pass_the_limit_is_inflated_with_the_cap():
 
 
 def test_small_data_goes_as_it_is_and_is_read_without_zlib(monkeypatch):
-    from common.protocol import jobdata
+    from embedfleet.common.protocol import jobdata
 
     small, large = b"\x94" + b"s" * (jobdata.COMPRESS_ABOVE - 1), b"\x94" + b"l" * jobdata.COMPRESS_ABOVE
     assert jobdata.deflate(small) is small  # rq reads either (Job.restore: zlib, or the bytes as they are)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from common.protocol.records import Kind, Taken
-from worker.serving.ledger import Ledger
+from embedfleet.common.protocol.records import Kind, Taken
+from embedfleet.worker.serving.ledger import Ledger
 
 
 def taken(job_id: str, execution: str = "e1", kind: Kind = Kind.STARTED, timeout: float = 60.0) -> Taken:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.serving.livestats import BUCKETS, LiveStats
+from embedfleet.worker.serving.livestats import BUCKETS, LiveStats
 
 
 class Clock:

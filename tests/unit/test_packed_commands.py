@@ -9,9 +9,9 @@ import asyncio
 import pytest
 import redis
 
-from common import packing
-from common.protocol import scripts
-from common.redisclient import connect, connect_async
+from embedfleet.common import packing
+from embedfleet.common.protocol import scripts
+from embedfleet.common.redisclient import connect, connect_async
 
 
 def _connection(**options):

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from common.protocol import keys
-from common.redisurls import cluster_tag
-from common.shards import ShardMap, parse_shards
-from producer.client.placement import Placer, partition_of, unavailable
-from producer.gateway.batches.lines import request_id_of
-from common.errors import UnavailableError
+from embedfleet.common.protocol import keys
+from embedfleet.common.redisurls import cluster_tag
+from embedfleet.common.shards import ShardMap, parse_shards
+from embedfleet.producer.client.placement import Placer, partition_of, unavailable
+from embedfleet.producer.gateway.batches.lines import request_id_of
+from embedfleet.common.errors import UnavailableError
 
 A, B, C = "redis://h:1/0", "redis://h:2/0", "rediss://h:3/0"
 
@@ -65,12 +65,29 @@ def test_round_robin_spreads_evenly_and_puts_a_refusing_partition_last():
     assert {placer.order("m")[0] for _ in range(3)} == {A, B, C}
 
 
-def test_the_callers_own_ids_always_go_to_one_partition():
+def test_the_callers_own_ids_go_each_to_its_home_whatever_order_the_map_lists():
     placer = Placer(ShardMap(A, {"m": [A, B, C]}))
-    for request_id in ("order-1", "order-2", "x"):
-        placed = {tuple(placer.order("m", request_id)) for _ in range(5)}
-        assert len(placed) == 1 and len(next(iter(placed))) == 1  # the same one, never moved elsewhere
+    reversed_map = Placer(ShardMap(A, {"m": [C, B, A]}))
+    ids = [f"order-{i}" for i in range(60)]
+    homes = {request_id: partition_of([A, B, C], request_id) for request_id in ids}
+    assert set(homes.values()) == {A, B, C}  # spread
+    for planner in (placer, reversed_map, placer):  # fixed: the same home every time, by any producer
+        plan = planner.plan("m", ids)
+        assert all(order == [homes[ids[indices[0]]]] for order, indices in plan)  # never moved elsewhere
+        assert {ids[i]: order[0] for order, indices in plan for i in indices} == homes
     assert Placer(ShardMap(A)).order("m") == [A]
+
+
+def test_a_submit_of_many_new_requests_spreads_over_the_partitions():
+    placer = Placer(ShardMap(A, {"m": [A, B, C]}))
+    plan = placer.plan("m", [None] * 10)
+    assert sorted(len(indices) for _, indices in plan) == [3, 3, 4]
+    assert sorted(i for _, indices in plan for i in indices) == list(range(10))
+    assert all(sorted(order) == sorted([A, B, C]) and order[0] not in order[1:] for order, _ in plan)
+    placer.refused(B)  # a partition that just refused gets none while the others take them
+    plan = placer.plan("m", [None] * 10)
+    assert {order[0] for order, _ in plan} == {A, C} and all(order[-1] == B for order, _ in plan)
+    assert Placer(ShardMap(A)).plan("m", [None] * 3) == [([A], [0, 1, 2])]
 
 
 def test_a_down_partitions_error_names_it():

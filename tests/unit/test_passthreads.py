@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from common.request import EmbedRequest
-from worker.engine import passthreads
-from worker.engine.engine import Engine
-from worker.engine.models.nullmodel import NullModel
+from embedfleet.common.request import EmbedRequest
+from embedfleet.worker.engine import passthreads
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.nullmodel import NullModel
 
 
 class _Counting(NullModel):
@@ -21,7 +21,7 @@ class _Counting(NullModel):
         self.device, self.seen = device, []
 
     def prepare(self, request):
-        from worker.engine.preprocess import Prepared
+        from embedfleet.worker.engine.preprocess import Prepared
 
         return Prepared([[ord(c) for c in text] for text in request.inputs])  # a token per character
 

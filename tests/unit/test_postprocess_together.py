@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.params import PoolingParams
-from common.request import EmbedRequest
-from worker.engine.engine import Engine
-from worker.engine.models.nullmodel import NullModel
-from worker.engine.postprocess import cast, cut_and_normalise, finish_together
+from embedfleet.common.params import PoolingParams
+from embedfleet.common.request import EmbedRequest
+from embedfleet.worker.engine.engine import Engine
+from embedfleet.worker.engine.models.nullmodel import NullModel
+from embedfleet.worker.engine.postprocess import cast, cut_and_normalise, finish_together
 
 DTYPES = ["float32", "float16", "bfloat16", "int8", "uint8", "binary", "ubinary", "fp8_e4m3"]
 
@@ -37,7 +37,7 @@ class _RandomRows(NullModel):
                          for ids in token_lists])
 
     def prepare(self, request):
-        from worker.engine.preprocess import Prepared
+        from embedfleet.worker.engine.preprocess import Prepared
 
         return Prepared([[sum(map(ord, text)) % 100_000] for text in request.inputs])
 

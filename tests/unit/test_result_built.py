@@ -8,8 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from common.errors import InputTooLongError
-from common.result import Result, Usage
+from embedfleet.common.errors import InputTooLongError
+from embedfleet.common.result import Result, Usage
 
 
 def constructed(built: Result) -> Result:

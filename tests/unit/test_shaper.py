@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.engine.shaper import EXPLORE_EVERY, HORIZON, TRIAL_PASSES, Shape, Shaper
+from embedfleet.worker.engine.shaper import EXPLORE_EVERY, HORIZON, TRIAL_PASSES, Shape, Shaper
 
 
 class Clock:
@@ -206,7 +206,7 @@ def test_a_bad_first_guess_is_left_within_a_few_dozen_passes():
 def test_the_probe_cannot_lower_the_shape_under_the_floor():
     """A probe beside busy neighbours: one row looks a thousand times faster than more. Its pick is raised to
     the floor; a flag stays the user's."""
-    from worker.engine.probe import choose, floored
+    from embedfleet.worker.engine.probe import choose, floored
 
     absurd = {16: {1: 1e6, 2: 1e3, 4: 1e3}, 64: {1: 1e6, 2: 1e3}, 256: {1: 1e6}}
     measured = choose(absurd)

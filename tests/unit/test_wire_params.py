@@ -6,9 +6,9 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from common.errors import DecodeError
-from common.params import PoolingParams, from_wire
-from common.request import EmbedRequest
+from embedfleet.common.errors import DecodeError
+from embedfleet.common.params import PoolingParams, from_wire
+from embedfleet.common.request import EmbedRequest
 
 
 def _wire(request: EmbedRequest) -> dict:
@@ -73,8 +73,8 @@ def test_with_params_is_model_copy_of_the_params():
 
 def test_resolved_params_are_model_copy_of_the_merge():
     """PoolingParams.resolve builds its merge with common/frozen.py: the same object model_copy would."""
-    from worker.engine.engine import Engine
-    from worker.engine.models.nullmodel import NullModel
+    from embedfleet.worker.engine.engine import Engine
+    from embedfleet.worker.engine.models.nullmodel import NullModel
 
     caps = Engine(NullModel("null:16", served_name="null"), max_batch_tokens=64, max_batch_size=8).caps
     given = PoolingParams(dimensions=16, embed_dtype="float16")

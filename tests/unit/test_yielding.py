@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from worker.serving.handoff import END
-from worker.serving.rounds import Round
-from worker.serving.yielding import (CUT_IN_PASSES, Move, after_call, between_passes, cuts_in, interactive,
-                                     yields_at_pickup)
+from embedfleet.worker.serving.handoff import END
+from embedfleet.worker.serving.rounds import Round
+from embedfleet.worker.serving.yielding import (CUT_IN_PASSES, Move, after_call, between_passes, cuts_in, interactive,
+                                                yields_at_pickup)
 
 WORK = object()  # a round's engine Work: what matters here is only whether it has any
 

@@ -4,8 +4,8 @@ transformers' sandboxed Jinja environment); then it is tokenised like any text i
 
 from __future__ import annotations
 
-from common.chat import ChatInput
-from common.errors import ValidationError
+from embedfleet.common.chat import ChatInput
+from embedfleet.common.errors import ValidationError
 
 
 def render(tokenizer, chat: ChatInput) -> str:

@@ -91,12 +91,18 @@ def cgroup_quota(root: str = CGROUP_ROOT, self_cgroup: str = SELF_CGROUP) -> flo
     return min(found) if found else None
 
 
-def decide(flag: int | None, cpus: int, quota: float | None, wait_policy: str = PASSIVE) -> Threads:
+def decide(flag: int | None, cpus: int, quota: float | None, wait_policy: str = PASSIVE,
+           engines: int = 1) -> Threads:
     """The thread count: the affinity's CPUs capped by the quota rounded up (1.5 CPUs of time on 2 CPUs: 2
     threads; PASSIVE threads cost nothing while they wait), or `flag` (--threads) when set above 0 and within
     that. A flag above it is capped, with a warning: threads past the CPUs the process may use only wait for
-    time slices in every parallel region (--threads 999 on 2 CPUs: 2,001 threads, passes 60-140x slower)."""
+    time slices in every parallel region (--threads 999 on 2 CPUs: 2,001 threads, passes 60-140x slower).
+    `engines`: processes of one worker that share these CPUs, each as busy as the others (the engines of a model's
+    partitions, fed alike by round robin): each gets its share, at least one."""
     allowed = _allowed(cpus, quota, wait_policy)
+    if not flag and engines > 1:
+        return Threads(max(1, allowed.count // engines), f"{allowed.source}, shared by {engines} engines",
+                       wait_policy)
     if not flag:
         return allowed
     if flag <= allowed.count:
@@ -128,10 +134,10 @@ def apply_wait_policy(environ: MutableMapping[str, str]) -> str:
 
 
 def plan(flag: int | None, environ: MutableMapping[str, str], root: str = CGROUP_ROOT,
-         self_cgroup: str = SELF_CGROUP) -> Threads:
+         self_cgroup: str = SELF_CGROUP, engines: int = 1) -> Threads:
     """What the worker's entry point runs: the wait policy set in `environ`, the count decided."""
     policy = apply_wait_policy(environ)
-    return replace(decide(flag, affinity(), cgroup_quota(root, self_cgroup), policy),
+    return replace(decide(flag, affinity(), cgroup_quota(root, self_cgroup), policy, engines),
                    spin_count=environ.get(SPIN_COUNT) or "")
 
 

@@ -15,23 +15,23 @@ from typing import Protocol
 
 import numpy as np
 
-from common.capabilities import ModelCapabilities
-from common.errors import EmbedfleetError, InternalError
-from common.params import PoolingParams
-from common.request import EmbedRequest
-from common.result import Result
-from worker.engine import passthreads, stageclock
-from worker.engine.batcher import cuts, plan_passes, sharers
-from worker.engine.chunking import combine
-from worker.engine.inputbounds import bound_inputs
-from worker.engine.models.base import Model
-from worker.engine.shaper import Shape, Shaper
-from worker.engine.latechunking import embed_spans
-from worker.engine.postprocess import cast, cut_and_normalise, finish_together
-from worker.engine.preprocess import Prepared, prepare_many
-from worker.engine.tasks.heads import finish_task
-from worker.engine.tasks.inputs import prepare_task
-from worker.engine.tasks.sparse import head_outputs
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.errors import EmbedfleetError, InternalError
+from embedfleet.common.params import PoolingParams
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
+from embedfleet.worker.engine import passthreads, stageclock
+from embedfleet.worker.engine.batcher import cuts, plan_passes, sharers
+from embedfleet.worker.engine.chunking import combine
+from embedfleet.worker.engine.inputbounds import bound_inputs
+from embedfleet.worker.engine.models.base import Model
+from embedfleet.worker.engine.shaper import Shape, Shaper
+from embedfleet.worker.engine.latechunking import embed_spans
+from embedfleet.worker.engine.postprocess import cast, cut_and_normalise, finish_together
+from embedfleet.worker.engine.preprocess import Prepared, prepare_many
+from embedfleet.worker.engine.tasks.heads import finish_task
+from embedfleet.worker.engine.tasks.inputs import prepare_task
+from embedfleet.worker.engine.tasks.sparse import head_outputs
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from common.errors import StartupError
+from embedfleet.common.errors import StartupError
 
 PROBE_TEXTS = (
     "The quick brown fox jumps over the lazy dog.",

@@ -24,9 +24,9 @@ import copy
 import re
 import weakref
 
-from common.bounds import CHARS_PER_TOKEN, MIN_TEXT_WINDOW, most_chars, text_limit
-from common.errors import InputTooLongError, ValidationError
-from common.request import EmbedRequest
+from embedfleet.common.bounds import CHARS_PER_TOKEN, MIN_TEXT_WINDOW, most_chars, text_limit
+from embedfleet.common.errors import InputTooLongError, ValidationError
+from embedfleet.common.request import EmbedRequest
 
 FIRST_CHARS_PER_TOKEN = 8  # English averages 4-5 characters per token: most long texts are judged at once
 GROWTH = 4

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.errors import ValidationError
-from common.request import EmbedRequest
+from embedfleet.common.errors import ValidationError
+from embedfleet.common.request import EmbedRequest
 
 Span = tuple[int, int, int, int, int]
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from worker.engine.fidelity import probe_token_lists
+from embedfleet.worker.engine.fidelity import probe_token_lists
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.dtypes import float32_to_bfloat16_bits
-from common.quantize import INTEGER, quantize
+from embedfleet.common.dtypes import float32_to_bfloat16_bits
+from embedfleet.common.quantize import INTEGER, quantize
 
 _FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 _BY_VALUE = ("float32", "float16", "bfloat16")  # casts of one value at a time, whatever rows are beside it

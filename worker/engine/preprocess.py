@@ -6,14 +6,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.errors import InputTooLongError, ValidationError
-from common.request import EmbedRequest
-from worker.engine.chat import render
-from worker.engine.encode import token_ids
-from worker.engine.chunking import Specials, combine, find_specials, split
-from worker.engine.latechunking import plan_spans
-from worker.engine.models import plaintext
-from worker.engine.models.base import LoadedModel
+from embedfleet.common.errors import InputTooLongError, ValidationError
+from embedfleet.common.request import EmbedRequest
+from embedfleet.worker.engine.chat import render
+from embedfleet.worker.engine.encode import token_ids
+from embedfleet.worker.engine.chunking import Specials, combine, find_specials, split
+from embedfleet.worker.engine.latechunking import plan_spans
+from embedfleet.worker.engine.models import plaintext
+from embedfleet.worker.engine.models.base import LoadedModel
 
 # Texts per tokenizer call when a round is tokenised together (1,024 corpus texts, MiniLM's tokenizer through
 # its Rust backend, this 2-core machine): calls of 64-256 texts ran as fast as one call of the whole round when

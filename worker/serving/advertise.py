@@ -9,10 +9,10 @@ from collections.abc import Callable
 from redis import Redis
 from redis.cluster import RedisCluster
 
-from common.capabilities import ModelCapabilities
-from common.codec import packb
-from common.protocol import operations
-from common.protocol.keys import ADVERTISE_TTL, MODELS_KEY, model_key, model_workers_key, worker_info_key
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.codec import packb
+from embedfleet.common.protocol import operations
+from embedfleet.common.protocol.keys import ADVERTISE_TTL, MODELS_KEY, model_key, model_workers_key, worker_info_key
 
 log = logging.getLogger(__name__)
 

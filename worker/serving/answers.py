@@ -3,13 +3,13 @@ the engine's result or from why the job could not run. Pure: no Redis, no model.
 
 from __future__ import annotations
 
-from common.errors import (CancelledError, DecodeError, EmbedfleetError, ExpiredError, InternalError,
-                           PoisonError, ResultTooLargeError)
-from common.protocol.keys import JOB_FUNC
-from common.request import EmbedRequest
-from common.result import Result, inputs_answered
-from worker.serving.jobdata import decode_job
-from common.protocol.records import Answer, Outcome, Taken
+from embedfleet.common.errors import (CancelledError, DecodeError, EmbedfleetError, ExpiredError, InternalError,
+                                      PoisonError, ResultTooLargeError)
+from embedfleet.common.protocol.keys import JOB_FUNC
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result, inputs_answered
+from embedfleet.worker.serving.jobdata import decode_job
+from embedfleet.common.protocol.records import Answer, Outcome, Taken
 
 
 def served(job: Taken, result: Result | None, reply_to: str | None, model: str) -> Answer:

@@ -27,8 +27,8 @@ import numpy as np
 import redis
 from redis.cluster import RedisCluster
 
-from common.protocol import keys
-from common.errors import StartupError
+from embedfleet.common.protocol import keys
+from embedfleet.common.errors import StartupError
 
 log = logging.getLogger(__name__)
 

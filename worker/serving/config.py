@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from common.protocol import keys
-from common.config import Settings
-from common.tracing import OTLP_ENDPOINT_HELP
+from embedfleet.common.protocol import keys
+from embedfleet.common.config import Settings
+from embedfleet.common.tracing import OTLP_ENDPOINT_HELP
 
 
 class WorkerSettings(Settings):
@@ -81,7 +81,7 @@ class WorkerSettings(Settings):
     log_rounds: bool = Field(True, description="a log line per round served (off under `embedfleet up`)")
     metrics_port: int | None = Field(None, ge=1, le=65535, description="serve Prometheus metrics here (--gpus: "
                                      "GPU i's on this port + i)")
-    metrics_host: str = Field("0.0.0.0", description="interface the metrics port listens on")
+    metrics_host: str = Field("127.0.0.1", description="interface of the metrics port (0.0.0.0: all)")
     otlp_endpoint: str | None = Field(None, description=OTLP_ENDPOINT_HELP)
     gpus: str | None = Field(None, description="all or 0,1,...: one engine process per GPU")
     replicas: int | None = Field(None, ge=1, le=64, description="engine processes per device; default 1 "

@@ -18,15 +18,15 @@ from __future__ import annotations
 import logging
 import time
 
-from worker.engine import stageclock
-from worker.serving import rounds
-from worker.serving.handoff import END, Handoff
-from worker.serving.ledger import Ledger
-from worker.serving.livestats import LiveStats
-from worker.serving.rounds import Round
-from worker.serving.spread import ChunkJobs
-from worker.serving.steps import Steps
-from worker.serving.storing import Store
+from embedfleet.worker.engine import stageclock
+from embedfleet.worker.serving import rounds
+from embedfleet.worker.serving.handoff import END, Handoff
+from embedfleet.worker.serving.ledger import Ledger
+from embedfleet.worker.serving.livestats import LiveStats
+from embedfleet.worker.serving.rounds import Round
+from embedfleet.worker.serving.spread import ChunkJobs
+from embedfleet.worker.serving.steps import Steps
+from embedfleet.worker.serving.storing import Store
 
 log = logging.getLogger("embedfleet.worker")
 rounds_log = logging.getLogger("embedfleet.worker.rounds")  # a line per round (off: `worker --no-log-rounds`)

@@ -15,18 +15,18 @@ import time
 
 import redis
 
-from worker.engine import stageclock
-from worker.serving.gathering import Device
-from worker.serving.handoff import END, Handoff
-from worker.serving.heartbeat import Heartbeat, Watchdog
-from worker.serving.ledger import Ledger
-from worker.serving.levels import Levels
-from worker.serving.lifecycle import Lifecycle
-from worker.serving.livestats import LiveStats
-from worker.serving.rounds import Round
-from worker.serving.steps import Steps
-from worker.serving.storing import with_retries
-from worker.serving.yielding import PAUSE_WAIT, Move, after_call, between_passes, yields_at_pickup
+from embedfleet.worker.engine import stageclock
+from embedfleet.worker.serving.gathering import Device
+from embedfleet.worker.serving.handoff import END, Handoff
+from embedfleet.worker.serving.heartbeat import Heartbeat, Watchdog
+from embedfleet.worker.serving.ledger import Ledger
+from embedfleet.worker.serving.levels import Levels
+from embedfleet.worker.serving.lifecycle import Lifecycle
+from embedfleet.worker.serving.livestats import LiveStats
+from embedfleet.worker.serving.rounds import Round
+from embedfleet.worker.serving.steps import Steps
+from embedfleet.worker.serving.storing import with_retries
+from embedfleet.worker.serving.yielding import PAUSE_WAIT, Move, after_call, between_passes, yields_at_pickup
 
 log = logging.getLogger("embedfleet.worker")
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from worker.serving.yielding import CUT_IN_PASSES
+from embedfleet.worker.serving.yielding import CUT_IN_PASSES
 
 GATHER_LEAD = 0.05  # least seconds before the device is free that the next round is taken (and tokenised)
 LOOK_EVERY = 0.02  # seconds between two looks (one LLEN) for work queued behind a large request

@@ -1,17 +1,18 @@
 """`embedfleet worker --gpus all|0,1,... --replicas N`: N engine processes per GPU, each seeing only its own GPU.
 
-A multi-GPU host runs one container (or one command) and every GPU serves: the parent starts N `python -m worker`
-children per GPU with CUDA_VISIBLE_DEVICES set to that GPU (so each child's `cuda` is its own device and it
-advertises under a name of its own); without --gpus, N children on the flags' device. Several engines per GPU
-keep it busy while each one's CPU side (take, tokenise, finish) runs. worker/serving/supervise.py keeps them
-running: a dead child is started again and its jobs come back by their leases.
+A multi-GPU host runs one container (or one command) and every GPU serves: the parent starts N
+`python -m embedfleet.worker` children per GPU with CUDA_VISIBLE_DEVICES set to that GPU (so each child's `cuda` is
+its own device and it advertises under a name of its own); without --gpus, N children on the flags' device.
+Several engines per GPU keep it busy while each one's CPU side (take, tokenise, finish) runs.
+worker/serving/supervise.py keeps them running: a dead child is started again and its jobs come back by their
+leases.
 """
 
 from __future__ import annotations
 
 import logging
 
-from common.errors import StartupError
+from embedfleet.common.errors import StartupError
 
 log = logging.getLogger("embedfleet.worker")
 
@@ -71,7 +72,7 @@ def run(gpus: list[str | None], argv: list[str], name: str | None, environ: dict
     (common/shards.py: each child takes from one partition's Redis, so none waits behind another's) and supervise
     them until they stop (worker/serving/supervise.py); returns the exit code. With `metrics_port`, child k serves
     its metrics on metrics_port + k."""
-    from worker.serving.supervise import Child, run as supervise  # noqa: PLC0415 - the supervisor's own module
+    from embedfleet.worker.serving.supervise import Child, run as supervise  # noqa: PLC0415 - the supervisor's own module
 
     base = {k: v for k, v in environ.items() if k not in ("EMBEDFLEET_GPUS", "EMBEDFLEET_NAME", "EMBEDFLEET_REPLICAS",
                                                           "EMBEDFLEET_METRICS_PORT", "EMBEDFLEET_REPLICA",

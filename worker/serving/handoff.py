@@ -20,7 +20,7 @@ import queue as stdqueue
 import threading
 from collections.abc import Callable
 
-from worker.engine import stageclock
+from embedfleet.worker.engine import stageclock
 
 
 class _End:

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 import redis
 
-from common.protocol import keys, operations, scripts
-from common.codec import packb
-from common.errors import DecodeError
-from common.request import EmbedRequest
-from common.result import Result
+from embedfleet.common.protocol import keys, operations, scripts
+from embedfleet.common.codec import packb
+from embedfleet.common.errors import DecodeError
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
 
 log = logging.getLogger(__name__)
 

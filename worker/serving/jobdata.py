@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import reprlib
 
-from common.protocol.jobdata import inflate
-from common.codec import unpackb
-from common.errors import DecodeError, ValidationError
-from common.protocol.keys import JOB_FUNC
-from common.request import EmbedRequest
+from embedfleet.common.protocol.jobdata import inflate
+from embedfleet.common.codec import unpackb
+from embedfleet.common.errors import DecodeError, ValidationError
+from embedfleet.common.protocol.keys import JOB_FUNC, JOB_FUNCS
+from embedfleet.common.request import EmbedRequest
 
 _QUOTED = 80  # characters of job data an error message may quote
 
@@ -47,7 +47,7 @@ def decode_job(job_id: str, data: bytes, served_model: str) -> EmbedRequest:
         raise DecodeError(f"job data must be [func, instance, args, kwargs]; got {type(fields).__name__}"
                           f"{f' of {len(fields)} items' if isinstance(fields, list) else ''}", bytes(data))
     func, _, args, kwargs = fields
-    if func != JOB_FUNC:
+    if func not in JOB_FUNCS:
         raise DecodeError(f"job function is {quoted(func)}; this queue only serves {JOB_FUNC!r}", bytes(data))
     if kwargs or not isinstance(args, list) or len(args) != 1 or not isinstance(args[0], bytes):
         count = len(args) if isinstance(args, list) else "?"

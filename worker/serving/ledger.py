@@ -10,8 +10,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-from common.protocol.records import Taken
-from worker.serving.heartbeat import timed_out
+from embedfleet.common.protocol.records import Taken
+from embedfleet.worker.serving.heartbeat import timed_out
 
 
 class Ledger:

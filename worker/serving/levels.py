@@ -28,9 +28,9 @@ from collections import defaultdict
 
 from redis import Redis
 
-from common.protocol import keys
-from common.protocol.operations import RqSchema, take_from
-from common.protocol.records import RQ_RECORDS, Answer, Finished, Recovered, Taken
+from embedfleet.common.protocol import keys
+from embedfleet.common.protocol.operations import RqSchema, take_from
+from embedfleet.common.protocol.records import RQ_RECORDS, Answer, Finished, Recovered, Taken
 
 BULK_SHARE = 4  # default --bulk-share: one round in this many reads the lowest level first
 LOWER_LEVEL_POLL = 0.25  # seconds an idle worker blocks on the highest level before reading the others

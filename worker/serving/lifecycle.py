@@ -15,9 +15,10 @@ import signal
 import threading
 from collections.abc import Callable
 
-from common.console import EXIT_INTERRUPTED
-from common.processes import exit_now  # the forced exits: a hung device call would never let a normal exit end
-from worker.engine import stageclock
+from embedfleet.common.console import EXIT_INTERRUPTED
+# the forced exits: a hung device call would never let a normal exit end
+from embedfleet.common.processes import exit_now
+from embedfleet.worker.engine import stageclock
 
 log = logging.getLogger("embedfleet.worker")
 

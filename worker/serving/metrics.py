@@ -13,8 +13,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 from prometheus_client.core import CounterMetricFamily
 
-from common.protocol import keys
-from common.protocol.keys import PRIORITIES, queue_name
+from embedfleet.common.protocol import keys
+from embedfleet.common.protocol.keys import PRIORITIES, queue_name
 
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                    300.0, 1800.0)

@@ -38,34 +38,34 @@ from redis import Redis
 from rq.job import JobStatus
 from rq.worker import SimpleWorker, WorkerStatus
 
-from common.errors import InternalError
-from common.protocol import operations
-from common.protocol.keys import (DRAIN_TIMEOUT, HEARTBEAT_INTERVAL, LEASE_SECONDS, MAINTENANCE_INTERVAL,
-                                  MAX_DELIVERIES, PRIORITIES, RESULT_TTL, queue_name, slot_tag)
-from common.redisclient import MAX_BLOCK, is_cluster_client
-from common.request import job_reply_to
-from common.result import Result
-from common.serializer import MsgpackSerializer
-from worker.engine import stageclock
-from worker.engine.engine import ServingEngine
-from worker.serving.finish import FinishStage
-from worker.serving.forward import ForwardStage
-from worker.serving.gathering import Device
-from worker.serving.handoff import Handoff
-from worker.serving.heartbeat import Heartbeat, Watchdog
-from worker.serving.inflight import InFlight
-from worker.serving.ledger import Ledger
-from worker.serving.levels import BULK_SHARE, Levels
-from worker.serving.lifecycle import Lifecycle
-from worker.serving.livestats import LiveStats
-from worker.serving.rounds import Round
-from worker.serving.rqjob import SafeJob
-from worker.serving.rqpubsub import PromptUnsubscribe
-from worker.serving.spread import ChunkJobs
-from worker.serving.steps import Steps
-from worker.serving.storing import Store
-from worker.serving.take import RqHooks, TakeStage
-from worker.serving.upkeep import Upkeep
+from embedfleet.common.errors import InternalError
+from embedfleet.common.protocol import operations
+from embedfleet.common.protocol.keys import (DRAIN_TIMEOUT, HEARTBEAT_INTERVAL, LEASE_SECONDS, MAINTENANCE_INTERVAL,
+                                             MAX_DELIVERIES, PRIORITIES, RESULT_TTL, queue_name, slot_tag)
+from embedfleet.common.redisclient import MAX_BLOCK, is_cluster_client
+from embedfleet.common.request import job_reply_to
+from embedfleet.common.result import Result
+from embedfleet.common.serializer import MsgpackSerializer
+from embedfleet.worker.engine import stageclock
+from embedfleet.worker.engine.engine import ServingEngine
+from embedfleet.worker.serving.finish import FinishStage
+from embedfleet.worker.serving.forward import ForwardStage
+from embedfleet.worker.serving.gathering import Device
+from embedfleet.worker.serving.handoff import Handoff
+from embedfleet.worker.serving.heartbeat import Heartbeat, Watchdog
+from embedfleet.worker.serving.inflight import InFlight
+from embedfleet.worker.serving.ledger import Ledger
+from embedfleet.worker.serving.levels import BULK_SHARE, Levels
+from embedfleet.worker.serving.lifecycle import Lifecycle
+from embedfleet.worker.serving.livestats import LiveStats
+from embedfleet.worker.serving.rounds import Round
+from embedfleet.worker.serving.rqjob import SafeJob
+from embedfleet.worker.serving.rqpubsub import PromptUnsubscribe
+from embedfleet.worker.serving.spread import ChunkJobs
+from embedfleet.worker.serving.steps import Steps
+from embedfleet.worker.serving.storing import Store
+from embedfleet.worker.serving.take import RqHooks, TakeStage
+from embedfleet.worker.serving.upkeep import Upkeep
 
 log = logging.getLogger("embedfleet.worker")
 

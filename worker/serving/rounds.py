@@ -13,18 +13,18 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from common.errors import EmbedfleetError, InternalError
-from common.protocol.records import Answer, Kind, Outcome, Taken
-from common.request import EmbedRequest
-from common.result import Result
-from worker.engine.batcher import cuts
-from worker.engine.engine import Work
-from worker.serving import answers
-from worker.serving.jobdata import decode_job
+from embedfleet.common.errors import EmbedfleetError, InternalError
+from embedfleet.common.protocol.records import Answer, Kind, Outcome, Taken
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
+from embedfleet.worker.engine.batcher import cuts
+from embedfleet.worker.engine.engine import Work
+from embedfleet.worker.serving import answers
+from embedfleet.worker.serving.jobdata import decode_job
 
 if TYPE_CHECKING:
-    from worker.engine.preprocess import Prepared
-    from worker.serving.cache import Lookup
+    from embedfleet.worker.engine.preprocess import Prepared
+    from embedfleet.worker.serving.cache import Lookup
 
 log = logging.getLogger("embedfleet.worker")
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from rq.utils import decode_redis_hash
 
-from common.errors import DecodeError
-from common.protocol.jobdata import inflate
-from common.protocol.taggedjob import TaggedJob
+from embedfleet.common.errors import DecodeError
+from embedfleet.common.protocol.jobdata import inflate
+from embedfleet.common.protocol.taggedjob import TaggedJob
 
 # What rq would import, call or act on when it handles a job; never set by embedfleet.
 DROPPED_FIELDS = ("success_callback_name", "failure_callback_name", "stopped_callback_name", "webhooks",

@@ -27,17 +27,17 @@ import numpy as np
 import redis
 from redis import Redis
 
-from common.protocol import keys, operations
-from common.codec import packb, unpackb
-from common.errors import EmbedfleetError, InternalError
-from common.params import PoolingParams
-from common.request import EmbedRequest, PartOf
-from common.result import Result
-from worker.serving import answers
-from worker.serving.jobdata import decode_job
-from worker.engine.engine import Work
-from worker.engine.preprocess import Prepared
-from common.protocol.records import Answer, Outcome, Taken
+from embedfleet.common.protocol import keys, operations
+from embedfleet.common.codec import packb, unpackb
+from embedfleet.common.errors import EmbedfleetError, InternalError
+from embedfleet.common.params import PoolingParams
+from embedfleet.common.request import EmbedRequest, PartOf
+from embedfleet.common.result import Result
+from embedfleet.worker.serving import answers
+from embedfleet.worker.serving.jobdata import decode_job
+from embedfleet.worker.engine.engine import Work
+from embedfleet.worker.engine.preprocess import Prepared
+from embedfleet.common.protocol.records import Answer, Outcome, Taken
 
 log = logging.getLogger(__name__)
 

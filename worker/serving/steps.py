@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import time
 
-from common.request import EmbedRequest
-from common.result import Result
-from worker.engine import stageclock
-from worker.engine.engine import ServingEngine
-from worker.serving.rounds import Round
-from worker.serving.spread import set_aside
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
+from embedfleet.worker.engine import stageclock
+from embedfleet.worker.engine.engine import ServingEngine
+from embedfleet.worker.serving.rounds import Round
+from embedfleet.worker.serving.spread import set_aside
 
 
 class Steps:

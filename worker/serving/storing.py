@@ -26,10 +26,10 @@ import time
 import redis
 from redis import Redis
 
-from common.protocol import operations
-from common.protocol.records import Answer, Finished
-from worker.serving import answers as answering
-from worker.serving.levels import Levels
+from embedfleet.common.protocol import operations
+from embedfleet.common.protocol.records import Answer, Finished
+from embedfleet.worker.serving import answers as answering
+from embedfleet.worker.serving.levels import Levels
 
 log = logging.getLogger("embedfleet.worker")
 

@@ -1,5 +1,5 @@
 """The worker's own supervisor: `embedfleet worker --gpus ...` and `--replicas N` run their engines as child
-processes (`python -m worker`, one per GPU and replica), and this keeps them running.
+processes (`python -m embedfleet.worker`, one per GPU and replica), and this keeps them running.
 
 A child that dies (a crash, SIGKILL, the watchdog's exit 70) is started again under a new name after a pause that
 doubles with each quick death (common/restarts.py, as `embedfleet up` does); the jobs it held come back when their
@@ -31,9 +31,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from common.console import EXIT_INTERRUPTED
-from common.processes import start_owned
-from common.restarts import Restarts, exit_reason
+from embedfleet.common.console import EXIT_INTERRUPTED
+from embedfleet.common.processes import start_owned
+from embedfleet.common.restarts import Restarts, exit_reason
 
 log = logging.getLogger("embedfleet.worker")
 CHILD_POLL = 0.5  # seconds between looks at the children (a stop signal or a child's death wakes it at once)
@@ -55,7 +55,7 @@ class Child:
 
     def start(self) -> None:
         name = [] if self.name is None else ["--name", self.name if not self.starts else f"{self.name}.{self.starts}"]
-        self.process = start_owned([sys.executable, "-m", "worker", *self.argv, *name], env=self.env)
+        self.process = start_owned([sys.executable, "-m", "embedfleet.worker", *self.argv, *name], env=self.env)
         self.starts += 1
         self.started_at = time.monotonic()
         log.info("%s: worker pid %d", self.label, self.process.pid)

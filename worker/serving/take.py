@@ -16,18 +16,18 @@ from dataclasses import dataclass
 import redis
 from rq.exceptions import StopRequested
 
-from common.errors import InternalError
-from common.protocol.records import Outcome, Taken
-from worker.engine import stageclock
-from worker.serving import answers, rounds
-from worker.serving.gathering import Device, Gathering, smoothed
-from worker.serving.handoff import Handoff
-from worker.serving.ledger import Ledger
-from worker.serving.levels import Levels
-from worker.serving.lifecycle import Lifecycle
-from worker.serving.rounds import Round
-from worker.serving.steps import Steps
-from worker.serving.yielding import ROUND_PASSES
+from embedfleet.common.errors import InternalError
+from embedfleet.common.protocol.records import Outcome, Taken
+from embedfleet.worker.engine import stageclock
+from embedfleet.worker.serving import answers, rounds
+from embedfleet.worker.serving.gathering import Device, Gathering, smoothed
+from embedfleet.worker.serving.handoff import Handoff
+from embedfleet.worker.serving.ledger import Ledger
+from embedfleet.worker.serving.levels import Levels
+from embedfleet.worker.serving.lifecycle import Lifecycle
+from embedfleet.worker.serving.rounds import Round
+from embedfleet.worker.serving.steps import Steps
+from embedfleet.worker.serving.yielding import ROUND_PASSES
 
 log = logging.getLogger("embedfleet.worker")
 

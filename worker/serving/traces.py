@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 from opentelemetry.trace import Span, Status, StatusCode
 
-from common.protocol.records import Answer
-from common.request import EmbedRequest
-from common.tracing import spans
+from embedfleet.common.protocol.records import Answer
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.tracing import spans
 
 log = logging.getLogger("embedfleet.worker")
 

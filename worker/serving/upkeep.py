@@ -14,14 +14,14 @@ import logging
 import time
 from collections.abc import Callable
 
-from common.protocol.keys import RECOVER_LIMIT
-from worker.engine.engine import ServingEngine
-from worker.serving.advertise import Advertiser
-from worker.serving.heartbeat import Watchdog
-from worker.serving.ledger import Ledger
-from worker.serving.levels import Levels
-from worker.serving.lifecycle import WATCHDOG_EXIT, Lifecycle, exit_now
-from worker.serving.livestats import LiveStats
+from embedfleet.common.protocol.keys import RECOVER_LIMIT
+from embedfleet.worker.engine.engine import ServingEngine
+from embedfleet.worker.serving.advertise import Advertiser
+from embedfleet.worker.serving.heartbeat import Watchdog
+from embedfleet.worker.serving.ledger import Ledger
+from embedfleet.worker.serving.levels import Levels
+from embedfleet.worker.serving.lifecycle import WATCHDOG_EXIT, Lifecycle, exit_now
+from embedfleet.worker.serving.livestats import LiveStats
 
 log = logging.getLogger("embedfleet.worker")
 

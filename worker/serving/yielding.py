@@ -23,8 +23,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
-from worker.serving.handoff import END
-from worker.serving.rounds import Round
+from embedfleet.worker.serving.handoff import END
+from embedfleet.worker.serving.rounds import Round
 
 # forward passes of work (by estimated tokens) one round holds at most: enough inputs that sorting them by
 # length saves most of the padding (rounds of 3 passes ran a 16-text-request load at 0.7x of one sorted

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError as PydanticValidationError
 
-from common.errors import EmbedfleetError, PayloadTooLargeError, ValidationError, echo, invalid_request
-from common.protocol import keys
-from common.redisurls import cluster_tag
-from producer.client.placement import partition_of
-from producer.gateway.core.errors import error_response, status_of
-from producer.gateway.core.schemas import EmbedBody
+from embedfleet.common.errors import EmbedfleetError, PayloadTooLargeError, ValidationError, echo, invalid_request
+from embedfleet.common.protocol import keys
+from embedfleet.common.redisurls import cluster_tag
+from embedfleet.producer.client.placement import partition_of
+from embedfleet.producer.gateway.core.errors import error_response, status_of
+from embedfleet.producer.gateway.core.schemas import EmbedBody
 
 ENDPOINT = "/v1/embeddings"
 MAX_ERRORS = 100  # file errors reported in a failed batch's `errors` (the first ones)

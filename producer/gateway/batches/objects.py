@@ -7,7 +7,7 @@ import hashlib
 import json
 import uuid
 
-from common.errors import NotFoundError, echo
+from embedfleet.common.errors import NotFoundError, echo
 
 STATUS_TIMES = ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")
 ENDED = ("completed", "failed", "expired", "cancelled")

@@ -6,8 +6,8 @@ import contextlib
 
 import redis
 
-from producer.gateway.batches import objects
-from producer.gateway.batches.store import Store, now
+from embedfleet.producer.gateway.batches import objects
+from embedfleet.producer.gateway.batches.store import Store, now
 
 
 async def write_outputs(store: Store, batch_id: str, meta: dict, total: int, part_bytes: int,

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 
-from common.protocol import keys
+from embedfleet.common.protocol import keys
 
 
 class PartWriter:

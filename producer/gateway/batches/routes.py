@@ -16,19 +16,19 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.errors import NotFoundError, ValidationError, echo
-from common.protocol import keys
-from producer.client import traced
-from producer.client.core import redis_errors
-from producer.gateway.core.auth import require_key
-from producer.gateway.batches import objects
-from producer.gateway.batches.lines import ENDPOINT
-from producer.gateway.batches.runner import Runner
-from producer.gateway.batches.store import BatchGone, Store, now
-from producer.gateway.batches.upload import UploadReader
-from producer.gateway.core.errors import JobNotCancellableError, RateLimitedError
-from producer.gateway.core.owners import may_see, owner_of
-from producer.gateway.core.service import Gateway, gateway
+from embedfleet.common.errors import NotFoundError, ValidationError, echo
+from embedfleet.common.protocol import keys
+from embedfleet.producer.client import traced
+from embedfleet.producer.client.core import redis_errors
+from embedfleet.producer.gateway.core.auth import require_key
+from embedfleet.producer.gateway.batches import objects
+from embedfleet.producer.gateway.batches.lines import ENDPOINT
+from embedfleet.producer.gateway.batches.runner import Runner
+from embedfleet.producer.gateway.batches.store import BatchGone, Store, now
+from embedfleet.producer.gateway.batches.upload import UploadReader
+from embedfleet.producer.gateway.core.errors import JobNotCancellableError, RateLimitedError
+from embedfleet.producer.gateway.core.owners import may_see, owner_of
+from embedfleet.producer.gateway.core.service import Gateway, gateway
 
 log = logging.getLogger(__name__)
 router = APIRouter(dependencies=[Depends(require_key)])

@@ -24,16 +24,16 @@ from collections import deque
 
 import redis
 
-from common.errors import (DuplicateRequestError, EmbedfleetError, NoWorkerError, NotFoundError, QueueFullError,
-                           UnavailableError)
-from common.protocol import keys
-from producer.client import traced
-from producer.client.core import pick_model
-from producer.gateway.core import encoding
-from producer.gateway.batches import lines as batchlines, objects
-from producer.gateway.batches.lines import Line
-from producer.gateway.batches.output import write_outputs
-from producer.gateway.batches.store import BatchGone, LeaseLost, Store, now
+from embedfleet.common.errors import (DuplicateRequestError, EmbedfleetError, NoWorkerError, NotFoundError,
+                                      QueueFullError, UnavailableError)
+from embedfleet.common.protocol import keys
+from embedfleet.producer.client import traced
+from embedfleet.producer.client.core import pick_model
+from embedfleet.producer.gateway.core import encoding
+from embedfleet.producer.gateway.batches import lines as batchlines, objects
+from embedfleet.producer.gateway.batches.lines import Line
+from embedfleet.producer.gateway.batches.output import write_outputs
+from embedfleet.producer.gateway.batches.store import BatchGone, LeaseLost, Store, now
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from collections.abc import AsyncIterator
 import redis
 import redis.asyncio as aioredis
 
-from common.protocol import keys, scripts
-from producer.gateway.batches.parts import PartWriter, read_parts
+from embedfleet.common.protocol import keys, scripts
+from embedfleet.producer.gateway.batches.parts import PartWriter, read_parts
 
 MAX_LISTED = 10_000  # ids one listing reads (OpenAI's own cap on a file listing's page)
 LINES_PER_READ = 256  # collected lines one read of an output file takes (a few MB at most)

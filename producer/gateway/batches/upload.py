@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from common.errors import PayloadTooLargeError, ValidationError
-from producer.gateway.batches.parts import PartWriter
+from embedfleet.common.errors import PayloadTooLargeError, ValidationError
+from embedfleet.producer.gateway.batches.parts import PartWriter
 
 MAX_FIELD_BYTES = 1024  # a form field that is not the file (purpose, expires_after[...]) is a few bytes
 MAX_FIELDS = 16

@@ -19,18 +19,18 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic import ValidationError as PydanticValidationError
 
-from common.bounds import MAX_TOKENS, bounded_int
-from common.capabilities import ModelCapabilities
-from common.codec import unencodable
-from common.errors import EmbedfleetError, InputTooLongError, ValidationError, echo, invalid_request
-from common.params import Dimensions
-from common.quantize import PACKED, quantize
-from common.result import Result
-from producer.client.core import pick_model
-from producer.gateway.core import chat, errors
-from producer.gateway.core.auth import admit, require_key
-from producer.gateway.core.schemas import EmbedBody, Priority
-from producer.gateway.core.service import Gateway, gateway
+from embedfleet.common.bounds import MAX_TOKENS, bounded_int
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.codec import unencodable
+from embedfleet.common.errors import EmbedfleetError, InputTooLongError, ValidationError, echo, invalid_request
+from embedfleet.common.params import Dimensions
+from embedfleet.common.quantize import PACKED, quantize
+from embedfleet.common.result import Result
+from embedfleet.producer.client.core import pick_model
+from embedfleet.producer.gateway.core import chat, errors
+from embedfleet.producer.gateway.core.auth import admit, require_key
+from embedfleet.producer.gateway.core.schemas import EmbedBody, Priority
+from embedfleet.producer.gateway.core.service import Gateway, gateway
 
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 MaxTokens = bounded_int("`max_tokens`", 1, MAX_TOKENS, f"a positive number of tokens, at most {MAX_TOKENS}")

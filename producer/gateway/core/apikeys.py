@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from producer.gateway.core.errors import RateLimitedError
+from embedfleet.producer.gateway.core.errors import RateLimitedError
 
 _OPTIONS = {"name", "weight", "rate", "burst"}
 

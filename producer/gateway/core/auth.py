@@ -9,10 +9,10 @@ import hmac
 
 from fastapi import Depends, Request
 
-from common.errors import AuthError
-from producer.gateway.core.errors import RateLimitedError
-from producer.gateway.core.owners import fingerprint
-from producer.gateway.core.service import Gateway, gateway
+from embedfleet.common.errors import AuthError
+from embedfleet.producer.gateway.core.errors import RateLimitedError
+from embedfleet.producer.gateway.core.owners import fingerprint
+from embedfleet.producer.gateway.core.service import Gateway, gateway
 
 
 async def require_key(request: Request, gw: Gateway = Depends(gateway)) -> None:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
-from common.chat import MAX_MESSAGES
+from embedfleet.common.chat import MAX_MESSAGES
 
 
 class TextPart(BaseModel):

@@ -13,7 +13,7 @@ import json
 import numpy as np
 from fastapi.responses import JSONResponse, Response
 
-from common.result import Result
+from embedfleet.common.result import Result
 
 _OPENAI_FLOAT = np.dtype("<f4")
 

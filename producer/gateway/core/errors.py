@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from common.errors import DecodeError, EmbedfleetError, NotFoundError, echo, invalid_request
+from embedfleet.common.errors import DecodeError, EmbedfleetError, NotFoundError, echo, invalid_request
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from common.errors import PayloadTooLargeError
+from embedfleet.common.errors import PayloadTooLargeError
 
 
 class BodyLimitMiddleware:

@@ -15,7 +15,7 @@ import hmac
 
 from fastapi import Request
 
-from common.errors import NotFoundError, echo
+from embedfleet.common.errors import NotFoundError, echo
 
 _LABEL = b"embedfleet job owner"  # this fingerprint is for nothing else
 

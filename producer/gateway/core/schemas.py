@@ -8,13 +8,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from common.codec import unencodable
-from common.errors import ValidationError
-from common.params import (LEGACY_ACTIVATION, ChunkSize, ChunkSpans, Dimensions, EmbedDtype, Endianness,
-                           GatewayTruncation, Output, PoolingParams, SparseTopK, check_embed_dtype)
-from common.request import INPUT_SHAPES
-from common.scheduling import priority_level, resolve_deadline
-from producer.gateway.core.chat import ChatFields
+from embedfleet.common.codec import unencodable
+from embedfleet.common.errors import ValidationError
+from embedfleet.common.params import (LEGACY_ACTIVATION, ChunkSize, ChunkSpans, Dimensions, EmbedDtype, Endianness,
+                                      GatewayTruncation, Output, PoolingParams, SparseTopK, check_embed_dtype)
+from embedfleet.common.request import INPUT_SHAPES
+from embedfleet.common.scheduling import priority_level, resolve_deadline
+from embedfleet.producer.gateway.core.chat import ChatFields
 
 EncodingFormat = Literal["float", "base64", "bytes", "bytes_only"]
 # OpenAI's four shapes of `input`, documented in the schema but checked by common.request.normalize_inputs,

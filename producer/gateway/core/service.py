@@ -11,20 +11,20 @@ from fastapi import Request
 
 from pydantic import ValidationError as PydanticValidationError
 
-from common.protocol import keys, operations, slotmoves
-from common.capabilities import ModelCapabilities
-from common.errors import EmbedfleetError, ResultTimeoutError, ValidationError, invalid_request
-from common.params import PoolingParams
-from common.request import new_request_id, normalize_inputs
-from common.result import Result
-from producer import AsyncProducer
-from producer.client.placement import naming
-from producer.client.core import pick_model, redis_errors
-from producer.gateway.core.apikeys import KeyLimiter
-from producer.gateway.core.metrics import Metrics
-from producer.gateway.core.owners import may_see, no_such_job
-from producer.gateway.core.schemas import EmbedBody
-from producer.gateway.settings import GatewaySettings
+from embedfleet.common.protocol import keys, operations, slotmoves
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.errors import EmbedfleetError, ResultTimeoutError, ValidationError, invalid_request
+from embedfleet.common.params import PoolingParams
+from embedfleet.common.request import new_request_id, normalize_inputs
+from embedfleet.common.result import Result
+from embedfleet import AsyncProducer
+from embedfleet.producer.client.placement import naming
+from embedfleet.producer.client.core import pick_model, redis_errors
+from embedfleet.producer.gateway.core.apikeys import KeyLimiter
+from embedfleet.producer.gateway.core.metrics import Metrics
+from embedfleet.producer.gateway.core.owners import may_see, no_such_job
+from embedfleet.producer.gateway.core.schemas import EmbedBody
+from embedfleet.producer.gateway.settings import GatewaySettings
 
 
 @dataclass

@@ -8,8 +8,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from common.tracing import spans
-from producer.gateway.core.metrics import route_of
+from embedfleet.common.tracing import spans
+from embedfleet.producer.gateway.core.metrics import route_of
 
 _CONTEXT_HEADERS = (b"traceparent", b"tracestate")
 

@@ -15,8 +15,8 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from producer.gateway.core.auth import require_key
-from producer.gateway.core.service import Gateway, gateway
+from embedfleet.producer.gateway.core.auth import require_key
+from embedfleet.producer.gateway.core.service import Gateway, gateway
 
 ASSETS = Path(__file__).with_name("dashboard")
 # The page runs only its own script and talks only to this gateway.

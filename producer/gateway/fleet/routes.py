@@ -9,10 +9,10 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from common.errors import EmbedfleetError, NoWorkerError
-from producer.gateway.core.auth import require_key
-from producer.gateway.core.errors import error_body, status_of
-from producer.gateway.core.service import Gateway, gateway
+from embedfleet.common.errors import EmbedfleetError, NoWorkerError
+from embedfleet.producer.gateway.core.auth import require_key
+from embedfleet.producer.gateway.core.errors import error_body, status_of
+from embedfleet.producer.gateway.core.service import Gateway, gateway
 
 public = APIRouter()
 protected = APIRouter(dependencies=[Depends(require_key)])

@@ -21,12 +21,12 @@ import time
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
-from common.protocol import keys
-from common.errors import EmbedfleetError, NotFoundError, ResultTimeoutError, ValidationError
-from producer.gateway.core.auth import require_key
-from producer.gateway.jobs.results import job_body, unsettled_body
-from producer.gateway.core.owners import no_such_job, owner_of
-from producer.gateway.core.service import Gateway, gateway
+from embedfleet.common.protocol import keys
+from embedfleet.common.errors import EmbedfleetError, NotFoundError, ResultTimeoutError, ValidationError
+from embedfleet.producer.gateway.core.auth import require_key
+from embedfleet.producer.gateway.jobs.results import job_body, unsettled_body
+from embedfleet.producer.gateway.core.owners import no_such_job, owner_of
+from embedfleet.producer.gateway.core.service import Gateway, gateway
 
 router = APIRouter(dependencies=[Depends(require_key)])
 KEEPALIVE = 15.0  # seconds between comment lines on a quiet stream

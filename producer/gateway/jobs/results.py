@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from common.errors import EmbedfleetError
-from common.result import Result
-from producer.client.core import result_state
-from producer.gateway.core.encoding import embeddings_body
-from producer.gateway.core.errors import error_body
+from embedfleet.common.errors import EmbedfleetError
+from embedfleet.common.result import Result
+from embedfleet.producer.client.core import result_state
+from embedfleet.producer.gateway.core.encoding import embeddings_body
+from embedfleet.producer.gateway.core.errors import error_body
 
 
 def job_body(result: Result, options: dict) -> dict:

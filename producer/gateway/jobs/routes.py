@@ -14,16 +14,16 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from common.protocol import keys
-from common.redisclient import is_cluster
-from common.errors import EmbedfleetError, InternalError, NotFoundError, UnavailableError, ValidationError
-from producer.gateway.core import encoding
-from producer.gateway.core.auth import admit, require_key
-from producer.gateway.core.errors import JobNotCancellableError
-from producer.gateway.core.owners import no_such_job, owner_of
-from producer.client.core import redis_errors
-from producer.gateway.jobs.schemas import JobBody
-from producer.gateway.core.service import Gateway, gateway
+from embedfleet.common.protocol import keys
+from embedfleet.common.redisclient import is_cluster
+from embedfleet.common.errors import EmbedfleetError, InternalError, NotFoundError, UnavailableError, ValidationError
+from embedfleet.producer.gateway.core import encoding
+from embedfleet.producer.gateway.core.auth import admit, require_key
+from embedfleet.producer.gateway.core.errors import JobNotCancellableError
+from embedfleet.producer.gateway.core.owners import no_such_job, owner_of
+from embedfleet.producer.client.core import redis_errors
+from embedfleet.producer.gateway.jobs.schemas import JobBody
+from embedfleet.producer.gateway.core.service import Gateway, gateway
 
 router = APIRouter(dependencies=[Depends(require_key)])
 PENDING = ("queued", "started")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from producer.gateway.core.schemas import EmbedBody
+from embedfleet.producer.gateway.core.schemas import EmbedBody
 
 
 class JobBody(EmbedBody):

@@ -37,12 +37,12 @@ import redis
 import redis.asyncio as aioredis
 from rq.job import Job
 
-from common.protocol import keys
-from common.errors import DecodeError
-from common.redisclient import MAX_BLOCK, close_async
-from producer.client.core import read_result
-from producer.gateway.jobs.results import job_body
-from producer.gateway.jobs.webhookurls import WebhookPolicy, WebhookRefusedError, loggable
+from embedfleet.common.protocol import keys
+from embedfleet.common.errors import DecodeError
+from embedfleet.common.redisclient import MAX_BLOCK, close_async
+from embedfleet.producer.client.core import read_result
+from embedfleet.producer.gateway.jobs.results import job_body
+from embedfleet.producer.gateway.jobs.webhookurls import WebhookPolicy, WebhookRefusedError, loggable
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from common.errors import ValidationError
+from embedfleet.common.errors import ValidationError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
-from producer.gateway.core import encoding
-from producer.gateway.core.auth import admit, require_key
-from producer.gateway.core.schemas import EmbedBody
-from producer.gateway.core.service import Gateway, gateway
+from embedfleet.producer.gateway.core import encoding
+from embedfleet.producer.gateway.core.auth import admit, require_key
+from embedfleet.producer.gateway.core.schemas import EmbedBody
+from embedfleet.producer.gateway.core.service import Gateway, gateway
 
 router = APIRouter(dependencies=[Depends(require_key)])
 

@@ -12,17 +12,17 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
-from common.errors import EmbedfleetError, ValidationError
-from producer.client.core import pick_model
-from producer.gateway.core.auth import admit, require_key
-from producer.gateway.core.schemas import EmbedBody
-from producer.gateway.core.service import Gateway, gateway
-from producer.gateway.fleet import routes as fleet
-from producer.gateway.openai import routes as openai
-from producer.gateway.tasks import routes as taskroutes
-from producer.gateway.tasks.schemas import ClassifyBody, RerankBody, ScoreBody
-from producer.gateway.vllm import routes as vllm
-from producer.gateway.vllm.schemas import PoolingBody
+from embedfleet.common.errors import EmbedfleetError, ValidationError
+from embedfleet.producer.client.core import pick_model
+from embedfleet.producer.gateway.core.auth import admit, require_key
+from embedfleet.producer.gateway.core.schemas import EmbedBody
+from embedfleet.producer.gateway.core.service import Gateway, gateway
+from embedfleet.producer.gateway.fleet import routes as fleet
+from embedfleet.producer.gateway.openai import routes as openai
+from embedfleet.producer.gateway.tasks import routes as taskroutes
+from embedfleet.producer.gateway.tasks.schemas import ClassifyBody, RerankBody, ScoreBody
+from embedfleet.producer.gateway.vllm import routes as vllm
+from embedfleet.producer.gateway.vllm.schemas import PoolingBody
 
 public = APIRouter()
 router = APIRouter(dependencies=[Depends(require_key), Depends(admit)])

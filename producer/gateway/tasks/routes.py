@@ -13,15 +13,16 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
-from common.errors import invalid_request
-from common.result import Result
-from producer.gateway.core.auth import admit, require_key
-from producer.gateway.core.errors import shape_errors, vllm_and_cohere_shape, vllm_shape
-from producer.gateway.core.service import Gateway, gateway
-from producer.gateway.tei.paths import tei_model
-from producer.gateway.tasks.schemas import (ClassifyBody, DetokenizeBody, RerankBody, ScoreBody, TeiDecodeBody,
-                                          TeiRerankBody, TeiTokenizeBody, TokenizeBody, pick)
-from producer.client.tasks import check_rerank, rank, score_pairs
+from embedfleet.common.errors import invalid_request
+from embedfleet.common.result import Result
+from embedfleet.producer.gateway.core.auth import admit, require_key
+from embedfleet.producer.gateway.core.errors import shape_errors, vllm_and_cohere_shape, vllm_shape
+from embedfleet.producer.gateway.core.service import Gateway, gateway
+from embedfleet.producer.gateway.tei.paths import tei_model
+from embedfleet.producer.gateway.tasks.schemas import (ClassifyBody, DetokenizeBody, RerankBody, ScoreBody,
+                                                       TeiDecodeBody, TeiRerankBody, TeiTokenizeBody, TokenizeBody,
+                                                       pick)
+from embedfleet.producer.client.tasks import check_rerank, rank, score_pairs
 
 router = APIRouter(dependencies=[Depends(require_key), Depends(admit)])  # every route here submits
 

@@ -7,11 +7,11 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
-from common.bounds import INT32_MAX, TokenId, bounded_int, token_id_problem
-from common.params import LEGACY_ACTIVATION, GatewayTruncation
-from producer.client.tasks import TOP_N_ALLOWED
-from producer.gateway.core.chat import ChatFields
-from producer.gateway.core.schemas import Input
+from embedfleet.common.bounds import INT32_MAX, TokenId, bounded_int, token_id_problem
+from embedfleet.common.params import LEGACY_ACTIVATION, GatewayTruncation
+from embedfleet.producer.client.tasks import TOP_N_ALLOWED
+from embedfleet.producer.gateway.core.chat import ChatFields
+from embedfleet.producer.gateway.core.schemas import Input
 
 Texts = str | list[str]
 TopN = bounded_int("`top_n`", 0, INT32_MAX, TOP_N_ALLOWED)

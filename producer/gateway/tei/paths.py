@@ -8,7 +8,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 from urllib.parse import unquote
 
-from common.errors import ValidationError, echo
+from embedfleet.common.errors import ValidationError, echo
 
 PREFIX = "/tei/"
 # TEI's routes (router/src/http/server.rs) that answer here; "" is TEI's `POST /`

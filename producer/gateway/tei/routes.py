@@ -20,16 +20,16 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
-from common.capabilities import ModelCapabilities
-from common.errors import EmbedfleetError, ValidationError, invalid_request
-from common.result import Result
-from producer.client.core import pick_model
-from producer.gateway.core.auth import admit, require_key
-from producer.gateway.core.errors import shape_errors
-from producer.gateway.core.service import Gateway, gateway
-from producer.gateway.tei.paths import tei_model
-from producer.gateway.tei.schemas import (EmptyInputError, SimilarityParameters, TeiEmbedAllBody, TeiEmbedBody,
-                                         TeiEmbedSparseBody, TeiSimilarityBody, tei_inputs)
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.errors import EmbedfleetError, ValidationError, invalid_request
+from embedfleet.common.result import Result
+from embedfleet.producer.client.core import pick_model
+from embedfleet.producer.gateway.core.auth import admit, require_key
+from embedfleet.producer.gateway.core.errors import shape_errors
+from embedfleet.producer.gateway.core.service import Gateway, gateway
+from embedfleet.producer.gateway.tei.paths import tei_model
+from embedfleet.producer.gateway.tei.schemas import (EmptyInputError, SimilarityParameters, TeiEmbedAllBody,
+                                                     TeiEmbedBody, TeiEmbedSparseBody, TeiSimilarityBody, tei_inputs)
 
 router = APIRouter(dependencies=[Depends(require_key)])
 SUBMITS = [Depends(admit)]  # the routes that hold a request against the key's rate and share

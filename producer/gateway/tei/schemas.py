@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema
 
-from common.errors import ValidationError
-from common.params import Dimensions, SparseTopK
+from embedfleet.common.errors import ValidationError
+from embedfleet.common.params import Dimensions, SparseTopK
 
 # TEI's booleans are serde's: true or false only ("yes", 1 or "true" are refused), hence StrictBool below.
 # TEI's serde enum takes both spellings (`#[serde(alias = "left", alias = "Left")]`); huggingface_hub sends

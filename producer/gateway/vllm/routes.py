@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
-from common.capabilities import ModelCapabilities
-from common.errors import NoWorkerError, ValidationError
-from producer.gateway.core import encoding
-from producer.gateway.core.auth import admit, require_key
-from producer.gateway.core.service import Gateway, gateway
-from producer.gateway.vllm.schemas import PoolingBody
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.errors import NoWorkerError, ValidationError
+from embedfleet.producer.gateway.core import encoding
+from embedfleet.producer.gateway.core.auth import admit, require_key
+from embedfleet.producer.gateway.core.service import Gateway, gateway
+from embedfleet.producer.gateway.vllm.schemas import PoolingBody
 
 router = APIRouter(dependencies=[Depends(require_key)])
 

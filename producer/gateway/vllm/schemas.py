@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from producer.gateway.core.schemas import EmbedBody
+from embedfleet.producer.gateway.core.schemas import EmbedBody
 
 
 class PoolingBody(EmbedBody):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from common.errors import StartupError
-from worker.engine.models.base import pad_batch
+from embedfleet.common.errors import StartupError
+from embedfleet.worker.engine.models.base import pad_batch
 
 log = logging.getLogger(__name__)
 
@@ -77,25 +77,25 @@ def check(choice: EngineChoice, *, dtype: str | None, device: str | None, classi
 def attach(loaded, choice: EngineChoice, model_dir: str, hf_config) -> None:
     """Give `loaded` (a float32 torch LoadedModel) the chosen engine's forward, or raise StartupError when it
     falls below the gate; its torch weights are then released (only the module's config is kept)."""
-    from worker.engine import cpus  # noqa: PLC0415
-    from worker.engine.backends import cache  # noqa: PLC0415 - the backends load their runtimes lazily
-    from worker.engine.backends.calibration import calibration_samples  # noqa: PLC0415
-    from worker.engine.fidelity import engine_fidelity  # noqa: PLC0415
-    from worker.engine.identity import folder_digest  # noqa: PLC0415
+    from embedfleet.worker.engine import cpus  # noqa: PLC0415
+    from embedfleet.worker.engine.backends import cache  # noqa: PLC0415 - the backends load their runtimes lazily
+    from embedfleet.worker.engine.backends.calibration import calibration_samples  # noqa: PLC0415
+    from embedfleet.worker.engine.fidelity import engine_fidelity  # noqa: PLC0415
+    from embedfleet.worker.engine.identity import folder_digest  # noqa: PLC0415
 
     root = choice.cache_dir or cache.default_root()
     digest = folder_digest(loaded.folder)
     threads = choice.threads or cpus.affinity()
     left = loaded.padding_side == "left"
     if choice.engine == "onnx":
-        from worker.engine.backends import onnx  # noqa: PLC0415
+        from embedfleet.worker.engine.backends import onnx  # noqa: PLC0415
 
         def build(scheme: str):
             return onnx.load(model_dir, hf_config, quantize=choice.quantize, files_digest=digest, root=root,
                              threads=threads, left_padding=left, scheme=scheme, spinning=choice.spinning)
         schemes = onnx.SCHEMES
     else:
-        from worker.engine.backends import onnx, openvino  # noqa: PLC0415
+        from embedfleet.worker.engine.backends import onnx, openvino  # noqa: PLC0415
 
         def calibration() -> list:
             limit = loaded.caps.max_model_len

@@ -12,7 +12,7 @@ import warnings
 
 import torch
 
-from worker.engine.models.base import feature_class
+from embedfleet.worker.engine.models.base import feature_class
 
 log = logging.getLogger(__name__)
 

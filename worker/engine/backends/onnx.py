@@ -9,8 +9,8 @@ import shutil
 import numpy as np
 import torch
 
-from common.errors import StartupError
-from worker.engine.backends import cache, export
+from embedfleet.common.errors import StartupError
+from embedfleet.worker.engine.backends import cache, export
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ import os
 import numpy as np
 import torch
 
-from common.errors import StartupError
-from worker.engine.backends import cache, export
-from worker.engine.backends.calibration import calibration_digest
+from embedfleet.common.errors import StartupError
+from embedfleet.worker.engine.backends import cache, export
+from embedfleet.worker.engine.backends.calibration import calibration_digest
 
 log = logging.getLogger(__name__)
 

@@ -23,17 +23,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.capabilities import ModelCapabilities
-from worker.engine import stageclock
-from worker.engine.models import folderchecks
-from worker.engine.pooling import Pooler
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.worker.engine import stageclock
+from embedfleet.worker.engine.models import folderchecks
+from embedfleet.worker.engine.pooling import Pooler
 
 if TYPE_CHECKING:  # types only: the leaf imports no sibling at run time
-    from common.request import EmbedRequest
-    from worker.engine.backends import EngineChoice
-    from worker.engine.preprocess import Prepared
-    from worker.engine.models.plaintext import MessageText
-    from worker.engine.models.stconfig import STConfig
+    from embedfleet.common.request import EmbedRequest
+    from embedfleet.worker.engine.backends import EngineChoice
+    from embedfleet.worker.engine.preprocess import Prepared
+    from embedfleet.worker.engine.models.plaintext import MessageText
+    from embedfleet.worker.engine.models.stconfig import STConfig
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from worker.engine.models import embedding
-from worker.engine.models.base import LoadedModel, LoadOptions, pad_batch
-from worker.engine.models.stconfig import STConfig
+from embedfleet.worker.engine.models import embedding
+from embedfleet.worker.engine.models.base import LoadedModel, LoadOptions, pad_batch
+from embedfleet.worker.engine.models.stconfig import STConfig
 
 M3_OUTPUTS = ("dense", "sparse", "colbert")
 M3_TASKS = ("embed", "sparse_embed", "token_embed", "token_classify", "score", "tokenize", "detokenize")

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from common.capabilities import ModelCapabilities
-from common.errors import StartupError
-from worker.engine.chat import chat_caps
-from worker.engine.models.base import DTYPES, LoadOptions, activation, load_transformer, max_len, pad_batch
-from worker.engine.models.stconfig import STConfig
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.errors import StartupError
+from embedfleet.worker.engine.chat import chat_caps
+from embedfleet.worker.engine.models.base import DTYPES, LoadOptions, activation, load_transformer, max_len, pad_batch
+from embedfleet.worker.engine.models.stconfig import STConfig
 
 log = logging.getLogger(__name__)
 

@@ -15,16 +15,16 @@ import os
 import torch
 from torch import nn
 
-from common.capabilities import MAX_EMBED_LEN, ModelCapabilities
-from common.errors import StartupError
-from worker.engine import backends, packed
-from worker.engine.chat import chat_caps
-from worker.engine.fidelity import cast_with_fidelity_check
-from worker.engine.models.base import (DTYPES, LoadedModel, LoadOptions, feature_class, load_dense,
-                                       load_transformer, max_len)
-from worker.engine.models.plaintext import message_text
-from worker.engine.models.stconfig import STConfig
-from worker.engine.pooling import Pooler, modes_from_config
+from embedfleet.common.capabilities import MAX_EMBED_LEN, ModelCapabilities
+from embedfleet.common.errors import StartupError
+from embedfleet.worker.engine import backends, packed
+from embedfleet.worker.engine.chat import chat_caps
+from embedfleet.worker.engine.fidelity import cast_with_fidelity_check
+from embedfleet.worker.engine.models.base import (DTYPES, LoadedModel, LoadOptions, feature_class, load_dense,
+                                                  load_transformer, max_len)
+from embedfleet.worker.engine.models.plaintext import message_text
+from embedfleet.worker.engine.models.stconfig import STConfig
+from embedfleet.worker.engine.pooling import Pooler, modes_from_config
 
 log = logging.getLogger(__name__)
 

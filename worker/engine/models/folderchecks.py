@@ -13,8 +13,8 @@ import os
 
 from torch import nn
 
-from common.errors import StartupError
-from worker.engine.fidelity import PROBE_TEXTS
+from embedfleet.common.errors import StartupError
+from embedfleet.worker.engine.fidelity import PROBE_TEXTS
 
 # Most of the probe texts' tokens read as the unknown token: the vocabulary is not the model's. Measured on the
 # probe texts (worker/engine/fidelity.py): all-MiniLM-L6-v2 0 of 93, the tests' tiny vocabularies (166-400

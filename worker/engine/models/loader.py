@@ -16,13 +16,13 @@ import os
 
 import torch
 
-from common.errors import StartupError
-from worker.engine import backends
-from worker.engine.backends import EngineChoice
-from worker.engine.models import bgem3, classifier, embedding, plaintext, splade
-from worker.engine.models.base import NOT_TEXT_ENCODERS, LoadedModel, LoadOptions
-from worker.engine.models.folderchecks import check_positions
-from worker.engine.models.stconfig import read_st_config
+from embedfleet.common.errors import StartupError
+from embedfleet.worker.engine import backends
+from embedfleet.worker.engine.backends import EngineChoice
+from embedfleet.worker.engine.models import bgem3, classifier, embedding, plaintext, splade
+from embedfleet.worker.engine.models.base import NOT_TEXT_ENCODERS, LoadedModel, LoadOptions
+from embedfleet.worker.engine.models.folderchecks import check_positions
+from embedfleet.worker.engine.models.stconfig import read_st_config
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ import re
 
 import numpy as np
 
-from common.capabilities import ModelCapabilities
-from common.request import EmbedRequest
-from worker.engine.preprocess import Prepared
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.request import EmbedRequest
+from embedfleet.worker.engine.preprocess import Prepared
 
 PREFIX = "null:"
 _SPEC = re.compile(r"null:(\d{1,5})")

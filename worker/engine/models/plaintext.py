@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.errors import StartupError, ValidationError
+from embedfleet.common.errors import StartupError, ValidationError
 
 # InputFormatter's model types whose templates want flat content, and the template fragments that mean
 # structured content (a list of {"type": "text", "text": ...} parts).

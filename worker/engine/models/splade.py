@@ -12,12 +12,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.capabilities import ModelCapabilities
-from worker.engine.chat import chat_caps
-from worker.engine.models.base import DTYPES, LoadOptions, load_transformer, max_len, pad_batch
-from worker.engine.models.plaintext import MessageText, message_text
-from worker.engine.models.stconfig import STConfig
-from worker.engine.pooling import Pooler
+from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.worker.engine.chat import chat_caps
+from embedfleet.worker.engine.models.base import DTYPES, LoadOptions, load_transformer, max_len, pad_batch
+from embedfleet.worker.engine.models.plaintext import MessageText, message_text
+from embedfleet.worker.engine.models.stconfig import STConfig
+from embedfleet.worker.engine.pooling import Pooler
 
 SPLADE_TASKS = ("sparse_embed", "tokenize", "detokenize")
 

@@ -6,7 +6,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from common.errors import StartupError
+from embedfleet.common.errors import StartupError
 
 
 @dataclass

@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.request import EmbedRequest
-from common.result import Result
-from worker.engine.postprocess import cast
-from worker.engine.preprocess import Prepared
-from worker.engine.tasks.sparse import HEAD_PREFIX, finish_outputs
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
+from embedfleet.worker.engine.postprocess import cast
+from embedfleet.worker.engine.preprocess import Prepared
+from embedfleet.worker.engine.tasks.sparse import HEAD_PREFIX, finish_outputs
 
 
 def finish_task(model, request: EmbedRequest, rows, prepared: Prepared) -> Result:

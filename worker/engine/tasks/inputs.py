@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.errors import InputTooLongError
-from common.request import EmbedRequest
-from common.result import Result
-from worker.engine.preprocess import Prepared, prepare
-from worker.engine.tasks.sparse import prepare_outputs, wanted
+from embedfleet.common.errors import InputTooLongError
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
+from embedfleet.worker.engine.preprocess import Prepared, prepare
+from embedfleet.worker.engine.tasks.sparse import prepare_outputs, wanted
 
 
 def prepare_task(model, request: EmbedRequest) -> Prepared | Result:

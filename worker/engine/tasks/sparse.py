@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.errors import InputTooLongError
-from common.request import EmbedRequest
-from common.result import Result
-from worker.engine.postprocess import cast, cut_and_normalise
-from worker.engine.preprocess import Prepared, prepare
+from embedfleet.common.errors import InputTooLongError
+from embedfleet.common.request import EmbedRequest
+from embedfleet.common.result import Result
+from embedfleet.worker.engine.postprocess import cast, cut_and_normalise
+from embedfleet.worker.engine.preprocess import Prepared, prepare
 
 HEAD_PREFIX = "outputs:"
 
