@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
+from typing import NamedTuple
 
 from pydantic import Field
 from rich.console import Console, Group
@@ -11,18 +13,51 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from common import fleetstate
-from common.config import Settings
-from common.errors import NO_WORKER_HINT
-from common.redisclient import redact
+from embedfleet.common import fleetstate
+from embedfleet.common.config import Settings
+from embedfleet.common.errors import NO_WORKER_HINT
+from embedfleet.common.redisclient import redact
 
 DOC = """Served models and their queues per priority (depth, oldest job's age, in progress), live workers (host,
 device and its CPU threads, dtype, batch budget, state, the round on the device, texts/s over the last minute,
-last beat), failures of the last hour by error code, and the cache hit rate where workers count one."""
+last beat), failures of the last hour by error code, and the cache hit rate where workers count one. By default
+the tables keep to the columns that fit 80 characters (or the terminal's width); --wide shows them all."""
+
+WHOLE_ROWS = 1000  # --wide's width: wider than any row, so that none is folded or cut
+
+
+class Column(NamedTuple):
+    cell: str  # the key of its cell in each row
+    header: str
+    right: bool = False  # a number's column
+
+
+MODEL_COLUMNS = (Column("model", "model"), Column("workers", "workers", True),
+                 Column("about", "dim / max len / pooling"), Column("priority", "priority"),
+                 Column("queued", "queued", True), Column("in_progress", "in progress", True),
+                 Column("oldest", "oldest", True), Column("queued_tokens", "queued tokens"),
+                 Column("texts_per_s", "texts/s", True), Column("cache_hits", "cache hits", True),
+                 Column("failures", "failed (1 h)"))
+WORKER_COLUMNS = (Column("worker", "worker"), Column("model", "model"), Column("host", "host"),
+                  Column("device_details", "device"), Column("dtype", "dtype"), Column("budget", "batch budget"),
+                  Column("state", "state"), Column("on_device", "on device"),
+                  Column("texts_per_s", "texts/s (1 min)"), Column("last_beat", "last beat"))
+# Within 80 columns for a model's name of up to 22 characters and a worker's of 21 (a longer one folds, whole).
+# Left to --wide: a model's shape, queued tokens, throughput (the workers table has it) and cache hits, its failures'
+# codes (here their count) and its Redis (the lines above the tables name a shard's); a worker's host (in its
+# default name), CPU threads, replica, dtype, batch budget, the round on its device (its state says busy) and last
+# beat.
+NARROW_MODEL_COLUMNS = (Column("name", "model"), Column("priority", "priority"), Column("queued", "queued", True),
+                        Column("in_progress", "in\nprogress", True), Column("oldest", "oldest", True),
+                        Column("failed", "failed\n(1 h)", True))
+NARROW_WORKER_COLUMNS = (Column("worker", "worker"), Column("model", "model"), Column("device", "device"),
+                         Column("state", "state"), Column("texts_per_s", "texts/s\n(1 min)"))
 
 
 class StatusSettings(Settings):
     watch: float | None = Field(None, gt=0, description="refresh every this many seconds until Ctrl-C")
+    wide: bool = Field(False, description="every column, however wide the rows (default: the essential ones, "
+                                          "within COLUMNS, else the terminal's width, else 80)")
 
 
 def main(argv: list[str]) -> int:
@@ -36,16 +71,18 @@ def main(argv: list[str]) -> int:
 
 
 def run(settings: StatusSettings, as_json: bool = False) -> int:
-    from producer.client.blocking import Producer  # noqa: PLC0415 - rq and friends load after the flags
+    from embedfleet.producer.client.blocking import Producer  # noqa: PLC0415 - rq and friends load after the flags
 
     with Producer(settings.redis_url, shards=settings.shards.shards) as producer:
         producer.check()
         if as_json:
             print(json.dumps(producer.fleet(), indent=2))
             return 0
-        console = Console()
-        if not console.is_terminal:  # a pipe or a file: whole rows, for grep, rather than a wrapped table
-            console = Console(width=200)
+        console = Console()  # a terminal's width: COLUMNS where set, else the terminal's
+        if settings.wide:  # whole rows: a terminal narrower than them wraps them, `less -S` does not
+            console = Console(width=WHOLE_ROWS)
+        elif not console.is_terminal:  # a pipe or a file: COLUMNS where set, else 80 (not stdin's terminal's)
+            console = Console(width=shutil.get_terminal_size().columns)
         if settings.watch is None:
             console.print(render(producer.fleet(), settings))
             return 0
@@ -53,14 +90,15 @@ def run(settings: StatusSettings, as_json: bool = False) -> int:
             while True:
                 console.print(render(producer.fleet(), settings))
                 time.sleep(settings.watch)
-        with Live(render(producer.fleet(), settings), console=console, auto_refresh=False) as live:
+        # redrawn in place, so every line must fit the screen: --wide's rows too
+        with Live(render(producer.fleet(), settings), console=Console(), auto_refresh=False) as live:
             while True:
                 time.sleep(settings.watch)
                 live.update(render(producer.fleet(), settings), refresh=True)
 
 
 def render(fleet: dict, settings: StatusSettings) -> Group:
-    from producer.client.core import looked_at  # noqa: PLC0415 - as Producer above: after the flags
+    from embedfleet.producer.client.core import looked_at  # noqa: PLC0415 - as Producer above: after the flags
 
     parts: list = [Text(looked_at([settings.redis_url]) if settings.redis_url else f"Redis {fleet['redis']}")]
     for up in fleetstate.running():  # an `embedfleet up` on this Redis: where its gateway is
@@ -73,52 +111,58 @@ def render(fleet: dict, settings: StatusSettings) -> Group:
     if not fleet["models"]:
         parts.append(Text(f"no model is served there (no live worker): {NO_WORKER_HINT}"))
         return Group(*parts)
-    parts += [_models(fleet), _workers(fleet)]
+    parts += [_models(fleet, settings.wide), _workers(fleet, settings.wide)]
     return Group(*parts)
 
 
-def _models(fleet: dict) -> Table:
-    table = Table(title="models and queues", title_justify="left")
-    for column in ("model", "workers", "dim / max len / pooling", "priority", "queued", "in progress",
-                   "oldest", "queued tokens", "texts/s", "cache hits", "failed (1 h)"):
-        table.add_column(column, justify="right" if column in ("workers", "queued", "in progress", "oldest",
-                                                               "texts/s", "cache hits") else "left")
+def _models(fleet: dict, wide: bool) -> Table:
+    rows = []
     for model in fleet["models"]:
-        about = f"{model['dim']} / {model['max_model_len']} / {model['pooling']}" if model["dim"] else "-"
-        failures = ", ".join(f"{code} {count}" for code, count in model["failures_last_hour"].items()) or "-"
-        rate = f"{model['cache_hit_rate']:.0%}" if model["cache_hit_rate"] is not None else "-"
-        name = model["name"] if model["redis"] == fleet["redis"] else f"{model['name']} (on {model['redis']})"
-        for i, queue in enumerate(model["queues"]):
-            first = i == 0
-            table.add_row(name if first else "", str(model["live_workers"]) if first else "",
-                          about if first else "", queue["priority"], str(queue["depth"]), str(queue["in_progress"]),
-                          _seconds(queue["oldest_age_s"]), "-" if queue["queued_tokens"] is None else
-                          str(queue["queued_tokens"]), f"{model['texts_per_s']:.1f}" if first else "",
-                          rate if first else "", failures if first else "")
-    return table
+        failures = model["failures_last_hour"]
+        where = f" (on {model['redis']})" if model["redis"] != fleet["redis"] else ""
+        whole = {"name": model["name"], "model": model["name"] + where,
+                 "workers": str(model["live_workers"]),
+                 "about": f"{model['dim']} / {model['max_model_len']} / {model['pooling']}" if model["dim"] else "-",
+                 "texts_per_s": f"{model['texts_per_s']:.1f}",
+                 "cache_hits": "-" if model["cache_hit_rate"] is None else f"{model['cache_hit_rate']:.0%}",
+                 "failures": ", ".join(f"{code} {count}" for code, count in failures.items()) or "-",
+                 "failed": str(sum(failures.values())) if failures else "-"}
+        for i, queue in enumerate(model["queues"]):  # the model's own cells on its first queue's row
+            rows.append({**(whole if i == 0 else dict.fromkeys(whole, "")), "priority": queue["priority"],
+                         "queued": str(queue["depth"]), "in_progress": str(queue["in_progress"]),
+                         "oldest": _seconds(queue["oldest_age_s"]),
+                         "queued_tokens": "-" if queue["queued_tokens"] is None else str(queue["queued_tokens"])})
+    return _table("models and queues", MODEL_COLUMNS if wide else NARROW_MODEL_COLUMNS, rows)
 
 
-def _workers(fleet: dict) -> Table:
-    table = Table(title="workers", title_justify="left")
-    for column in ("worker", "model", "host", "device", "dtype", "batch budget", "state", "on device",
-                   "texts/s (1 min)", "last beat"):
-        table.add_column(column)
+def _workers(fleet: dict, wide: bool) -> Table:
+    rows = []
     for worker in fleet["workers"]:
         budget = f"{worker.get('max_batch_tokens', '?')} tok / {worker.get('max_batch_size', '?')} rows"
         if "pass_tokens_per_s" in worker:  # the learned shape's measured rate
             budget += f" @ {worker['pass_tokens_per_s']:,.0f} tok/s"
-        device = worker.get("device", "?")
+        device = details = worker.get("device", "?")
         if "threads" in worker:  # the CPU threads of its forward pass and why that many (worker/engine/cpus.py)
             count = worker["threads"]
-            device += f", {count} thread{'s' * (count != 1)} ({worker.get('threads_source', '?')})"
-        current = f"{worker['current_texts']} texts" if worker.get("current_texts") else "-"
-        rate = f"{worker['texts_per_s']:.1f}" if "texts_per_s" in worker else "?"
+            details += f", {count} thread{'s' * (count != 1)} ({worker.get('threads_source', '?')})"
         if worker.get("replica", "1/1") != "1/1":  # one of several engines on this device (--replicas)
-            device += f" (replica {worker['replica']})"
-        dtype = worker.get("dtype", "?") + (" packed" if worker.get("forward") == "packed" else "")
-        table.add_row(worker["name"], worker.get("model", "?"), worker.get("host", "?"), device, dtype, budget,
-                      worker.get("state", "?"), current, rate,
-                      _seconds(worker["last_beat_s"]) + " ago")
+            details += f" (replica {worker['replica']})"
+        rows.append({"worker": worker["name"], "model": worker.get("model", "?"), "host": worker.get("host", "?"),
+                     "device": device, "device_details": details,
+                     "dtype": worker.get("dtype", "?") + (" packed" if worker.get("forward") == "packed" else ""),
+                     "budget": budget, "state": worker.get("state", "?"),
+                     "on_device": f"{worker['current_texts']} texts" if worker.get("current_texts") else "-",
+                     "texts_per_s": f"{worker['texts_per_s']:.1f}" if "texts_per_s" in worker else "?",
+                     "last_beat": _seconds(worker["last_beat_s"]) + " ago"})
+    return _table("workers", WORKER_COLUMNS if wide else NARROW_WORKER_COLUMNS, rows)
+
+
+def _table(title: str, columns: tuple[Column, ...], rows: list[dict]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in columns:  # a cell too wide for its column folds onto more lines, whole, rather than being cut
+        table.add_column(column.header, justify="right" if column.right else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*(row[column.cell] for column in columns))
     return table
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -14,9 +15,9 @@ import pytest
 from rq import Queue
 from rq.suspension import resume, suspend
 
-from common.protocol.keys import FAILURE_TTL, JOB_FUNC, model_workers_key, queue_name, worker_info_key
-from common.serializer import MsgpackSerializer
-from producer import Producer
+from embedfleet.common.protocol.keys import FAILURE_TTL, JOB_FUNC, model_workers_key, queue_name, worker_info_key
+from embedfleet.common.serializer import MsgpackSerializer
+from embedfleet import Producer
 from tests.commands import ROOT, clean_env, embedfleet
 from tests.hashed import MODEL
 
@@ -30,6 +31,24 @@ def status_json(env) -> dict:
     done = embedfleet("status", "--json", env=env)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+def rows(table: str, shown: str, edge: str = "│") -> list[list[str]]:
+    """The cells of each line of the rich table titled `table` in `shown` (edge ┃: its header's)."""
+    lines = shown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == table) + 1
+    found = []
+    for line in lines[start:]:
+        if line.startswith("└"):
+            return found
+        if line.startswith(edge):
+            found.append([cell.strip() for cell in line.rstrip()[1:-1].split(edge)])
+    raise AssertionError(f"table {table!r} does not end: {shown}")
+
+
+def column(table: list[list[str]], index: int) -> str:
+    """A column's text over its lines: a cell folded onto several lines, joined."""
+    return "".join(cells[index] for cells in table)
 
 
 def test_status_json_reports_queues_ages_workers_and_failures(hashed_worker, redis_url, redis_client, env):
@@ -80,12 +99,50 @@ def test_status_tables_and_a_forged_advert(hashed_worker, redis_client, env):
     worker = hashed_worker()
     redis_client.zadd(model_workers_key(MODEL), {"forged": time.time()})
     redis_client.set(worker_info_key("forged"), b"\xc1 not msgpack")
-    done = embedfleet("status", env={**env, "COLUMNS": "250"})
+    done = embedfleet("status", "--wide", env=env)  # the batch budget is --wide's
     assert done.returncode == 0, done.stderr
     for word in ("models and queues", "interactive", "bulk", "workers", worker.name, "64 tok / 64 rows", "idle"):
         assert word in done.stdout, done.stdout
     assert "forged" not in done.stdout  # an advert that does not decode is left out, never a crash
     assert [w["name"] for w in status_json(env)["workers"]] == [worker.name]
+
+
+# a Kubernetes pod's worker: its name holds the pod's
+LONG_NAME = "embedfleet-embedding-workers-of-a-statefulset-with-a-long-name-0-1-0123abcd"
+
+
+def test_status_fits_80_columns_and_folds_a_long_worker_name_whole(hashed_worker, env):
+    hashed_worker(name=LONG_NAME)
+    without_columns = {k: v for k, v in env.items() if k != "COLUMNS"}  # a pipe and no COLUMNS: 80 too
+    for shown_env in ({**env, "COLUMNS": "80"}, without_columns):
+        done = embedfleet("status", env=shown_env)
+        assert done.returncode == 0, done.stderr
+        assert max(map(len, done.stdout.splitlines())) <= 80 and "…" not in done.stdout, done.stdout
+    assert rows("models and queues", done.stdout) == [[MODEL, "interactive", "0", "0", "-", "-"],
+                                                      ["", "bulk", "0", "0", "-", ""]], done.stdout
+    workers = rows("workers", done.stdout)
+    assert len(workers) > 1 and column(workers, 0) == LONG_NAME, done.stdout  # folded, not cut
+    assert [column(workers, i) for i in (1, 2, 3, 4)] == [MODEL, "cpu", "idle", "0.0"], done.stdout
+    assert "64 tok / 64 rows" not in done.stdout and socket.gethostname() not in done.stdout  # --wide's
+
+
+def test_status_wide_has_every_column_of_the_full_table_on_one_line_per_row(hashed_worker, env):
+    worker = hashed_worker()
+    done = embedfleet("status", env={**env, "EMBEDFLEET_WIDE": "1", "COLUMNS": "80"})  # COLUMNS limits no row
+    assert done.returncode == 0, done.stderr
+    assert rows("models and queues", done.stdout, "┃") == [[
+        "model", "workers", "dim / max len / pooling", "priority", "queued", "in progress", "oldest", "queued tokens",
+        "texts/s", "cache hits", "failed (1 h)"]]
+    [model] = status_json(env)["models"]
+    shape = f"{model['dim']} / {model['max_model_len']} / {model['pooling']}"
+    assert rows("models and queues", done.stdout) == [[MODEL, "1", shape, "interactive", "0", "0", "-", "0", "0.0", "-",
+                                                       "-"], ["", "", "", "bulk", "0", "0", "-", "0", "", "", ""]]
+    assert rows("workers", done.stdout, "┃") == [[
+        "worker", "model", "host", "device", "dtype", "batch budget", "state", "on device", "texts/s (1 min)",
+        "last beat"]]
+    [row] = rows("workers", done.stdout)
+    assert row[:-1] == [worker.name, MODEL, socket.gethostname(), "cpu", "float32", "64 tok / 64 rows", "idle", "-",
+                        "0.0"] and row[-1].endswith(" s ago"), done.stdout
 
 
 def test_status_with_no_fleet(env):
@@ -96,8 +153,8 @@ def test_status_with_no_fleet(env):
 
 def test_watch_redraws_until_ctrl_c(hashed_worker, env):
     hashed_worker()
-    watch = subprocess.Popen([sys.executable, "-m", "producer.cli", "status", "--watch", "0.2"], cwd=ROOT,
-                             env={**env, "COLUMNS": "250"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watch = subprocess.Popen([sys.executable, "-m", "embedfleet.producer.cli", "status", "--watch", "0.2"], cwd=ROOT,
+                             env={**env, "COLUMNS": "80"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(watch.stdout), daemon=True)
     reader.start()
@@ -111,6 +168,7 @@ def test_watch_redraws_until_ctrl_c(hashed_worker, env):
     out, err = "".join(lines), watch.stderr.read()
     assert watch.returncode == 130, err
     assert out.count("models and queues") >= 3 and MODEL in out and "Traceback" not in err  # one per refresh
+    assert max(map(len, lines)) <= 81 and "batch budget" not in out, out  # the tables of plain `status` (81: the \n)
 
 
 def test_a_busy_worker_shows_the_round_on_its_device_within_a_beat(hashed_worker, redis_url, env):
