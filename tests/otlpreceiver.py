@@ -57,9 +57,10 @@ def decode(body: bytes) -> list[Span]:
 
 
 class Receiver:
-    """`url`: the base URL for OTEL_EXPORTER_OTLP_ENDPOINT / --otlp-endpoint; `spans`: what arrived."""
+    """`url`: the base URL for OTEL_EXPORTER_OTLP_ENDPOINT / --otlp-endpoint; `spans`: what arrived. `port`: a
+    loopback port of the test's choosing (one an exporter already sends to), else a free one."""
 
-    def __init__(self, hang: bool = False):
+    def __init__(self, hang: bool = False, port: int = 0):
         self.spans: list[Span] = []
         self.posts = 0
         self.hang = hang
@@ -95,7 +96,7 @@ class Receiver:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)

@@ -2,8 +2,9 @@
 carries through Redis. Nothing here imports OpenTelemetry: it loads only where tracing is on.
 
     on        an entry point (gateway, worker) with --otlp-endpoint, or OTEL_EXPORTER_OTLP_ENDPOINT /
-              OTEL_EXPORTER_OTLP_TRACES_ENDPOINT set (OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none: off);
-              `start` then sets up the SDK (common/tracing/sdk.py) and returns it, else None
+              OTEL_EXPORTER_OTLP_TRACES_ENDPOINT set, or OTEL_TRACES_EXPORTER=console (spans on stderr, no collector);
+              OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none: off. `start` then sets up the SDK
+              (common/tracing/sdk.py) and returns it, else None
     context   a request's `traceparent` / `tracestate` (common/request.py), W3C Trace Context level 1: the
               caller's span as the producer saw it, so the worker's spans are its children
     client    the producer clients (Python) trace where the application has OpenTelemetry set up: they use
@@ -12,12 +13,13 @@ carries through Redis. Nothing here imports OpenTelemetry: it loads only where t
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
 from collections.abc import Mapping
 
-from common.errors import StartupError
+from embedfleet.common.errors import StartupError
 
 # W3C Trace Context: version 00, lowercase hex; an all-zero trace id or span id is invalid.
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
@@ -28,7 +30,9 @@ _TRACESTATE_MEMBER = re.compile(r"[a-z0-9][_0-9a-z\-*/]{0,240}(@[a-z][_0-9a-z\-*
 MAX_TRACESTATE = 512
 MAX_TRACESTATE_MEMBERS = 32
 TRACEPARENT_FORMAT = "00-<32 lowercase hex: trace id, not all 0>-<16 lowercase hex: span id, not all 0>-<2 hex: flags>"
+EXPORTERS = ("otlp", "console", "none")  # the values of OTEL_TRACES_EXPORTER served here, alone or in a comma list
 
+log = logging.getLogger("embedfleet.tracing")
 
 OTLP_ENDPOINT_HELP = ("send traces to this OTLP/HTTP collector, e.g. http://localhost:4318 (TEI's flag; also: "
                       "OTEL_EXPORTER_OTLP_ENDPOINT)")
@@ -64,15 +68,28 @@ def sampled(traceparent: str) -> bool:
     return bool(int(traceparent[-2:], 16) & 1)
 
 
-def requested(endpoint: str | None, environ: Mapping[str, str]) -> bool:
-    """Whether an entry point traces: --otlp-endpoint, or OpenTelemetry's own endpoint variables; the standard
-    OTEL_SDK_DISABLED=true and OTEL_TRACES_EXPORTER=none turn it off whatever else is set."""
+def exporters(endpoint: str | None, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """Where an entry point's spans go: "otlp" and/or "console" (stderr), none when tracing is off. As in
+    OpenTelemetry's SDKs, OTEL_TRACES_EXPORTER (a comma list) names them, otlp when unset; OTLP needs an endpoint
+    (--otlp-endpoint or OpenTelemetry's endpoint variables), the console none. OTEL_SDK_DISABLED=true, or none
+    in the list, turns tracing off whatever else is set."""
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return False
-    if environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
-        return False
-    return bool(endpoint or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
-                or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip())
+        return ()
+    listed = _listed(environ) or ["otlp"]
+    if "none" in listed:
+        return ()
+    endpoint_given = bool(endpoint or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+                          or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip())
+    return tuple(name for name in ("otlp", "console") if name in listed and (name == "console" or endpoint_given))
+
+
+def requested(endpoint: str | None, environ: Mapping[str, str]) -> bool:
+    """Whether an entry point traces (`exporters` names somewhere for its spans)."""
+    return bool(exporters(endpoint, environ))
+
+
+def _listed(environ: Mapping[str, str]) -> list[str]:
+    return [name.strip().lower() for name in environ.get("OTEL_TRACES_EXPORTER", "").split(",") if name.strip()]
 
 
 def start(service: str, endpoint: str | None, environ: Mapping[str, str] | None = None):
@@ -81,14 +98,20 @@ def start(service: str, endpoint: str | None, environ: Mapping[str, str] | None 
     says another. Raises StartupError when tracing is asked for but cannot be set up (the extra is missing, an
     unknown OTEL_EXPORTER_OTLP_PROTOCOL)."""
     environ = os.environ if environ is None else environ
-    if not requested(endpoint, environ):
+    unknown = [name for name in _listed(environ) if name not in EXPORTERS]
+    if unknown:
+        log.warning("tracing: OTEL_TRACES_EXPORTER names %s, which embedfleet does not export to (ignored); it "
+                    "accepts %s, or a comma list of them", ", ".join(unknown), ", ".join(EXPORTERS))
+    chosen = exporters(endpoint, environ)
+    if not chosen:
         return None
     try:
-        from common.tracing import sdk  # noqa: PLC0415 - OpenTelemetry is loaded only when tracing is on
+        from embedfleet.common.tracing import sdk  # noqa: PLC0415 - OpenTelemetry is loaded only when tracing is on
     except ImportError as exc:
-        raise StartupError(f"tracing is on (--otlp-endpoint or OTEL_EXPORTER_OTLP_ENDPOINT) but OpenTelemetry is "
-                           f"not installed ({exc}): pip install 'embedfleet[tracing]', or unset them") from exc
-    return sdk.setup(service, endpoint, environ)
+        raise StartupError(f"tracing is on (--otlp-endpoint, OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_TRACES_EXPORTER) "
+                           f"but OpenTelemetry is not installed ({exc}): pip install 'embedfleet[tracing]', or unset "
+                           "them") from exc
+    return sdk.setup(service, endpoint, environ, chosen)
 
 
 def client_on() -> bool:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -18,11 +20,11 @@ import httpx
 import pytest
 import yaml
 
-from common import tracing
-from common.errors import DecodeError, StartupError, ValidationError
-from common.redisserver import free_port
-from common.request import WIRE_VERSION, EmbedRequest
-from common.codec import packb
+from embedfleet.common import tracing
+from embedfleet.common.errors import DecodeError, StartupError, ValidationError
+from embedfleet.common.redisserver import free_port
+from embedfleet.common.request import WIRE_VERSION, EmbedRequest
+from embedfleet.common.codec import packb
 from tests.commands import ROOT
 from tests.otlpreceiver import Receiver, tree
 from tests.systemtools import need
@@ -89,6 +91,20 @@ def test_the_switch_is_the_flag_or_opentelemetrys_own_variables():
     assert not tracing.requested("http://c:4318", {"OTEL_SDK_DISABLED": "true"})
     assert not tracing.requested(None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_TRACES_EXPORTER": "none"})
     assert tracing.start("svc", None, {}) is None
+    # OTEL_TRACES_EXPORTER names where spans go (a comma list): the console needs no collector, OTLP an endpoint
+    assert tracing.exporters(None, {"OTEL_TRACES_EXPORTER": "console"}) == ("console",)
+    assert tracing.exporters("http://c:4318", {"OTEL_TRACES_EXPORTER": " Console,otlp"}) == ("otlp", "console")
+    assert tracing.exporters("http://c:4318", {"OTEL_TRACES_EXPORTER": "console"}) == ("console",)
+    assert tracing.exporters(None, {"OTEL_TRACES_EXPORTER": "console,otlp"}) == ("console",)
+    assert tracing.exporters("http://c:4318", {"OTEL_TRACES_EXPORTER": "none,console"}) == ()
+    assert tracing.exporters(None, {"OTEL_TRACES_EXPORTER": "console", "OTEL_SDK_DISABLED": "true"}) == ()
+
+
+def test_an_unknown_exporter_is_one_warning_naming_what_is_accepted(caplog):
+    with caplog.at_level(logging.WARNING, logger="embedfleet.tracing"):
+        assert tracing.start("svc", "http://c:4318", {"OTEL_TRACES_EXPORTER": "zipkin,jaeger"}) is None
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "zipkin, jaeger" in said and "otlp, console, none" in said, said
 
 
 def test_a_protocol_that_cannot_be_served_stops_the_start_in_one_line():
@@ -100,13 +116,13 @@ def test_a_protocol_that_cannot_be_served_stops_the_start_in_one_line():
 
 def test_a_python_caller_with_a_bad_tracestate_still_submits():
     """What OpenTelemetry accepts but the wire refuses is left out, never a refused submit."""
-    from producer.client.traced import _carriable
+    from embedfleet.producer.client.traced import _carriable
 
     _, _, traceparent = _caller()
     assert _carriable(traceparent, "Bad Member") == (traceparent, None)
     assert _carriable("junk", "k=v") == (None, None)
     with pytest.raises(ValidationError):  # the check it guards against
-        from producer.client.core import build_request
+        from embedfleet.producer.client.core import build_request
         build_request(["a"], "m", None, {}, trace=(traceparent, "Bad Member"))
 
 
@@ -118,15 +134,16 @@ def fleet(redis_url: str, worker_env: dict, gateway_env: dict, gateway_flags: tu
     """A worker process (`model`: the null model by default, served as MODEL) and a gateway process; yields the
     gateway's URL and both processes."""
     base = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED"):
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED",
+                 "OTEL_TRACES_EXPORTER"):
         base.pop(name, None)
     logs = [tempfile.TemporaryFile(), tempfile.TemporaryFile()]  # files, not pipes: a full pipe would block them
-    worker = subprocess.Popen([sys.executable, "-m", "worker", "--redis-url", redis_url, *model,
+    worker = subprocess.Popen([sys.executable, "-m", "embedfleet.worker", "--redis-url", redis_url, *model,
                                "--served-model-name", MODEL, "--poll-timeout", "1", "--no-log-rounds"],
                               env={**base, **worker_env}, stdout=subprocess.DEVNULL, stderr=logs[0])
     worker.log = logs[0]
     port = free_port()
-    gateway = subprocess.Popen([sys.executable, "-m", "producer.gateway", "--redis-url", redis_url, "--port",
+    gateway = subprocess.Popen([sys.executable, "-m", "embedfleet.producer.gateway", "--redis-url", redis_url, "--port",
                                 str(port), "--log-level", "warning", "--no-access-log", *gateway_flags],
                                env={**base, **gateway_env}, stdout=subprocess.DEVNULL, stderr=logs[1])
     gateway.log = logs[1]
@@ -159,6 +176,22 @@ def fleet(redis_url: str, worker_env: dict, gateway_env: dict, gateway_flags: tu
 def _tail(log) -> str:
     log.seek(0)
     return log.read()[-3000:].decode(errors="replace")
+
+
+def _stderr(process) -> str:
+    """What a running process of `fleet` has logged so far (pread: the file's offset, which the process shares,
+    stays where the process writes)."""
+    fd = process.log.fileno()
+    return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
+
+
+def _until(done, what: str, process, timeout: float = 60.0):
+    """`done()`'s value once it is true, polled; AssertionError with the process's log after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not (found := done()):
+        assert time.monotonic() < deadline, f"{what} did not come:\n{_stderr(process)[-3000:]}"
+        time.sleep(0.1)
+    return found
 
 
 def _parent_chain(spans, span, root_id: str) -> list[str]:
@@ -246,7 +279,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from producer import Producer
+from embedfleet import Producer
 
 provider = TracerProvider(resource=Resource.create({"service.name": "app"}))
 provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=sys.argv[2] + "/v1/traces")))
@@ -307,7 +340,7 @@ def test_a_collector_that_never_answers_costs_a_request_nothing(redis_url):
                                          headers={"traceparent": traceparent})
                     assert answer.status_code == 200, answer.text
                     assert time.monotonic() - began < 10, f"request {k} waited on the collector"
-            from producer import Producer
+            from embedfleet import Producer
             with Producer(redis_url) as producer:
                 deadline = time.monotonic() + 30
                 while (producer.workers(MODEL) or [{}])[0].get("rounds", 0) < _BLOCKING:
@@ -319,6 +352,86 @@ def test_a_collector_that_never_answers_costs_a_request_nothing(redis_url):
             assert time.monotonic() - began < 20 and worker.returncode == 0, _tail(worker.log)
     finally:
         receiver.close()
+
+
+def _printed(process, trace_id: str) -> list[dict]:
+    """The spans of trace `trace_id` that a process printed (OTEL_TRACES_EXPORTER=console: a JSON line each)."""
+    spans = []
+    for line in _stderr(process).splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):  # the line being written now
+                spans.append(json.loads(line))
+    return [s for s in spans if s["context"]["trace_id"] == f"0x{trace_id}"]
+
+
+def test_the_console_exporter_prints_the_spans_on_stderr_without_a_collector(redis_url):
+    """OTEL_TRACES_EXPORTER=console and no endpoint: tracing is on, and the gateway and the worker print their
+    spans of a request as JSON lines on stderr, in the caller's trace."""
+    console = {"OTEL_TRACES_EXPORTER": "console", **FAST_EXPORT}
+    with fleet(redis_url, console, console) as (url, worker, gateway):
+        trace_id, caller_span, traceparent = _caller()
+        answer = httpx.post(f"{url}/v1/embeddings", json={"model": MODEL, "input": ["one", "two"]},
+                            headers={"traceparent": traceparent}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        worker_spans = _until(lambda: (got := _printed(worker, trace_id)) and
+                              WORKER_SPANS <= {s["name"] for s in got} and got, "the worker's spans", worker)
+        gateway_spans = _until(lambda: (got := _printed(gateway, trace_id)) and
+                               {"POST /v1/embeddings", f"submit {MODEL}", "wait"} <= {s["name"] for s in got} and got,
+                               "the gateway's spans", gateway)
+        assert "go to stderr (console)" in _stderr(worker)
+    assert {s["resource"]["attributes"]["service.name"] for s in worker_spans} == {"embedfleet-worker"}
+    server = next(s for s in gateway_spans if s["name"] == "POST /v1/embeddings")
+    assert server["parent_id"] == f"0x{caller_span}" and server["kind"] == "SpanKind.SERVER", server
+    submit = next(s for s in gateway_spans if s["name"] == f"submit {MODEL}")
+    process = next(s for s in worker_spans if s["name"] == f"process {MODEL}")
+    assert process["parent_id"] == submit["context"]["span_id"], (process, submit)
+
+
+_BACK = re.compile(r"works again; (\d+) spans dropped while it failed \((\d+) failed exports\)")
+
+
+def test_a_dead_collector_is_one_warning_and_one_line_when_it_is_back(redis_url):
+    """An OTLP endpoint on a loopback port where nothing listens: the worker's exports fail one after another
+    while requests go on, and its log says so once (the endpoint, spans dropped), not the exporter's three
+    warnings and an error per batch; once a receiver listens on that port, one line says so and the spans arrive."""
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    # a 0.5 s export timeout leaves no time for a retry: a failed export ends at once, the next interval tries again
+    variables = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "0.5", **FAST_EXPORT}
+    receiver = None
+    try:
+        with fleet(redis_url, variables, {}) as (url, worker, _gateway), \
+                httpx.Client(base_url=url, timeout=60) as client:
+            def embed(text: str) -> None:
+                answer = client.post("/v1/embeddings", json={"model": MODEL, "input": [text]})
+                assert answer.status_code == 200, answer.text
+
+            embed("first")
+            _until(lambda: "spans are being dropped" in _stderr(worker), "the dead collector's warning", worker)
+            for k in range(8):  # spread over several export intervals (50 ms): the back line counts the failures
+                embed(f"text {k}")
+                time.sleep(0.15)
+            receiver = Receiver(port=port)
+
+            def back() -> bool:  # a request each time: its spans are an export that reaches the receiver
+                embed("again")
+                return "works again" in _stderr(worker)
+
+            _until(back, "the line saying the collector is back", worker)
+            receiver.wait_for(lambda spans: WORKER_SPANS <= {s.name for s in spans})
+            lines = _stderr(worker).splitlines()
+    finally:
+        if receiver is not None:
+            receiver.close()
+    failures = [line for line in lines if "opentelemetry" in line or (endpoint in line and "fail" in line.lower()
+                                                                        and "works again" not in line)]
+    assert len(failures) == 1 and "spans are being dropped" in failures[0], "\n".join(failures)
+    assert " WARNING " in failures[0] and endpoint in failures[0]
+    back = [line for line in lines if "works again" in line]
+    assert len(back) == 1 and " INFO " in back[0] and lines.index(back[0]) > lines.index(failures[0]), back
+    dropped, failed_exports = map(int, _BACK.search(back[0]).groups())
+    assert failed_exports >= 3 and dropped >= 8 * len(WORKER_SPANS), back[0]  # the first eight requests' at least
+    print(f"\n{failures[0]}\n{back[0]}")
 
 
 def test_spread_parts_are_under_their_request_and_batch_lines_link_to_their_batch(redis_url, tmp_path):
@@ -395,15 +508,16 @@ class Watch(importlib.abc.MetaPathFinder):
             importers[name] = frame.f_globals.get("__name__") if frame is not None else None
         return None
 sys.meta_path.insert(0, Watch())
-from producer import Producer
+from embedfleet import Producer
 from tests.nullworker import NULL, null_worker
 with null_worker(sys.argv[1]) as worker:
     worker.serve()
     with Producer(sys.argv[1]) as producer:
         vectors = producer.embed(["a text", "another"], NULL)
 print(json.dumps({"rows": len(vectors), "importers": importers,
-                  "ours": sorted(m for m in sys.modules if m.startswith(("common.tracing.", "producer.client.traced"))
-                                 and m != "producer.client.traced")}))
+                  "ours": sorted(m for m in sys.modules if m.startswith(("embedfleet.common.tracing.",
+                                                                         "embedfleet.producer.client.traced"))
+                                 and m != "embedfleet.producer.client.traced")}))
 """
 
 
