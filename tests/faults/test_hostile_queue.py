@@ -170,3 +170,28 @@ def test_a_job_hash_changed_by_hand_fails_alone_with_its_reason(engine, redis_cl
         assert redis_client.hget(f"rq:job:{request.id}", "status") == b"failed"  # (rq itself cannot read a nan)
         assert redis_client.zscore(f"rq:failed:{rq_queue(redis_client, model).name}", request.id) is not None
     assert_maintenance_runs(redis_client, model, engine)
+
+
+def test_a_job_hash_without_data_fails_with_its_reason_and_its_waiter_hears_at_once(engine, redis_client,  # noqa: F811
+                                                                                    caplog):
+    """A hand-written job hash without `data` (issue 49, item 8): taken, failed with its reason, its waiter woken
+    by the failure; before, it was dropped from the queue and kept status `queued`, its waiter waiting out its
+    timeout. A 10,000-character queue entry is logged quoted to 64 characters."""
+    model = engine.caps.name
+    good = good_requests(redis_client, model, 5)
+    empty = EmbedRequest(model=model, inputs=["no data"])
+    job = enqueue(redis_client, empty)
+    redis_client.hdel(job.key, "data")
+    queue = rq_queue(redis_client, model)
+    redis_client.rpush(queue.key, "y" * 10_000)
+
+    worker = BatchWorker(engine, redis_client, max_jobs=64)
+    burst(worker)
+
+    assert_served(redis_client, good)
+    answer = Result.decode(redis_client.get(result_key(empty.id)))
+    assert not answer.ok and "has no data field" in answer.error_message
+    assert redis_client.hget(job.key, "status") == b"failed"
+    assert redis_client.lrange(notify_key(empty.id), 0, -1)  # its waiter is woken, not left to its timeout
+    dropped = [r.getMessage() for r in caplog.records if "dropped queue entry" in r.getMessage()]
+    assert dropped and all(len(line) < 200 for line in dropped), dropped

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from embedfleet.common.errors import EmbedfleetError, InternalError
+from embedfleet.common.errors import EmbedfleetError, InternalError, echo
 from embedfleet.common.protocol.records import Answer, Kind, Outcome, Taken
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
@@ -132,7 +132,7 @@ def triage(round_: Round, taken: list[Taken], model: str, max_deliveries: int, n
         elif job.kind is Kind.CANCELED:
             round_.answers.append(answers.cancelled(job, model))
         else:  # nothing to answer: no job hash, an id no job can have, or a job already ended
-            log.warning("dropped queue entry %r (%s)", job.id, job.kind.value)
+            log.warning("dropped queue entry %r (%s)", echo(job.id), job.kind.value)
     return requests
 
 

@@ -34,7 +34,8 @@
 --          lapses, reason, reply_to, options}...}, {unusable queue positions}, {per queue: 1 if it is known
 -- to be empty now, else 0}}; queue: its position among the queues (1 = the first). kind: started | bad
 -- (claimed like started, to be failed with `reason`: a field of the job that no producer writes) | canceled
--- ({queue, id, kind, '', data, reply_to, options}) | missing (no job hash: dropped, as rq drops it) | badid
+-- ({queue, id, kind, '', data, reply_to, options}) | missing (no job hash: dropped, as rq drops it; a hash
+-- without `data` is bad) | badid
 -- (no job can have that id) | stale (already ended). A queue whose list or started registry is of the
 -- wrong type is left alone (what was popped goes back) and named in the third list.
 --
@@ -68,8 +69,10 @@ local function judge(id)
   if not valid_id(id) then return {kind = 'badid'} end
   local jobkey = JOB .. id
   local f = redis.pcall('HMGET', jobkey, unpack(FIELDS))
-  if not wrote(f) or not f[1] then return {kind = 'missing'} end  -- no hash there (or no data in it)
-  local job = {kind = 'started', data = f[1], status = f[2], timeout = default_timeout, tokens = 0, reply_to = f[12] or '',
+  if not wrote(f) then return {kind = 'missing'} end
+  local nodata = not f[1]
+  if nodata and redis.call('EXISTS', jobkey) == 0 then return {kind = 'missing'} end  -- no hash: dropped, as rq does
+  local job = {kind = 'started', data = f[1] or '', status = f[2], timeout = default_timeout, tokens = 0, reply_to = f[12] or '',
                options = f[13] and '1' or '', deliveries = 0, lapses = 0,
                callbacks = (f[9] or '') ~= '' or (f[10] or '') ~= '' or (f[11] or '') ~= ''}
   if f[2] == 'canceled' then
@@ -93,7 +96,10 @@ local function judge(id)
       if n == nil or n < 0 then bad[#bad + 1] = field[2] else job[field[2]] = n end
     end
   end
-  if #bad > 0 then
+  if nodata then  -- a hash no producer wrote: failed with its reason, so that its waiters learn it at once
+    job.kind = 'bad'
+    job.reason = 'the job hash ' .. jobkey .. ' has no data field (no producer writes such a job)'
+  elseif #bad > 0 then
     job.kind = 'bad'
     job.reason = 'the job hash ' .. jobkey .. ' holds what no producer writes: ' .. table.concat(bad, ', ')
   end
