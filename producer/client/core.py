@@ -3,17 +3,15 @@ decoding results and job states (what they read from Redis, and what it means: p
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-import redis
 from pydantic import ValidationError as PydanticValidationError
 from rq.job import JobStatus
 
 from embedfleet.common.chat import CHAT_INPUT
-from embedfleet.common.protocol import keys, operations, slotmoves
+from embedfleet.common.protocol import keys, operations
 from embedfleet.common.capabilities import ModelCapabilities
 from embedfleet.common.codec import unpackb
 from embedfleet.common.errors import (NO_WORKER_HINT, DecodeError, NoWorkerError, QueueFullError, UnavailableError,
@@ -26,6 +24,7 @@ from embedfleet.common.scheduling import DEFAULT_PRIORITY, priority_level, resol
 from embedfleet.common.result import Result
 from embedfleet.common.serializer import MsgpackSerializer
 from embedfleet.producer.client import traced
+from embedfleet.producer.client.redisfaults import redis_errors  # noqa: F401 - the clients' import of it
 
 SERIALIZER = MsgpackSerializer
 CAPS_CACHE_SECONDS = 2.0  # how long a producer trusts the advertised capabilities before re-reading them
@@ -341,34 +340,3 @@ def model_of_queue(queue: str) -> str:
             return model.removesuffix(f"@{level}")
     return model
 
-
-# A Redis that answers but refuses writes: full (maxmemory with noeviction), a replica after a failover, or a
-# failing disk with stop-writes-on-bgsave-error. Retrying later may help; the request is not at fault.
-_REFUSED_WRITES = {"OOM": "Redis is full (maxmemory reached) and refuses new requests",
-                   "READONLY": "Redis is a read-only replica (after a failover?) and refuses new requests",
-                   "MISCONF": "Redis cannot persist to disk and refuses writes"}
-
-
-@contextlib.contextmanager
-def redis_errors():
-    """Turn Redis connection failures, a Redis that refuses writes, and a cluster slot that stays in a move
-    (resharding), into UnavailableError (the gateway answers 503 with Retry-After): a clear error at once,
-    never a hang nor a bare ResponseError."""
-    try:
-        yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise UnavailableError(f"Redis is unreachable: {exc}") from exc
-    except redis.RedisError as exc:
-        if slotmoves.slot_moving(exc):  # still moving after slotmoves.MOVING_WAIT of sending again
-            raise UnavailableError(f"the Redis Cluster slot of this request is being moved (resharding) and did "
-                                   f"not settle within {slotmoves.MOVING_WAIT:g} s: {exc}; retry later") from exc
-        if not isinstance(exc, redis.ResponseError):
-            raise
-        word = str(exc).split(" ", 1)[0]
-        if isinstance(exc, (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)) or \
-                word in _REFUSED_WRITES:
-            what = _REFUSED_WRITES.get(word) or _REFUSED_WRITES[
-                "OOM" if isinstance(exc, redis.exceptions.OutOfMemoryError) else "READONLY"]
-            raise UnavailableError(f"{what}: {exc}; retry later, or ask the operator to free memory or point "
-                                   "the fleet at the primary") from exc
-        raise

@@ -25,6 +25,7 @@ class Unreachable(redis.ConnectionError):
     def __init__(self, url: str, cause: Exception):
         super().__init__(str(cause))
         self.url = url
+        self.__cause__ = cause  # what Redis said (LOADING is a ConnectionError too): redisfaults.py reads it
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 
 from embedfleet.common.protocol import keys, slotmoves
 from embedfleet.common.redisclient import MAX_BLOCK, bounded, close_async
+from embedfleet.producer.client.redisfaults import OUTAGES  # unreachable, or down for now (CLUSTERDOWN)
 from embedfleet.producer.client.waiters import OUTAGE_RECHECK, WaitHub
 
 log = logging.getLogger(__name__)
@@ -143,8 +144,8 @@ class NotifyListener:
                 if popped is not None and popped[0].decode() != self.kick:  # hand it on, for other waiters
                     await self.connection.pipeline(transaction=False).rpush(popped[0], 1).expire(
                         popped[0], keys.RESULT_TTL).execute()
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.warning("notify lists: Redis unreachable (%s); retrying in %.1f s", exc, backoff)
+            except OUTAGES as exc:
+                log.warning("notify lists: Redis cannot answer (%s); retrying in %.1f s", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff, recheck = min(backoff * 2, MAX_BLOCK), True
                 continue

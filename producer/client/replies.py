@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 
 from embedfleet.common.protocol import keys, slotmoves
 from embedfleet.common.redisclient import CLOSE_TIMEOUT, MAX_BLOCK, bounded, close_async
+from embedfleet.producer.client.redisfaults import OUTAGES  # unreachable, or down for now (CLUSTERDOWN)
 from embedfleet.producer.client.waiters import OUTAGE_RECHECK, WaitHub
 
 log = logging.getLogger(__name__)
@@ -115,8 +116,8 @@ class ReplyListener:
             self._blocked, self._kicked = True, False
             try:
                 replies = await self.connection.xread(streams, block=int(MAX_BLOCK * 1000))
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.warning("reply stream %s: Redis unreachable (%s); retrying in %.1f s", self.stream, exc,
+            except OUTAGES as exc:
+                log.warning("reply stream %s: Redis cannot answer (%s); retrying in %.1f s", self.stream, exc,
                             backoff)
                 await asyncio.sleep(backoff)
                 backoff, recheck = min(backoff * 2, MAX_BLOCK), True

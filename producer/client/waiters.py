@@ -35,6 +35,7 @@ from embedfleet.common.errors import DecodeError, EmbedfleetError, NotFoundError
 from embedfleet.common.result import Result
 from embedfleet.producer.client.core import PENDING, lost_error, read_result
 from embedfleet.producer.client.reads import wrong_type
+from embedfleet.producer.client.redisfaults import outage, unavailable
 
 log = logging.getLogger(__name__)
 
@@ -222,19 +223,19 @@ class WaitHub:
             try:
                 if due:
                     await self._read(due)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.warning("reading %d results: Redis unreachable (%s); looking again in %.1f s", len(due), exc,
-                            OUTAGE_RECHECK)
-                pause = OUTAGE_RECHECK
-            except redis.RedisError as exc:
-                if not slotmoves.slot_moving(exc):
+            except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+                if outage(exc):  # unreachable, or serving nothing for now (LOADING, BUSY, CLUSTERDOWN)
+                    log.warning("reading %d results: Redis cannot answer (%s); looking again in %.1f s", len(due),
+                                exc, OUTAGE_RECHECK)
+                    pause = OUTAGE_RECHECK
+                elif not slotmoves.slot_moving(exc):
                     self._refused(due, read, exc)
                     continue
-                # a Redis Cluster resharding their slot (redis-py followed TRYAGAIN / ASK for a while): nothing
-                # is wrong, the read is only sent again, with slotmoves.py's backoff, until the move ends
-                log.info("reading %d results: their slot is being moved (%s); looking again in %.2f s", len(due),
-                         exc, moving_pause)
-                pause, moving_pause = moving_pause, min(moving_pause * 2, slotmoves.MAX_PAUSE)
+                else:  # a Redis Cluster resharding their slot (redis-py followed TRYAGAIN / ASK for a while):
+                    # nothing is wrong, the read is only sent again, with slotmoves.py's backoff, until the move ends
+                    log.info("reading %d results: their slot is being moved (%s); looking again in %.2f s",
+                             len(due), exc, moving_pause)
+                    pause, moving_pause = moving_pause, min(moving_pause * 2, slotmoves.MAX_PAUSE)
             else:
                 moving_pause = slotmoves.FIRST_PAUSE
                 for future in read:
@@ -254,7 +255,8 @@ class WaitHub:
         """Redis refused a read (an ACL without one of its commands, say): the waits it was for fail with that
         error, said as ours; the reader goes on for the others (a reader that died would fail every wait)."""
         log.error("reading %d results: Redis refused (%s); their waits fail", len(due), exc)
-        error = UnavailableError(f"Redis refused reading the result: {exc}")
+        said = unavailable(exc)  # what it means, where it is a Redis fault (an ACL: docs/security.md's line)
+        error = UnavailableError(f"Redis refused reading the result: {said.message if said else exc}")
         for request_id in due:
             self._fail(request_id, error)
         for future in read:
