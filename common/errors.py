@@ -179,28 +179,57 @@ REQUEST_FIELDS = ("input", "model", "encoding_format", "user", "task", "dimensio
 _LOCATIONS = ("body", "query", "path")  # FastAPI's first loc element: where, not which field
 
 
+MAX_PROBLEMS = 20  # problems one invalid_request message lists; the rest are counted ("and N more problems")
+MAX_SUGGESTIONS = 3  # unknown fields matched for "did you mean": difflib is slow, and a body may send 100,000
+
+
 def invalid_request(errors: list[dict], fields: tuple[str, ...] = REQUEST_FIELDS) -> ValidationError:
     """pydantic's errors (from a model or from FastAPI) as the one ValidationError both paths raise.
 
     Python keywords and HTTP bodies end here alike, so the same mistake gets the same message and param.
     `fields`: the known fields an unknown one is matched against (another route's body has its own).
+    One pass, so that a body of 100,000 unknown fields costs milliseconds: the first MAX_PROBLEMS distinct
+    problems are listed and the rest counted, and only the first MAX_SUGGESTIONS unknown fields are matched.
     """
-    parts, param = [], None
+    listed, seen, refused, more, param = [], set(), set(), set(), None
+    unmatched = False  # an unknown field got no suggestion: the known fields are listed, once, at the end
     for err in errors:
-        loc = [str(p) for p in err.get("loc", ())]
-        loc = loc[1:] if loc[:1] and loc[0] in _LOCATIONS else loc
-        field = ".".join(loc)
-        text = err.get("msg", "").removeprefix("Value error, ")
-        if err.get("type") == "extra_forbidden":
-            close = difflib.get_close_matches(field, fields, n=1)
-            text = f"`{field}` is not a request field" + (f"; did you mean `{close[0]}`?" if close else
-                                                          f"; known fields are {', '.join(fields)}")
-        elif field and f"`{field}`" not in text:
-            text = f"{field}: {text}"
-        if text not in parts:
-            parts.append(text)
-        param = param or (loc[0] if loc else None)
-    return ValidationError("; ".join(parts) or "invalid request", param=param)
+        kind, msg, where = err.get("type"), err.get("msg", ""), tuple(err.get("loc", ()))
+        loc = where[1:] if where[:1] and where[0] in _LOCATIONS else where
+        if kind == "extra_forbidden":
+            refused.add(".".join(map(str, loc)))
+        if len(listed) >= MAX_PROBLEMS:  # counted, not written: distinct (kind, place, message) triples
+            more.add((kind, loc, msg))
+            unmatched = unmatched or kind == "extra_forbidden"
+            continue
+        text = _problem(kind, msg, loc, fields, suggest=len(refused) <= MAX_SUGGESTIONS)
+        unmatched = unmatched or (kind == "extra_forbidden" and "did you mean" not in text)
+        if text not in seen:
+            seen.add(text)
+            listed.append(text)
+        param = param or (str(loc[0]) if loc else None)
+    if more:
+        listed.append(f"and {len(more)} more problems")
+    if unmatched:
+        listed.append(f"known fields are {', '.join(f for f in fields if f not in refused)}")
+    return ValidationError("; ".join(listed) or "invalid request", param=param)
+
+
+def _problem(kind: str | None, msg: str, loc: tuple, fields: tuple[str, ...], suggest: bool) -> str:
+    """One pydantic error as its part of the message."""
+    field = ".".join(map(str, loc))
+    text = msg.removeprefix("Value error, ")
+    if kind == "extra_forbidden":
+        close = _close_field(field, fields) if suggest else None
+        return f"`{echo(field)}` is not a request field" + (f"; did you mean `{close}`?" if close else "")
+    return f"{field}: {text}" if field and f"`{field}`" not in text else text
+
+
+def _close_field(field: str, fields: tuple[str, ...]) -> str | None:
+    """The known field `field` was probably meant as; never `field` itself (a field this body does not take may
+    be another body's)."""
+    close = difflib.get_close_matches(field, [known for known in fields if known != field], n=1)
+    return close[0] if close else None
 
 
 def error_from_code(code: str, message: str, param: str | None = None) -> EmbedfleetError:

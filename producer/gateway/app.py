@@ -96,7 +96,7 @@ def create_app(settings: GatewaySettings, tracing=None) -> FastAPI:
     # Added innermost first: the body limit, the metrics around it, the error boundary around all.
     # an upload's multipart framing (boundaries, part headers) comes on top of the file's own limit
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, reject=reject,
-                       paths={batches.FILES_PATH: settings.max_file_bytes + 64 * 1024})
+                       paths={batches.FILES_PATH: settings.max_file_bytes + 64 * 1024}, max_keys=settings.max_body_keys)
     routes = [route for router in [*routers, dashboard.public, dashboard.protected] for route in router.routes]
     app.add_middleware(MetricsMiddleware, metrics=metrics, routes=routes)
     if tracing is not None:  # around the metrics: its span times what they count

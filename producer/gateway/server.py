@@ -39,16 +39,28 @@ def options(app: FastAPI, settings: GatewaySettings) -> dict:
 
 
 class _Connection(h11.Connection):
-    """h11's connection, keeping the error it raised on the client's bytes (uvicorn's handler drops it)."""
+    """h11's connection, keeping the error it raised on the client's bytes (uvicorn's handler drops it), and
+    holding every request head to the limit, however it arrived.
+
+    h11 applies max_incomplete_event_size only to a head still incomplete in its buffer: a 70 KB head that came
+    in one read was parsed whole and served. Here the bytes a Request event took are measured too, and over the
+    limit it is refused as h11 refuses one that arrives in pieces (431).
+    """
 
     refused: h11.RemoteProtocolError | None = None
 
     def next_event(self):
+        before = len(self._receive_buffer)  # h11's own buffer (private; tests/e2e/test_hostile_bodies.py pins it)
         try:
-            return super().next_event()
+            event = super().next_event()
         except h11.RemoteProtocolError as exc:
             self.refused = exc
             raise
+        if isinstance(event, h11.Request) and before - len(self._receive_buffer) > self._max_incomplete_event_size:
+            self.refused = h11.RemoteProtocolError("request head too long", error_status_hint=431)
+            self._process_error(self.their_role)  # as h11 does for its own errors: the request is not served
+            raise self.refused
+        return event
 
 
 class GatewayProtocol(H11Protocol):

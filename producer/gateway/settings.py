@@ -30,6 +30,10 @@ class GatewaySettings(Settings):
     tei_model: str | None = Field(None, description="the served model that TEI's routes (/embed, /rerank, /info, "
                                   "...) use when a request names none; each model is also at /tei/<model>/")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1, description="largest request body accepted, in bytes")
+    # Far above a real request (a Cohere body of 2,048 one-part inputs holds about 6,150 keys) and far below
+    # what stalls the event loop (FastAPI builds one error per unknown key): producer/gateway/core/limits.py.
+    max_body_keys: int = Field(16_384, ge=64, description="most JSON object keys a request body may hold in all "
+                               "(a body with more is answered 413 payload_too_large before it is validated)")
     # h11's own default (16 KiB), as Node's; nginx allows 4 x 8 KiB. A larger head is answered 431.
     max_header_bytes: int = Field(16 * 1024, ge=1024, description="largest request line plus headers accepted, in "
                                   "bytes (a larger one is answered 431 headers_too_large)")

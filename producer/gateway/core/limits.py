@@ -1,14 +1,23 @@
-"""The request body limit, enforced on Content-Length AND on the bytes actually read.
+"""The request body limits: its bytes, enforced on Content-Length AND on the bytes actually read, and its JSON keys.
 
 A client can lie in Content-Length or send a chunked body without one, so the body is read here, up to
 the limit, before any route sees it; the route then reads the buffered copy. Bodies are JSON that the
 route must read whole anyway, so buffering costs nothing extra. An upload (a path in `paths`) is the
 exception: its route streams it into Redis, so its bytes are only counted here as the route reads them.
+
+The keys limit: vLLM (pydantic) and TEI (serde) bound a body by its bytes only, and so did we, but FastAPI and
+pydantic validate on the event loop and build one error object per unknown field: 1.5 MB of `{"k1":1,...}`
+(100,000 keys) held the loop for minutes, /health included. A body is therefore also refused with 413 when its
+objects hold more than `max_keys` keys in all, counted here before any validation (json_keys_over: exact, and
+bounded by the limit rather than by the body's size).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
+from json.decoder import scanstring
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -17,9 +26,10 @@ from embedfleet.common.errors import PayloadTooLargeError
 
 class BodyLimitMiddleware:
     def __init__(self, app: ASGIApp, max_bytes: int, reject: Callable[[PayloadTooLargeError, str], object],
-                 paths: dict[str, int] | None = None):
+                 paths: dict[str, int] | None = None, max_keys: int | None = None):
         self.app = app
         self.max_bytes = max_bytes
+        self.max_keys = max_keys  # JSON object keys a body may hold in all (None: no limit)
         self.reject = reject  # builds the error answer (an ASGI app), so that the error table decides
         self.paths = paths or {}  # exact path -> its own limit (a file upload's is larger than a request's)
 
@@ -49,6 +59,12 @@ class BodyLimitMiddleware:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        if self.max_keys is not None and json_keys_over(body, self.max_keys):
+            err = PayloadTooLargeError(f"request body too large: its JSON objects hold more than {self.max_keys} "
+                                       f"keys in all; the limit is {self.max_keys} keys (send only the request's "
+                                       "fields, and fewer inputs per request)")
+            await self.reject(err, scope.get("path", ""))(scope, receive, send)
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -80,6 +96,35 @@ class BodyLimitMiddleware:
         hint = "a smaller file" if scope.get("path", "") in self.paths else "fewer or shorter inputs per request"
         err = PayloadTooLargeError(f"request body too large: {what}; the limit is {limit} bytes (send {hint})")
         await self.reject(err, scope.get("path", ""))(scope, receive, send)
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
+
+
+def json_keys_over(body: bytes, limit: int) -> bool:
+    """Whether the JSON in `body` has more than `limit` object keys in all (False for a body that is not JSON: its
+    route answers that). Two byte counts unless the body has more than `limit` colons and 2 x `limit` quotes, as
+    every key has one and two; then its strings are walked (each read by json's C scanner) up to the key past
+    `limit`, so that a refusal costs about the same whatever the body's size."""
+    if min(body.count(b":"), body.count(b'"') // 2) <= limit:  # bytes of UTF-16 and -32 bodies bound them too
+        return False
+    try:
+        text = body.decode(json.detect_encoding(body), "surrogatepass")  # as json.loads reads bytes
+    except UnicodeDecodeError:
+        return False
+    count, at = 0, text.find('"')
+    while at >= 0:  # outside the strings of JSON there is no quote: each one found opens a string
+        try:
+            _, at = scanstring(text, at + 1)
+        except ValueError:  # an unclosed string, a control character: not JSON
+            return False
+        at = _SPACE.match(text, at).end()
+        if text.startswith(":", at):  # a string followed by a colon is a key
+            count += 1
+            if count > limit:
+                return True
+        at = text.find('"', at)
+    return False
 
 
 def _content_length(scope: Scope) -> int | None:
