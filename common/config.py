@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from embedfleet.common.fleetstate import resolve_redis_url
 from embedfleet.common.redisclient import with_tls
+from embedfleet.common.redisurls import check_url
 from embedfleet.common.shards import ShardMap, parse_shards
 
 ENV_PREFIX = "EMBEDFLEET_"
@@ -51,6 +52,20 @@ class Settings(BaseSettings):
         field = cls.model_fields[info.field_name]
         if isinstance(value, str) and typing.get_origin(_base_type(field.annotation)) is list:
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("redis_url", "cache_url", check_fields=False)
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        """A malformed Redis URL is a usage error of the setting that holds it (exit 2), before anything connects;
+        its message never holds the password (common.redisurls.check_url)."""
+        return check_url(value) if value else value
+
+    @field_validator("redis_shards")
+    @classmethod
+    def _shard_map(cls, value: str | None) -> str | None:
+        """A malformed shard map (or a URL in it) is a usage error of --redis-shards, before any engine starts."""
+        parse_shards(value)  # read again by _find_redis, which adds the TLS files to its rediss:// URLs
         return value
 
     @model_validator(mode="after")

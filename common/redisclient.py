@@ -1,6 +1,8 @@
 """Redis clients for every entry point: timeouts that suit blocking reads, secured Redis, start-up checks.
 
-URLs: common/redisurls.py (plain, TLS, Sentinel, Cluster; redaction for logs).
+URLs: common/redisurls.py (plain, TLS, Sentinel, Cluster; checks and redaction for logs). Every client is made
+from a checked URL (`connect`, `connect_async`: redisurls.check_url), so a malformed one is refused before any
+connection, in one line without its password.
 
 Commands of plain and Sentinel clients are packed in C (common/packing.py); a Cluster's nodes pack as redis-py does.
 
@@ -14,8 +16,9 @@ a pool of its own does not, so `connect_async` asks for one retry, on a fresh co
 whose connection failed. A timeout is not retried (it would double a wait on a hung Redis). The commands
 sent here may safely run twice: reads, SET, DEL, EXPIRE, and RPUSH on a notify list (one more wake-up).
 
-A wrong password, an ACL user without the commands or keys embedfleet needs, or a certificate that does
-not verify are configuration errors, not outages: `check_access` finds them at start and `access_problem`
+A wrong password, an ACL user without the commands or keys embedfleet needs, a certificate that does
+not verify, a DB the server lacks, or a URL of the wrong kind (redis+cluster:// at a plain Redis, redis:// at a
+Cluster node) are configuration errors, not outages: `check_access` finds them at start and `access_problem`
 says each in one line.
 """
 
@@ -41,9 +44,9 @@ from embedfleet.common import fleetstate, packing
 from embedfleet.common.errors import StartupError
 from embedfleet.common.protocol import keys
 # the URL helpers are imported from here by the entry points too (re-exported: hence F401)
-from embedfleet.common.redisurls import (CLUSTER_SCHEMES, SENTINEL_SCHEMES, cluster_tag, is_cluster,  # noqa: F401
-                                         is_cluster_client, is_sentinel, parse_cluster, parse_sentinel, redact,
-                                         user_of, with_tls)
+from embedfleet.common.redisurls import (CLUSTER_SCHEMES, SENTINEL_SCHEMES, check_url, cluster_tag,  # noqa: F401
+                                         identity, is_cluster, is_cluster_client, is_sentinel, parse_cluster,
+                                         parse_sentinel, redact, user_of, with_tls)
 
 SOCKET_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 5.0
@@ -57,11 +60,20 @@ ACL_GRANT = "resetkeys resetchannels +@all -@dangerous +info +client|setname +cl
 
 
 def connect(url: str) -> redis.Redis:
+    """A client of `url`; RedisURLError (common.redisurls) for a malformed URL. A Cluster's client reads the slot
+    map now: AccessError if the URL names a Redis that is not a cluster."""
+    check_url(url)
     fleetstate.connecting(url)
     if is_cluster(url):
         nodes, kwargs = parse_cluster(url)
-        client = ClusterClient(startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in nodes],
-                               **kwargs, **_timeouts())
+        try:
+            client = ClusterClient(startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in nodes],
+                                   **kwargs, **_timeouts())
+        except redis.exceptions.RedisClusterException as exc:
+            problem = access_problem(exc, url)
+            if problem is None:
+                raise
+            raise AccessError(problem) from exc
         client.partition = urlsplit(url).fragment
         return client
     if is_sentinel(url):
@@ -92,6 +104,7 @@ def connect_async(url: str, max_connections: int = MAX_ASYNC_CONNECTIONS) -> aio
     up to SOCKET_TIMEOUT for one to be free). Through Sentinel, and on a Redis Cluster (a pool per node), the
     pools are redis-py's own, which have no blocking variant: there the bound is not enforced (exceeding it
     would fail commands with MaxConnectionsError, not queue them)."""
+    check_url(url)
     fleetstate.connecting(url)
     retry = Retry(NoBackoff(), 1, (redis.ConnectionError,))
     if is_cluster(url):
@@ -127,10 +140,12 @@ def check_access(connection: redis.Redis, url: str) -> None:
     """
     try:
         connection.ping()
+        if not is_cluster_client(connection):
+            _not_a_cluster_node(_cluster_info(connection), url)
         pipe = connection.pipeline(transaction=False)
         _probe(pipe)
         pipe.execute()
-    except (redis.RedisError, OSError) as exc:
+    except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         problem = access_problem(exc, url)
         if problem is None:
             raise
@@ -141,14 +156,38 @@ async def check_access_async(connection: aioredis.Redis, url: str) -> None:
     """check_access for an asyncio client."""
     try:
         await connection.ping()
+        if not is_cluster_client(connection):
+            try:
+                info = await connection.info("cluster")
+            except redis.ResponseError:  # as _cluster_info
+                info = {}
+            _not_a_cluster_node(info, url)
         pipe = connection.pipeline(transaction=False)
         _probe(pipe)
         await pipe.execute()
-    except (redis.RedisError, OSError) as exc:
+    except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         problem = access_problem(exc, url)
         if problem is None:
             raise
         raise AccessError(problem) from exc
+
+
+def _cluster_info(connection: redis.Redis) -> dict:
+    try:
+        return connection.info("cluster")
+    except redis.ResponseError:  # an ACL without INFO: the probe's MOVED tells a cluster node instead
+        return {}
+
+
+def _not_a_cluster_node(info: dict, url: str) -> None:
+    """AccessError if a plain client (`url` redis:// or a Sentinel's) talks to a node of a Redis Cluster."""
+    if info.get("cluster_enabled"):
+        raise AccessError(_cluster_node(url))
+
+
+def _cluster_node(url: str) -> str:
+    return (f"Redis at {redact(url)} is a node of a Redis Cluster, which a {urlsplit(url).scheme}:// URL cannot "
+            "use; name the cluster as redis+cluster://HOST:PORT[,HOST:PORT...] (rediss+cluster:// for TLS)")
 
 
 def _probe(pipe) -> None:
@@ -159,14 +198,26 @@ def _probe(pipe) -> None:
 
 
 class AccessError(StartupError):
-    """Redis refused us for a reason a retry will not fix (credentials, ACL, TLS); the message is one line."""
+    """Redis refused us for a reason a retry will not fix (credentials, ACL, TLS, a DB it lacks, a URL of the wrong
+    kind); the message is one line."""
 
 
 def access_problem(exc: BaseException, url: str | None = None) -> str | None:
-    """One line for an authentication, ACL or TLS failure (exc or what caused it); None for anything else."""
+    """One line for an authentication, ACL or TLS failure, a DB the server lacks, or a URL of the wrong kind (a
+    Cluster's at a plain Redis, a plain one at a Cluster node) (exc or what caused it); None for anything else."""
     where = f" at {redact(url)}" if url else ""
     user = f"user '{user_of(url)}'" if url else "the URL's user"
     for err in _chain(exc):
+        if isinstance(err, redis.exceptions.RedisClusterException) and "Cluster mode is not enabled" in str(err):
+            return (f"Redis{where} is not a Redis Cluster (its cluster mode is off), which a redis+cluster:// URL "
+                    "needs; name a plain Redis as redis://HOST:PORT/DB (rediss:// for TLS)")
+        # (a URL is known at a start-up check; without one, a MOVED is a Cluster client's slot move: slotmoves.py)
+        if isinstance(err, redis.exceptions.MovedError) and url and not is_cluster(url):
+            return _cluster_node(url)
+        if isinstance(err, redis.ResponseError) and "DB index is out of range" in str(err):
+            db = f"DB {identity(url)[-1]}" if url and not is_cluster(url) else "the DB"
+            return (f"Redis{where} has no {db}: it has as many as its `databases` setting says (16 by default, "
+                    "numbered from 0); name one it has in the URL (/0 by default)")
         if isinstance(err, redis.AuthenticationError) or "NOAUTH" in str(err) or "WRONGPASS" in str(err):
             if url and not urlsplit(url).password:
                 return (f"Redis{where} needs a password and the URL gives none; put it in --redis-url "

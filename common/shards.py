@@ -22,6 +22,10 @@ The map is given as --redis-shards / EMBEDFLEET_REDIS_SHARDS, either inline,
 where a model's URLs are split only at a comma followed by a URL scheme (`,redis://`, `,rediss://`, ...): a
 comma followed by anything else stays inside the URL (a query, or `redis+cluster://h1:p1,h2:p2`); or as @FILE:
 a JSON object {"MODEL": "URL" or ["URL", ...], ...}, or a text file of MODEL=URL[,URL...] lines (# comments).
+
+Every URL is checked as it is read (redisurls.check_url), a comma before a host:port without a scheme
+(`m=redis://a:6379/0,b:6379`, which would read as one URL) is refused, and so is one Redis named twice among a
+model's partitions, however spelled (redis://localhost:6379/0 and redis://127.0.0.1:6379: redisurls.identity).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from embedfleet.common.redisurls import RedisURLError, check_url, identity, is_cluster, is_sentinel, redact
+
 ENV_REDIS_SHARDS = "EMBEDFLEET_REDIS_SHARDS"
 _ENTRY_SPLIT = re.compile(r"[;\s]+")
 _URL_SPLIT = re.compile(r",(?=[a-z][a-z0-9+.-]*://)")  # a comma that starts another URL, not one inside a URL
@@ -40,11 +46,17 @@ _URL_SPLIT = re.compile(r",(?=[a-z][a-z0-9+.-]*://)")  # a comma that starts ano
 def resolve_shards(shards: Mapping[str, str | Sequence[str]] | None) -> Mapping[str, str | Sequence[str]]:
     """A client's shard map: the one it was given, else EMBEDFLEET_REDIS_SHARDS's, as every command reads it (a
     Producer() beside `embedfleet worker` and `status` in one environment sees the same partitions)."""
-    return parse_shards(os.environ.get(ENV_REDIS_SHARDS)) if shards is None else shards
+    if shards is not None:
+        return shards
+    try:
+        return parse_shards(os.environ.get(ENV_REDIS_SHARDS))
+    except RedisURLError as exc:
+        raise RedisURLError(f"{ENV_REDIS_SHARDS}: {exc}") from None
 
 
 def parse_shards(text: str | None) -> dict[str, list[str]]:
-    """{model: [url, ...]} from the inline or @FILE form (see the module docstring); ValueError if malformed."""
+    """{model: [url, ...]} from the inline or @FILE form (see the module docstring); RedisURLError (a ValueError)
+    if malformed, in one line that never holds a password."""
     if not text or not text.strip():
         return {}
     text = text.strip()
@@ -53,26 +65,26 @@ def parse_shards(text: str | None) -> dict[str, list[str]]:
         try:
             body = path.read_text(encoding="utf-8")
         except OSError as exc:
-            raise ValueError(f"cannot read the shard map {path}: {exc.strerror}") from None
+            raise RedisURLError(f"cannot read the shard map {path}: {exc.strerror}") from None
         if body.lstrip().startswith("{"):
-            return _checked(_from_json(body, path), str(path))
+            return _checked(_from_json(body, path), f"{path}: ")
         lines = [line.split("#", 1)[0] for line in body.splitlines()]
-        return _checked(_pairs([e for line in lines for e in _ENTRY_SPLIT.split(line.strip()) if e]), str(path))
-    return _checked(_pairs([e for e in _ENTRY_SPLIT.split(text) if e]), "--redis-shards")
+        return _checked(_pairs([e for line in lines for e in _ENTRY_SPLIT.split(line.strip()) if e]), f"{path}: ")
+    return _checked(_pairs([e for e in _ENTRY_SPLIT.split(text) if e]), "")
 
 
 def _from_json(body: str, path: Path) -> dict[str, list[str]]:
     try:
         loaded = json.loads(body)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        raise RedisURLError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
     out = {}
     for model, urls in loaded.items():
         if isinstance(urls, str):
             urls = [urls]
         if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
-            raise ValueError(f"{path}: a JSON shard map maps model names to a URL string or a non-empty list of "
-                             f"them; {model!r} maps to {urls!r}")
+            raise RedisURLError(f"{path}: a JSON shard map maps model names to a URL string or a non-empty list "
+                                f"of them; {model!r} maps to {_kind(urls)}")
         out[model] = urls
     return out
 
@@ -82,30 +94,59 @@ def _pairs(entries: list[str]) -> dict[str, list[str]]:
     for entry in entries:
         model, sep, urls = entry.partition("=")
         if not sep or not model or not urls:
-            raise ValueError(f"shard map entry {entry!r} is not MODEL=URL[,URL...]")
+            raise RedisURLError(f"shard map entry '{redact(entry)}' is not MODEL=URL[,URL...]")
         if model in found:
-            raise ValueError(f"model {model!r} is mapped twice in the shard map (list its partitions in one entry: "
+            raise RedisURLError(f"model {model!r} is mapped twice in the shard map (list its partitions in one entry: "
                              "MODEL=URL1,URL2)")
         found[model] = _URL_SPLIT.split(urls)
     return found
 
 
+def _kind(value) -> str:
+    """What a JSON value is, in words (never the value: it may hold a password)."""
+    if isinstance(value, list):
+        return "an empty list" if not value else "a list of other things than URL strings"
+    return f"a JSON {type(value).__name__}"
+
+
 def _checked(shards: dict[str, list[str]], where: str) -> dict[str, list[str]]:
+    """`shards` if each URL is well formed and no model names one Redis twice; else RedisURLError (`where`: the
+    start of its message)."""
     for model, urls in shards.items():
-        for url in urls:
-            if "://" not in url:
-                raise ValueError(f"{where}: a shard of model {model!r} is {url!r}, not a Redis URL")
-        if len(set(urls)) != len(urls):
-            raise ValueError(f"{where}: model {model!r} names a Redis twice among its partitions: {urls}")
+        seen: dict[tuple, str] = {}
+        for index, url in enumerate(urls, 1):
+            which = f"{where}model {model!r}" + (f", partition {index}" if len(urls) > 1 else "")
+            _one_redis(url, model, which)
+            check_url(url, which)
+            first = seen.setdefault(identity(url), url)
+            if len(seen) < index:
+                spelled = "" if first == url else f": {redact(first)} and {redact(url)} are one Redis"
+                raise RedisURLError(f"{where}model {model!r} names a Redis twice among its partitions{spelled}; "
+                                    "list each Redis once")
     return shards
+
+
+def _one_redis(url: str, model: str, which: str) -> None:
+    """Refuse a comma past the hosts of a URL that names one Redis: `redis://a:6379/0,b:6379` (a second partition
+    written without its scheme) would read as one URL."""
+    if is_cluster(url) or is_sentinel(url):  # their commas separate seed hosts
+        return
+    past_credentials = url.partition("://")[2].rpartition("@")[2]
+    _, comma, after = past_credentials.split("?", 1)[0].split("#", 1)[0].partition(",")
+    if comma:
+        raise RedisURLError(f"{which}: after a comma comes {after!r}, which is no URL (it lacks a scheme); write "
+                            f"each partition as a whole URL: {model}=redis://HOST1:PORT/0,redis://HOST2:PORT/0")
 
 
 class ShardMap:
     """The default Redis URL and the models that live elsewhere, each on one Redis or partitioned over several."""
 
     def __init__(self, default: str, shards: Mapping[str, str | Sequence[str]] | None = None):
-        self.default = default
-        self.shards = {model: [urls] if isinstance(urls, str) else list(urls) for model, urls in (shards or {}).items()}
+        """RedisURLError if a URL is malformed or a model names one Redis twice (a Producer's arguments are checked
+        here; a command's, already when its flags were read)."""
+        self.default = default if default is None else check_url(default, "redis_url")
+        self.shards = _checked({model: [urls] if isinstance(urls, str) else list(urls)
+                                for model, urls in (shards or {}).items()}, "shards: ")
 
     def partitions(self, model: str | None) -> list[str]:
         """The Redis URLs of `model`, in map order (one: the default Redis, or its shard)."""

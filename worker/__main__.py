@@ -36,6 +36,8 @@ def serve(argv: list[str]) -> int:
     threads = cpus.plan(settings.threads, os.environ, engines=partitions if settings.partition else 1)
     heap.keep_freed_memory(os.environ)  # a round's large arrays reuse the heap (worker/engine/heap.py)
     connection = None if partitions > 1 else connect(settings.redis_url)
+    if partitions > 1 and settings.partition is None:  # the supervisor of the engines, before it starts them
+        _check_partitions(settings.shards.partitions(_served_name(settings)))
     if connection is not None:
         # A Redis that is down, a wrong password, a missing ACL permission or a certificate that does not
         # verify fails now, in one line, not after the model has loaded.
@@ -158,6 +160,25 @@ def _reach(url: str, partition: int | None) -> redis.Redis:
                 "partition %d's Redis %s is unreachable (%s); retrying in %g s", partition, redact(url), exc, pause)
             time.sleep(pause)
             pause = min(pause * 2, 5.0)
+
+
+def _check_partitions(urls: list[str]) -> None:
+    """Fail now, before any engine starts, on a partition whose Redis refuses us (a wrong password, ACL or
+    certificate, a DB it lacks, a redis+cluster:// URL at a plain Redis or redis:// at a Cluster node: AccessError),
+    rather than crash-loop its engine and then stop the others; one whose Redis is down is left to its engine,
+    which waits for it (_reach)."""
+    unreachable = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.RedisClusterException)
+    for url in urls:
+        try:
+            connection = connect(url)
+        except unreachable:  # a Cluster none of whose seeds answers (an AccessError is no RedisClusterException)
+            continue
+        try:
+            check_access(connection, url)
+        except unreachable:
+            continue  # down now: its engine waits for it (_reach)
+        finally:
+            connection.close()
 
 
 def _maintenance_at_debug(record: logging.LogRecord) -> bool:
