@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 
+import redis
 from pydantic import Field
 
 from embedfleet.common.protocol import keys
@@ -22,6 +23,7 @@ from embedfleet.common.config import Settings
 from embedfleet.common.errors import NoWorkerError, StartupError, UnavailableError
 from embedfleet.common.redisclient import connect, redact
 from embedfleet.producer.client.core import parse_worker_info
+from embedfleet.producer.client.placement import unavailable
 
 
 class HealthSettings(Settings):
@@ -40,30 +42,43 @@ def run(settings: HealthSettings) -> int:
 
 def check_worker(settings: HealthSettings) -> str:
     host = socket.gethostname()
-    horizon = time.time() - keys.ADVERTISE_TTL
     urls = settings.shards.partitions(settings.model) if settings.model else settings.shards.urls()
+    down = []  # partitions that did not answer while their models have others: named if none is healthy
     for url in urls:
         connection = connect(url)
         try:
-            models = [settings.model] if settings.model else sorted(
-                m.decode() for m in connection.smembers(keys.MODELS_KEY))
-            for model in models:
-                if not settings.shards.owns(url, model):
-                    continue
-                names = connection.zrangebyscore(keys.model_workers_key(model), horizon, "+inf")
-                facts = connection.mget([keys.worker_info_key(n.decode()) for n in names]) if names else []
-                for name, raw in zip(names, facts):
-                    info = parse_worker_info(name.decode(), raw)  # an advert is input: garbage reads as absent
-                    if info is None:
-                        continue
-                    if settings.any_host or info.get("host") == host:
-                        return f"healthy: worker {name.decode()} serves {model} on {redact(url)}"
+            found = _live_worker(settings, connection, url, host)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if not settings.shards.spare(url):
+                raise
+            down.append(f"; {str(unavailable(settings.shards, url, exc)).rstrip('.')}")
+            continue
         finally:
             connection.close()
+        if found:
+            return found
     where = "anywhere" if settings.any_host else f"on host {host}"
     what = f"model {settings.model}" if settings.model else "any model"
     raise NoWorkerError(f"unhealthy: no live worker {where} advertises {what} (beat within "
-                        f"{keys.ADVERTISE_TTL} s)")
+                        f"{keys.ADVERTISE_TTL} s){''.join(down)}")
+
+
+def _live_worker(settings: HealthSettings, connection: redis.Redis, url: str, host: str) -> str | None:
+    """The healthy line for a live worker at `url` that the check accepts, else None."""
+    horizon = time.time() - keys.ADVERTISE_TTL
+    models = [settings.model] if settings.model else sorted(m.decode() for m in connection.smembers(keys.MODELS_KEY))
+    for model in models:
+        if not settings.shards.owns(url, model):
+            continue
+        names = connection.zrangebyscore(keys.model_workers_key(model), horizon, "+inf")
+        facts = connection.mget([keys.worker_info_key(n.decode()) for n in names]) if names else []
+        for name, raw in zip(names, facts):
+            info = parse_worker_info(name.decode(), raw)  # an advert is input: garbage reads as absent
+            if info is None:
+                continue
+            if settings.any_host or info.get("host") == host:
+                return f"healthy: worker {name.decode()} serves {model} on {redact(url)}"
+    return None
 
 
 def check_gateway(url: str, timeout: float) -> str:

@@ -110,9 +110,23 @@ def render(fleet: dict, settings: StatusSettings) -> Group:
                           f"partitions of {model}: {len(urls)} Redis, {named}"))
     if not fleet["models"]:
         parts.append(Text(f"no model is served there (no live worker): {NO_WORKER_HINT}"))
-        return Group(*parts)
-    parts += [_models(fleet, settings.wide), _workers(fleet, settings.wide)]
-    return Group(*parts)
+    else:
+        parts += [_models(fleet, settings.wide), _workers(fleet, settings.wide)]
+    return Group(*parts, *_unreachable(fleet))
+
+
+def _unreachable(fleet: dict) -> list[Text]:
+    """A line per partition's Redis that did not answer (the snapshot's `unreachable`), named as a 503 names it
+    (producer/client/placement.py): what is above is its model's other partitions'."""
+    by_url: dict[str, list[dict]] = {}
+    for entry in fleet.get("unreachable", []):
+        by_url.setdefault(entry["url"], []).append(entry)
+    lines = []
+    for url, entries in by_url.items():
+        named = ", ".join(f"partition {e['partition']} of {e['of']} of model '{e['model']}'" for e in entries)
+        lines.append(Text(f"{named} (Redis {url}) is unreachable ({entries[0]['error'].rstrip('.')}); the counts "
+                          "above are the other partitions'", style="yellow"))
+    return lines
 
 
 def _models(fleet: dict, wide: bool) -> Table:

@@ -11,6 +11,7 @@ import redis
 
 from embedfleet.common import tracing
 from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.errors import UnavailableError
 from embedfleet.common.fleetstate import resolve_redis_url
 from embedfleet.common.params import PoolingParams
 from embedfleet.common.protocol import keys, operations, scripts, slotmoves
@@ -19,7 +20,7 @@ from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result, SparseVector
 from embedfleet.common.shards import ShardMap, resolve_shards
 from embedfleet.producer.client import fleetview, reads, traced
-from embedfleet.producer.client.placement import Placer, naming, place
+from embedfleet.producer.client.placement import Placer, naming, place, unavailable
 from embedfleet.producer.client.core import (Placements, Sent, Served, build_request, chosen_ids, enqueue_args,
                                              looked_at, pick_model, queue_full, read_result,
                                              redis_errors as _redis_errors, resolve_target, tagged_ids)
@@ -61,11 +62,20 @@ class Producer(SyncWaits):
         for connection in self.links.values():
             connection.close()
 
-    def check(self) -> None:
+    def check(self) -> list[UnavailableError]:
         """Fail now, in one line, on a wrong password, a missing ACL permission or a certificate that does
-        not verify, on any shard (common.redisclient.AccessError); an unreachable Redis raises as usual."""
+        not verify, on any shard (common.redisclient.AccessError); an unreachable Redis raises as usual, but for
+        a partition whose models have others (ShardMap.spare): returned, named (placement.unavailable), as the
+        fleet goes on without it (submits go to the others, reads sum them)."""
+        down = []
         for url, connection in self.links.items():
-            check_access(connection, url)
+            try:
+                check_access(connection, url)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if not self.shards.spare(url):
+                    raise
+                down.append(unavailable(self.shards, url, exc))
+        return down
 
     def __enter__(self) -> Producer:
         return self
@@ -225,7 +235,9 @@ class Producer(SyncWaits):
             return self.wait(self.submit(inputs, model, **submit), timeout)
         deadline = time.monotonic() + timeout
         params, text_pair = submit.pop("params", None), submit.pop("text_pair", None)
-        name, _, build = self._prepare([inputs], model, params, None, text_pair, None, None, None, None, submit)
+        priority, request_deadline = submit.pop("priority", None), submit.pop("deadline", None)
+        name, _, build = self._prepare([inputs], model, params, None, text_pair, priority, request_deadline, None,
+                                       None, submit)
         url, (reply, raw) = place(self._placer, self._placer.order(name),
                                   lambda url: self._ask_exchange(url, *build(url, [0]), timeout))
         work, requests = build(url, [0])

@@ -14,7 +14,11 @@ so both show the same facts.
     workers[]  name, model, host, pid, device, dtype, max_batch_tokens, max_batch_size, max_jobs, state,
                current_requests/current_texts (the round on its device), texts_per_s (last minute),
                texts_history (texts finished per history_bucket_s seconds, oldest first), last_beat_s
-               (seconds since its last advert), cache_hits/cache_misses where it counts them
+               (seconds since its last advert), cache_hits/cache_misses where it counts them; each once,
+               however many partitions list it (a model's partitions on one Redis Cluster share its adverts)
+    unreachable[]  a partition of a model that could not be reached, left out of the counts above while its
+               model's other partitions answer: model, partition (its place in the map, from 1), of (how many),
+               url (redacted), error (a Redis that is no such partition and cannot be reached fails the read)
 
 Failures of the last hour are the ids in rq's failed registries whose score (failure time + the job's
 failure_ttl, keys.FAILURE_TTL for every job a Producer enqueues) is within the last hour, up to
@@ -49,9 +53,11 @@ def snapshot(shards: ShardMap, now: float | None = None) -> Read[dict]:
     """The fleet as the module docstring lays it out: a read (producer/client/reads.py) of three exchanges, every
     Redis (shard) in each."""
     now = time.time() if now is None else now
-    names = {url: found for url, found in (yield from reads.model_names(shards)).items() if found}
+    names, down = yield from reads.advertised(shards)
+    names = {url: found for url, found in names.items() if found}
     first = (yield {url: _first(url, found, now) for url, found in names.items()}) if names else {}
-    plans = {url: _plans(found, iter(map(reads.ok, first[url]))) for url, found in names.items()}
+    seen: set[tuple[str, bytes]] = set()  # (model, worker): a worker is counted where it is first listed
+    plans = {url: _plans(found, iter(map(reads.ok, first[url])), seen) for url, found in names.items()}
     second = (yield {url: _second(plan) for url, plan in plans.items()}) if plans else {}
     models, workers = [], []
     for url, plan in plans.items():
@@ -59,7 +65,10 @@ def snapshot(shards: ShardMap, now: float | None = None) -> Read[dict]:
         models += [{**model, "redis": redact(url)} for model in found_models]
         workers += found_workers
     return {"time": now, "redis": redact(shards.default), "priorities": list(keys.PRIORITIES),
-            "models": sorted(_whole(models, workers), key=lambda m: m["name"]), "workers": workers}
+            "models": sorted(_whole(models, workers), key=lambda m: m["name"]), "workers": workers,
+            "unreachable": [{"model": model, "partition": urls.index(url) + 1, "of": len(urls), "url": redact(url),
+                             "error": str(error)} for url, error in down.items()
+                            for model, urls in sorted(shards.shards.items()) if url in urls]}
 
 
 def _whole(models: list[dict], workers: list[dict]) -> list[dict]:
@@ -116,10 +125,15 @@ def _first(url: str, names: list[str], now: float) -> list[tuple]:
     return commands
 
 
-def _plans(names: list[str], first) -> list[tuple]:
+def _plans(names: list[str], first, seen: set[tuple[str, bytes]]) -> list[tuple]:
+    """Per model: its advert, its live workers not `seen` on another partition (then seen), its queues' replies."""
     plans = []
     for name in names:
-        caps_raw, beats = next(first), [(worker, float(beat)) for worker, beat in next(first)]
+        caps_raw, beats = next(first), []
+        for worker, beat in next(first):
+            if (name, worker) not in seen:
+                seen.add((name, worker))
+                beats.append((worker, float(beat)))
         queues = [(priority, next(first), next(first), next(first), next(first), next(first), next(first))
                   for priority in keys.PRIORITIES]
         plans.append((name, caps_raw, beats, queues))

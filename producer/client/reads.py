@@ -63,12 +63,20 @@ def answered(replies: dict[str, list]) -> dict[str, list]:
 
 def model_names(shards: ShardMap) -> Read[dict[str, list[str]]]:
     """{URL: the model names advertised there, sorted}, each on its own shard only (a worker on the wrong
-    shard serves no one). A partition that is down while its models have others reads as empty."""
+    shard serves no one). A partition that is down while its models have others is left out."""
+    names, _ = yield from advertised(shards)
+    return names
+
+
+def advertised(shards: ShardMap) -> Read[tuple[dict[str, list[str]], dict[str, Exception]]]:
+    """(model_names' {URL: names}, {URL: its error} of each partition left out because it could not be reached).
+    Any other Redis that cannot be reached raises its error: the fleet cannot do without it."""
     urls = shards.urls()
     replies = yield {url: [("SMEMBERS", keys.MODELS_KEY)] for url in urls}
     up = answered(replies)
-    return {url: sorted(n for n in map(text, ok(replies[url][0])) if shards.owns(url, n))
-            for url in urls if url in up or not shards.spare(url)}
+    names = {url: sorted(n for n in map(text, ok(replies[url][0])) if shards.owns(url, n))
+             for url in urls if url in up or not shards.spare(url)}
+    return names, {url: replies[url][0] for url in urls if url not in names}
 
 
 def models(shards: ShardMap) -> Read[tuple[dict, set[str]]]:
@@ -85,18 +93,29 @@ def models(shards: ShardMap) -> Read[tuple[dict, set[str]]]:
 
 
 def live_workers(shards: ShardMap, model: str, now: float) -> Read[int]:
-    """Live workers of `model`, summed over its partitions that answer."""
-    replies = yield {url: [("ZCOUNT", keys.model_workers_key(model), now - keys.ADVERTISE_TTL, "+inf")]
+    """Live workers of `model` over its partitions that answer, each counted once (`worker_names`)."""
+    names = yield from worker_names(shards, model, now)
+    return sum(map(len, names.values()))
+
+
+def worker_names(shards: ShardMap, model: str, now: float) -> Read[dict[str, list[str]]]:
+    """{URL: the names of `model`'s live workers first listed there}, over its partitions that answer. A name is
+    listed once: partitions on one Redis Cluster (`#p0`, `#p1`) share the model's list of workers (their queues
+    have a tag each, its adverts none), so each of them lists every worker of all of them."""
+    replies = yield {url: [("ZRANGEBYSCORE", keys.model_workers_key(model), now - keys.ADVERTISE_TTL, "+inf")]
                      for url in shards.partitions(model)}
-    return sum(ok(got[0]) for got in answered(replies).values())
+    seen: set[str] = set()
+    names: dict[str, list[str]] = {}
+    for url, got in answered(replies).items():
+        names[url] = [name for name in map(text, ok(got[0])) if name not in seen]
+        seen.update(names[url])
+    return names
 
 
 def workers(shards: ShardMap, model: str, now: float) -> Read[list[dict]]:
-    """The live workers of `model` on each of its partitions that answer, each with what it advertised
-    (core.parse_worker_info)."""
-    replies = yield {url: [("ZRANGEBYSCORE", keys.model_workers_key(model), now - keys.ADVERTISE_TTL, "+inf")]
-                     for url in shards.partitions(model)}
-    names = {url: [text(n) for n in ok(got[0])] for url, got in answered(replies).items()}
+    """The live workers of `model` on its partitions that answer, each once (`worker_names`), with what it
+    advertised (core.parse_worker_info)."""
+    names = yield from worker_names(shards, model, now)
     asked = {url: _mget(url, [keys.worker_info_key(name) for name in found]) for url, found in names.items() if found}
     if not asked:
         return []

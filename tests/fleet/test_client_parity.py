@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import inspect
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -155,6 +156,20 @@ def spread(face: Face, fleet) -> dict:
     return {"parts run": parts_run, "wait": face("wait", request_id, 30), "status": face("status", request_id)}
 
 
+def every_field(face: Face, fleet) -> dict:
+    """Every request field through every method that submits (issue 50: the sync embed lost `priority` and
+    `deadline` and refused them as "not a request field")."""
+    fields = {"priority": "bulk", "deadline": time.time() + 600, "dimensions": 2, "embed_dtype": "float16",
+              "truncate_prompt_tokens": -1, "cache": False}
+    request_id = face("submit", ["a", "b"], "null", **fields)
+    many = face("submit_many", [["c"], ["d", "e"]], "null", **fields)
+    return {"submit": face("wait", request_id, 30), "submit_many 1": face("wait", many[0], 30),
+            "submit_many 2": face("wait", many[1], 30), "embed": face("embed", ["f", "g"], "null", **fields).shape,
+            "embed at interactive": face("embed", "h", "null", priority="interactive").shape,
+            "encode": face("encode", ["i"], "null", outputs=["dense"], **fields).dense.shape,
+            "bad priority": face("embed", "j", "null", priority="urgent")}
+
+
 def fleet_reads(face: Face, fleet) -> dict:
     face("submit_many", [["a"], ["b", "c"]], "idle")
     face("submit_many", [["d"]], "idle", priority="bulk")
@@ -190,6 +205,9 @@ TABLE = [
                                                      "wait": "result (1, 4)"}),
     Row("failed", failed, {"status": "failed", "wait": "raises decode_error", "get": "result !decode_error"}),
     Row("spread, parts running", spread, {"parts run": "started", "wait": "result (1, 32)", "status": "finished"}),
+    Row("every field, every submit", every_field, {
+        "submit": "result (2, 2)", "submit_many 1": "result (1, 2)", "submit_many 2": "result (2, 2)", "embed": (2, 2),
+        "embed at interactive": (1, 4), "encode": (1, 2), "bad priority": "raises invalid_request"}),
     Row("fleet reads", fleet_reads, {"known": {"idle", "long", "null"}, "live null": 1, "live nope": 0, "depth": 2}),
 ]
 
