@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from embedfleet.common.bounds import MAX_CHAR_OFFSET, MAX_DIMENSIONS, MAX_TOKENS, bounded_int, shown
+from embedfleet.common.bounds import FAIL_FAST, MAX_CHAR_OFFSET, MAX_DIMENSIONS, MAX_TOKENS, bounded_int, shown
 from embedfleet.common.capabilities import ModelCapabilities
 from embedfleet.common.codec import check_text
 from embedfleet.common.errors import ValidationError
@@ -71,7 +71,7 @@ TruncatePromptTokens = Annotated[int, AfterValidator(_truncation),
 GatewayTruncation = Annotated[int, AfterValidator(lambda value: value if value == 0 else _truncation(value)),
                               Field(json_schema_extra={"minimum": -1, "maximum": MAX_TOKENS})]
 ChunkSize = bounded_int("`chunk_size`", 1, MAX_TOKENS, f"a positive number of tokens, at most {MAX_TOKENS}")
-ChunkSpans = Annotated[tuple[tuple[int, int], ...], AfterValidator(_spans)]
+ChunkSpans = Annotated[tuple[tuple[int, int], ...], FAIL_FAST, AfterValidator(_spans)]
 SparseTopK = bounded_int("`sparse_top_k`", 1, MAX_DIMENSIONS, f"a positive integer of at most {MAX_DIMENSIONS}")
 
 
@@ -94,7 +94,7 @@ def _threshold(value):
     return value
 
 
-Outputs = Annotated[tuple[Output, ...], AfterValidator(_outputs)]
+Outputs = Annotated[tuple[Output, ...], FAIL_FAST, AfterValidator(_outputs)]
 ScoreWeights = Annotated[tuple[float, float, float], AfterValidator(_weights)]
 SparseThreshold = Annotated[float, AfterValidator(_threshold)]
 

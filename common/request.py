@@ -289,11 +289,35 @@ def _is_token(value) -> bool:
 
 
 def _shape(value) -> str:
-    """What a wrong `input` is, in a few words: "a list mixing str and list"."""
+    """What a wrong `input` is, in a few words, and where it first goes wrong: "a list mixing list and str (input 1
+    is a list, where input 0 is a text)"."""
     if not isinstance(value, (list, tuple)):
         return f"a {type(value).__name__}"
     kinds = sorted({type(v).__name__ for v in value})
-    return f"a list of {kinds[0]}" if len(kinds) == 1 else f"a list mixing {' and '.join(kinds)}"
+    shape = f"a list of {kinds[0]}" if len(kinds) == 1 else f"a list mixing {' and '.join(kinds)}"
+    where = _first_misfit(value)
+    return f"{shape} ({where})" if where else shape
+
+
+def _first_misfit(value) -> str | None:
+    """The first item of a non-empty list that breaks the shape its first item starts (a list of a million items
+    may be wrong from its second one: named, rather than left for the client to search)."""
+    first = value[0]
+    if isinstance(first, str):
+        at = next((i for i, item in enumerate(value) if not isinstance(item, str)), None)
+        return None if at is None else f"input {at} is a {type(value[at]).__name__}, where input 0 is a text"
+    if _is_token(first):
+        at = next((i for i, item in enumerate(value) if not _is_token(item)), None)
+        return None if at is None else f"position {at} is a {type(value[at]).__name__}, not a token id"
+    if not isinstance(first, (list, tuple)):
+        return f"input 0 is a {type(first).__name__}"
+    for i, item in enumerate(value):
+        if not isinstance(item, (list, tuple)):
+            return f"input {i} is a {type(item).__name__}, where input 0 is a token-id list"
+        at = next((j for j, token in enumerate(item) if not _is_token(token)), None)
+        if at is not None:
+            return f"input {i}, position {at} is a {type(item[at]).__name__}, not a token id"
+    return None
 
 
 def job_reply_to(job) -> str | None:

@@ -229,6 +229,30 @@ def test_bad_lines_fail_alone_with_the_routes_answer(client, http):
     assert "not available in a batch" in bytes_error["message"]
 
 
+def test_a_line_over_the_key_limit_fails_alone_with_the_routes_413(tmp_path, bert_mean):
+    """A line whose body holds 200,000 unknown keys (2 MB, under the byte limits here) is refused by its key count,
+    as the route refuses that body (core/limits.py), before validation (which took 2.4 s of the event loop for
+    it): the other lines run. A Redis of its own: the module's gateway, with its smaller byte limits, may not
+    take the batch."""
+    with RedisServer(tmp_path / "redis") as server, Fleet(server.url) as fleet:
+        serve_tiny(fleet, bert_mean)
+        gateway = fleet.gateway(max_file_bytes=4_000_000, max_body_bytes=4_000_000, batch_poll_seconds=0.2)
+        wide = {"model": MODEL, "input": "x", **{f"k{i}": 0 for i in range(200_000)}}
+        bodies = [{"model": MODEL, "input": "before"}, wide, {"model": MODEL, "input": "after"}]
+        with openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0) as client, \
+                httpx.Client(base_url=gateway.url, timeout=60) as http:
+            done = wait_status(client, run_batch(client, batch_file(bodies)).id, ("completed", "failed"))
+            assert done.status == "completed", done
+            assert done.request_counts.model_dump() == {"total": 3, "completed": 2, "failed": 1}
+            assert [line["custom_id"] for line in output_lines(client, done.output_file_id)] == ["req-0", "req-2"]
+            [error] = output_lines(client, done.error_file_id)
+            assert error["custom_id"] == "req-1" and error["response"]["status_code"] == 413
+            route = http.post("/v1/embeddings", json=wide)
+            assert route.status_code == 413
+            assert error["response"]["body"]["error"]["message"] == route.json()["error"]["message"]
+            assert "more than 16384 keys" in route.json()["error"]["message"]
+
+
 def test_a_file_that_is_no_batch_file_fails_the_batch(client):
     content = batch_file([{"model": MODEL, "input": "fine"}]) + b"{not json\n" + \
         batch_file([{"model": MODEL, "input": "again"}]) + \

@@ -3,7 +3,8 @@
 A file that cannot be read as a batch (a line not UTF-8, a line that is no JSON object, a missing or repeated
 `custom_id`, another endpoint or method) fails the whole batch at validation, with `errors` naming each
 bad line, as OpenAI does. A line whose `body` is no valid /v1/embeddings body fails alone: its error line
-carries the very 400 the route would answer for that body.
+carries the very 400 the route would answer for that body, or its 413 for a body over the route's byte or key
+limit (a body of 200,000 unknown keys, validated, would hold the event loop for minutes: core/limits.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from embedfleet.common.protocol import keys
 from embedfleet.common.redisurls import cluster_tag
 from embedfleet.producer.client.placement import partition_of
 from embedfleet.producer.gateway.core.errors import error_response, status_of
+from embedfleet.producer.gateway.core.limits import json_keys_over, too_many_keys
 from embedfleet.producer.gateway.core.schemas import EmbedBody
 
 ENDPOINT = "/v1/embeddings"
@@ -58,12 +60,14 @@ class Reader:
 
     Lines end at b"\n" only, as OpenAI splits a batch file: U+2028, U+0085 and the other characters
     `str.splitlines` also breaks at are legal inside a JSON string and stay in their line. A line's body is
-    held to the route's body limit (`max_body_bytes`): a longer one fails alone with the route's 413.
+    held to the route's body limits (`max_body_bytes`, `max_body_keys`): one over either fails alone with the
+    route's 413.
     """
 
-    def __init__(self, endpoint: str = ENDPOINT, max_body_bytes: int | None = None):
+    def __init__(self, endpoint: str = ENDPOINT, max_body_bytes: int | None = None, max_body_keys: int | None = None):
         self.endpoint = endpoint
         self.max_body_bytes = max_body_bytes
+        self.max_body_keys = max_body_keys
         self.lines: list[Line] = []
         self.errors: list[FileError] = []
         self._seen: set[str] = set()
@@ -111,13 +115,13 @@ class Reader:
             return
         custom_id, body = found
         self._seen.add(custom_id)
-        self.lines.append(_line(len(self.lines), custom_id, body, len(raw), self.max_body_bytes))
+        self.lines.append(_line(len(self.lines), custom_id, body, raw, self.max_body_bytes, self.max_body_keys))
 
 
-def parse(data: bytes, endpoint: str = ENDPOINT, max_body_bytes: int | None = None
+def parse(data: bytes, endpoint: str = ENDPOINT, max_body_bytes: int | None = None, max_body_keys: int | None = None
           ) -> tuple[list[Line], list[FileError]]:
     """The requests of a whole file in memory (Reader, in one piece)."""
-    reader = Reader(endpoint, max_body_bytes)
+    reader = Reader(endpoint, max_body_bytes, max_body_keys)
     reader.feed(data)
     return reader.finish()
 
@@ -149,15 +153,19 @@ def _request(raw: str, number: int, endpoint: str, seen: set[str]) -> tuple[str,
     return custom_id, item["body"]
 
 
-def _line(index: int, custom_id: str, body: dict, raw_bytes: int, max_body_bytes: int | None) -> Line:
-    """Validate the body as the route does (EmbedBody, the same message for the same mistake), its size
-    first: the body as its shortest JSON is what a client would send the route at least."""
-    if max_body_bytes is not None and raw_bytes > max_body_bytes:  # else the body, inside the line, is shorter
+def _line(index: int, custom_id: str, body: dict, raw: bytes, max_body_bytes: int | None,
+          max_body_keys: int | None) -> Line:
+    """Validate the body as the route does (EmbedBody, the same message for the same mistake), its size and
+    keys first: the body as its shortest JSON is what a client would send the route at least. Each limit is
+    checked on the whole line first, which holds the body: the body is dumped only for a line over one."""
+    if max_body_bytes is not None and len(raw) > max_body_bytes:  # else the body, inside the line, is shorter
         size = len(_dump(body))
         if size > max_body_bytes:
             return Line(index, custom_id, None, PayloadTooLargeError(
                 f"request body too large: this line's body is {size} bytes as JSON; the limit is {max_body_bytes} "
                 "bytes, as on the route (send fewer or shorter inputs per request)", param="body"))
+    if max_body_keys is not None and json_keys_over(raw, max_body_keys) and json_keys_over(_dump(body), max_body_keys):
+        return Line(index, custom_id, None, too_many_keys(max_body_keys, param="body"))
     try:
         parsed = EmbedBody.model_validate(body)
     except PydanticValidationError as exc:

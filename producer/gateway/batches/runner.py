@@ -228,7 +228,8 @@ class Drive:
 
     async def read_input(self) -> tuple[list[Line], list[batchlines.FileError]]:
         """The input file's lines, read part by part (a missing input is the file's error)."""
-        reader = batchlines.Reader(max_body_bytes=self.gw.settings.max_body_bytes)
+        reader = batchlines.Reader(max_body_bytes=self.gw.settings.max_body_bytes,
+                                   max_body_keys=self.gw.settings.max_body_keys)
         try:
             async for part in self.store.input_parts(self.batch_id):
                 reader.feed(part)

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic import ValidationError as PydanticValidationError
 
-from embedfleet.common.bounds import MAX_TOKENS, bounded_int
+from embedfleet.common.bounds import MAX_TOKENS, FailFastList, bounded_int
 from embedfleet.common.capabilities import ModelCapabilities
 from embedfleet.common.codec import unencodable
 from embedfleet.common.errors import EmbedfleetError, InputTooLongError, ValidationError, echo, invalid_request
@@ -44,7 +44,7 @@ class CohereInput(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    content: list[chat.TextPart] = Field(min_length=1)
+    content: FailFastList[chat.TextPart] = Field(min_length=1)
 
 
 class CohereEmbedBody(BaseModel):
@@ -55,12 +55,13 @@ class CohereEmbedBody(BaseModel):
     model: str | None = Field(None, description="served model name; omitted: the only served model")
     input_type: str | None = Field(None, description="the name of one of the model's prompts (its "
                                                      "sentence-transformers `prompts`), prepended to each text")
-    texts: list[str] | None = Field(None, min_length=1)
-    images: list[str] | None = Field(None, description="refused: the fleet embeds text only")
-    inputs: list[CohereInput] | None = Field(None, min_length=1, description="text-only inputs, each rendered as "
-                                             "one user message with the model's chat template (as vLLM)")
+    texts: FailFastList[str] | None = Field(None, min_length=1)
+    images: FailFastList[str] | None = Field(None, description="refused: the fleet embeds text only")
+    inputs: FailFastList[CohereInput] | None = Field(None, min_length=1, description="text-only inputs, each "
+                                                     "rendered as one user message with the model's chat template (as "
+                                                     "vLLM)")
     output_dimension: Dimensions | None = Field(None, description="Matryoshka `dimensions`")
-    embedding_types: list[EmbeddingType] | None = Field(None, min_length=1, description="default: [\"float\"]")
+    embedding_types: FailFastList[EmbeddingType] | None = Field(None, min_length=1, description="default: [\"float\"]")
     truncate: Literal["NONE", "START", "END"] = Field(
         "END", description="END / START: cut an input that is too long at its end / its start; NONE: refuse it")
     max_tokens: MaxTokens | None = Field(None, description="the most tokens embedded per input")

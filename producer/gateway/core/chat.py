@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
+from embedfleet.common.bounds import FailFastList
 from embedfleet.common.chat import MAX_MESSAGES
 
 
@@ -27,7 +28,7 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     role: str
-    content: str | list[TextPart] | None = None
+    content: str | FailFastList[TextPart] | None = None
     name: str | None = None
 
     def plain(self) -> dict:
@@ -43,9 +44,9 @@ CHAT_ONLY = ("chat_template", "chat_template_kwargs", "add_generation_prompt", "
 class ChatFields(BaseModel):
     """The fields of vLLM's chat requests; a body takes either `input` or `messages`."""
 
-    messages: list[Message] | None = Field(None, min_length=1, max_length=MAX_MESSAGES,
-                                           description="a conversation embedded as one input, rendered with the "
-                                                       "model's chat template; instead of `input`")
+    messages: FailFastList[Message] | None = Field(None, min_length=1, max_length=MAX_MESSAGES,
+                                                   description="a conversation embedded as one input, rendered "
+                                                               "with the model's chat template; instead of `input`")
     chat_template: str | None = Field(None, description="a Jinja template instead of the model's (only on workers "
                                                         "started with --trust-request-chat-template)")
     chat_template_kwargs: dict[str, JsonValue] | None = Field(None, description="extra template variables")

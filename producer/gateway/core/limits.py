@@ -60,10 +60,7 @@ class BodyLimitMiddleware:
                 break
         body = b"".join(chunks)
         if self.max_keys is not None and json_keys_over(body, self.max_keys):
-            err = PayloadTooLargeError(f"request body too large: its JSON objects hold more than {self.max_keys} "
-                                       f"keys in all; the limit is {self.max_keys} keys (send only the request's "
-                                       "fields, and fewer inputs per request)")
-            await self.reject(err, scope.get("path", ""))(scope, receive, send)
+            await self.reject(too_many_keys(self.max_keys), scope.get("path", ""))(scope, receive, send)
             return
         replayed = False
 
@@ -96,6 +93,14 @@ class BodyLimitMiddleware:
         hint = "a smaller file" if scope.get("path", "") in self.paths else "fewer or shorter inputs per request"
         err = PayloadTooLargeError(f"request body too large: {what}; the limit is {limit} bytes (send {hint})")
         await self.reject(err, scope.get("path", ""))(scope, receive, send)
+
+
+def too_many_keys(limit: int, param: str | None = None) -> PayloadTooLargeError:
+    """The 413 of a body whose JSON objects hold more than `limit` keys in all: a route's, or a batch line's
+    (batches/lines.py, `param` "body"), in the same words."""
+    return PayloadTooLargeError(f"request body too large: its JSON objects hold more than {limit} keys in all; the "
+                                f"limit is {limit} keys (send only the request's fields, and fewer inputs per request)",
+                                param=param)
 
 
 _SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace

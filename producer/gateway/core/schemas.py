@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
+from embedfleet.common.bounds import FailFastList
 from embedfleet.common.codec import unencodable
 from embedfleet.common.errors import ValidationError
 from embedfleet.common.params import (LEGACY_ACTIVATION, ChunkSize, ChunkSpans, Dimensions, EmbedDtype, Endianness,
@@ -72,12 +73,12 @@ class EmbedBody(ChatFields):
                                                            "each input")
     chunk_spans: ChunkSpans | None = Field(
         None, description="late chunking: one vector per [start, end) character span of the one text input")
-    outputs: list[Output] | None = Field(
+    outputs: FailFastList[Output] | None = Field(
         None, description="/pooling on a multi-head model (bge-m3): several of dense, sparse and colbert from one "
                           "forward pass, each input's answer an object with one key per output")
     sparse_top_k: SparseTopK | None = Field(None, description="sparse vectors: keep each input's k largest weights")
     sparse_threshold: float | None = Field(None, description="sparse vectors: keep the weights above this only")
-    score_weights: list[float] | None = Field(None, description="task score only (/score, /rerank)")
+    score_weights: FailFastList[float] | None = Field(None, description="task score only (/score, /rerank)")
 
     # Scheduling (common/scheduling.py): the level it is queued at, and when it stops being worth computing.
     priority: Priority | None = Field(None, description="`interactive` (default), `bulk`, or vLLM's integer "

@@ -7,13 +7,13 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
-from embedfleet.common.bounds import INT32_MAX, TokenId, bounded_int, token_id_problem
+from embedfleet.common.bounds import INT32_MAX, FailFastList, TokenId, bounded_int, token_id_problem
 from embedfleet.common.params import LEGACY_ACTIVATION, GatewayTruncation
 from embedfleet.producer.client.tasks import TOP_N_ALLOWED
 from embedfleet.producer.gateway.core.chat import ChatFields
 from embedfleet.producer.gateway.core.schemas import Input
 
-Texts = str | list[str]
+Texts = str | FailFastList[str]
 TopN = bounded_int("`top_n`", 0, INT32_MAX, TOP_N_ALLOWED)
 
 
@@ -54,7 +54,7 @@ class ScoreBody(_Activation):
     text_1: Texts = Field(validation_alias=AliasChoices("text_1", "queries", "data_1"))
     text_2: Texts = Field(validation_alias=AliasChoices("text_2", "documents", "items", "data_2"))
     truncate_prompt_tokens: GatewayTruncation | None = None
-    score_weights: list[float] | None = Field(None, description=WEIGHTS)
+    score_weights: FailFastList[float] | None = Field(None, description=WEIGHTS)
 
     @model_validator(mode="before")
     @classmethod
@@ -80,18 +80,18 @@ class RerankBody(_Activation):
     """vLLM's /rerank, Cohere's and Jina's /v1/rerank: documents best first for the query."""
 
     query: str
-    documents: list[str]
+    documents: FailFastList[str]
     top_n: TopN | None = Field(None, description="keep the best n; 0 or omitted: all")
     return_documents: bool = True
     truncate_prompt_tokens: GatewayTruncation | None = None
-    score_weights: list[float] | None = Field(None, description=WEIGHTS)
+    score_weights: FailFastList[float] | None = Field(None, description=WEIGHTS)
 
 
 class TeiRerankBody(_Body):
     """TEI's /rerank: `texts` for documents, `raw_scores` for no activation, `return_text`."""
 
     query: str
-    texts: list[str]
+    texts: FailFastList[str]
     raw_scores: StrictBool = False  # TEI's serde booleans: true or false only
     return_text: StrictBool = False
     truncate: StrictBool | None = None
@@ -129,13 +129,13 @@ class TeiTokenizeBody(_Body):
 class DetokenizeBody(_Body):
     """vLLM's /detokenize."""
 
-    tokens: list[TokenId]
+    tokens: FailFastList[TokenId]
 
 
 class TeiDecodeBody(_Body):
     """TEI's /decode: one id list or many; special tokens left out unless skip_special_tokens is false."""
 
-    ids: list[int] | list[list[int]]
+    ids: FailFastList[int] | FailFastList[FailFastList[int]]
     skip_special_tokens: StrictBool = True
 
     @field_validator("ids")

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema
 
+from embedfleet.common.bounds import FailFastList
 from embedfleet.common.errors import ValidationError
 from embedfleet.common.params import Dimensions, SparseTopK
 
@@ -86,7 +87,7 @@ class SimilarityInput(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     source_sentence: str
-    sentences: list[str]
+    sentences: FailFastList[str]
 
 
 class SimilarityParameters(_Truncation):
