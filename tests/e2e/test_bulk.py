@@ -1,29 +1,33 @@
 """`embedfleet embed` against a real worker: every input format, output formats, batch files, the bounded
-window, and resuming after SIGINT and SIGKILL to the same bytes as an uninterrupted run."""
+window, resuming after SIGINT and SIGKILL to the same bytes as an uninterrupted run, Ctrl-C mid-submit and on a
+frozen Redis, and an existing OUTPUT (refused unless --overwrite)."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import json
 import os
 import pty
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from rq.suspension import resume, suspend
 
-from common.protocol.keys import PRIORITIES, queue_name
-from producer.cli.bulk.checkpoint import Checkpoint, checkpoint_path, records
-from tests.commands import ROOT, assert_one_line_error, clean_env, embedfleet, wait_for
+from embedfleet.common.protocol import scripts
+from embedfleet.common.protocol.keys import PRIORITIES, queue_name
+from embedfleet.producer.cli.bulk.checkpoint import Checkpoint, checkpoint_path, records
+from tests.commands import ROOT, assert_one_line_error, clean_env, embedfleet, running, wait_for
 from tests.crashworker import token, vector
 from tests.hashed import MODEL
 
@@ -74,6 +78,58 @@ def in_queue(redis_client) -> int:
     for name in names:
         pipe.llen(f"rq:queue:{name}").zcard(f"rq:wip:{name}")
     return sum(pipe.execute())
+
+
+def blocked_in(redis_client, pid: int, command: str) -> bool:
+    """Whether process `pid` has a connection that Redis holds blocked in `command` (CLIENT LIST: the client's
+    last command, flag b), e.g. a BLMOVE: the run waits for a result."""
+    ports = {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.laddr}
+    return any(c["cmd"] == command and "b" in c["flags"] and int(c["addr"].rsplit(":", 1)[1]) in ports
+               for c in redis_client.client_list())
+
+
+def sigint_in(pid: int, mask: str) -> bool:
+    """Whether SIGINT is in a signal mask of process `pid` (/proc): SigCgt, those it has a handler of its own for
+    (not the default action); ShdPnd, those sent to it and not yet delivered to one of its threads."""
+    found = re.search(rf"^{mask}:\s*([0-9a-f]+)$", open(f"/proc/{pid}/status").read(), re.MULTILINE).group(1)
+    return bool(int(found, 16) >> (signal.SIGINT - 1) & 1)
+
+
+def start_embed(*args: str, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "embedfleet.producer.cli", "embed", *args], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+class HoldingRelay:
+    """A TCP relay to a Redis: what clients send passes through, but for the first write holding `marker`, which
+    is held (its client waiting for the reply) from when it comes until `release()`; `held` is set meanwhile."""
+
+    def __init__(self, port: int, marker: bytes):
+        self.port, self.marker = port, marker
+        self.held, self._go = threading.Event(), threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self._listener.getsockname()[1]}/0"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def release(self) -> None:
+        self._go.set()
+        self._listener.close()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):  # the listener closed
+            while True:
+                client, _ = self._listener.accept()
+                server = socket.create_connection(("127.0.0.1", self.port))
+                for source, sink, sent in ((client, server, True), (server, client, False)):
+                    threading.Thread(target=self._relay, args=(source, sink, sent), daemon=True).start()
+
+    def _relay(self, source: socket.socket, sink: socket.socket, sent: bool) -> None:
+        with contextlib.suppress(OSError), source, sink:
+            while data := source.recv(1 << 16):
+                if sent and self.marker in data and not self._go.is_set():
+                    self.held.set()
+                    self._go.wait()
+                sink.sendall(data)
 
 
 class DepthSampler:
@@ -176,11 +232,10 @@ def test_killed_mid_run_it_resumes_to_the_same_bytes_and_never_queues_more_than_
     log = checkpoint_path(out)
     with DepthSampler(redis_client) as depth:
         suspend(redis_client)  # no worker takes anything: the run fills its window and waits
-        run = subprocess.Popen([sys.executable, "-m", "producer.cli", "embed", str(source), str(out), *args],
-                               env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        run = start_embed(str(source), str(out), *args, env=env)
         wait_for(lambda: in_queue(redis_client) == window, what="a full window")
-        time.sleep(0.5)
-        assert in_queue(redis_client) == window  # a full window, and no more, while nothing moves
+        wait_for(lambda: blocked_in(redis_client, run.pid, "blmove"), what="the run waiting for a result")
+        assert in_queue(redis_client) == window  # a full window, and no more, once the run has gone on to wait
         resume(redis_client)
         wait_for(lambda: log.exists() and sum(kind == "D" for kind, _ in records(log)) >= 30, what="progress")
         suspend(redis_client)  # no worker takes more: the run cannot finish before the signal reaches it
@@ -201,6 +256,67 @@ def test_killed_mid_run_it_resumes_to_the_same_bytes_and_never_queues_more_than_
     assert out.read_bytes() == reference.read_bytes()
     assert not log.exists()
     assert depth.most == window, f"the queue held {depth.most} of the run's requests; its window is {window}"
+
+
+def test_ctrl_c_during_a_submit_lets_it_finish_then_cancels_all_it_queued(tmp_path, hashed_worker, env,
+                                                                          redis_client, redis_server):
+    """The SIGINT lands while the run's enqueue is on its way to Redis (held by a relay, the run waiting for its
+    reply): the submit ends, its ids are logged, and every request the run queued is cancelled (none is left in the
+    queue unknown to the checkpoint). Before, Ctrl-C was raised inside the Redis client: requests queued and not
+    logged, or a segfault in hiredis's packing of the next command."""
+    hashed_worker()
+    suspend(redis_client)  # nothing taken: what the run queued and did not cancel stays in the queue
+    source, out = tmp_path / "in.txt", tmp_path / "out.npy"
+    write_input(source, texts(200))
+    relay = HoldingRelay(redis_server.port, scripts.ENQUEUE.sha.encode())
+    try:
+        run = start_embed(str(source), str(out), "--chunk", "8", "--window", "4", env={**env, "EMBEDFLEET_REDIS_URL":
+                                                                                     relay.url})
+        assert relay.held.wait(60), "the run never enqueued"
+        run.send_signal(signal.SIGINT)
+        wait_for(lambda: not sigint_in(run.pid, "ShdPnd"), what="the Ctrl-C delivered")
+    finally:
+        relay.release()
+    _, stderr = run.communicate(timeout=60)
+
+    assert run.returncode == 130, stderr
+    assert "interrupted: 0 of 25 requests done" in stderr and "rerun the same command to resume" in stderr
+    logged = [unit for kind, unit in records(checkpoint_path(out)) if kind == "S"]
+    assert sorted(logged) == [0, 1, 2, 3] and in_queue(redis_client) == 0, (logged, in_queue(redis_client))
+    resume(redis_client)
+    again = embedfleet("embed", str(source), str(out), "--chunk", "8", "--window", "4", env=env)
+    assert again.returncode == 0, again.stderr
+    assert "0 of 25 requests done, 4 in flight" in again.stderr  # cancelled by the Ctrl-C: submitted again
+    assert_rows(np.load(out), texts(200))
+
+
+def test_a_second_ctrl_c_ends_a_run_stuck_on_a_frozen_redis_at_once(tmp_path, hashed_worker, env, redis_client,
+                                                                   redis_server):
+    """The first Ctrl-C is acted on between steps, and a step on a Redis that does not answer lasts until the
+    socket timeout: the second Ctrl-C ends the process at once (the default action), and the checkpoint it leaves
+    resumes as after a kill."""
+    hashed_worker()
+    suspend(redis_client)
+    source, out = tmp_path / "in.txt", tmp_path / "out.npy"
+    write_input(source, texts(200))
+    run = start_embed(str(source), str(out), "--chunk", "8", "--window", "4", env=env)
+    wait_for(lambda: blocked_in(redis_client, run.pid, "blmove"), 60, "the run waiting for a result")
+    os.kill(redis_server.process.pid, signal.SIGSTOP)
+    try:
+        run.send_signal(signal.SIGINT)
+        wait_for(lambda: not sigint_in(run.pid, "SigCgt"), 45, "the first Ctrl-C taken")
+        assert running(run.pid)  # its step waits on the frozen Redis
+        run.send_signal(signal.SIGINT)
+        returncode = run.wait(10)
+    finally:
+        os.kill(redis_server.process.pid, signal.SIGCONT)
+    assert returncode == -signal.SIGINT, run.communicate()[1]
+
+    resume(redis_client)
+    again = embedfleet("embed", str(source), str(out), "--chunk", "8", "--window", "4", env=env)
+    assert again.returncode == 0, again.stderr
+    assert "0 of 25 requests done, 4 in flight" in again.stderr
+    assert_rows(np.load(out), texts(200))
 
 
 def test_bad_files_and_columns_are_one_line_and_leave_no_output(tmp_path, hashed_worker, env):
@@ -224,6 +340,70 @@ def test_bad_files_and_columns_are_one_line_and_leave_no_output(tmp_path, hashed
     assert not out.exists() and not list(tmp_path.glob(".out*"))
 
 
+def test_an_existing_output_is_refused_before_anything_is_queued_and_replaced_with_overwrite(
+        tmp_path, hashed_worker, env, redis_client):
+    hashed_worker()
+    suspend(redis_client)  # a request queued by mistake would stay in the queue, seen
+    source, out = tmp_path / "in.txt", tmp_path / "out.npy"
+    write_input(source, texts(40))
+    out.write_bytes(b"vectors of another run")
+
+    refused = embedfleet("embed", str(source), str(out), "--chunk", "8", env=env)
+    assert_one_line_error(refused, 1, f"{out} exists", "pass --overwrite to replace it", "another OUTPUT")
+    assert out.read_bytes() == b"vectors of another run"
+    assert in_queue(redis_client) == 0 and not redis_client.keys("rq:job:*"), redis_client.keys("*")
+    assert not checkpoint_path(out).exists() and not list(tmp_path.glob(".out.npy.*"))  # nor a temp file
+
+    resume(redis_client)
+    for how in ({"args": ["--overwrite"]}, {"env": {"EMBEDFLEET_OVERWRITE": "1"}}):
+        out.write_bytes(b"vectors of another run")
+        done = embedfleet("embed", str(source), str(out), "--chunk", "8", *how.get("args", []),
+                          env={**env, **how.get("env", {})})
+        assert done.returncode == 0, (how, done.stderr)
+        assert_rows(np.load(out), texts(40))
+        assert not checkpoint_path(out).exists() and not list(tmp_path.glob(".out.npy.*"))
+
+
+def test_overwrite_never_replaces_the_input_itself_nor_a_folder(tmp_path, hashed_worker, env, redis_client):
+    """An OpenAI batch file in and out are both .jsonl: the same path for both is refused, --overwrite or not."""
+    hashed_worker()
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/embeddings",
+                                 "body": {"model": MODEL, "input": "a text"}}) + "\n")
+    before = batch.read_bytes()
+    for args in ([], ["--overwrite"]):
+        done = embedfleet("embed", str(batch), str(batch), *args, env=env)
+        assert_one_line_error(done, 1, f"{batch} is the input itself", "choose another OUTPUT")
+    assert batch.read_bytes() == before
+    folder = tmp_path / "vectors.npy"
+    folder.mkdir()
+    source = tmp_path / "in.txt"
+    write_input(source, texts(3))
+    done = embedfleet("embed", str(source), str(folder), "--overwrite", env=env)
+    assert_one_line_error(done, 1, f"{folder} is a folder", "name the output file")
+    assert in_queue(redis_client) == 0 and not redis_client.keys("rq:job:*")
+
+
+def test_a_run_begun_with_overwrite_resumes_without_it_and_replaces_output_only_when_whole(
+        tmp_path, hashed_worker, env, redis_client):
+    hashed_worker()
+    source, out = tmp_path / "in.txt", tmp_path / "out.npy"
+    write_input(source, texts(64))
+    out.write_bytes(b"vectors of another run")
+    args = ["--chunk", "8", "--window", "2"]
+    suspend(redis_client)
+    done = embedfleet("embed", str(source), str(out), *args, "--timeout", "1", "--overwrite", env=env)
+    assert_one_line_error(done, 1, "no result for request", "after 1 s (status: queued)",
+                          "rerun the same command to resume")
+    assert out.read_bytes() == b"vectors of another run" and checkpoint_path(out).exists()
+
+    resume(redis_client)
+    done = embedfleet("embed", str(source), str(out), *args, env=env)  # "the same command", less --overwrite
+    assert done.returncode == 0, done.stderr
+    assert "0 of 8 requests done, 2 in flight" in done.stderr
+    assert_rows(np.load(out), texts(64))
+
+
 def test_a_checkpoint_of_another_run_is_refused_until_no_resume(tmp_path, hashed_worker, env):
     hashed_worker()
     source, out = tmp_path / "in.txt", tmp_path / "out.npy"
@@ -236,6 +416,8 @@ def test_a_checkpoint_of_another_run_is_refused_until_no_resume(tmp_path, hashed
     done = embedfleet("embed", str(source), str(out), "--chunk", "8", env=env)
     assert_one_line_error(done, 1, "checkpoint of another run", "input_sha256", "--no-resume")
     done = embedfleet("embed", str(source), str(out), "--chunk", "8", "--no-resume", env=env)
+    assert_one_line_error(done, 1, f"{out} exists", "--overwrite")  # not resuming: the first run's OUTPUT is there
+    done = embedfleet("embed", str(source), str(out), "--chunk", "8", "--no-resume", "--overwrite", env=env)
     assert done.returncode == 0, done.stderr
     assert_rows(np.load(out), texts(40))
 
@@ -263,9 +445,9 @@ def test_the_progress_bar_moves_as_results_land_and_ends_on_done(tmp_path, hashe
     source, out = tmp_path / "in.txt", tmp_path / "out.npy"
     write_input(source, texts())
     parent, child = pty.openpty()
-    process = subprocess.Popen([sys.executable, "-m", "producer.cli", "embed", str(source), str(out), "--chunk", "50",
-                                "--progress"], env={**env, "COLUMNS": "120", "TERM": "xterm"}, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=child, text=True)
+    process = subprocess.Popen([sys.executable, "-m", "embedfleet.producer.cli", "embed", str(source), str(out),
+                                "--chunk", "50", "--progress"], env={**env, "COLUMNS": "120", "TERM": "xterm"},
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=child, text=True)
     os.close(child)
     shown = b""
     while True:  # until the child closes its end of the pty

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from common.config import Settings
+from embedfleet.common.config import Settings
 
 DOC = """Embed INPUT into OUTPUT, in input order.
 
@@ -21,7 +21,8 @@ weights) or .jsonl ({"id", "token_ids", "weights"} a line).
 At most --window requests of --chunk texts are queued at a time, at priority --priority. Progress is
 logged to OUTPUT.embedfleet-checkpoint: after Ctrl-C or a crash, the same command resumes where it stopped
 and writes the same bytes as an uninterrupted run. OUTPUT appears only when every text is embedded; if a
-line fails, each failing line is named and OUTPUT is not written."""
+line fails, each failing line is named and OUTPUT is not written. An existing OUTPUT is replaced only with
+--overwrite (or by the resumed run that was started with it), and only once the new one is whole."""
 
 
 class EmbedFileSettings(Settings):
@@ -46,6 +47,8 @@ class EmbedFileSettings(Settings):
     sparse_threshold: float | None = Field(None, description="with --sparse: keep weights above this only")
     resume: bool = Field(True, description="resume from OUTPUT's checkpoint when there is one (--no-resume: "
                                            "start over)")
+    overwrite: bool = Field(False, description="replace OUTPUT if it exists (else such a run is refused, unless "
+                                               "it resumes its own checkpoint)")
     progress: bool | None = Field(None, description="show a progress bar (default: when stderr is a terminal)")
 
 
@@ -56,8 +59,11 @@ def main(argv: list[str]) -> int:
     values = vars(parser.parse_args(argv))
     source_path, target = values.pop("input"), values.pop("output")
     settings = EmbedFileSettings.from_values(parser, values)
-    from producer.cli.bulk import runner, sinks, sources  # noqa: PLC0415 - rq and friends load after the flags
+    from embedfleet.producer.cli.bulk import checkpoint, runner, sinks, sources  # noqa: PLC0415 - rq and friends load after the flags
 
+    # before the input is read or Redis asked: a refused run costs nothing and leaves OUTPUT as it was
+    sinks.check_replace(target, source_path, settings.overwrite,
+                        resuming=settings.resume and checkpoint.checkpoint_path(target).exists())
     column = settings.column or settings.field
     source = sources.read_source(source_path, chunk=settings.chunk, column=column, id_column=settings.id_column)
     sinks.check_output(target, source.is_batch)

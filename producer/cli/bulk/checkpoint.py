@@ -21,8 +21,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.errors import DecodeError, ValidationError
-from common.result import Result
+from embedfleet.common.errors import DecodeError, ValidationError
+from embedfleet.common.result import Result
 
 SUFFIX = ".embedfleet-checkpoint"
 _HEAD = struct.Struct(">cIII")

@@ -2,7 +2,9 @@
 
 At most `window` requests of the run are in the fleet's queue at any time (also across a restart: requests
 a killed run left in flight are waited for, not submitted again). Ctrl-C cancels the run's queued requests
-and keeps the checkpoint; the next run with the same input and flags skips what is done.
+and keeps the checkpoint; the next run with the same input and flags skips what is done. Ctrl-C is acted on
+between steps, each bounded (CtrlC says why), within about WAIT_SLICE + CANCEL_SECONDS; a second one ends
+the process at once.
 """
 
 from __future__ import annotations
@@ -12,23 +14,26 @@ import inspect
 import re
 import signal
 import sys
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.errors import (CancelledError, EmbedfleetError, NotFoundError, UnknownModelError, ValidationError,
-                           error_from_code)
-from common.params import PoolingParams
-from common.result import Result
-from producer.cli.bulk import sinks
-from producer.cli.bulk.checkpoint import Checkpoint, checkpoint_path, fingerprint
-from producer.cli.bulk.progress import Progress
-from producer.cli.bulk.sources import Source, Unit
-from producer.client.blocking import Producer
-from producer.client.core import pick_model
+from embedfleet.common.errors import (CancelledError, EmbedfleetError, NotFoundError, ResultTimeoutError,
+                                      UnknownModelError, ValidationError, error_from_code)
+from embedfleet.common.params import PoolingParams
+from embedfleet.common.result import Result
+from embedfleet.producer.cli.bulk import sinks
+from embedfleet.producer.cli.bulk.checkpoint import Checkpoint, checkpoint_path, fingerprint
+from embedfleet.producer.cli.bulk.progress import Progress
+from embedfleet.producer.cli.bulk.sources import Source, Unit
+from embedfleet.producer.client.blocking import Producer
+from embedfleet.producer.client.core import pick_model
 
 _INPUT_INDEX = re.compile(r"^input (\d+) ")
 REQUEST_ERRORS = (ValidationError, UnknownModelError)  # the request's own fault: redoing it cannot help
+WAIT_SLICE = 0.5  # seconds a wait for a result blocks before the run looks whether Ctrl-C was pressed
+CANCEL_SECONDS = 2.0  # the most Ctrl-C spends cancelling the run's queued requests (a rerun waits for the rest)
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,8 @@ def priority_field(producer: Producer) -> bool:
 def run(plan: Plan) -> int:
     source = plan.source
     with Producer(plan.settings["redis_url"], shards=plan.settings["shards"]) as producer:
-        producer.check()
+        for down in producer.check():  # a partition whose model has others: the run goes on with them
+            print(f"embedfleet: {str(down).rstrip('.')}; its requests go to the other partitions", file=sys.stderr)
         model = plan.model if source.is_batch else \
             pick_model(plan.model, producer.models(), where=producer.where).name
         priority = {"priority": plan.priority} if plan.priority and priority_field(producer) else {}
@@ -69,12 +75,17 @@ def run(plan: Plan) -> int:
                   f"{len(state.submitted)} in flight", file=sys.stderr)
         window = Window(producer, checkpoint, plan, model, priority)
         try:
-            failures = window.run()
+            with CtrlC() as ctrl_c:
+                failures = window.run(ctrl_c)
         except KeyboardInterrupt:
-            window.cancel_queued()
-            checkpoint.close()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)  # (CtrlC did, unless it came before CtrlC was in place)
             print(f"interrupted: {len(state.done)} of {len(source.units)} requests done, kept in "
-                  f"{checkpoint.path}; rerun the same command to resume", file=sys.stderr)
+                  f"{checkpoint.path}; rerun the same command to resume", file=sys.stderr, flush=True)
+            left = window.cancel_queued()
+            checkpoint.close()
+            if left:
+                print(f"{left} requests of the run were not cancelled within {CANCEL_SECONDS:g} s and stay "
+                      "queued; the rerun waits for them", file=sys.stderr)
             raise
         except REQUEST_ERRORS:  # the flags: the same command would fail the same way
             checkpoint.close()
@@ -131,11 +142,13 @@ class Window:
         self.adopted = set(self.inflight)  # left in flight by a killed run: may have expired or been cancelled
         self.todo = [u.index for u in self.units if u.index not in state.done and u.index not in self.inflight]
         self.failures: list[str] = []
+        self.waiting: dict[int, float] = {}  # unit -> when the run began to wait for its result
 
-    def run(self) -> list[str]:
+    def run(self, ctrl_c: CtrlC) -> list[str]:
+        """The failing lines of a text input (all others done); KeyboardInterrupt once Ctrl-C was pressed."""
         done_texts = sum(len(self.units[i].inputs) for i in self.checkpoint.state.done)
         with Progress(self.plan.source.texts, done_texts, self.plan.progress) as progress:
-            while self.todo or self.inflight:
+            while (self.todo or self.inflight) and not ctrl_c.pressed:
                 for unit in self._fill():
                     progress.advance(len(self.units[unit].inputs))
                 progress.in_flight(self._texts_in_flight())
@@ -144,13 +157,16 @@ class Window:
                 for unit in self._collect():
                     progress.advance(len(self.units[unit].inputs))
                 progress.in_flight(self._texts_in_flight())  # the last results leave none in flight
+        if ctrl_c.pressed:  # seen between steps: every id submitted is in the checkpoint
+            raise KeyboardInterrupt
         return self.failures
 
     def _texts_in_flight(self) -> int:
         return sum(len(self.units[unit].inputs) for unit in self.inflight)
 
     def _collect(self) -> list[int]:
-        """Settle every in-flight request whose result has landed (one MGET), else wait for the oldest."""
+        """Settle every in-flight request whose result has landed (one MGET), else wait for the oldest (for one
+        WAIT_SLICE: [] if it has not landed by then)."""
         flying = list(self.inflight.items())
         landed = [(unit, request_id, result) for (unit, request_id), result
                   in zip(flying, self.producer.get_many([request_id for _, request_id in flying]))
@@ -160,7 +176,16 @@ class Window:
         if landed:
             return [unit for unit, _, _ in landed]
         unit, request_id = flying[0]
-        self._settle(unit, request_id, lambda: self.producer.wait(request_id, self.plan.timeout))
+        # a slice at a time, so that Ctrl-C is seen between them; --timeout counts over all of them
+        left = self.waiting.setdefault(unit, time.monotonic()) + self.plan.timeout - time.monotonic()
+        try:
+            self._settle(unit, request_id, lambda: self.producer.wait(request_id, max(min(WAIT_SLICE, left), 0.01)))
+        except ResultTimeoutError:
+            if left > WAIT_SLICE:
+                return []
+            raise ResultTimeoutError(f"no result for request {request_id} after {self.plan.timeout:g} s (status: "
+                                     f"{self.producer.status(request_id)})") from None
+        self.waiting.pop(unit, None)
         return [unit]
 
     def _fill(self) -> list[int]:
@@ -198,21 +223,19 @@ class Window:
     def _submit(self, indices: list[int], model: str | None, fields: dict) -> bool:
         """Submit and log the ids; False if refused for the request's own fault (a batch line, alone, is
         then answered with that error)."""
-        # Ctrl-C waits until the ids are in the checkpoint: a restart then waits for them, never submitting
-        # a second copy beside them (which would hold more than the window in the queue).
-        with _no_interrupt():
-            try:
-                ids = self.producer.submit_many([self.units[i].inputs for i in indices], model,
-                                                **fields, **self.priority)
-            except REQUEST_ERRORS as exc:
-                if not self.plan.source.is_batch:
-                    raise  # the flags are wrong for every chunk: say so once
-                if len(indices) == 1:
-                    self.checkpoint.done(indices[0], Result.failure(f"line-{indices[0]}", model or "", exc))
-                return False
-            for index, request_id in zip(indices, ids):
-                self.checkpoint.submitted(index, request_id)
-                self.inflight[index] = request_id
+        # Never cut in half by Ctrl-C (CtrlC): the ids are in the checkpoint before the run stops, and a restart
+        # waits for them, never submitting a second copy beside them (more than the window in the queue).
+        try:
+            ids = self.producer.submit_many([self.units[i].inputs for i in indices], model, **fields, **self.priority)
+        except REQUEST_ERRORS as exc:
+            if not self.plan.source.is_batch:
+                raise  # the flags are wrong for every chunk: say so once
+            if len(indices) == 1:
+                self.checkpoint.done(indices[0], Result.failure(f"line-{indices[0]}", model or "", exc))
+            return False
+        for index, request_id in zip(indices, ids):
+            self.checkpoint.submitted(index, request_id)
+            self.inflight[index] = request_id
         return True
 
     def _settle(self, index: int, request_id: str, outcome) -> None:
@@ -237,21 +260,49 @@ class Window:
         del self.inflight[index]
         self.checkpoint.done(index, result)
 
-    def cancel_queued(self) -> None:
-        """Ctrl-C: what no worker took yet is cancelled (a restart resubmits it); the rest finishes."""
-        for request_id in self.inflight.values():
+    def cancel_queued(self) -> int:
+        """Ctrl-C: what no worker took yet is cancelled (a restart resubmits it); the rest finishes. A request
+        or two round trips each (the Producer cancels one id at a time), for at most CANCEL_SECONDS: a request
+        not cancelled then stays in flight in the checkpoint, and a rerun waits for it, as after a kill. Returns
+        how many were left so."""
+        deadline = time.monotonic() + CANCEL_SECONDS
+        flying = list(self.inflight.values())
+        for done, request_id in enumerate(flying):
+            if time.monotonic() > deadline:
+                return len(flying) - done
             with contextlib.suppress(EmbedfleetError):
                 self.producer.cancel(request_id)
+        return 0
 
 
-@contextlib.contextmanager
-def _no_interrupt():
-    """SIGINT held back (delivered on exit) during a step that must not be cut in half."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+class CtrlC:
+    """SIGINT during the run: noted, and acted on between the run's steps, never raised in the middle of one.
+
+    Python's own KeyboardInterrupt is raised wherever the main thread is: inside a submit (its requests queued,
+    their ids not logged), between a Redis command and its reply (left on a pooled connection), inside a
+    __del__ (where Python drops it, and the run goes on waiting), or while hiredis packs an int argument (int ->
+    str looks for signals; hiredis 3.5 does not check that PyObject_Repr failed, and the process segfaults:
+    about 1 Ctrl-C in 10 that lands during a busy run, in our tries). Blocking SIGINT does not hold it back
+    either: the mask is the main thread's, so the kernel hands the signal to another thread (numpy's OpenBLAS
+    pool), and Python runs the handler in the main thread all the same, mid-step. The first Ctrl-C sets
+    `pressed` and puts back the default action, so that a second one ends the process at once, whatever it
+    waits for (the checkpoint's records are whole writes: a rerun resumes, as after a kill)."""
+
+    def __init__(self):
+        self.pressed = False
+        self._previous = None
+
+    def __enter__(self) -> CtrlC:
+        self._previous = signal.signal(signal.SIGINT, self._note)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.pressed:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _note(self, signum, frame) -> None:
+        self.pressed = True
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _locate(err: EmbedfleetError, unit: Unit) -> str:

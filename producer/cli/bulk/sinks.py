@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.errors import ValidationError
-from common.result import Result
+from embedfleet.common.errors import ValidationError
+from embedfleet.common.result import Result
 
 OUTPUT_FORMATS = (".npy", ".parquet", ".jsonl")
 SPARSE_FORMATS = (".parquet", ".jsonl")
@@ -32,6 +32,18 @@ def check_output(path: Path, batch: bool) -> None:
                               f"be one of {', '.join(OUTPUT_FORMATS)}")
     if not path.parent.is_dir():
         raise ValidationError(f"{path}: the folder {path.parent} does not exist")
+
+
+def check_replace(path: Path, source: Path, overwrite: bool, resuming: bool) -> None:
+    """Refuse, before any work is done, an OUTPUT that is a folder or the input itself (even with --overwrite:
+    an OpenAI batch file in and out are both .jsonl), or one that exists, unless `overwrite` or `resuming`
+    (OUTPUT's checkpoint is there: "rerun the same command" goes on with the stopped run as it began)."""
+    if path.is_dir():
+        raise ValidationError(f"{path} is a folder; name the output file in it (e.g. {path / 'vectors.npy'})")
+    if path.exists() and source.exists() and os.path.samefile(path, source):
+        raise ValidationError(f"{path} is the input itself; choose another OUTPUT")
+    if (path.exists() or path.is_symlink()) and not overwrite and not resuming:
+        raise ValidationError(f"{path} exists; pass --overwrite to replace it (or choose another OUTPUT)")
 
 
 @contextlib.contextmanager

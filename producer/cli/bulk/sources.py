@@ -18,8 +18,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.errors import EmbedfleetError, ValidationError
-from common.request import normalize_inputs
+from embedfleet.common.errors import EmbedfleetError, ValidationError
+from embedfleet.common.request import normalize_inputs
 
 TEXT_FORMATS = (".txt", ".json", ".jsonl", ".csv", ".parquet")
 DEFAULT_COLUMN = "text"
