@@ -15,7 +15,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 ARGS ?=
 
-.PHONY: install tools up test lint bench wheel clean
+.PHONY: install tools up test test-fast lint bench wheel clean
 
 # pip speaks (no -q) where it takes minutes: the first run is ~1-4 minutes and ~2.3 GB with torch's CPU build
 # (~0.8 GB of it).
@@ -63,11 +63,16 @@ up: $(STAMP)
 	$(VENV)/bin/embedfleet up $(ARGS)
 
 # The suite in TEST_WORKERS processes, a test module to each at a time (its module fixtures are built once);
-# TEST_WORKERS=0 runs it in this one process. ~870 tests: about 6 minutes with 2 processes on 2 idle cores.
+# TEST_WORKERS=0 runs it in this one process. ~1,300 tests: about 16 minutes with 2 processes on 2 idle cores.
+# test-fast: the edit-test loop, without the modules marked slow (tests/conftest.py): ~760 tests, about 3 minutes.
 TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 test: $(STAMP)
-	@echo "make: running the test suite (about 6 minutes on 2 idle cores, 10-18 on a busy machine)"
-	REQUIRE_TOOLS=$(REQUIRE_TOOLS) $(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+	@echo "make: running the test suite (about 16 minutes on 2 idle cores, 25-45 on a busy machine)"
+	REQUIRE_TOOLS=$(REQUIRE_TOOLS) $(PY) -m pytest -q $(XDIST)
+
+test-fast: $(STAMP)
+	REQUIRE_TOOLS=$(REQUIRE_TOOLS) $(PY) -m pytest -q $(XDIST) -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -12,6 +12,29 @@ from tests.systemtools import INSTALL, untested
 
 pytest_plugins = ["tests.tinymodels", "tests.hashed"]  # tiny random model folders; workers of the model "hashed"
 
+# `make test-fast` (-m "not slow"): the modules whose tests take 10 s or more on 2 idle cores (real processes,
+# faults that wait for leases, real models), measured with --junitxml; every other module runs in it. A new module
+# that is slow goes here; `make test` runs everything.
+SLOW_MODULES = frozenset({
+    "e2e/test_bulk", "e2e/test_cli", "e2e/test_deploy", "e2e/test_device_bench", "e2e/test_gateway",
+    "e2e/test_gateway_limits", "e2e/test_readme", "e2e/test_redis_urls", "e2e/test_replica_stops",
+    "e2e/test_replicas", "e2e/test_secured_redis", "e2e/test_shards", "e2e/test_status", "e2e/test_systemtools",
+    "e2e/test_threads", "e2e/test_up", "faults/test_bigresults", "faults/test_cluster_reshard", "faults/test_faults",
+    "faults/test_leases", "faults/test_partition_down_commands", "faults/test_reconnect", "faults/test_redis_faults",
+    "fleet/test_batch_api", "fleet/test_cache", "fleet/test_cluster_batches", "fleet/test_headofline",
+    "fleet/test_producer", "fleet/test_tracing", "fleet/test_waiting", "parity/test_engine", "parity/test_engines",
+    "parity/test_families", "parity/test_fastpaths", "parity/test_longinputs", "parity/test_packed",
+    "parity/test_pooling", "parity/test_vllm_parity",
+})
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        module = item.nodeid.split("::", 1)[0].removeprefix("tests/").removesuffix(".py")
+        if module in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
 # Shared, noisy 2-core machines: hypothesis' per-example deadline would make tests flaky.
 settings.register_profile("embedfleet", deadline=None)
 settings.load_profile("embedfleet")
