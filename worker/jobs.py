@@ -1,4 +1,4 @@
-"""The rq job function named by common.protocol.keys.JOB_FUNC; only BatchWorker may serve it, in bulk."""
+"""The rq job function (common.protocol.keys.JOB_FUNCS names it); only BatchWorker may serve it, in bulk."""
 
 from __future__ import annotations
 

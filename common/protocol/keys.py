@@ -199,10 +199,11 @@ CACHE_TTL = 24 * 3600  # default --cache-ttl: seconds a cached vector lives (the
 INFLIGHT_TTL = 60  # seconds an in-flight marker outlives its last renewal (a dead leader's followers wait
 #                    at most this long, then run on their own)
 
-JOB_FUNC = "embedfleet.worker.jobs.embed"  # the rq job's function name; the batch worker runs it in bulk
-# Served too: the name producers wrote before the parts moved under one `embedfleet` package (a queue filled by
-# an older producer drains during an upgrade).
-JOB_FUNCS = (JOB_FUNC, "worker.jobs.embed")
+# The rq job's function name, which producers write and the batch worker runs in bulk: a name on the wire, kept
+# as 0.1 wrote it (before its module moved to embedfleet.worker.jobs), so that producers and workers of either
+# version serve each other whichever is upgraded first. A worker takes the module's own name too.
+JOB_FUNC = "worker.jobs.embed"
+JOB_FUNCS = (JOB_FUNC, "embedfleet.worker.jobs.embed")
 
 
 # A request id is also an rq job id and part of several key names: rq allows [A-Za-z0-9_-]+, and ours

@@ -133,6 +133,6 @@ def test_openai_input_shapes_normalise(given_, expected):
 
 
 def test_rq_serializer_is_msgpack():
-    payload = ["embedfleet.worker.jobs.embed", None, [b"\x00bytes"], {}]
+    payload = ["worker.jobs.embed", None, [b"\x00bytes"], {}]
     assert MsgpackSerializer.loads(MsgpackSerializer.dumps(payload)) == payload
     assert msgpack.unpackb(MsgpackSerializer.dumps(payload)) == payload

@@ -46,3 +46,20 @@ def test_small_data_goes_as_it_is_and_is_read_without_zlib(monkeypatch):
 
     monkeypatch.setattr(jobdata.zlib, "decompress", no_zlib)
     assert inflate(small) is small
+
+
+@pytest.mark.parametrize("func", ["worker.jobs.embed", "embedfleet.worker.jobs.embed"])
+def test_a_worker_serves_the_job_function_under_either_name(func):
+    """Producers write the wire name of 0.1 (keys.JOB_FUNC); a worker takes the module's own name too, so either
+    side can be upgraded first."""
+    from embedfleet.common.protocol.jobdata import deflate
+    from embedfleet.common.request import EmbedRequest
+    from embedfleet.common.serializer import MsgpackSerializer
+    from embedfleet.worker.serving.jobdata import decode_job
+
+    request = EmbedRequest(model="m", inputs=["a text"])
+    data = deflate(MsgpackSerializer.dumps([func, None, [request.encode()], {}]))
+    assert decode_job(request.id, data, "m").inputs == ["a text"]
+    wrong = deflate(MsgpackSerializer.dumps(["os.system", None, [request.encode()], {}]))
+    with pytest.raises(DecodeError, match="this queue only serves 'worker.jobs.embed'"):
+        decode_job(request.id, wrong, "m")
