@@ -16,7 +16,7 @@
 #           and tokens/s; fidelity of float16 and float32 on the device against sentence-transformers float32
 #   nullmodel: bench/nullmodel.py, 1- and 64-text requests vs the raw Redis loop (rq SimpleWorker left out)
 #   priority, shaping (opt-in): bench/priority.py and bench/shaping.py as before
-# The corpus is shared/data/docstrings.json beside or inside the checkout, or $BENCH_CORPUS.
+# The corpus is bench/corpus.py's (the docstrings of the Python that runs it), or $BENCH_CORPUS (a JSON list of texts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/bench-device}"
