@@ -18,7 +18,12 @@ def test_pyproject_lists_every_package_of_the_tree_under_embedfleet():
     assert config["package-dir"] == {"embedfleet": "embedfleet", **{f"embedfleet.{p}": p for p in PARTS}}
     found = {"embedfleet"} | {"embedfleet." + ".".join(init.parent.relative_to(ROOT).parts)
                               for part in PARTS for init in (ROOT / part).rglob("__init__.py")}
-    assert set(config["packages"]) == found
+    # A folder of data (the Lua scripts, the dashboard) is listed as a package too, with its files in package-data.
+    data = config["package-data"]
+    for package, patterns in data.items():
+        folder = ROOT / package.split(".")[1] / Path(*package.split(".")[2:])
+        assert all(any(folder.glob(pattern)) for pattern in patterns), (package, patterns)
+    assert set(config["packages"]) == found | set(data)
     assert config["packages"] == sorted(config["packages"])
 
 
