@@ -16,7 +16,7 @@ from embedfleet.producer.cli.bulk import EmbedFileSettings
 from embedfleet.producer.cli.failed import FailedSettings
 from embedfleet.producer.cli.health import HealthSettings
 from embedfleet.producer.cli.statusview import StatusSettings
-from embedfleet.producer.cli.up import UpSettings
+from embedfleet.producer.cli.upsettings import UpSettings
 from embedfleet.producer.gateway.settings import GatewaySettings
 from tests.commands import ROOT, advertised, assert_one_line_error, clean_env
 from embedfleet.worker.engine import cpus
