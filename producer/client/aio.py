@@ -1,134 +1,77 @@
-"""AsyncProducer: the asyncio face of Producer, for web apps and the gateway.
+"""AsyncProducer: the asyncio client of the fleet, for web apps and the gateway. Its methods and their docstrings are
+producer/client/surface.py's, shared with Producer, as coroutines; this module holds what it alone does: coalesced
+submits, waits on a hub, `as_completed` and `results`, and the hooks that run the shared steps on asyncio.
 
-Per Redis (shard) it holds at most four connections, however many requests wait: two for short
-commands (coalesced submits and result reads), one blocked on its reply stream (producer/client/replies.py:
+Per Redis (shard, producer/client/alink.py) it holds at most four connections, however many requests wait: two for
+short commands (coalesced submits and result reads), one blocked on its reply stream (producer/client/replies.py:
 wakes the requests it submitted, and those of other producers it waits on, on their streams) and, once it
 waits on ids submitted without a reply stream, one blocked on their notify lists (producer/client/notify.py).
 Every wait is a future in a WaitHub (producer/client/waiters.py) that reads the results of ids that woke
 together in one round trip. Submits are native asyncio and coalesced (producer/client/asubmit.py).
-Everything else is a read of producer/client/reads.py, shared with Producer, run on asyncio pipelines: no
-thread, no call into the blocking client.
+Every read is one of producer/client/reads.py, run on asyncio pipelines: no thread, no call into the blocking client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass, field
 
-import numpy as np
-import redis.asyncio as aioredis
+import redis
 
-from embedfleet.common.capabilities import ModelCapabilities
 from embedfleet.common.errors import ResultTimeoutError, UnavailableError
 from embedfleet.common.fleetstate import resolve_redis_url
 from embedfleet.common.params import PoolingParams
-from embedfleet.common.protocol import keys, operations
-from embedfleet.common.redisclient import close_async, cluster_tag, connect_async, is_cluster
-from embedfleet.common.result import Result, SparseVector
+from embedfleet.common.protocol import keys, operations, slotmoves
+from embedfleet.common.redisclient import check_access_async, cluster_tag, is_cluster
+from embedfleet.common.result import Result
 from embedfleet.common.shards import ShardMap, resolve_shards
-from embedfleet.producer.client import asubmit, fleetview, reads, traced
-from embedfleet.producer.client.core import (Placements, Served, build_request, chosen_ids, looked_at, read_result,
-                                             redis_errors, resolve_target, tagged_ids)
-from embedfleet.producer.client.fleet import LevelStats, level_stats
-from embedfleet.producer.client.notify import NotifyListener
-from embedfleet.producer.client.placement import Placer, naming, place_async
-from embedfleet.producer.client.replies import ReplyListener
+from embedfleet.producer.client import reads, traced
+from embedfleet.producer.client.alink import Link
+from embedfleet.producer.client.core import (Placements, Served, build_request, by_url, chosen_ids, looked_at,
+                                             read_result, redis_errors, resolve_target, tagged_ids)
 from embedfleet.producer.client.exchanges import run_async
-from embedfleet.producer.client.tasks import check_rerank, rank, score_pairs
-from embedfleet.producer.client.waiters import WaitHub
-
-COMMAND_CONNECTIONS = 2  # per Redis: submits and reads share them (a WATCH transaction holds one briefly)
+from embedfleet.producer.client.placement import Placer, naming, place_async, unavailable
+from embedfleet.producer.client.surface import Surface
 
 
-@dataclass
-class _Link:
-    """One Redis (shard) of the fleet: short commands, the wait hub, and the two listeners that wake it."""
-
-    url: str
-    status: object  # the producer's status coroutine function
-    max_queue_depth: int | None
-    tag: str = ""  # on a Redis Cluster: the hash tag of the models it serves (keys.slot_tag); '' else
-    shared: aioredis.Redis | None = None  # the command connections of the URL's first link, if not its own
-    redis: aioredis.Redis = field(init=False)
-    hub: WaitHub = field(init=False)
-    replies: ReplyListener = field(init=False)
-    notify: NotifyListener = field(init=False)
-    submitter: asubmit.Submitter = field(init=False)
-
-    def __post_init__(self):
-        self.redis = self.shared or connect_async(self.url, max_connections=COMMAND_CONNECTIONS)
-        self.hub = WaitHub(self.redis, self.status)
-        self.replies = ReplyListener(connect_async(self.url, max_connections=1), self.hub, self.redis, self.tag)
-        self.notify = NotifyListener(lambda: connect_async(self.url, max_connections=1), self.redis, self.hub,
-                                     self.tag)
-        self.hub.notify, self.hub.replies = self.notify, self.replies
-        self.submitter = asubmit.Submitter(self.redis, self.max_queue_depth, self.tag)
-
-    async def close(self) -> None:
-        self.hub.close(UnavailableError("the producer was closed while waiting for a result"))
-        await self.submitter.close()
-        await self.notify.close()
-        await self.replies.close()
-        if self.shared is None:
-            await close_async(self.redis)
-
-
-class AsyncProducer:
-    """Same methods as Producer, as coroutines (see Producer for the arguments), plus `as_completed` and
-    `results` to consume results as they land."""
+class AsyncProducer(Surface, awaits=True):
+    """A client of the fleet: Producer's methods, as coroutines (see Producer for the arguments; no `connection`),
+    plus `as_completed` and `results` to consume results as they land."""
 
     def __init__(self, redis_url: str | None = None, *, shards: Mapping[str, str] | None = None,
                  max_queue_depth: int | None = None):
-        self.redis_url = resolve_redis_url(redis_url)  # resolved once (flag, env, running `up`, default)
+        self.redis_url = resolve_redis_url(redis_url)
         self.shards = ShardMap(self.redis_url, resolve_shards(shards))
         self._max_queue_depth = max_queue_depth
-        self._links = {url: _Link(url, self.status, max_queue_depth) for url in self.shards.urls()}
+        self._links = {url: Link(url, self.status, max_queue_depth) for url in self.shards.urls()}
         # On a Redis Cluster every wake-up key of a request lies in its model's slot: a link (reply stream,
         # notify listener, submits) per URL and hash tag there, sharing the URL's command connections
-        self._tagged: dict[tuple[str, str], _Link] = {}
-        self._connections = {url: link.redis for url, link in self._links.items()}  # what reads run on
+        self._tagged: dict[tuple[str, str], Link] = {}
+        self.links = {url: link.redis for url, link in self._links.items()}  # what reads run on
         self.redis = self._links[self.redis_url].redis  # the default Redis
-        self.where = looked_at(self.shards.urls())  # named by a NoWorkerError: which Redis had no worker
+        self.where = looked_at(self.shards.urls())
         self._served = Served()
         self._placed = Placements()
         self._placer = Placer(self.shards)
         self._models_read: asyncio.Future | None = None  # the adverts read in flight, shared (models())
 
     async def close(self) -> None:
-        """Fail pending waits and drop every connection. Bounded: each step that talks to Redis gets
-        CLOSE_TIMEOUT, so a Redis that stopped answering cannot hang a shutdown."""
         for link in [*self._tagged.values(), *self._links.values()]:
             await link.close()
 
-    async def connection_of(self, request_id: str) -> aioredis.Redis:
-        """The asyncio client of the shard that holds `request_id` (the only one, unless sharded)."""
-        return (await self._link_of(request_id)).redis
-
-    def urls(self) -> list[str]:
-        """The URL of each Redis (shard) this producer talks to, the default one first."""
-        return list(self._links)
-
-    def connection_at(self, url: str) -> aioredis.Redis:
-        """The asyncio client (command connections) of the Redis at `url`, one of `urls()`."""
-        return self._links[url].redis
-
-    async def url_of(self, request_id: str) -> str:
-        """The URL of the shard that holds `request_id` (the default Redis, unless sharded)."""
-        return await self._read(reads.locate(self.shards, self._placed, request_id))
-
-    async def _link_of(self, request_id: str) -> _Link:
-        url = await self.url_of(request_id)
-        return self._link_at(url, keys.tag_of(request_id))
-
-    def _link_at(self, url: str, tag: str) -> _Link:
-        """The link of `url` for keys of hash tag `tag` (its own on a Redis Cluster, else the URL's one)."""
-        if not tag or not is_cluster(url):
-            return self._links[url]
-        if (url, tag) not in self._tagged:
-            self._tagged[url, tag] = _Link(url, self.status, self._max_queue_depth, tag, self._links[url].redis)
-        return self._tagged[url, tag]
+    async def check(self) -> list[UnavailableError]:
+        down = []
+        for url, connection in self.links.items():
+            try:
+                await check_access_async(connection, url)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if not self.shards.spare(url):
+                    raise
+                down.append(unavailable(self.shards, url, exc))
+        return down
 
     async def __aenter__(self) -> AsyncProducer:
         return self
@@ -140,57 +83,78 @@ class AsyncProducer:
     def max_queue_depth(self) -> int | None:
         return self._max_queue_depth
 
+    async def _link_of(self, request_id: str) -> Link:
+        url = await self.url_of(request_id)
+        return self._link_at(url, keys.tag_of(request_id))
+
+    def _link_at(self, url: str, tag: str) -> Link:
+        """The link of `url` for keys of hash tag `tag` (its own on a Redis Cluster, else the URL's one)."""
+        if not tag or not is_cluster(url):
+            return self._links[url]
+        if (url, tag) not in self._tagged:
+            self._tagged[url, tag] = Link(url, self.status, self._max_queue_depth, tag, self._links[url].redis)
+        return self._tagged[url, tag]
+
+    # -- the hooks of the shared methods (surface.py), on asyncio --------------------------------------
     async def _read(self, read: reads.Read):
-        return await run_async(self._connections, read, self.shards)
+        return await run_async(self.links, read, self.shards)
 
-    async def models(self, refresh: bool = True) -> dict[str, ModelCapabilities]:
-        """Models served by at least one live worker, with their capabilities (see Producer.models).
+    @staticmethod
+    async def _then(step, fn):
+        value = fn(await step)
+        return (await value) if inspect.isawaitable(value) else value
 
-        One read at a time: concurrent callers (thousands of submits when the cached read goes stale) share
+    async def _ask(self, timeout: float, inputs, model: str | None = None, **submit) -> Result:
+        return await self.wait(await self.submit(inputs, model, **submit), timeout)
+
+    def _read_adverts(self) -> asyncio.Future:
+        """One read at a time: concurrent callers (thousands of submits when the cached read goes stale) share
         the read in flight instead of each sending their own."""
-        if self._served.stale(refresh):
-            if self._models_read is None or self._models_read.done():
-                self._models_read = asyncio.ensure_future(self._read_models())
-            await asyncio.shield(self._models_read)  # a caller that gives up does not cancel the others' read
-        return self._served.models
+        if self._models_read is None or self._models_read.done():
+            self._models_read = asyncio.ensure_future(self._read_models())
+        return asyncio.shield(self._models_read)  # a caller that gives up does not cancel the others' read
 
     async def _read_models(self) -> None:
         self._served.update(await self._read(reads.models(self.shards)))
 
-    def known_models(self) -> set[str]:
-        """Every model ever advertised, as of the last models() read."""
-        return set(self._served.known)
+    async def _result_at(self, url: str, request_id: str) -> Result | None:
+        with naming(self.shards, url), redis_errors():
+            raw = await self.links[url].get(keys.result_key(request_id))
+        return read_result(request_id, raw)
 
-    async def live_workers(self, model: str) -> int:
-        return await self._read(reads.live_workers(self.shards, model, time.time()))
+    async def _results_at(self, urls: list[str], request_ids: list[str]) -> list[Result | None]:
+        found: list[Result | None] = [None] * len(request_ids)
+        for url, positions in by_url(urls).items():
+            link, wanted = self.links[url], [keys.result_key(request_ids[i]) for i in positions]
+            with naming(self.shards, url), redis_errors():  # (several keys: refused while their slot moves)
+                raw = await slotmoves.while_moving_async(functools.partial(link.mget, wanted)) \
+                    if slotmoves.is_cluster(link) else await link.mget(wanted)
+            for i, blob in zip(positions, raw):
+                found[i] = read_result(request_ids[i], blob)
+        return found
 
-    async def workers(self, model: str) -> list[dict]:
-        return await self._read(reads.workers(self.shards, model, time.time()))
+    async def _cancel_at(self, target: reads.Cancel, request_id: str) -> bool:
+        link = self._link_at(target.url, keys.tag_of(request_id))
+        with redis_errors():
+            cancelled = await operations.cancel_async(link.redis, target.queue, target.answer, target.reply_to)
+        if cancelled:
+            link.hub.woke([request_id])  # its result is there now; its reply may come later
+        return cancelled
 
-    async def fleet(self) -> dict:
-        return await self._read(fleetview.snapshot(self.shards))
+    async def _exists(self, request_id: str) -> bool:
+        connection = await self.connection_of(request_id)  # (two keys: refused while their slot is being moved)
+        with redis_errors():
+            return bool(await slotmoves.while_moving_async(
+                lambda: connection.exists(keys.result_key(request_id), keys.rq_job_key(request_id))))
 
-    async def queue_depth(self, model: str) -> int:
-        return await self._read(reads.queue_depth(self.shards, model))
-
-    async def level_stats(self, model: str) -> list[LevelStats]:
-        return await self._read(level_stats(self.shards, model))
-
-    async def submit(self, inputs, model: str | None = None, *, params: PoolingParams | None = None,
-                     reply_to: str | None = None, text_pair: list[str] | None = None,
-                     request_id: str | None = None, **fields) -> str:
-        return (await self.submit_many([inputs], model, params=params, reply_to=reply_to, text_pair=text_pair,
-                                       request_ids=None if request_id is None else [request_id], **fields))[0]
-
+    # -- submit --------------------------------------------------------------------------------------
     @traced.submits
     async def submit_many(self, batches: list, model: str | None = None, *,
                           params: PoolingParams | None = None, reply_to: str | None = None,
                           text_pair: list[str] | None = None, priority: str | int | None = None,
                           deadline: float | None = None, timeout: float | None = None,
                           request_ids: list[str] | None = None, **fields) -> list[str]:
-        """Enqueue one request per element of `batches`, those on one partition in one transaction (all of them,
-        unless the model is partitioned: placement.py); returns their ids (the keywords as in
-        Producer.submit_many)."""
+        # (its docstring: surface.py's) those on one partition in one send, coalesced with concurrent submits
         chosen = chosen_ids(request_ids, len(batches))
         served = await self.models(refresh=False)
         if model not in served:  # a worker may have come up since the cached read
@@ -221,7 +185,7 @@ class AsyncProducer:
         return ids
 
     @staticmethod
-    async def _submit_on(link: _Link, name: str, requests: list, level: str, replies: bool, fresh: bool) -> list[str]:
+    async def _submit_on(link: Link, name: str, requests: list, level: str, replies: bool, fresh: bool) -> list[str]:
         """Enqueue `requests` on one Redis, coalesced with concurrent submits; their ids."""
         ids = [r.id for r in requests]
         if replies:  # before the enqueue: a fast worker's reply may come before it returns
@@ -235,26 +199,17 @@ class AsyncProducer:
             raise
         return ids
 
-    async def get(self, request_id: str) -> Result | None:
-        url = await self.url_of(request_id)
-        with naming(self.shards, url), redis_errors():
-            raw = await self._links[url].redis.get(keys.result_key(request_id))
-        return read_result(request_id, raw)
-
+    # -- waits --------------------------------------------------------------------------------------
     @traced.waits
     async def wait(self, request_id: str, timeout: float = 60.0) -> Result:
-        """Block until the result lands; raises TimeoutError or the request's own error.
-
-        No round trip of its own: the wait joins the producer's coalesced reads. It rides out a Redis
-        outage shorter than its timeout, and a wake-up counts only once the result it announces is there.
-        """
+        # (its docstring: surface.py's) no round trip of its own: the wait joins the hub's coalesced reads
         link = await self._link_of(request_id)
         with naming(self.shards, link.url):  # on a partition of a model: which one
             result = await self._wait_result(link, request_id, timeout)
         result.raise_for_error()
         return result
 
-    async def _wait_result(self, link: _Link, request_id: str, timeout: float) -> Result:
+    async def _wait_result(self, link: Link, request_id: str, timeout: float) -> Result:
         """The result, ok or error (not raised); NotFoundError for an unknown id, ResultTimeoutError."""
         future = link.hub.watch(request_id)
         try:
@@ -317,63 +272,6 @@ class AsyncProducer:
     async def _timeout(self, request_id: str, timeout: float) -> ResultTimeoutError:
         return ResultTimeoutError(f"no result for request {request_id} after {timeout:g} s "
                                   f"(status: {await self.status(request_id)})")
-
-    async def embed(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> np.ndarray:
-        """Submit and wait: the embeddings as a numpy array of shape (n, d)."""
-        return (await self.wait(await self.submit(inputs, model, **fields), timeout)).embeddings
-
-    # -- the other tasks: see Producer ----------------------------------------------------------------
-    async def score(self, text_1, text_2, model: str | None = None, *, timeout: float = 60.0,
-                    **fields) -> np.ndarray:
-        firsts, seconds = score_pairs(text_1, text_2)
-        request_id = await self.submit(firsts, model, text_pair=seconds, task="score", **fields)
-        return (await self.wait(request_id, timeout)).scores
-
-    async def rerank(self, query: str, documents: list[str], model: str | None = None, *,
-                     top_n: int | None = None, return_documents: bool = False, timeout: float = 60.0,
-                     **fields) -> list[dict]:
-        documents = check_rerank(query, documents, top_n)
-        scores = await self.score(query, documents, model, timeout=timeout, **fields)
-        return rank(scores, documents, top_n, return_documents)
-
-    async def classify(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> Result:
-        return await self.wait(await self.submit(inputs, model, task="classify", **fields), timeout)
-
-    async def token_embed(self, inputs, model: str | None = None, *, timeout: float = 60.0,
-                          **fields) -> list[np.ndarray]:
-        return (await self.wait(await self.submit(inputs, model, task="token_embed", **fields),
-                                timeout)).multi_vectors
-
-    async def sparse_embed(self, inputs, model: str | None = None, *, timeout: float = 60.0,
-                           **fields) -> list[SparseVector]:
-        return (await self.wait(await self.submit(inputs, model, task="sparse_embed", **fields), timeout)).sparse
-
-    async def encode(self, inputs, model: str | None = None, *, outputs=("dense", "sparse", "colbert"),
-                     timeout: float = 60.0, **fields) -> Result:
-        return await self.wait(await self.submit(inputs, model, outputs=list(outputs), **fields), timeout)
-
-    async def tokenize(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> list[dict]:
-        return (await self.wait(await self.submit(inputs, model, task="tokenize", **fields), timeout)).items
-
-    async def detokenize(self, token_ids, model: str | None = None, *, timeout: float = 60.0,
-                         **fields) -> list[str]:
-        return (await self.wait(await self.submit(token_ids, model, task="detokenize", **fields), timeout)).items
-
-    async def status(self, request_id: str) -> str:
-        """queued | started | finished | failed | cancelled | not_found (see Producer.status): one exchange on the
-        command connections (10,000 waits timing out together stay within them)."""
-        return await self._read(reads.status(self.shards, self._placed, request_id))
-
-    async def cancel(self, request_id: str) -> bool:
-        target = await self._read(reads.cancel(self.shards, self._placed, request_id))
-        if target is None:  # answered already
-            return False
-        link = self._link_at(target.url, keys.tag_of(request_id))
-        with redis_errors():
-            cancelled = await operations.cancel_async(link.redis, target.queue, target.answer, target.reply_to)
-        if cancelled:
-            link.hub.woke([request_id])  # its result is there now; its reply may come later
-        return cancelled
 
 
 async def _pump(source: asyncio.Queue, sink: asyncio.Queue) -> None:

@@ -1,4 +1,7 @@
-"""Producer: submit embedding requests to the fleet and collect their results (blocking API)."""
+"""Producer: the blocking client of the fleet. Its methods and their docstrings are producer/client/surface.py's,
+shared with AsyncProducer; this module holds what it alone does: submits (one enqueue script run per partition),
+one round trip for a request submitted and waited for, and the hooks that run the shared steps blocking. Its
+waits are producer/client/syncwait.py's."""
 
 from __future__ import annotations
 
@@ -6,33 +9,30 @@ import functools
 import time
 from collections.abc import Callable, Mapping
 
-import numpy as np
 import redis
 
 from embedfleet.common import tracing
-from embedfleet.common.capabilities import ModelCapabilities
 from embedfleet.common.errors import UnavailableError
 from embedfleet.common.fleetstate import resolve_redis_url
 from embedfleet.common.params import PoolingParams
 from embedfleet.common.protocol import keys, operations, scripts, slotmoves
 from embedfleet.common.redisclient import block_for, check_access, cluster_tag, connect
 from embedfleet.common.request import EmbedRequest
-from embedfleet.common.result import Result, SparseVector
+from embedfleet.common.result import Result
 from embedfleet.common.shards import ShardMap, resolve_shards
-from embedfleet.producer.client import fleetview, reads, traced
+from embedfleet.producer.client import reads, traced
 from embedfleet.producer.client.placement import Placer, naming, place, unavailable
-from embedfleet.producer.client.core import (Placements, Sent, Served, build_request, chosen_ids, enqueue_args,
-                                             looked_at, pick_model, queue_full, read_result,
+from embedfleet.producer.client.core import (Placements, Sent, Served, build_request, by_url, chosen_ids,
+                                             enqueue_args, looked_at, queue_full, read_result,
                                              redis_errors as _redis_errors, resolve_target, tagged_ids)
-from embedfleet.producer.client.fleet import LevelStats, level_stats
 from embedfleet.producer.client.exchanges import run
+from embedfleet.producer.client.surface import Surface
 from embedfleet.producer.client.syncwait import FIRST_BLOCK, SyncWaits
-from embedfleet.producer.client.tasks import check_rerank, rank, score_pairs
 
 
-class Producer(SyncWaits):
-    """A client of the fleet: `submit` enqueues, `get`/`wait` read results, `embed` does both. What it reads
-    and what that means is producer/client/reads.py, shared with AsyncProducer; this class moves the bytes.
+class Producer(SyncWaits, Surface):
+    """A client of the fleet: `submit` enqueues, `get`/`wait` read results, `embed` does both; every method blocks
+    (AsyncProducer: the same methods as coroutines).
 
     Args:
         redis_url: the Redis the workers listen on; default: EMBEDFLEET_REDIS_URL, else the running
@@ -42,6 +42,7 @@ class Producer(SyncWaits):
             over several (common.shards); the others live on `redis_url`. Default: EMBEDFLEET_REDIS_SHARDS (as every
             command reads it), else none.
         max_queue_depth: refuse submits (QueueFullError) while a model's queue holds this many jobs.
+        connection: a ready redis.Redis for `redis_url` (Producer only; the tests hand it a worker's).
     """
 
     def __init__(self, redis_url: str | None = None, *, shards: Mapping[str, str] | None = None,
@@ -51,7 +52,7 @@ class Producer(SyncWaits):
         self.shards = ShardMap(self.redis_url, resolve_shards(shards))
         self.links = {url: self.redis if url == self.redis_url else connect(url) for url in self.shards.urls()}
         self.max_queue_depth = max_queue_depth
-        self.where = looked_at(self.shards.urls())  # named by a NoWorkerError: which Redis had no worker
+        self.where = looked_at(self.shards.urls())
         self._served = Served()
         self._placed = Placements()
         self._placer = Placer(self.shards)
@@ -63,10 +64,6 @@ class Producer(SyncWaits):
             connection.close()
 
     def check(self) -> list[UnavailableError]:
-        """Fail now, in one line, on a wrong password, a missing ACL permission or a certificate that does
-        not verify, on any shard (common.redisclient.AccessError); an unreachable Redis raises as usual, but for
-        a partition whose models have others (ShardMap.spare): returned, named (placement.unavailable), as the
-        fleet goes on without it (submits go to the others, reads sum them)."""
         down = []
         for url, connection in self.links.items():
             try:
@@ -83,88 +80,43 @@ class Producer(SyncWaits):
     def __exit__(self, *exc) -> None:
         self.close()
 
+    # -- the hooks of the shared methods (surface.py), blocking ----------------------------------------
     def _read(self, read: reads.Read):
         return run(self.links, read, self.shards)
 
-    # -- models --------------------------------------------------------------------------------
-    def models(self, refresh: bool = True) -> dict[str, ModelCapabilities]:
-        """Models served by at least one live worker, with their capabilities."""
-        if self._served.stale(refresh):
-            self._served.update(self._read(reads.models(self.shards)))
-        return self._served.models
+    @staticmethod
+    def _then(step, fn):
+        return fn(step)
 
-    def known_models(self) -> set[str]:
-        """Every model ever advertised, served now or not (as of the last `models()` read): a model scaled
-        to zero keeps its queues."""
-        return set(self._served.known)
+    def _read_adverts(self) -> None:
+        self._served.update(self._read(reads.models(self.shards)))
 
-    def live_workers(self, model: str) -> int:
-        return self._read(reads.live_workers(self.shards, model, time.time()))
+    def _result_at(self, url: str, request_id: str) -> Result | None:
+        with naming(self.shards, url), _redis_errors():
+            raw = self.links[url].get(keys.result_key(request_id))
+        return read_result(request_id, raw)
 
-    def workers(self, model: str) -> list[dict]:
-        """The live workers of `model` with what each advertised (device, dtype, batch budget)."""
-        return self._read(reads.workers(self.shards, model, time.time()))
+    def _results_at(self, urls: list[str], request_ids: list[str]) -> list[Result | None]:
+        found: list[Result | None] = [None] * len(request_ids)
+        for url, positions in by_url(urls).items():
+            link, wanted = self.links[url], [keys.result_key(request_ids[i]) for i in positions]
+            with naming(self.shards, url), _redis_errors():  # (several keys: refused while their slot moves)
+                raw = slotmoves.while_moving(functools.partial(link.mget, wanted), link) if slotmoves.is_cluster(link) \
+                    else link.mget(wanted)
+            for i, blob in zip(positions, raw):
+                found[i] = read_result(request_ids[i], blob)
+        return found
 
-    def fleet(self) -> dict:
-        """Models, their queues per priority, live workers and recent failures (producer.client.fleetview)."""
-        return self._read(fleetview.snapshot(self.shards))
+    def _cancel_at(self, target: reads.Cancel, request_id: str) -> bool:
+        with _redis_errors():
+            return operations.cancel(self.links[target.url], target.queue, target.answer, target.reply_to)
 
-    def queue_depth(self, model: str) -> int:
-        return self._read(reads.queue_depth(self.shards, model))
-
-    def level_stats(self, model: str) -> list[LevelStats]:
-        """Per priority level of `model`: depth, estimated queued tokens, oldest job's age (producer.client.fleet)."""
-        return self._read(level_stats(self.shards, model))
-
-    # -- shards ----------------------------------------------------------------------------------
-    def connection_for_model(self, model: str | None) -> redis.Redis:
-        return self.links[self.shards.url_for(model)]
-
-    def url_for_submit(self, model: str | None) -> str:
-        """The shard a submit for `model` goes to (None: the only served model's); of a partitioned model, its first
-        partition (each submit is placed on one of them: producer/client/placement.py)."""
-        if not self.shards or model is not None:
-            return self.shards.url_for(model)
-        return self.shards.url_for(pick_model(None, self.models(refresh=False), self._served.known, self.where).name)
-
-    def url_of(self, request_id: str) -> str:
-        """The shard that holds `request_id`: where it was sent, else whichever has its result or job."""
-        return self._read(reads.locate(self.shards, self._placed, request_id))
-
-    def connection_of(self, request_id: str) -> redis.Redis:
-        return self.links[self.url_of(request_id)]
-
-    # -- submit ----------------------------------------------------------------------------------
-    def submit(self, inputs, model: str | None = None, *, params: PoolingParams | None = None,
-               reply_to: str | None = None, text_pair: list[str] | None = None, request_id: str | None = None,
-               **fields) -> str:
-        """Enqueue one request and return its id (`request_id`: the caller's own, see submit_many).
-
-        `inputs`: a text, a list of texts, a token-id list or a list of token-id lists. `fields` are
-        PoolingParams fields (dimensions, use_activation, truncate_prompt_tokens, embed_dtype, ...), and
-        `cache=False` to compute afresh (neither read from nor written to the fleet's vector cache, nor
-        attached to an identical request in flight).
-        Unknown models, parameters the model cannot honour and full queues fail here, before enqueue.
-        `task` (a field) picks the request kind; task "score" pairs each input with `text_pair`'s text.
-        """
-        return self.submit_many([inputs], model, params=params, reply_to=reply_to, text_pair=text_pair,
-                                request_ids=None if request_id is None else [request_id], **fields)[0]
-
+    # -- submit (and one request submitted and waited for in one round trip) ---------------------------
     @traced.submits
     def submit_many(self, batches: list, model: str | None = None, *, params: PoolingParams | None = None,
                     reply_to: str | None = None, text_pair: list[str] | None = None,
                     priority: str | int | None = None, deadline: float | None = None, timeout: float | None = None,
                     request_ids: list[str] | None = None, **fields) -> list[str]:
-        """Enqueue one request per element of `batches`, in one round trip per partition they go to (one, unless
-        the model is partitioned: placement.py); returns their ids.
-
-        `request_ids`: the caller's own ids, one per request (core.chosen_ids): a submit repeated with the
-        same ids is refused with DuplicateRequestError and enqueues nothing, so it is safe to retry.
-
-        `priority`: "interactive" (default), "bulk", or vLLM's integer (<= 0 interactive, >= 1 bulk).
-        `deadline` (unix time) / `timeout` (seconds from now): a request still queued then is answered
-        `expired` (ExpiredError) and never computed. See common/scheduling.py.
-        """
         name, chosen, build = self._prepare(batches, model, params, reply_to, text_pair, priority, deadline,
                                             timeout, request_ids, fields)
         ids: list[str] = [""] * len(batches)
@@ -271,87 +223,3 @@ class Producer(SyncWaits):
             if isinstance(answer, Exception):
                 raise answer
         return reply, raw
-
-    # -- results ---------------------------------------------------------------------------------
-    def get(self, request_id: str) -> Result | None:
-        """The result if it has landed (ok or error), else None."""
-        url = self.url_of(request_id)
-        with naming(self.shards, url), _redis_errors():
-            raw = self.links[url].get(keys.result_key(request_id))
-        return read_result(request_id, raw)
-
-    def get_many(self, request_ids: list[str]) -> list[Result | None]:
-        """`get` for many ids in one round trip per shard: each result that has landed, else None."""
-        by_url: dict[str, list[int]] = {}
-        for i, request_id in enumerate(request_ids):
-            by_url.setdefault(self.url_of(request_id), []).append(i)
-        found: list[Result | None] = [None] * len(request_ids)
-        for url, positions in by_url.items():
-            link, wanted = self.links[url], [keys.result_key(request_ids[i]) for i in positions]
-            with naming(self.shards, url), _redis_errors():  # (several keys: refused while their slot moves)
-                raw = slotmoves.while_moving(functools.partial(link.mget, wanted), link) if slotmoves.is_cluster(link) \
-                    else link.mget(wanted)
-            for i, blob in zip(positions, raw):
-                found[i] = read_result(request_ids[i], blob)
-        return found
-
-    def embed(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> np.ndarray:
-        """Submit and wait: the embeddings as a numpy array of shape (n, d)."""
-        return self._ask(timeout, inputs, model, **fields).embeddings
-
-    # -- the other tasks (common.params.Task): submit with a task, wait, read its part of the result --------
-    def score(self, text_1, text_2, model: str | None = None, *, timeout: float = 60.0, **fields) -> np.ndarray:
-        """Scores of (text_1, text_2) pairs, one text against many or two lists pairwise: a cross-encoder's
-        (through its activation), the cosine of two embeddings, or MaxSim of token vectors (ColBERT)."""
-        firsts, seconds = score_pairs(text_1, text_2)
-        return self._ask(timeout, firsts, model, text_pair=seconds, task="score", **fields).scores
-
-    def rerank(self, query: str, documents: list[str], model: str | None = None, *, top_n: int | None = None,
-               return_documents: bool = False, timeout: float = 60.0, **fields) -> list[dict]:
-        """`documents` best first for `query`: [{index, relevance_score[, document]}], the first `top_n`."""
-        documents = check_rerank(query, documents, top_n)
-        return rank(self.score(query, documents, model, timeout=timeout, **fields), documents, top_n,
-                    return_documents)
-
-    def classify(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> Result:
-        """`.scores` (n, labels): probabilities (raw logits with use_activation=False); `.labels` names them."""
-        return self._ask(timeout, inputs, model, task="classify", **fields)
-
-    def token_embed(self, inputs, model: str | None = None, *, timeout: float = 60.0,
-                    **fields) -> list[np.ndarray]:
-        """One (tokens, d) array per input: every token's vector (multi-vector, ColBERT-style)."""
-        return self._ask(timeout, inputs, model, task="token_embed", **fields).multi_vectors
-
-    def sparse_embed(self, inputs, model: str | None = None, *, timeout: float = 60.0,
-                     **fields) -> list[SparseVector]:
-        """One sparse vector per input (bge-m3's lexical weights, a SPLADE model's): `.indices` (vocabulary ids,
-        ascending) and `.values`; `sparse_top_k` and `sparse_threshold` keep fewer."""
-        return self._ask(timeout, inputs, model, task="sparse_embed", **fields).sparse
-
-    def encode(self, inputs, model: str | None = None, *, outputs=("dense", "sparse", "colbert"),
-               timeout: float = 60.0, **fields) -> Result:
-        """Several outputs of one forward pass of a multi-head model (bge-m3), in one result: `.dense` (n, d),
-        `.sparse` (SparseVector per input), `.colbert` ((tokens, d) per input), as `outputs` asks."""
-        return self._ask(timeout, inputs, model, outputs=list(outputs), **fields)
-
-    def tokenize(self, inputs, model: str | None = None, *, timeout: float = 60.0, **fields) -> list[dict]:
-        """Per text, by the model's own tokenizer: {ids, tokens, offsets, special}."""
-        return self._ask(timeout, inputs, model, task="tokenize", **fields).items
-
-    def detokenize(self, token_ids, model: str | None = None, *, timeout: float = 60.0, **fields) -> list[str]:
-        """Per token-id list, its text."""
-        return self._ask(timeout, token_ids, model, task="detokenize", **fields).items
-
-    def status(self, request_id: str) -> str:
-        """queued | started | finished | failed | cancelled | not_found; `started` too for a long request
-        spread over the fleet whose parts still run."""
-        return self._read(reads.status(self.shards, self._placed, request_id))
-
-    def cancel(self, request_id: str) -> bool:
-        """Cancel a request that no worker has taken yet; True if it was pending and is now cancelled."""
-        target = self._read(reads.cancel(self.shards, self._placed, request_id))
-        if target is None:  # answered already
-            return False
-        with _redis_errors():
-            return operations.cancel(self.links[target.url], target.queue, target.answer, target.reply_to)
-

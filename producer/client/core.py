@@ -14,8 +14,8 @@ from embedfleet.common.chat import CHAT_INPUT
 from embedfleet.common.protocol import keys, operations
 from embedfleet.common.capabilities import ModelCapabilities
 from embedfleet.common.codec import unpackb
-from embedfleet.common.errors import (NO_WORKER_HINT, DecodeError, NoWorkerError, QueueFullError, UnavailableError,
-                                      UnknownModelError, ValidationError, echo, invalid_request)
+from embedfleet.common.errors import (NO_WORKER_HINT, DecodeError, NotFoundError, NoWorkerError, QueueFullError,
+                                      UnavailableError, UnknownModelError, ValidationError, echo, invalid_request)
 from embedfleet.common.fleetstate import DEFAULT_REDIS_URL
 from embedfleet.common.params import PoolingParams
 from embedfleet.common.redisclient import cluster_tag, redact
@@ -293,6 +293,19 @@ def lost_error(request_id: str) -> UnavailableError:
     return UnavailableError(f"request {request_id} is gone from Redis before its result was stored (Redis "
                             "restarted without its data, was flushed, or evicted or deleted its job); "
                             "send it again")
+
+
+def not_submitted(request_id: str) -> NotFoundError:
+    """An id with neither a job nor a result, not known to be lost: never submitted, or expired."""
+    return NotFoundError(f"no request with id {request_id} (never submitted, or it expired)", param="id")
+
+
+def by_url(urls: list[str]) -> dict[str, list[int]]:
+    """The positions of each URL in `urls` (where each of many ids lies): one round trip per Redis."""
+    positions: dict[str, list[int]] = {}
+    for index, url in enumerate(urls):
+        positions.setdefault(url, []).append(index)
+    return positions
 
 
 def read_result(request_id: str, raw: bytes | None) -> Result | None:

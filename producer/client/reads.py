@@ -163,6 +163,14 @@ def locate(shards: ShardMap, placed: Placements, request_id: str) -> Read[str]:
     return shards.default
 
 
+def locate_all(shards: ShardMap, placed: Placements, request_ids: list[str]) -> Read[list[str]]:
+    """`locate` of each id, in order: no exchange unless sharded, then one per id the client did not send."""
+    urls = []
+    for request_id in request_ids:
+        urls.append((yield from locate(shards, placed, request_id)))
+    return urls
+
+
 def status(shards: ShardMap, placed: Placements, request_id: str) -> Read[str]:
     """queued | started | finished | failed | cancelled | not_found, in one exchange on the request's shard (two
     for a job finished without a result: a spread request's)."""

@@ -14,7 +14,7 @@ from embedfleet.common.protocol import keys, slotmoves
 from embedfleet.common.redisclient import block_for
 from embedfleet.common.result import Result
 from embedfleet.producer.client import traced
-from embedfleet.producer.client.core import PENDING, Sent, SentTo, lost_error, read_result
+from embedfleet.producer.client.core import PENDING, Sent, SentTo, lost_error, not_submitted, read_result
 from embedfleet.producer.client.core import redis_errors as _redis_errors
 from embedfleet.producer.client.placement import naming
 from embedfleet.producer.client.reads import ok, wrong_type
@@ -23,24 +23,15 @@ FIRST_BLOCK = 1.0  # seconds the first wait on an id this producer submitted blo
 
 
 class SyncWaits:
-    """What Producer waits with; the producer supplies `_sent`, `shards`, `links`, `url_of`, `connection_of`, `get`
-    and `status`."""
+    """What Producer waits with (and its `_exists` hook); the producer supplies `_sent`, `shards`, `links`,
+    `url_of`, `connection_of`, `get` and `status`."""
 
     _sent: Sent
 
     @traced.waits
     def wait(self, request_id: str, timeout: float = 60.0) -> Result:
-        """Block until the result lands, without polling: on the request's own wake-up path, its notify list
-        (a BLMOVE of the list onto itself, sent with the GET of the result: one round trip per wake-up) or
-        the reply stream it was submitted with (XREAD).
-
-        Raises NotFoundError for an id with neither a job nor a result (at once; within FIRST_BLOCK seconds for
-        an id this producer submitted, whose look goes with its first wait), UnavailableError (retryable)
-        when both vanish while it waits (Redis lost the request: restarted without its data, flushed, or it
-        evicted the job; looked at every MAX_BLOCK seconds), ResultTimeoutError (a built-in TimeoutError)
-        after `timeout` seconds, or the request's own error. A wake-up counts only once its result is there
-        (anyone who can write to Redis can forge one).
-        """
+        # (its docstring: surface.py's) on the notify list, a BLMOVE of the list onto itself sent with the GET of
+        # the result (one round trip per wake-up), or the reply stream it was submitted with (XREAD)
         deadline = time.monotonic() + timeout
         url = self.url_of(request_id)
         connection = self.links[url]
@@ -63,7 +54,7 @@ class SyncWaits:
         for, another's job also says how it wakes (its `reply_to`)."""
         if sent is not None:
             if not self._exists(request_id):
-                raise _not_submitted(request_id)
+                raise not_submitted(request_id)
             return None, sent.stream
         with _redis_errors():
             raw, field, job = connection.pipeline(transaction=False).get(keys.result_key(request_id)) \
@@ -74,7 +65,7 @@ class SyncWaits:
             raw, field, job = ok(raw), ok(field), ok(job)
         result = read_result(request_id, raw)
         if result is None and not job:
-            raise _not_submitted(request_id)
+            raise not_submitted(request_id)
         return result, (field.decode() if result is None and keys.is_reply_stream_key(field) else None)
 
     def _follow_list(self, connection: redis.Redis, request_id: str, deadline: float, timeout: float,
@@ -102,7 +93,7 @@ class SyncWaits:
             if result is not None:
                 return result
             if not known:
-                raise _not_submitted(request_id)
+                raise not_submitted(request_id)
             first = False
             if woke is not None:  # a wake-up without its result: expired, forged, or lost with its job
                 self._check_pending(request_id)
@@ -151,11 +142,6 @@ class SyncWaits:
         return ResultTimeoutError(f"no result for request {request_id} after {timeout:g} s "
                                   f"(status: {self.status(request_id)})")
 
-    def raise_if_unknown(self, request_id: str) -> None:
-        """NotFoundError for an id that was never submitted (or whose job and result both expired)."""
-        if not self._exists(request_id):
-            raise _not_submitted(request_id)
-
     def _exists(self, request_id: str) -> bool:
         """Whether the request has a job or a result (one round trip)."""
         connection = self.connection_of(request_id)  # (two keys: refused while their slot is being moved)
@@ -163,6 +149,3 @@ class SyncWaits:
             return bool(slotmoves.while_moving(
                 lambda: connection.exists(keys.result_key(request_id), keys.rq_job_key(request_id)), connection))
 
-
-def _not_submitted(request_id: str) -> NotFoundError:
-    return NotFoundError(f"no request with id {request_id} (never submitted, or it expired)", param="id")

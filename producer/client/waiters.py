@@ -5,10 +5,9 @@ entries, notify-list pops, a listener's reconnect) only mark ids as due; one rea
 every due id with MGETs and resolves their futures with the decoded result as each MGET returns. Ten
 thousand waits cost one read per batch of ids that woke together, never a connection each.
 
-One MGET asks for about READ_BYTES of results (by the size of the results this hub has read so far): Redis
-builds a reply in its memory before it sends it, and a reply of many large results costs it twice as much per
-byte as a few at a time (docs/capacity.md, "Large results are read a few at a time"); one small MGET round trip
-more per read of large results, and the first results land before the last are read.
+One MGET asks for about READ_BYTES of results (producer/client/readsize.py). What a read that finds no result
+does next (look the job up, follow another's id on its path, check a wake-up without its result) is
+producer/client/lookups.py's.
 
 A request wakes one way (common/protocol/keys.py): ids this producer submitted through its reply stream;
 another's request through its own `reply_to` stream (read from its job at the first look: the reply
@@ -28,39 +27,16 @@ from collections.abc import Awaitable, Callable
 
 import redis
 import redis.asyncio as aioredis
-from rq.job import Job
 
 from embedfleet.common.protocol import keys, slotmoves
-from embedfleet.common.errors import DecodeError, EmbedfleetError, NotFoundError, UnavailableError
+from embedfleet.common.errors import DecodeError, EmbedfleetError, UnavailableError
 from embedfleet.common.result import Result
-from embedfleet.producer.client.core import PENDING, lost_error, read_result
-from embedfleet.producer.client.reads import wrong_type
+from embedfleet.producer.client.core import read_result
+from embedfleet.producer.client.lookups import OUTAGE_RECHECK, Lookups
+from embedfleet.producer.client.readsize import read_size, result_bytes
 from embedfleet.producer.client.redisfaults import outage, unavailable
 
 log = logging.getLogger(__name__)
-
-OUTAGE_RECHECK = 0.5  # seconds between looks while Redis is unreachable
-READ_CHUNK = 1000  # keys per MGET at most
-READ_BYTES = 512 * 1024  # result bytes one MGET asks for, about (by the results read so far)
-FIRST_READ = 4  # keys of an MGET before any result was read here (its size not known yet)
-
-
-def read_size(result_bytes: float | None, first: bool) -> int:
-    """Keys for the next MGET of a read: about READ_BYTES of results of `result_bytes` each. Before any result
-    was read, FIRST_READ for a read's first MGET, and the rest of it at once when that found none (first looks
-    at waits just begun: their results are mostly not there yet)."""
-    if result_bytes is None:
-        return FIRST_READ if first else READ_CHUNK
-    return max(1, min(READ_CHUNK, int(READ_BYTES // max(result_bytes, 1.0))))
-
-
-def result_bytes(previous: float | None, blobs: list) -> float | None:
-    """The size of a result, smoothed over MGET replies (the mean of each reply's results)."""
-    sizes = [len(blob) for blob in blobs if blob is not None]
-    if not sizes:
-        return previous
-    mean = sum(sizes) / len(sizes)
-    return mean if previous is None else (previous + mean) / 2
 
 
 class Look(enum.IntEnum):
@@ -72,7 +48,7 @@ class Look(enum.IntEnum):
     WOKE = 3  # a wake-up announced the result
 
 
-class WaitHub:
+class WaitHub(Lookups):
     """Futures per request id, resolved by one reader task.
 
     Ids this producer submitted (`expect`) wake through its reply stream. Other ids, once a first look found
@@ -204,6 +180,9 @@ class WaitHub:
             self._task = asyncio.get_running_loop().create_task(self._read_loop(), name="embedfleet wait reader")
             self._task.add_done_callback(self._reader_ended)
 
+    def _look_again(self, request_ids: list[str]) -> None:
+        self._mark(request_ids, Look.RECHECK)
+
     def _reader_ended(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:  # never silent: fail the waits it served
             log.error("wait reader died", exc_info=task.exception())
@@ -297,73 +276,6 @@ class WaitHub:
         if follow:
             await self._follow(follow)
 
-    async def _look_up(self, request_ids: list[str]) -> None:
-        """Fail the ids whose job and result are both gone; learn how another's id wakes (its job's
-        `reply_to`). Own ids are asked about together: one EXISTS over their jobs, each id only if some is gone
-        (answered meanwhile, its job removed, or vanished)."""
-        own = [i for i in request_ids if i in self._own]
-        foreign = [i for i in request_ids if i not in self._own]
-        pipe = self.connection.pipeline(transaction=False)
-        chunks = [own[start:start + READ_CHUNK] for start in range(0, len(own), READ_CHUNK)]
-        for chunk in chunks:
-            pipe.exists(*(Job.key_for(i) for i in chunk))
-        for request_id in foreign:
-            pipe.hget(Job.key_for(request_id), "reply_to")
-            pipe.exists(keys.result_key(request_id), Job.key_for(request_id))
-        replies = await pipe.execute(raise_on_error=False)
-        for reply in replies[:len(chunks)]:
-            if isinstance(reply, Exception):  # (an EXISTS is refused only as a whole: the read's own error)
-                raise reply
-        suspects = [i for chunk, found in zip(chunks, replies) if found < len(chunk) for i in chunk]
-        rest = replies[len(chunks):]
-        for request_id, field, found in zip(foreign, rest[::2], rest[1::2]):
-            if wrong_type(field):  # its job key holds no hash: Redis is input, no job of ours there
-                self._fail(request_id, _not_a_job(request_id, field))
-                continue
-            for reply in (field, found):
-                if isinstance(reply, Exception):
-                    raise reply
-            self._paths[request_id] = field.decode() if keys.is_reply_stream_key(field) else None
-            if not found:
-                self._fail(request_id, _not_found(request_id))
-        if suspects:
-            await self._fail_vanished(suspects)
-
-    async def _follow(self, request_ids: list[str]) -> None:
-        """Another's ids still waited for, without a result: each on its own path (its stream or notify list)."""
-        streams: dict[str, list[str]] = {}
-        for request_id in request_ids:
-            stream = self._paths.get(request_id)
-            if stream is None:
-                if self.notify is not None:
-                    self.notify.add(request_id)
-            elif self.replies is not None and not self.replies.watches(request_id):
-                streams.setdefault(stream, []).append(request_id)
-        if not streams:
-            return
-        # the stream's last entry first, then one more look at the results: an answer after that look is an
-        # entry after that one, which the listener reads
-        pipe = self.connection.pipeline(transaction=False)
-        for stream in streams:
-            pipe.xrevrange(stream, count=1)
-        for (stream, ids), newest in zip(streams.items(), await pipe.execute(raise_on_error=False)):
-            if isinstance(newest, redis.ResponseError):  # not a stream (Redis is input): looked at, not read
-                for request_id in ids:
-                    self._poll(request_id)
-                continue
-            self.replies.watch(stream, ids, newest[0][0] if newest else b"0-0")
-        self._mark([i for ids in streams.values() for i in ids], Look.RECHECK)
-
-    def _poll(self, request_id: str) -> None:
-        async def poll() -> None:
-            while request_id in self._waiters:
-                self.look_at([request_id])
-                await asyncio.sleep(OUTAGE_RECHECK)
-
-        task = asyncio.get_running_loop().create_task(poll())
-        self._checks.add(task)
-        task.add_done_callback(self._checks.discard)
-
     def _land(self, request_id: str, blob: bytes) -> None:
         try:
             result: Result | EmbedfleetError = read_result(request_id, blob)
@@ -379,38 +291,6 @@ class WaitHub:
         if self._own.pop(request_id, None) is not None and isinstance(result, Result):
             for queue in self._subscribers:
                 queue.put_nowait(result)
-
-    async def _fail_vanished(self, request_ids: list[str]) -> None:
-        """An id with neither a result nor a job: say so at once, as Producer.wait does (raise_if_unknown):
-        lost by a Redis restart (retryable), or never submitted, expired, or its job deleted."""
-        pipe = self.connection.pipeline(transaction=False)
-        for request_id in request_ids:
-            pipe.exists(keys.result_key(request_id), Job.key_for(request_id))
-        for request_id, found in zip(request_ids, await pipe.execute()):
-            if not found:
-                self._fail(request_id, self._lost(request_id) or _not_found(request_id))
-
-    async def _check_pending(self, request_id: str) -> None:
-        try:
-            status = await self.status(request_id)
-        except EmbedfleetError as err:  # Redis went away meanwhile: look again later
-            log.warning("request %s: cannot read its status (%s); looking again", request_id, err.message)
-            await asyncio.sleep(OUTAGE_RECHECK)
-            self._mark([request_id], Look.RECHECK)
-            return
-        if status not in PENDING:
-            self._fail(request_id, self._lost(request_id)
-                       or NotFoundError(f"the result of request {request_id} has expired"))
-        elif self.notify is not None and not self.is_own(request_id) and self._paths.get(request_id) is None:
-            await self.notify.forged(request_id)  # drop the forged element, then look once more
-            self._mark([request_id], Look.RECHECK)
-
-    def _lost(self, request_id: str) -> UnavailableError | None:
-        """For an id with neither a job nor a result: one of ours (submitted less than JOB_TTL ago, its result
-        never seen) cannot have expired, and a cancel stores a result, so Redis lost it: restarted without its
-        data, flushed, or the job evicted or deleted. That is retryable (503): sending the same request again
-        is the whole remedy. None for an id that is not ours."""
-        return None if self._own.pop(request_id, None) is None else lost_error(request_id)
 
     def _fail(self, request_id: str, error: EmbedfleetError) -> None:
         for future in self._waiters.pop(request_id, []):
@@ -431,13 +311,3 @@ class WaitHub:
         horizon = time.monotonic() - keys.JOB_TTL
         if self._own and next(iter(self._own.values())) < horizon:
             self._own = {i: t for i, t in self._own.items() if t >= horizon}
-
-
-def _not_found(request_id: str) -> NotFoundError:
-    return NotFoundError(f"no request with id {request_id} (never submitted, or it expired)", param="id")
-
-
-def _not_a_job(request_id: str, refusal: Exception) -> NotFoundError:
-    """An id whose rq job key holds something else than a job hash: no request of ours has that id."""
-    return NotFoundError(f"no request with id {request_id}: its job key {keys.rq_job_key(request_id)} holds no job "
-                         f"({refusal})", param="id")

@@ -26,11 +26,10 @@ from embedfleet.common.request import new_request_id
 from embedfleet.common.result import Result
 from embedfleet import AsyncProducer, Producer
 from embedfleet.producer.client.fleet import LevelStats
-from tests.harness import burst, serve
-from tests.parity.test_longinputs import MAX_LEN, _one_round, long_model, words  # noqa: F401 - `long_model` is a fixture
+from tests.harness import burst, idle_worker, one_round, serve, worker
+from tests.longinputs import MAX_LEN, words
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.nullmodel import NullModel
-from embedfleet.worker.serving.pipeline import BatchWorker
 
 LONG_TEXT = words(7 * MAX_LEN, seed=3)  # 8 chunks of the tiny BERT: 4 parts, spread over the fleet
 BAD_ID = "not an id!"  # no request of ours has such an id
@@ -44,15 +43,10 @@ def parity_fleet(redis_client, long):
     advertised, run by hand: their queues hold what a scenario puts there until it runs them. `parts` is a
     second worker of `long`, for the parts of a request that `long` spread over the fleet."""
     redis_client.flushall()
-    null = BatchWorker(Engine(NullModel("null:4", served_name="null")), redis_client, poll_timeout=1,
-                       name="parity-null")
-    idle = BatchWorker(Engine(NullModel("null:4", served_name="idle")), redis_client, poll_timeout=1,
-                       name="parity-idle")
-    long_worker, parts = (BatchWorker(Engine(long), redis_client, max_jobs=1, poll_timeout=1, name=name,
-                                      chunks_per_job=2) for name in ("parity-long", "parity-parts"))
-    for worker in (idle, long_worker):
-        worker.advertiser.advertise()
-    with serve(null):
+    idle = idle_worker(Engine(NullModel("null:4", served_name="idle")), redis_client, name="parity-idle")
+    long_worker = idle_worker(Engine(long), redis_client, max_jobs=1, name="parity-long", chunks_per_job=2)
+    parts = worker(Engine(long), redis_client, max_jobs=1, name="parity-parts", chunks_per_job=2)
+    with serve(Engine(NullModel("null:4", served_name="null")), redis_client, name="parity-null") as null:
         yield SimpleNamespace(null=null, idle=idle, long=long_worker, parts=parts, redis=redis_client)
 
 
@@ -150,7 +144,7 @@ def failed(face: Face, fleet) -> dict:
 
 def spread(face: Face, fleet) -> dict:
     request_id = face("submit", [LONG_TEXT], "long")
-    _one_round(fleet.long)  # tokenised and spread: its job is finished, its parts queued
+    one_round(fleet.long)  # tokenised and spread: its job is finished, its parts queued
     parts_run = face("status", request_id)
     burst(fleet.parts)  # the parts; the last one's join answers the request
     return {"parts run": parts_run, "wait": face("wait", request_id, 30), "status": face("status", request_id)}
@@ -167,7 +161,35 @@ def every_field(face: Face, fleet) -> dict:
             "submit_many 2": face("wait", many[1], 30), "embed": face("embed", ["f", "g"], "null", **fields).shape,
             "embed at interactive": face("embed", "h", "null", priority="interactive").shape,
             "encode": face("encode", ["i"], "null", outputs=["dense"], **fields).dense.shape,
-            "bad priority": face("embed", "j", "null", priority="urgent")}
+            "bad priority": face("embed", "j", "null", priority="urgent"), **other_tasks(face, fields)}
+
+
+TASKS = {"score": ("k", ["l", "m"]), "rerank": ("k", ["l", "m"]), "classify": (["n"],), "token_embed": (["o"],),
+         "sparse_embed": (["p"],), "tokenize": (["q"],), "detokenize": ([[1, 2]],)}
+
+
+def other_tasks(face: Face, fields: dict) -> dict:
+    """The other task methods with every field: the null model answers none of them, so each is refused for its
+    task, never for a field it dropped or did not take."""
+    refused = {name: face(name, *args, "null", **fields) for name, args in TASKS.items()}
+    return {**refused, "tasks refused for": sorted({getattr(err, "param", repr(err)) for err in refused.values()})}
+
+
+def one_sided_once(face: Face, fleet) -> dict:
+    """What only one client had before issue 50 (Producer: check, get_many, url_for_submit, connection_for_model,
+    raise_if_unknown; AsyncProducer: urls, connection_at), now in both."""
+    request_id = face("submit", ["a"], "null")
+    face("wait", request_id, 30)
+    never = face.new_id()
+    url = face("urls")[0]
+    pings = [face._done(connection.ping()) for connection in (face("connection_at", url), face(
+        "connection_for_model", "null"), face("connection_of", request_id))]
+    many = face("get_many", [request_id, never, BAD_ID])
+    return {"check": face("check"), "urls": len(face("urls")), "get_many": many,
+            "get_many found": [result is not None for result in many],
+            "url for submit": face("url_for_submit", "null") == url, "url for any": face("url_for_submit", None) == url,
+            "pings": pings, "known": face("raise_if_unknown", request_id), "unknown": face("raise_if_unknown", never),
+            "bad id": face("raise_if_unknown", BAD_ID)}
 
 
 def fleet_reads(face: Face, fleet) -> dict:
@@ -207,13 +229,17 @@ TABLE = [
     Row("spread, parts running", spread, {"parts run": "started", "wait": "result (1, 32)", "status": "finished"}),
     Row("every field, every submit", every_field, {
         "submit": "result (2, 2)", "submit_many 1": "result (1, 2)", "submit_many 2": "result (2, 2)", "embed": (2, 2),
-        "embed at interactive": (1, 4), "encode": (1, 2), "bad priority": "raises invalid_request"}),
+        "embed at interactive": (1, 4), "encode": (1, 2), "bad priority": "raises invalid_request",
+        **{name: "raises invalid_request" for name in TASKS}, "tasks refused for": ["task"]}),
+    Row("what one client had", one_sided_once, {
+        "check": [], "urls": 1, "get_many found": [True, False, False], "url for submit": True, "url for any": True,
+        "pings": [True, True, True], "known": None, "unknown": "raises not_found", "bad id": "raises not_found"}),
     Row("fleet reads", fleet_reads, {"known": {"idle", "long", "null"}, "live null": 1, "live nope": 0, "depth": 2}),
 ]
 
 
 @pytest.mark.parametrize("row", TABLE, ids=[row.name for row in TABLE])
-def test_both_clients_answer_alike(row, redis_url, redis_client, long_model):  # noqa: F811
+def test_both_clients_answer_alike(row, redis_url, redis_client, long_model):
     seen = {}
     for kind in ("sync", "async"):
         with parity_fleet(redis_client, long_model[1]) as workers:
