@@ -117,8 +117,7 @@ def test_the_device_state_the_forward_stage_reports():
 def test_a_round_knows_the_passes_of_its_largest_request_apart_from_its_own():
     """What the take stage reports to the device (rounds.passes_of): a full round of small requests needs many
     passes but none of its requests more than one; one large request needs them all by itself."""
-    from embedfleet.worker.engine.engine import Work
-    from embedfleet.worker.engine.preprocess import Prepared
+    from embedfleet.worker.engine.seam import Prepared, Work
     from embedfleet.worker.engine.shaper import Shape
     from embedfleet.worker.serving.rounds import Round, passes_of
 

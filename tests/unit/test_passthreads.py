@@ -21,7 +21,7 @@ class _Counting(NullModel):
         self.device, self.seen = device, []
 
     def prepare(self, request):
-        from embedfleet.worker.engine.preprocess import Prepared
+        from embedfleet.worker.engine.seam import Prepared
 
         return Prepared([[ord(c) for c in text] for text in request.inputs])  # a token per character
 

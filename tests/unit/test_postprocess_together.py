@@ -37,7 +37,7 @@ class _RandomRows(NullModel):
                          for ids in token_lists])
 
     def prepare(self, request):
-        from embedfleet.worker.engine.preprocess import Prepared
+        from embedfleet.worker.engine.seam import Prepared
 
         return Prepared([[sum(map(ord, text)) % 100_000] for text in request.inputs])
 

@@ -11,7 +11,6 @@ chars being what its tokens cover in the text as sent (-1 for token-id inputs, w
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from embedfleet.common.errors import ValidationError
 from embedfleet.common.request import EmbedRequest
@@ -78,28 +77,30 @@ def _overlapping(content: list[int], offsets, start: int, end: int, k: int, leng
     return run
 
 
-@torch.inference_mode()
 def embed_spans(model, token_lists: list[list[int]], spans: list[Span]) -> np.ndarray:
     """One forward pass over `token_lists` (padded as LoadedModel.embed pads them), then each span pooled
     by the model's pooling over its own tokens only, then the Dense layers. Float32 (len(spans), d)."""
-    longest = max(len(ids) for ids in token_lists)
-    input_ids = torch.full((len(token_lists), longest), model.pad_token_id, dtype=torch.long)
-    attention = torch.zeros((len(token_lists), longest), dtype=torch.long)
-    starts = []
-    for row, ids in enumerate(token_lists):
-        first = longest - len(ids) if model.padding_side == "left" else 0
-        input_ids[row, first:first + len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-        attention[row, first:first + len(ids)] = 1
-        starts.append(first)
-    inputs = {"input_ids": input_ids.to(model.device), "attention_mask": attention.to(model.device)}
-    if model._position_ids and model.padding_side == "left":
-        inputs["position_ids"] = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-    hidden = model.hidden_states(inputs)
-    rows = torch.as_tensor([span[0] for span in spans], device=hidden.device)
-    mask = torch.zeros((len(spans), longest), dtype=torch.long)
-    for k, (row, start, end, _, _) in enumerate(spans):
-        mask[k, starts[row] + start:starts[row] + end] = 1
-    mask = mask.to(hidden.device)
-    # The span is the whole sequence as far as pooling knows: CLS / last token / position weights count
-    # from the span's own first token.
-    return model.dense(model.pooler.pool(hidden[rows], mask, mask)).float().cpu().numpy()
+    import torch  # noqa: PLC0415 - only a real model's pass needs it: a null-model worker never loads torch
+
+    with torch.inference_mode():
+        longest = max(len(ids) for ids in token_lists)
+        input_ids = torch.full((len(token_lists), longest), model.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(token_lists), longest), dtype=torch.long)
+        starts = []
+        for row, ids in enumerate(token_lists):
+            first = longest - len(ids) if model.padding_side == "left" else 0
+            input_ids[row, first:first + len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+            attention[row, first:first + len(ids)] = 1
+            starts.append(first)
+        inputs = {"input_ids": input_ids.to(model.device), "attention_mask": attention.to(model.device)}
+        if model._position_ids and model.padding_side == "left":
+            inputs["position_ids"] = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+        hidden = model.hidden_states(inputs)
+        rows = torch.as_tensor([span[0] for span in spans], device=hidden.device)
+        mask = torch.zeros((len(spans), longest), dtype=torch.long)
+        for k, (row, start, end, _, _) in enumerate(spans):
+            mask[k, starts[row] + start:starts[row] + end] = 1
+        mask = mask.to(hidden.device)
+        # The span is the whole sequence as far as pooling knows: CLS / last token / position weights count
+        # from the span's own first token.
+        return model.dense(model.pooler.pool(hidden[rows], mask, mask)).float().cpu().numpy()

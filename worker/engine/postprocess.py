@@ -7,12 +7,11 @@ The order follows sentence-transformers: pool -> Dense (in the model) -> cut to 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from embedfleet.common.dtypes import float32_to_bfloat16_bits
 from embedfleet.common.quantize import INTEGER, quantize
 
-_FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+_FP8 = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}  # embed_dtype -> torch's dtype
 _BY_VALUE = ("float32", "float16", "bfloat16")  # casts of one value at a time, whatever rows are beside it
 
 
@@ -47,7 +46,9 @@ def cast(vectors: np.ndarray, embed_dtype: str, ranges: np.ndarray | None = None
     if embed_dtype in _FP8:
         # torch's cast, as vLLM does it: round to nearest even; beyond the format's range (448 for e4m3,
         # 57344 for e5m2) is NaN / inf, which only unnormalised outputs can reach.
-        return torch.tensor(vectors).to(_FP8[embed_dtype]).view(torch.uint8).numpy()
+        import torch  # noqa: PLC0415 - only these casts need it: a null-model worker loads torch for them alone
+
+        return torch.tensor(vectors).to(getattr(torch, _FP8[embed_dtype])).view(torch.uint8).numpy()
     raise ValueError(f"unknown embed_dtype {embed_dtype!r}")
 
 

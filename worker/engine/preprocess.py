@@ -1,58 +1,28 @@
-"""Preprocess: a verified request's inputs -> the token-id lists to embed (prompt, special tokens, truncation)."""
+"""Preprocess: a verified request's inputs -> the token-id lists to embed (prompt, special tokens, truncation),
+as a Prepared (worker/engine/seam.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from embedfleet.common.errors import InputTooLongError, ValidationError
 from embedfleet.common.request import EmbedRequest
 from embedfleet.worker.engine.chat import render
 from embedfleet.worker.engine.encode import token_ids
-from embedfleet.worker.engine.chunking import Specials, combine, find_specials, split
+from embedfleet.worker.engine.chunking import Specials, find_specials, split
 from embedfleet.worker.engine.latechunking import plan_spans
 from embedfleet.worker.engine.models import plaintext
-from embedfleet.worker.engine.models.base import LoadedModel
+from embedfleet.worker.engine.seam import Prepared
+
+if TYPE_CHECKING:  # types only: a real model's module loads torch, and a null-model worker imports this one
+    from embedfleet.worker.engine.models.base import LoadedModel
 
 # Texts per tokenizer call when a round is tokenised together (1,024 corpus texts, MiniLM's tokenizer through
 # its Rust backend, this 2-core machine): calls of 64-256 texts ran as fast as one call of the whole round when
 # the machine was quiet and 1.5-2.5x faster when it was busy (the backend's thread pool then waits for its
 # slowest thread, once per call); calls of 1-8 texts ran at about half speed (each call's set-up).
 TOKENIZE_TEXTS = 64
-
-
-@dataclass
-class Prepared:
-    """One request's token-id lists, ready for batching."""
-
-    token_lists: list[list[int]]
-    prompt_length: int = 0  # tokens to leave out of pooling (only with ST's include_prompt=False)
-    # what the forward pass returns: "pool" (one vector per row), "tokens" (one per token), or "outputs:<heads>" (a
-    # multi-head or sparse model's parts, worker/engine/tasks/sparse.py)
-    head: str = "pool"
-    pair_starts: list[int] | None = None  # a cross-encoder's pairs: where each row's second text starts
-    owners: list[int] | None = None  # chunked inputs: the input each token list is a chunk of (ascending)
-    spans: list[tuple[int, int, int, int, int]] | None = None  # late chunking: one output row per span
-
-    @property
-    def prompt_tokens(self) -> int:
-        """Tokens actually embedded: after truncation, special and prompt tokens included (every chunk's)."""
-        return sum(map(len, self.token_lists))
-
-    @property
-    def prompt_lengths(self) -> list[int]:
-        """Per token list: the prompt sits at the front of an input, so in its first chunk only."""
-        if self.owners is None:
-            return [self.prompt_length] * len(self.token_lists)
-        return [self.prompt_length if k == 0 or self.owners[k - 1] != owner else 0
-                for k, owner in enumerate(self.owners)]
-
-    def pooled(self, rows: np.ndarray) -> np.ndarray:
-        """One row per input: a chunked input's chunk rows combined by their token-count-weighted mean."""
-        if self.owners is None:
-            return rows
-        return combine(rows, self.owners, [len(ids) for ids in self.token_lists], self.owners[-1] + 1)
 
 
 def _prompt_text(model: LoadedModel, request: EmbedRequest) -> str | None:

@@ -29,6 +29,7 @@ from redis.cluster import RedisCluster
 
 from embedfleet.common.protocol import keys
 from embedfleet.common.errors import StartupError
+from embedfleet.common.redisclient import check_access, connect
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +45,6 @@ class Lookup:
 
     keys: dict[int, list[str]] = field(default_factory=dict)
     hits: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)
-
-
-def cacheable(request, prep) -> bool:
-    """Only rows that are one pooled vector each, from one text's tokens: the embed task (a long input's
-    chunks included), not late chunking (spans pooled from a whole input's states), per-token rows or a
-    cross-encoder's pairs."""
-    return request.params.task == "embed" and prep.spans is None and prep.head == "pool" and not prep.pair_starts
 
 
 class VectorCache:
@@ -94,15 +88,14 @@ class VectorCache:
     # -- around the engine's steps ---------------------------------------------------------------------
 
     def lookup(self, work, claim=None) -> Lookup:
-        """The cache keys of every cacheable request of `work` (an engine Work), and the vectors found.
+        """The cache keys of every cacheable request of `work` (an engine Work: `Work.cacheable`, the embed task's
+        pooled rows, a long input's chunks included), and the vectors found.
         `claim`: the round's in-flight claims (worker/serving/inflight.py Claim), sent in the same round trip
         and answered (`sends_claims`: only where the cache is the queue's own Redis)."""
         found = Lookup()
-        for index, request in work.resolved.items():
-            prep = work.prepared.get(index)
-            if request.cache and prep is not None and cacheable(request, prep):
-                found.keys[index] = [self.key(ids, prompt_length)
-                                     for ids, prompt_length in zip(prep.token_lists, prep.prompt_lengths)]
+        for index, prep in work.cacheable():
+            found.keys[index] = [self.key(ids, prompt_length)
+                                 for ids, prompt_length in zip(prep.token_lists, prep.prompt_lengths)]
         wanted = list(dict.fromkeys(k for ks in found.keys.values() for k in ks))
         if claim is not None and claim.markers:
             values = self._claim_and_get(claim, wanted)
@@ -137,7 +130,7 @@ class VectorCache:
     def remember(self, work, found: Lookup) -> None:
         """The forward stage, after its passes: keep what this round computed for the next rounds."""
         for index, cache_keys in found.keys.items():
-            rows, hits = work.rows.get(index), found.hits.get(index, {})
+            rows, hits = work.computed(index), found.hits.get(index, {})
             if rows is None:
                 continue
             for row, key in enumerate(cache_keys):
@@ -151,8 +144,8 @@ class VectorCache:
         """Write the vectors computed for cacheable requests (not the hits) in one pipeline."""
         entries: dict[str, bytes] = {}
         for index, cache_keys in found.keys.items():
-            rows = work.rows.get(index)
-            if rows is None or index in work.failed:
+            rows = work.computed(index)
+            if rows is None:
                 continue
             hits = found.hits.get(index, {})
             for row, key in enumerate(cache_keys):
@@ -260,6 +253,15 @@ def eviction_policy(connection: redis.Redis) -> tuple[str, str]:
     policies = [str(info.get("maxmemory_policy", "noeviction")) for info in infos]
     policy = next((p for prefix in ("allkeys-", "volatile-") for p in policies if p.startswith(prefix)), policies[0])
     return policy, ",".join(sorted(str(info.get("run_id", "")) for info in infos))
+
+
+def cache_store(url: str | None) -> redis.Redis | None:
+    """The cache's own Redis (--cache-url), its access checked like the queue's; None: the queue's Redis."""
+    if not url:  # empty (compose passes unset variables as "") counts as unset
+        return None
+    store = connect(url)
+    check_access(store, url)
+    return store
 
 
 def check_placement(queue: redis.Redis, cache: redis.Redis | None) -> str:

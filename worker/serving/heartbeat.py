@@ -87,9 +87,8 @@ class Watchdog:
         self._armed: tuple[float, float, int] | None = None  # (started, deadline seconds, padded tokens)
 
     def arm(self, work) -> None:
-        """`work`: an engine Work (its prepared token lists count) or a padded-token count."""
-        tokens = work if isinstance(work, int) else sum(
-            len(prep.token_lists) * max(map(len, prep.token_lists), default=0) for prep in work.prepared.values())
+        """`work`: an engine Work (its prepared token lists count: `Work.padded_alone`) or a padded-token count."""
+        tokens = work if isinstance(work, int) else work.padded_alone
         self._armed = (time.monotonic(), self.floor + self.per_token * tokens, tokens)
 
     def disarm(self) -> None:

@@ -71,7 +71,7 @@ class WorkerMetrics:
             self.pass_rate.set(rate)
 
     def forwarded(self, work, seconds: float) -> None:
-        """One round through the engine (worker.engine.engine.Work, after forward)."""
+        """One round through the engine (a worker/engine/seam.py Work, after forward)."""
         self.rounds.inc()
         self.batches.inc(work.passes)
         self.rows.inc(work.texts)

@@ -17,13 +17,11 @@ from embedfleet.common.errors import EmbedfleetError, InternalError, echo
 from embedfleet.common.protocol.records import Answer, Kind, Outcome, Taken
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
-from embedfleet.worker.engine.batcher import cuts
-from embedfleet.worker.engine.engine import Work
+from embedfleet.worker.engine.seam import Prepared, Work
 from embedfleet.worker.serving import answers
 from embedfleet.worker.serving.jobdata import decode_job
 
 if TYPE_CHECKING:
-    from embedfleet.worker.engine.preprocess import Prepared
     from embedfleet.worker.serving.cache import Lookup
 
 log = logging.getLogger("embedfleet.worker")
@@ -81,7 +79,7 @@ class Round:
         """(job, verified request, prepared inputs) of each long request the engine left to spread."""
         if self.work is None:
             return []
-        return [(self.runnable[i], self.work.resolved[i], prepared) for i, prepared in self.spread.items()]
+        return [(self.runnable[i], self.work.verified(i), prepared) for i, prepared in self.spread.items()]
 
 
 def passes_of(round_: Round, shape) -> tuple[int | None, int | None]:
@@ -93,15 +91,7 @@ def passes_of(round_: Round, shape) -> tuple[int | None, int | None]:
     work = round_.work
     if work is None:
         return 0, 0
-    hits = round_.lookup.hits if round_.lookup is not None else {}
-    each = {index: [len(ids) for row, ids in enumerate(prepared.token_lists) if row not in hits.get(index, ())]
-            for index, prepared in work.prepared.items()}
-    largest = max(each.values(), key=len, default=[])
-    return _passes(sorted(n for lengths in each.values() for n in lengths), shape), _passes(sorted(largest), shape)
-
-
-def _passes(lengths: list[int], shape) -> int:
-    return sum(1 for _ in cuts(lengths, shape.tokens, shape.rows))
+    return work.passes_needed(shape, round_.lookup.hits if round_.lookup is not None else {})
 
 
 def triage(round_: Round, taken: list[Taken], model: str, max_deliveries: int, now: float,

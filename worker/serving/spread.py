@@ -35,8 +35,7 @@ from embedfleet.common.request import EmbedRequest, PartOf
 from embedfleet.common.result import Result
 from embedfleet.worker.serving import answers
 from embedfleet.worker.serving.jobdata import decode_job
-from embedfleet.worker.engine.engine import Work
-from embedfleet.worker.engine.preprocess import Prepared
+from embedfleet.worker.engine.seam import Prepared, Work
 from embedfleet.common.protocol.records import Answer, Outcome, Taken
 
 log = logging.getLogger(__name__)
@@ -51,20 +50,19 @@ def set_aside(work: Work, chunks_per_job: int) -> dict[int, Prepared]:
     be invalid stays too."""
     if not chunks_per_job:
         return {}
-    spread: dict[int, Prepared] = {}
-    for index, prepared in list(work.prepared.items()):
-        request = work.resolved[index]
-        if request.params.task == "embed" and request.params.outputs is None and prepared.owners is not None \
-                and request.part_of is None and len(prepared.token_lists) > chunks_per_job \
-                and not prepared.prompt_length and keys.part_id(request.id, len(prepared.token_lists)) is not None:
-            spread[index] = work.prepared.pop(index)
-    return spread
+
+    def spreads(request: EmbedRequest, prepared: Prepared) -> bool:
+        return request.params.task == "embed" and request.params.outputs is None and prepared.owners is not None \
+            and request.part_of is None and prepared.texts > chunks_per_job and not prepared.prompt_length \
+            and keys.part_id(request.id, prepared.texts) is not None
+
+    return work.set_aside(spreads)
 
 
 class ChunkJobs:
     """Spreads and joins for one worker: `settle` rewrites a round's answers before they are written.
     `combine(request, rows, owners, weights, prompt_tokens) -> Result`: the engine's result from a spread
-    request's chunk rows (worker/engine/engine.py `Engine.combine_parts`)."""
+    request's chunk rows (ServingEngine.combine_parts, worker/engine/seam.py)."""
 
     def __init__(self, connection: Redis, queues: list[str], model: str, *, result_ttl: int,
                  chunks_per_job: int, combine: Callable[..., Result], limit=None):

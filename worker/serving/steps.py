@@ -22,7 +22,7 @@ import time
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet.worker.engine import stageclock
-from embedfleet.worker.engine.engine import ServingEngine
+from embedfleet.worker.engine.seam import ServingEngine
 from embedfleet.worker.serving.rounds import Round
 from embedfleet.worker.serving.spread import set_aside
 

@@ -113,11 +113,10 @@ class RoundTraces:
 
     @staticmethod
     def _tokens(round_, traced: _Traced) -> dict:
-        prepared = round_.work.prepared.get(traced.index)
+        prepared = round_.work.prepared_of(traced.index)
         if prepared is None:  # answered at prepare (its own error, tokenize) or spread over the fleet
             return {"embedfleet.request.inputs": len(traced.request.inputs)}
-        return {"embedfleet.request.inputs": len(prepared.token_lists),
-                "embedfleet.request.tokens": sum(len(ids) for ids in prepared.token_lists)}
+        return {"embedfleet.request.inputs": prepared.texts, "embedfleet.request.tokens": prepared.prompt_tokens}
 
     def _forward(self, round_, traced: _Traced) -> dict:
         work = round_.work

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from embedfleet.common.protocol.keys import RECOVER_LIMIT
-from embedfleet.worker.engine.engine import ServingEngine
+from embedfleet.worker.engine.seam import ServingEngine
 from embedfleet.worker.serving.advertise import Advertiser
 from embedfleet.worker.serving.heartbeat import Watchdog
 from embedfleet.worker.serving.ledger import Ledger

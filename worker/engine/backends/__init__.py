@@ -8,43 +8,15 @@ Tokeniser, pooling, Dense, normalisation, Matryoshka and every task stay in work
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from embedfleet.common.errors import StartupError
+from embedfleet.worker.engine.backends.choice import GATES, EngineChoice
 from embedfleet.worker.engine.models.base import pad_batch
 
 log = logging.getLogger(__name__)
 
 ENGINES = ("torch", "onnx", "openvino")
-# The lowest probe cosine against float32 torch that an engine may serve at: an unquantised export
-# computes the same function (only the order of float sums differs); int8 is an approximation.
-GATES = {None: 0.99999, "int8": 0.99}
 _EXTRAS = {"onnx": ("onnxruntime", "onnx"), "openvino": ("openvino", "openvino")}
-
-
-@dataclass(frozen=True)
-class EngineChoice:
-    """--engine, --quantize, --fidelity-gate and --engine-cache-dir, as load_model takes them."""
-
-    engine: str = "torch"
-    quantize: str | None = None
-    gate: float | None = None  # None: GATES[quantize]
-    cache_dir: str | None = None  # None: worker/engine/backends/cache.py default_root()
-    threads: int | None = None  # the engine's intra-op threads (worker/engine/cpus.py); None: the affinity's CPUs
-    spinning: bool = False  # waiting threads may spin (OMP_WAIT_POLICY=ACTIVE): ONNX Runtime's allow_spinning
-
-    @property
-    def label(self) -> str:
-        """The engine as adverts, logs and the vector cache's model identity name it: torch, onnx, onnx-int8."""
-        return self.engine + (f"-{self.quantize}" if self.quantize else "")
-
-    @property
-    def min_cosine(self) -> float:
-        return self.gate if self.gate is not None else GATES[self.quantize]
-
-    @property
-    def on_cpu(self) -> bool:
-        return self.engine != "torch"
 
 
 def check(choice: EngineChoice, *, dtype: str | None, device: str | None, classifier: bool) -> None:

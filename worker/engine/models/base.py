@@ -30,8 +30,8 @@ from embedfleet.worker.engine.pooling import Pooler
 
 if TYPE_CHECKING:  # types only: the leaf imports no sibling at run time
     from embedfleet.common.request import EmbedRequest
-    from embedfleet.worker.engine.backends import EngineChoice
-    from embedfleet.worker.engine.preprocess import Prepared
+    from embedfleet.worker.engine.backends.choice import EngineChoice
+    from embedfleet.worker.engine.seam import Prepared
     from embedfleet.worker.engine.models.plaintext import MessageText
     from embedfleet.worker.engine.models.stconfig import STConfig
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from embedfleet.common.capabilities import ModelCapabilities
 from embedfleet.common.request import EmbedRequest
-from embedfleet.worker.engine.preprocess import Prepared
+from embedfleet.worker.engine.seam import Prepared
 
 PREFIX = "null:"
 _SPEC = re.compile(r"null:(\d{1,5})")

@@ -10,12 +10,11 @@ each token's labels through the same activation as classify, laid out as token_e
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet.worker.engine.postprocess import cast
-from embedfleet.worker.engine.preprocess import Prepared
+from embedfleet.worker.engine.seam import Prepared
 from embedfleet.worker.engine.tasks.sparse import HEAD_PREFIX, finish_outputs
 
 
@@ -48,6 +47,8 @@ def finish_task(model, request: EmbedRequest, rows, prepared: Prepared) -> Resul
 
 def _scores(model, rows, prepared: Prepared, activate: bool) -> np.ndarray:
     if model.caps.pooling == "classifier":  # one row of one logit per pair
+        import torch  # noqa: PLC0415 - a cross-encoder's activation; a null-model worker never loads torch
+
         logits = torch.as_tensor(np.asarray(rows, np.float32))
         if activate:
             with torch.inference_mode():

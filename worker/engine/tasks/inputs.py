@@ -8,7 +8,8 @@ import numpy as np
 from embedfleet.common.errors import InputTooLongError
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
-from embedfleet.worker.engine.preprocess import Prepared, prepare
+from embedfleet.worker.engine.preprocess import prepare
+from embedfleet.worker.engine.seam import Prepared
 from embedfleet.worker.engine.tasks.sparse import prepare_outputs, wanted
 
 

@@ -16,7 +16,8 @@ from embedfleet.common.errors import InputTooLongError
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet.worker.engine.postprocess import cast, cut_and_normalise
-from embedfleet.worker.engine.preprocess import Prepared, prepare
+from embedfleet.worker.engine.preprocess import prepare
+from embedfleet.worker.engine.seam import Prepared
 
 HEAD_PREFIX = "outputs:"
 
