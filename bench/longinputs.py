@@ -30,7 +30,8 @@ from embedfleet.common.redisserver import RedisServer
 from embedfleet import Producer
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.loader import load_model
-from embedfleet.worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.builder import build_worker
+from embedfleet.worker.serving.config import given_settings
 
 
 def documents(tokenizer, count: int, tokens: int) -> list[str]:
@@ -49,8 +50,10 @@ def serve(model, url: str, docs: list[str], workers: int, chunks_per_job: int, *
     """Submit every document, serve them with `workers` BatchWorkers, return seconds and counts."""
     connection = redis.Redis.from_url(url)
     connection.flushall()
-    fleet = [BatchWorker(Engine(model, max_batch_tokens=8192, max_batch_size=32), connection, max_jobs=16,
-                         poll_timeout=1, chunks_per_job=chunks_per_job) for _ in range(workers)]
+    # --no-cache: the repeats and the rows compare compute; a repeat answered from the cache would compare nothing
+    settings = given_settings(max_jobs=16, poll_timeout=1, chunks_per_job=chunks_per_job, cache=False)
+    fleet = [build_worker(settings, Engine(model, max_batch_tokens=8192, max_batch_size=32), connection)
+             for _ in range(workers)]
     threads = [threading.Thread(target=w.work, daemon=True) for w in fleet]
     for worker in fleet:
         worker.advertiser.advertise()

@@ -28,7 +28,8 @@ from embedfleet.common.redisserver import RedisServer
 from embedfleet import Producer
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.loader import load_model
-from embedfleet.worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.builder import build_worker
+from embedfleet.worker.serving.config import given_settings
 
 
 def _answered_at(conn, request_id: str) -> float:
@@ -41,7 +42,9 @@ def run(engine, texts: list[str], queries: list[str], args, backlog_priority: st
     """`queries` empty: the backlog alone, over the same window (bulk texts/s with nothing to yield to)."""
     with RedisServer() as server:
         conn = redis.Redis.from_url(server.url)
-        worker = BatchWorker(engine, conn, max_jobs=args.max_jobs, poll_timeout=1)
+        # --no-cache: each row pays its forward pass, as the latencies measured behind the backlog assume
+        settings = given_settings(max_jobs=args.max_jobs, poll_timeout=1, cache=False)
+        worker = build_worker(settings, engine, conn)
         worker.advertiser.advertise()
         name = engine.caps.name
         with Producer(server.url) as producer:

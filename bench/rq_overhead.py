@@ -25,7 +25,8 @@ from embedfleet.common.request import EmbedRequest
 from embedfleet.common.serializer import MsgpackSerializer
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.nullmodel import NullModel
-from embedfleet.worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.builder import build_worker
+from embedfleet.worker.serving.config import given_settings
 from embedfleet.worker.serving.rqpubsub import PromptSimpleWorker
 
 
@@ -76,7 +77,7 @@ def main() -> None:
         requests = [EmbedRequest(model="noop", inputs=["x"]) for _ in range(args.jobs)]
         engine = Engine(NullModel("null:4", "noop"), max_batch_tokens=1 << 20, max_batch_size=4096)
         batch_s, batch_cmds = measure(
-            conn, lambda: BatchWorker(engine, conn, max_jobs=args.max_jobs),
+            conn, lambda: build_worker(given_settings(max_jobs=args.max_jobs), engine, conn),
             lambda: enqueue_all(queue, [(JOB_FUNC, (r.encode(),), r.id) for r in requests]), args.jobs)
 
         simple_queue = Queue("noop-simple", connection=conn, serializer=MsgpackSerializer)

@@ -32,7 +32,8 @@ from _common import RedisServer, describe_machine, load_corpus, prefill, short_t
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.nullmodel import NullModel
 from embedfleet.worker.serving import rounds
-from embedfleet.worker.serving.pipeline import BatchWorker
+from embedfleet.worker.serving.builder import build_worker
+from embedfleet.worker.serving.config import given_settings
 from embedfleet.worker.serving.rounds import Round
 
 NAME = "null"
@@ -55,7 +56,7 @@ def measure(texts: list[str], rounds_n: int, size: int, gap: float = 0.0) -> dic
         conn = redis.Redis.from_url(server.url)
         prefill(server.url, NAME, [[texts[i % len(texts)]] for i in range(rounds_n * size)])
         engine = Engine(NullModel("null:384", served_name=NAME), max_batch_tokens=1 << 20, max_batch_size=4096)
-        worker = BatchWorker(engine, conn, max_jobs=size, poll_timeout=1)
+        worker = build_worker(given_settings(max_jobs=size, poll_timeout=1), engine, conn)
         for _ in range(rounds_n):
             if gap:
                 time.sleep(gap)

@@ -10,7 +10,9 @@ from embedfleet.common.redisserver import RedisServer
 from tests.rediscluster import LocalCluster
 from tests.systemtools import INSTALL, untested
 
-pytest_plugins = ["tests.tinymodels", "tests.hashed"]  # tiny random model folders; workers of the model "hashed"
+# tiny random model folders; workers of the model "hashed"; the tiny BERT whose long inputs are chunked; a
+# receiver of webhooks
+pytest_plugins = ["tests.tinymodels", "tests.hashed", "tests.longinputs", "tests.webhooks"]
 
 # `make test-fast` (-m "not slow"): the modules whose tests take 10 s or more on 2 idle cores (real processes,
 # faults that wait for leases, real models), measured with --junitxml; every other module runs in it. A new module
@@ -134,6 +136,12 @@ def minilm_engine(minilm_path):
     from embedfleet.worker.engine.models.loader import load_model
 
     return Engine(load_model(minilm_path, served_name="minilm"), max_batch_tokens=8192)
+
+
+@pytest.fixture
+def engine(minilm_engine):
+    """The engine of the queue tests (a module may define its own): the real one on the bundled model."""
+    return minilm_engine
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """A real worker process for fault tests: the null model, except that an input "die" SIGKILLs the process
 in the forward pass and "hang" blocks it there (a device call that never returns). Vectors are a
-deterministic function of the text, so a clean run can be compared with a faulty one.
+deterministic function of the text, so a clean run can be compared with a faulty one. `workers()` starts some.
 
     python -m tests.crashworker REDIS_URL MODEL [--lease S] [--watchdog S] [--max-jobs N] [--rq-records lean|full]
 """
@@ -8,10 +8,13 @@ deterministic function of the text, so a clean run can be compared with a faulty
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -20,11 +23,14 @@ from embedfleet.common.redisclient import connect
 from embedfleet.common.request import EmbedRequest
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.nullmodel import NullModel
-from embedfleet.worker.engine.preprocess import Prepared
-from embedfleet.worker.serving.pipeline import BatchWorker
+from embedfleet.worker.engine.seam import Prepared
+from tests.commands import ROOT
+from tests.harness import worker as build
 
 DIM = 8
 DIE, HANG = -1, -2
+MODEL = "crashy"  # the model `workers()` serve
+LEASE = 2.0  # their --lease
 
 
 def token(text: str) -> int:
@@ -58,6 +64,22 @@ class CrashModel(NullModel):
         return np.stack([vector(t) for t in flat])
 
 
+@contextlib.contextmanager
+def workers(redis_url: str, count: int, *extra: str):
+    """`count` crash-worker processes; killed (SIGKILL) on the way out, whatever the test did."""
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.crashworker", redis_url, MODEL, "--lease", str(LEASE),
+                               *extra], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for _ in range(count)]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+            proc.stderr.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("redis_url")
@@ -70,9 +92,9 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = Engine(CrashModel(args.model), max_batch_tokens=64, max_batch_size=64)
-    worker = BatchWorker(engine, connect(args.redis_url), max_jobs=args.max_jobs, poll_timeout=1,
-                         lease=args.lease, drain_timeout=args.drain_timeout,
-                         watchdog=(args.watchdog, 0.0) if args.watchdog else None, rq_records=args.rq_records)
+    watchdog = {"watchdog_seconds": args.watchdog, "watchdog_per_token": 0.0} if args.watchdog else {}
+    worker = build(engine, connect(args.redis_url), max_jobs=args.max_jobs, lease_seconds=args.lease,
+                   drain_timeout=args.drain_timeout, rq_records=args.rq_records, **watchdog)
     print(f"crashworker {worker.name} serving {args.model}")  # not flushed: block-buffered into a pipe
     worker.work()
 

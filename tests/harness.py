@@ -1,24 +1,62 @@
-"""Workers in the test's own process: `serve()` runs one BatchWorker in a thread for the span of a `with`, and
-`Fleet` holds serving workers, a Producer and gateways on one Redis (the `fleet` fixture of tests/conftest.py is
-one on the test's flushed Redis; a module fixture opens its own). Every worker is stopped, joined within a
-bound, and checked: a thread that did not end fails the test, and what `work()` raised is raised again."""
+"""Workers in the test's own process, built as `embedfleet worker` builds them (worker/serving/builder.py) from
+`settings()`: production's defaults (vector cache, watchdog, long requests spread over the fleet) unless a test
+names what it does otherwise. `worker()` builds one, `idle_worker()` builds and advertises one that takes nothing
+yet, `serve()` runs one in a thread for the span of a `with`, and `Fleet` holds serving workers, a Producer and
+gateways on one Redis (the `fleet` fixture of tests/conftest.py is one on the test's flushed Redis; a module
+fixture opens its own). Every worker is stopped, joined within a bound, and checked: a thread that did not end
+fails the test, and what `work()` raised is raised again."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import redis
 from redis.cluster import RedisCluster
 
 from embedfleet import Producer
-from tests import gatewayserver
 from tests.commands import advertised
+from embedfleet.worker.serving.builder import build_worker
+from embedfleet.worker.serving.config import WorkerSettings, given_settings
 from embedfleet.worker.serving.pipeline import BatchWorker
+
+if TYPE_CHECKING:
+    from tests import gatewayserver
 
 STOP_SECONDS = 30  # a stopped worker ends within one poll (1 s here) and the rounds it holds
 ADVERT_SECONDS = 60  # work() advertises before its first take: only a loaded box makes this take long
+POLL_SECONDS = 1  # a test's workers' --poll-timeout unless it says: a stop is noticed within a second
+
+
+def settings(**values) -> WorkerSettings:
+    """A worker's settings as `embedfleet worker --flag value ...` would make them, from `values` (field names)
+    and the defaults alone: neither the environment nor a running `up` is read (worker/serving/config.py)."""
+    return given_settings(**values)
+
+
+def worker(engine, connection: redis.Redis, **options) -> BatchWorker:
+    """A worker of `engine` on `connection`, built as `embedfleet worker` builds one (worker/serving/builder.py),
+    not yet working.
+
+    options: WorkerSettings fields (`max_jobs=8`, `lease_seconds=0.2`, `cache=False`, `chunks_per_job=0`, ...;
+        poll_timeout POLL_SECONDS unless given), and build_worker's overrides for what production does not do
+        (BatchWorker keyword arguments: a `cache` of the test's own, `watchdog=None`, `metrics`, `info`,
+        `heartbeat_interval`, `queue`, ...).
+    """
+    fields = {name: value for name, value in options.items()
+              if name in WorkerSettings.model_fields and (name != "cache" or isinstance(value, bool))}
+    overrides = {name: value for name, value in options.items() if name not in fields}
+    return build_worker(settings(**{"poll_timeout": POLL_SECONDS, **fields}), engine, connection, **overrides)
+
+
+def idle_worker(engine, connection: redis.Redis, **options) -> BatchWorker:
+    """`worker()`, advertised (producers submit to its model) but taking nothing until it works: for a test that
+    queues a whole round first, or needs requests that wait. Its advert lives ADVERTISE_TTL unless it works."""
+    built = worker(engine, connection, **options)
+    built.advertiser.advertise()
+    return built
 
 
 class ServingThread(threading.Thread):
@@ -50,8 +88,7 @@ def serve(worker: BatchWorker | object, connection: redis.Redis | str | None = N
     """Serve in a thread of this process for the span of the `with`; yields the worker once its advert is seen.
 
     Args:
-        worker: a BatchWorker, or an engine to build one on `connection` with `options` (poll_timeout=1
-            unless given: a stop is noticed within one poll).
+        worker: a BatchWorker, or an engine to build one on `connection` with `options` (`worker()`'s).
         connection: a Redis client or URL; only with an engine.
         burst: `work(burst=True)`: it ends by itself once the queue is empty (queue the work, advertising by
             hand first if a Producer submits it, before the `with`); else the exit stops it (`stop()`: what
@@ -72,15 +109,26 @@ def burst(worker: BatchWorker | object, connection: redis.Redis | str | None = N
     return thread.served
 
 
-def _worker(worker: BatchWorker | object, connection: redis.Redis | str | None,
+def one_round(worker: BatchWorker) -> list[str]:
+    """Take, run and answer one round of a worker that is not working, by hand, in this thread (the forward pass
+    the engine's own: no cache around it); returns the ids it took."""
+    batch = worker.take_round(None)
+    assert batch is not None
+    if batch.work is not None:
+        worker.engine.forward(batch.work)
+    worker.finish_round(batch)
+    return [job.id for job in batch.runnable]
+
+
+def _worker(given: BatchWorker | object, connection: redis.Redis | str | None,
             options: dict) -> tuple[BatchWorker, bool]:
     """The worker to serve, and whether its Redis client is the harness's own (opened on a URL: closed after)."""
-    if isinstance(worker, BatchWorker):
+    if isinstance(given, BatchWorker):
         assert connection is None and not options, "a BatchWorker is served as it was built"
-        return worker, False
+        return given, False
     assert connection is not None, "serving an engine needs the Redis to serve it on"
     client = redis.Redis.from_url(connection) if isinstance(connection, str) else connection
-    return BatchWorker(worker, client, **{"poll_timeout": 1, **options}), isinstance(connection, str)
+    return worker(given, client, **options), isinstance(connection, str)
 
 
 @contextlib.contextmanager
@@ -166,6 +214,8 @@ class Fleet:
 
     def gateway(self, **fields) -> gatewayserver.Server:
         """A gateway (tests/gatewayserver.py) on the fleet's Redis with these settings, stopped with the fleet."""
+        from tests import gatewayserver  # the web stack loads for the tests that start a gateway
+
         server = gatewayserver.Server(gatewayserver.settings(self.url, **fields))
         self._stack.callback(server.stop)
         return server

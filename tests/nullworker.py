@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import redis
 
-from tests.harness import serve
+from tests.harness import idle_worker, serve
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.nullmodel import NullModel
 from embedfleet.worker.serving.pipeline import BatchWorker
@@ -25,8 +25,7 @@ def null_worker(redis_url: str, dimensions: int = 4) -> Iterator[BatchWorker]:
     """An advertised worker; call `.serve()` to start it (the queue stays untouched until then). It serves in a
     thread (tests/harness.py's `serve`) until the `with` ends."""
     connection = redis.Redis.from_url(redis_url)
-    worker = BatchWorker(null_engine(dimensions), connection, max_jobs=512, poll_timeout=1)
-    worker.advertiser.advertise()
+    worker = idle_worker(null_engine(dimensions), connection, max_jobs=512)
     with contextlib.ExitStack() as serving:
         serving.callback(connection.close)  # last: after the worker's thread has ended
         worker.serve = lambda: serving.enter_context(serve(worker))

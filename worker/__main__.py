@@ -44,9 +44,9 @@ def serve(argv: list[str]) -> int:
         check_access(connection, settings.redis_url)
     if connection is not None and settings.cache and not settings.shards.shards and \
             not (settings.model or "").startswith("null:"):
-        from embedfleet.worker.serving.cache import check_placement  # noqa: PLC0415
+        from embedfleet.worker.serving.cache import cache_store, check_placement  # noqa: PLC0415
 
-        check_placement(connection, _cache_redis(settings))  # a refusal comes now, not after the model loads
+        check_placement(connection, cache_store(settings.cache_url))  # a refusal comes now, not after the model loads
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("rq.worker").addFilter(_maintenance_at_debug)
     if not settings.log_rounds:
@@ -60,18 +60,17 @@ def serve(argv: list[str]) -> int:
     if settings.gpus or replicas > 1 or partitions > 1:  # a child per GPU, replica and partition of the model
         return gpus.run(ids, argv, settings.name, dict(os.environ), settings.metrics_port, replicas,
                         settings.max_restarts, partitions)
-    from embedfleet.worker.engine.engine import Engine  # noqa: PLC0415 - torch loads after the flags
+    from embedfleet.worker.engine.engine import Engine  # noqa: PLC0415 - the model side loads after the flags (no torch)
     from embedfleet.worker.engine.models.nullmodel import NullModel, is_null  # noqa: PLC0415 - the null model needs no transformers
     from embedfleet.worker.engine.probe import Budget, device_floor, device_limits, probe_budget  # noqa: PLC0415
     from embedfleet.worker.engine.shaper import Shape, Shaper  # noqa: PLC0415
-    from embedfleet.worker.serving.pipeline import BatchWorker  # noqa: PLC0415
+    from embedfleet.worker.serving.builder import build_worker, served_as  # noqa: PLC0415
 
     # Empty values (docker compose passes unset variables as "") count as unset.
     path, name = settings.model, settings.served_model_name or None
     if is_null(path):
         model = NullModel(path, name, settings.max_inputs)
         budget = Budget(settings.max_batch_tokens or 1 << 20, settings.max_batch_size or 4096, "null model")
-        device, dtype, engine_label = "none", "none", "none"
     else:
         if not path:
             path, name = bundled_model_path(), name or BUNDLED_MODEL_NAME
@@ -79,13 +78,10 @@ def serve(argv: list[str]) -> int:
         floor = device_floor(model, device_limits(model))  # the probe may raise the shape above it, not under
         budget = probe_budget(model, seconds=settings.probe_seconds, max_tokens=settings.max_batch_tokens,
                               max_rows=settings.max_batch_size, floor=floor)
-        device = str(model.device)
-        dtype = str(next(model.module.parameters()).dtype).removeprefix("torch.")
-        engine_label = getattr(model, "engine", "torch")
+    device, dtype, engine_label = served_as(model)
     url = _queue_url(settings, model.caps.name)  # a model mapped to a shard of its own is served there
     if connection is None or url != settings.redis_url:
         connection = _reach(url, settings.partition)
-    cache = _cache(settings, connection, model, path, dtype, engine_label)
     shaper = None
     if not is_null(path) and settings.learn_shape:  # flags pin what they name; the rest is learned while serving
         most_tokens, most_rows = device_limits(model)
@@ -103,30 +99,32 @@ def serve(argv: list[str]) -> int:
             "max_batch_size": budget.max_batch_size, "budget_source": budget.source, "max_jobs": settings.max_jobs,
             "host": socket.gethostname(), "pid": os.getpid(),  # `embedfleet health --worker` looks for its host
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), **threads.facts()}
-    watchdog = (settings.watchdog_seconds, _per_token(settings.watchdog_per_token, budget))
-    metrics = _metrics(settings, model.caps.name)
     traced = tracing.start("embedfleet-worker", settings.otlp_endpoint)
-    worker = BatchWorker(engine, connection, cache=cache, max_jobs=settings.max_jobs, bulk_share=settings.bulk_share,
-                         metrics=metrics, chunks_per_job=settings.chunks_per_job, traces=_traces(traced, settings),
-                         result_ttl=settings.result_ttl, poll_timeout=settings.poll_timeout,
-                         lease=settings.lease_seconds, max_deliveries=settings.max_deliveries,
-                         drain_timeout=settings.drain_timeout, watchdog=watchdog, name=settings.name, info=info,
-                         rq_records=settings.rq_records)
-    logging.getLogger("embedfleet.worker").info(
-        "serving model %s (%s, dim %d, max length %d, %s on %s, engine %s, %s, probe cosine vs float32 %.6f, "
-        "batches of %s) "
-        "from queue %s on %s as %s; %s", model.caps.name, path, model.caps.embedding_size, model.caps.max_model_len,
-        dtype, device, engine_label, threads.describe(), model.fidelity, budget.describe(info["forward"] == "packed"),
-        worker.queue.name,
-        redact(url), worker.name,
-        "cache off" if cache is None else f"cache on {redact(settings.cache_url or url)}, model identity "
-                                          f"{cache.identity}, entries live {settings.cache_ttl} s")
     try:
+        worker = build_worker(settings, engine, connection, path=path, budget=budget, info=info,
+                              traces=_traces(traced, settings))
+        _announce(worker, settings, model, path, threads, budget, info, url)
         worker.work(burst=settings.burst)
     finally:
         if traced is not None:
             traced.shutdown()  # the last spans, for at most 2 s (a dead collector does not hold the exit)
     return worker.lifecycle.exit_code  # 130 after Ctrl-C, as a supervisor of several engines exits
+
+
+def _announce(worker, settings: WorkerSettings, model, path: str, threads: cpus.Threads, budget, info: dict,
+              url: str) -> None:
+    """The log line that says what is served, where and how."""
+    cache = worker.steps.cache
+    logging.getLogger("embedfleet.worker").info(
+        "serving model %s (%s, dim %d, max length %d, %s on %s, engine %s, %s, probe cosine vs float32 %.6f, "
+        "batches of %s) "
+        "from queue %s on %s as %s; %s", model.caps.name, path, model.caps.embedding_size, model.caps.max_model_len,
+        info["dtype"], info["device"], info["engine"], threads.describe(), model.fidelity,
+        budget.describe(info["forward"] == "packed"),
+        worker.queue.name,
+        redact(url), worker.name,
+        "cache off" if cache is None else f"cache on {redact(settings.cache_url or url)}, model identity "
+                                          f"{cache.identity}, entries live {settings.cache_ttl} s")
 
 
 def _served_name(settings: WorkerSettings) -> str:
@@ -209,63 +207,6 @@ def _traces(traced, settings: WorkerSettings):
     from embedfleet.worker.serving.traces import RoundTraces  # noqa: PLC0415 - OpenTelemetry loads only when tracing is on
 
     return functools.partial(RoundTraces, traced.tracer("worker"))
-
-
-def _metrics(settings: WorkerSettings, model: str):
-    """The worker's Prometheus metrics, served on --metrics-port, or None."""
-    if settings.metrics_port is None:
-        return None
-    from embedfleet.worker.serving.metrics import WorkerMetrics  # noqa: PLC0415 - only with a metrics port
-
-    port = settings.metrics_port
-    metrics = WorkerMetrics(model)
-    try:
-        metrics.serve(port, settings.metrics_host)
-    except OSError as exc:
-        raise StartupError(f"cannot serve metrics on {settings.metrics_host}:{port}: {exc}; pick a free "
-                           "--metrics-port") from exc
-    logging.getLogger("embedfleet.worker").info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
-    return metrics
-
-
-def _cache(settings: WorkerSettings, queue, model, path: str, dtype: str, engine: str):
-    """The vector cache (worker/serving/cache.py), or None: off by flag, or the null model (it computes nothing).
-    A cache on the queue's Redis is refused when that Redis may evict queue or result keys."""
-    from embedfleet.worker.serving.cache import VectorCache, check_placement  # noqa: PLC0415
-    from embedfleet.worker.engine.identity import folder_digest, model_identity  # noqa: PLC0415
-    from embedfleet.worker.engine.models.nullmodel import is_null  # noqa: PLC0415
-
-    log = logging.getLogger("embedfleet.worker")
-    if not settings.cache or is_null(path):
-        return None
-    store = _cache_redis(settings)
-    warning = check_placement(queue, store)
-    if warning:
-        log.warning("%s", warning)
-    files = folder_digest(getattr(model, "folder", "") or path)
-    # --raw-text tokenises plain strings otherwise on a chat-template folder: other vectors, another identity
-    identity = model_identity(model.caps.name, files, dtype, str(model.device),
-                              engine + ("+raw-text" if settings.raw_text else ""))
-    return VectorCache(store or queue, identity, model.caps.embedding_size, ttl=settings.cache_ttl,
-                       max_memory=settings.cache_max_memory)
-
-
-def _cache_redis(settings: WorkerSettings):
-    """The cache's own Redis (--cache-url), checked like the queue's; None: the queue's Redis."""
-    if not settings.cache_url:  # empty (compose passes unset variables as "") counts as unset
-        return None
-    store = connect(settings.cache_url)
-    check_access(store, settings.cache_url)
-    return store
-
-
-def _per_token(flag: float | None, budget) -> float:
-    """The watchdog's seconds per padded token: the flag, else 10x the probe's slowest measured rate, else
-    (no probe: flags or the null model) 10 ms, a generous bound for any model on a CPU."""
-    if flag is not None:
-        return flag
-    rates = [length * texts for length, texts in budget.texts_per_s.items() if texts > 0]
-    return 10.0 / min(rates) if rates else 0.01
 
 
 def _load(path: str, name: str | None, settings: WorkerSettings, threads: cpus.Threads):

@@ -254,7 +254,7 @@ def test_openai_client_embeds_a_long_input_in_chunks(gateways, minilm_path):
     spread over the fleet as parts (--chunks-per-job 2), equal to chunks embedded by hand."""
     from openai import OpenAI
 
-    from tests.parity.test_longinputs import cosine, hand_reference
+    from tests.longinputs import cosine, hand_reference
 
     text = " ".join(f"{TEXTS[i % 3]} Part {i}." for i in range(80))
     expected, tokens = hand_reference(minilm_path, text, max_len=256)

@@ -13,9 +13,8 @@ import time
 import pytest
 
 from embedfleet import Producer
-from tests.commands import ROOT, running
-from tests.fleet.test_queue import wait_for
-from tests.e2e.test_replicas import MODEL, engines, supervisor
+from tests.commands import ROOT, running, wait_for
+from tests.supervisors import MODEL, engines, supervisor
 
 
 def serving(conn, parent, log, engine_pids) -> dict[str, int]:

@@ -4,11 +4,8 @@ it held come back by their leases. Real worker processes (the null model), a rea
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,60 +18,17 @@ from embedfleet.common.protocol import keys
 from embedfleet import Producer
 from embedfleet.producer.cli.statusview import _workers
 from embedfleet.producer.client.core import parse_worker_info
-from tests.commands import ROOT, children_of, clean_env
-from tests.fleet.test_queue import rq_queue, wait_for
-from tests.e2e.test_up import Up, alive
+from tests.commands import clean_env, wait_for
+from tests.rqjobs import rq_queue
+from tests.supervisors import MODEL, engines, supervisor
+from tests.upprocess import Up, alive
 from embedfleet.worker.serving.gpus import child_argv, default_replicas
-
-MODEL = "replicas"
-LEASE = 2.0
-
-
-@contextlib.contextmanager
-def supervisor(redis_url: str, tmp_path, *flags: str, **env: str):
-    """`embedfleet worker --replicas ...` on the null model; its output goes to a file (read on failure)."""
-    log = tmp_path / "worker.log"
-    env = clean_env(tmp_path, EMBEDFLEET_REDIS_URL=redis_url, **env)
-    with open(log, "w") as out:
-        parent = subprocess.Popen([sys.executable, "-m", "embedfleet.producer.cli", "worker", "--model", "null:4",
-                                   "--served-model-name", MODEL, "--lease-seconds", str(LEASE), "--max-jobs", "8",
-                                   "--no-cache", *flags], env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
-                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    started: set[int] = set()  # its engines: each in a session of its own, out of reach of a killpg
-
-    def engine_pids() -> set[int]:
-        """Its engines now, remembered for the clean-up (once it is dead, they are nobody's children)."""
-        now = set(children_of(parent.pid))
-        started.update(now)
-        return now
-
-    try:
-        yield parent, log, engine_pids
-    finally:
-        started.update(children_of(parent.pid))
-        if parent.poll() is None:
-            parent.send_signal(signal.SIGTERM)
-            try:
-                parent.wait(30)
-            except subprocess.TimeoutExpired:
-                parent.kill()
-        for pid in started:  # whatever the test left running
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
 
 def claims_of(conn, pid: int) -> set[bytes]:
     """The started-registry members whose execution belongs to the engine process `pid`."""
     wip = f"rq:wip:{keys.queue_name(MODEL)}"
     return {m for m in conn.zrange(wip, 0, -1)
             if f"-{pid}-" in (conn.hget(b"rq:execution:" + m, "worker_name") or b"").decode()}
-
-
-def engines(conn) -> dict[str, dict]:
-    """The live engines of MODEL: name -> advertised facts."""
-    names = [n.decode() for n in conn.zrange(keys.model_workers_key(MODEL), 0, -1)]
-    facts = {n: parse_worker_info(n, conn.get(keys.worker_info_key(n))) for n in names}
-    return {n: f for n, f in facts.items() if f is not None}
 
 
 def test_replicas_share_the_queue_and_a_killed_one_is_restarted_with_its_jobs_answered(

@@ -14,7 +14,7 @@ from embedfleet import Producer
 from tests.commands import assert_one_line_error, clean_env, embedfleet
 from tests.secureredis import (DEFAULT_PASSWORD, SecureRedis, embedfleet_process, make_pki, post_embeddings,
                                stop, wait_healthy)
-from tests.fleet.test_trust import documented_acl
+from tests.acls import documented_acl
 
 MODEL = "secure"
 

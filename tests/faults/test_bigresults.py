@@ -18,10 +18,9 @@ from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet import Producer
 from tests.commands import ROOT
-from tests.harness import burst
+from tests.harness import burst, idle_worker
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.nullmodel import NullModel
-from embedfleet.worker.serving.pipeline import BatchWorker
 from embedfleet.worker.serving.spread import ChunkJobs
 from embedfleet.worker.serving.storing import BulkLimit
 
@@ -127,9 +126,8 @@ def test_a_redis_that_hides_its_limit_still_fails_only_the_request_it_refuses(se
 def test_a_round_of_large_results_is_stored_in_calls_within_the_budget(redis_url, redis_client):
     """Results that fit one by one but not together: one finish call per budget's worth, every one stored."""
     engine = Engine(NullModel("null:1024", MODEL), max_batch_tokens=1 << 20, max_batch_size=4096)
-    worker = BatchWorker(engine, redis_client, max_jobs=64, poll_timeout=1)
+    worker = idle_worker(engine, redis_client, max_jobs=64)  # the 9 requests queue up: one round
     worker.store.call_bytes = 1024 * 1024  # 400 KB results: two a call
-    worker.advertiser.advertise()
     sent: list[int] = []
     finish = worker.levels.finish
 

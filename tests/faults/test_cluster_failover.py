@@ -6,24 +6,18 @@ claim that lapsed past its grace reads a tagged id (rq's Job alone refuses one).
 from __future__ import annotations
 
 import socket
-import threading
 import time
 
 import pytest
 import redis
 
-from embedfleet.common.errors import EmbedfleetError
 from embedfleet.common.protocol import keys
 from embedfleet.common.redisclient import connect
-from embedfleet import Producer
-from tests.harness import serve
+from tests.clusterload import AFTER_FAILOVER, FAILOVER_AFTER, Load
+from tests.harness import serve, worker
 from tests.hashed import HASHED_INFO, MODEL, hashed_model
 from tests.rediscluster import LocalCluster
 
-FAILOVER_AFTER = 60  # accepted requests before the failover starts
-AFTER_FAILOVER = 60  # submits once the replica took over
-MAX_REQUESTS = 3000  # the submits stop by themselves even if the failover never ends
-WINDOW = 16  # requests unanswered at most
 SECONDS_PER_TEXT = 0.01  # "device" time: the queue holds work while the failover runs
 TAKEOVER_SECONDS = 10  # per try: a manual failover times out after 5 s
 FAILOVER_TRIES = 3
@@ -67,43 +61,6 @@ def _master_of(port: int) -> str | None:
     return None
 
 
-class Load(threading.Thread):
-    """Submits one-text requests with at most WINDOW unanswered (paced by the worker, so the load spans the
-    failover), until AFTER_FAILOVER more were accepted after `failed_over` (MAX_REQUESTS at most); then waits
-    for every accepted one. A submit may fail with a clear error (a code); an accepted request unanswered is
-    lost."""
-
-    def __init__(self, url: str):
-        super().__init__(daemon=True)
-        self.url = url
-        self.accepted: list[str] = []
-        self.answers: dict[str, tuple] = {}
-        self.refused: list[EmbedfleetError] = []
-        self.started, self.failed_over = threading.Event(), threading.Event()
-
-    def run(self) -> None:
-        with Producer(self.url) as producer:
-            after = 0
-            for index in range(MAX_REQUESTS):
-                try:
-                    self.accepted.append(producer.submit([f"text {index}"], MODEL))
-                except EmbedfleetError as exc:
-                    self.refused.append(exc)
-                if len(self.accepted) - len(self.answers) >= WINDOW:
-                    self._answer(producer, self.accepted[len(self.answers)])
-                if len(self.accepted) >= FAILOVER_AFTER:
-                    self.started.set()
-                after += self.failed_over.is_set()
-                if after >= AFTER_FAILOVER:
-                    break
-            self.started.set()
-            for request_id in self.accepted[len(self.answers):]:
-                self._answer(producer, request_id)
-
-    def _answer(self, producer: Producer, request_id: str) -> None:
-        self.answers[request_id] = producer.wait(request_id, timeout=60).embeddings.shape
-
-
 def test_a_master_failed_over_mid_load_loses_no_accepted_request(cluster, caplog):
     from embedfleet.worker.engine.engine import Engine
 
@@ -136,16 +93,15 @@ def test_rqs_own_cleanup_reads_a_lapsed_claim_of_a_tagged_id(cluster_url):
     StartedJobRegistry.cleanup's to handle at the next worker's start; its id carries a hash tag, which rq's Job
     refuses: the worker's SafeJob takes it, so the maintenance runs instead of raising."""
     from embedfleet.worker.engine.engine import Engine
-    from embedfleet.worker.serving.pipeline import BatchWorker
 
     connection = connect(cluster_url)
     try:
-        worker = BatchWorker(Engine(hashed_model(0), max_batch_tokens=64, max_batch_size=64), connection)
+        rescuer = worker(Engine(hashed_model(0), max_batch_tokens=64, max_batch_size=64), connection)
         queue = keys.queue_name(MODEL, tag=keys.slot_tag(MODEL))
         request_id = keys.tagged_request_id(keys.slot_tag(MODEL))
         connection.hset(keys.rq_job_key(request_id), mapping={"status": "started", "origin": queue})
         connection.zadd(keys.rq_wip_key(queue), {f"{request_id}:lapsed": 1})  # its lease ended long ago
-        worker.clean_registries()
+        rescuer.clean_registries()
         assert connection.zcard(keys.rq_wip_key(queue)) == 0
     finally:
         connection.close()

@@ -21,8 +21,8 @@ from embedfleet.common.protocol import keys
 from embedfleet.common.redisclient import connect
 from embedfleet.common.errors import EmbedfleetError
 from embedfleet import AsyncProducer, Producer
-from tests.faults.test_cluster_failover import AFTER_FAILOVER, FAILOVER_AFTER, MAX_REQUESTS, WINDOW, Load
-from tests.harness import serve
+from tests.clusterload import AFTER_FAILOVER, FAILOVER_AFTER, MAX_REQUESTS, WINDOW, Load
+from tests.harness import idle_worker, serve
 from tests.hashed import HASHED_INFO, MODEL, hashed_model
 from tests.rediscluster import LocalCluster
 from embedfleet.worker.engine.engine import Engine
@@ -235,10 +235,8 @@ def _tryagains(*ports: int) -> int:
 
 def _advertised_worker(connection) -> BatchWorker:
     """A worker of MODEL on `connection`, advertised (so that producers submit) but not serving yet."""
-    worker = BatchWorker(Engine(hashed_model(0), max_batch_tokens=64, max_batch_size=64), connection, max_jobs=8,
-                         poll_timeout=1, info={**HASHED_INFO, "host": socket.gethostname()})
-    worker.advertiser.advertise()
-    return worker
+    return idle_worker(Engine(hashed_model(0), max_batch_tokens=64, max_batch_size=64), connection, max_jobs=8,
+                       info={**HASHED_INFO, "host": socket.gethostname()})
 
 
 def _held_by_a_move(cluster, connection, call, got: list) -> tuple[int, int, threading.Thread]:

@@ -16,10 +16,9 @@ from embedfleet.common.protocol import keys
 from embedfleet.common.errors import UnavailableError
 from embedfleet.common.serializer import MsgpackSerializer
 from embedfleet import Producer
-from tests.harness import burst, serve
-from tests.faults.test_leases import MODEL, workers
+from tests.harness import burst, idle_worker, serve
+from tests.crashworker import MODEL, workers
 from tests.tinymodels import sample_texts
-from embedfleet.worker.serving.pipeline import BatchWorker
 
 
 def wait_until(check, timeout: float, what: str):
@@ -71,8 +70,7 @@ def test_queued_requests_survive_a_redis_restart_and_a_live_worker_rides_it_out(
         restartable_redis, minilm_engine):
     url = restartable_redis.url
     producer = Producer(url)
-    worker = BatchWorker(minilm_engine, redis.Redis.from_url(url), poll_timeout=1)
-    worker.advertiser.advertise()
+    worker = idle_worker(minilm_engine, redis.Redis.from_url(url))  # submits queue up: Redis restarts first
     queued = [producer.submit([f"queued before restart {i}"]) for i in range(5)]
 
     restartable_redis.restart()

@@ -16,11 +16,11 @@ from embedfleet.common.protocol.keys import JOB_FUNC, result_key
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet import Producer
+from tests import harness
 from tests.harness import burst
-from tests.fleet.test_queue import enqueue, rq_queue
+from tests.rqjobs import enqueue, rq_queue
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.nullmodel import NullModel
-from embedfleet.worker.serving.pipeline import BatchWorker
 
 MODEL = "fuzz"
 FUZZ = settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -73,8 +73,7 @@ def test_raw_queue_payloads_fail_alone_and_the_worker_stays_up(redis_client, bad
     for request in good[1:]:
         enqueue(redis_client, request)
 
-    worker = BatchWorker(null_engine(), redis_client, max_jobs=64)
-    burst(worker)  # returns: no stage died
+    burst(null_engine(), redis_client, max_jobs=64)  # returns: no stage died
 
     for request in good:
         result = Result.decode(redis_client.get(result_key(request.id)))
@@ -105,8 +104,7 @@ inputs = st.one_of(
 @FUZZ
 @given(inputs=inputs, fields=fields)
 def test_request_fields_end_in_a_result_or_a_clear_submit_time_error(redis_url, redis_client, inputs, fields):
-    worker = BatchWorker(null_engine(), redis_client, max_jobs=64)
-    worker.advertiser.advertise()
+    worker = harness.idle_worker(null_engine(), redis_client, max_jobs=64)  # serves once the request is queued
     with Producer(redis_url) as producer:
         try:
             request_id = producer.submit(inputs, MODEL, **fields)

@@ -12,9 +12,9 @@ from embedfleet.common.protocol.keys import FAILURE_TTL, JOB_FUNC, RESULT_TTL, n
 from embedfleet.common.request import EmbedRequest, job_reply_to
 from embedfleet.common.result import Result
 from embedfleet.common.serializer import MsgpackSerializer
+from tests import harness
 from tests.harness import burst
-from tests.fleet.test_queue import engine, enqueue, rq_queue, texts  # noqa: F401 - `engine` is a fixture
-from embedfleet.worker.serving.pipeline import BatchWorker
+from tests.rqjobs import enqueue, rq_queue, texts
 
 
 def good_requests(conn, model: str, count: int = 20) -> list[EmbedRequest]:
@@ -30,21 +30,21 @@ def assert_served(conn, requests) -> None:
         assert result.ok and result.embeddings.shape == (1, 384)
 
 
-def assert_maintenance_runs(conn, model: str, engine) -> None:  # noqa: F811
+def assert_maintenance_runs(conn, model: str, engine) -> None:
     """rq's maintenance completes over whatever the hostile run left, and releases its lock."""
-    rescuer = BatchWorker(engine, conn)
+    rescuer = harness.worker(engine, conn)
     rescuer.run_maintenance_tasks()
     assert not conn.exists(f"rq:clean_registries:{rq_queue(conn, model).name}")
 
 
-def test_a_non_utf8_id_is_dropped_and_its_batch_is_served(engine, redis_client):  # noqa: F811
+def test_a_non_utf8_id_is_dropped_and_its_batch_is_served(engine, redis_client):
     model = engine.caps.name
     queue = rq_queue(redis_client, model)
     first = good_requests(redis_client, model, 10)
     redis_client.rpush(queue.key, b"\xff\xfe", b"has space", b"x" * 300)  # ids no rq job can have
     rest = good_requests(redis_client, model, 10)
 
-    worker = BatchWorker(engine, redis_client, max_jobs=64)
+    worker = harness.worker(engine, redis_client, max_jobs=64)
     burst(worker)
 
     assert worker.finishing.batches == 1  # the bad ids were taken with the good ones, and dropped
@@ -54,7 +54,7 @@ def test_a_non_utf8_id_is_dropped_and_its_batch_is_served(engine, redis_client):
     assert_maintenance_runs(redis_client, model, engine)
 
 
-def test_job_data_of_the_wrong_shape_fails_alone(engine, redis_client):  # noqa: F811
+def test_job_data_of_the_wrong_shape_fails_alone(engine, redis_client):
     model = engine.caps.name
     good = good_requests(redis_client, model, 10)
     shapes = {"int args": [JOB_FUNC, None, 5, {}], "not a list": {"a": 1}, "kwargs": [JOB_FUNC, None, [b"x"], {"k": 1}]}
@@ -69,7 +69,7 @@ def test_job_data_of_the_wrong_shape_fails_alone(engine, redis_client):  # noqa:
     hostile[mismatched.id] = "id mismatch"
     good += good_requests(redis_client, model, 10)
 
-    worker = BatchWorker(engine, redis_client, max_jobs=64)
+    worker = harness.worker(engine, redis_client, max_jobs=64)
     burst(worker)
 
     assert worker.finishing.batches == 1
@@ -84,12 +84,12 @@ def test_job_data_of_the_wrong_shape_fails_alone(engine, redis_client):  # noqa:
     assert_maintenance_runs(redis_client, model, engine)
 
 
-def test_a_stranded_int_args_job_is_recovered_by_maintenance(engine, redis_client):  # noqa: F811
+def test_a_stranded_int_args_job_is_recovered_by_maintenance(engine, redis_client):
     model = engine.caps.name
     request = EmbedRequest(model=model, inputs=["?"])
     job = enqueue(redis_client, request)
     redis_client.hset(job.key, "data", zlib.compress(packb([JOB_FUNC, None, 5, {}])))
-    dead = BatchWorker(engine, redis_client)
+    dead = harness.worker(engine, redis_client)
     dead.take_round(None)  # started, then its worker "dies"
     queue = rq_queue(redis_client, model)
     for member in redis_client.zrange(queue.started_job_registry.key, 0, -1):
@@ -99,7 +99,7 @@ def test_a_stranded_int_args_job_is_recovered_by_maintenance(engine, redis_clien
     assert Result.decode(redis_client.get(result_key(request.id))).error_code == "internal_error"
 
 
-def test_reply_to_outside_the_reply_streams_is_never_written(engine, redis_client):  # noqa: F811
+def test_reply_to_outside_the_reply_streams_is_never_written(engine, redis_client):
     model = engine.caps.name
     redis_client.rpush("victim:list", "precious")
     other_queue = rq_queue(redis_client, "other-model").key
@@ -120,7 +120,7 @@ def test_reply_to_outside_the_reply_streams_is_never_written(engine, redis_clien
     assert_served(redis_client, good + requests)  # each still answered on its own result key
 
 
-def test_a_request_for_another_model_is_refused(engine, redis_client):  # noqa: F811
+def test_a_request_for_another_model_is_refused(engine, redis_client):
     model = engine.caps.name
     stray = EmbedRequest(model="someone-else", inputs=["x"])
     enqueue(redis_client, stray, queue=model)
@@ -130,7 +130,7 @@ def test_a_request_for_another_model_is_refused(engine, redis_client):  # noqa: 
     assert "someone-else" in answer.error_message and answer.model == model
 
 
-def test_every_key_a_hostile_message_creates_expires(engine, redis_client):  # noqa: F811
+def test_every_key_a_hostile_message_creates_expires(engine, redis_client):
     model = engine.caps.name
     queue = rq_queue(redis_client, model)
     ids = []
@@ -154,7 +154,7 @@ def test_every_key_a_hostile_message_creates_expires(engine, redis_client):  # n
     assert all(redis_client.exists(notify_key(i)) for i in ids[:3])
 
 
-def test_a_job_hash_changed_by_hand_fails_alone_with_its_reason(engine, redis_client):  # noqa: F811
+def test_a_job_hash_changed_by_hand_fails_alone_with_its_reason(engine, redis_client):
     """Fields a producer's rights can write, planted in three jobs of one round (tests/faults/test_protocol_hostile.py
     covers every field under hypothesis): the worker fails those three with the reason, serves the rest."""
     model = engine.caps.name
@@ -172,7 +172,7 @@ def test_a_job_hash_changed_by_hand_fails_alone_with_its_reason(engine, redis_cl
     assert_maintenance_runs(redis_client, model, engine)
 
 
-def test_a_job_hash_without_data_fails_with_its_reason_and_its_waiter_hears_at_once(engine, redis_client,  # noqa: F811
+def test_a_job_hash_without_data_fails_with_its_reason_and_its_waiter_hears_at_once(engine, redis_client,
                                                                                     caplog):
     """A hand-written job hash without `data` (issue 49, item 8): taken, failed with its reason, its waiter woken
     by the failure; before, it was dropped from the queue and kept status `queued`, its waiter waiting out its
@@ -185,7 +185,7 @@ def test_a_job_hash_without_data_fails_with_its_reason_and_its_waiter_hears_at_o
     queue = rq_queue(redis_client, model)
     redis_client.rpush(queue.key, "y" * 10_000)
 
-    worker = BatchWorker(engine, redis_client, max_jobs=64)
+    worker = harness.worker(engine, redis_client, max_jobs=64)
     burst(worker)
 
     assert_served(redis_client, good)

@@ -14,13 +14,13 @@ from embedfleet.common.protocol.keys import JOB_FUNC, result_key
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet.common.serializer import MsgpackSerializer
+from tests import harness
 from tests.harness import burst
 from tests.nullworker import NULL
-from tests.fleet.test_queue import enqueue, rq_queue, texts
+from tests.rqjobs import enqueue, rq_queue, texts
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.nullmodel import NullModel
 from embedfleet.common.protocol.jobdata import MAX_JOB_DATA
-from embedfleet.worker.serving.pipeline import BatchWorker
 
 SMALL = 4096  # bytes an error blob, or rq's failure record, may take
 
@@ -81,7 +81,7 @@ def test_a_zlib_bomb_among_good_jobs_fails_alone_small_and_in_bounded_memory(red
         hostile[request.id] = (label, says)
     good += good_requests(redis_client, 10)
 
-    worker = BatchWorker(engine, redis_client, max_jobs=64)
+    worker = harness.worker(engine, redis_client, max_jobs=64)
     grown, peak = memory_growth(lambda: burst(worker))
 
     assert worker.finishing.batches == 1  # the bombs were taken with the good jobs
@@ -106,12 +106,12 @@ def test_a_stranded_bomb_is_recovered_by_maintenance_in_bounded_memory(redis_cli
     request = EmbedRequest(model=NULL, inputs=["?"])
     job = enqueue(redis_client, request)
     redis_client.hset(job.key, mapping={"data": bombs()["64 MiB of zeros"][0], "retries_left": 0})
-    BatchWorker(engine, redis_client).take_round(None)  # started, then its worker "dies"
+    harness.worker(engine, redis_client).take_round(None)  # started, then its worker "dies"
     queue = rq_queue(redis_client, NULL)
     for member in redis_client.zrange(queue.started_job_registry.key, 0, -1):
         redis_client.zadd(queue.started_job_registry.key, {member: 1})
 
-    grown, peak = memory_growth(BatchWorker(engine, redis_client).run_maintenance_tasks)
+    grown, peak = memory_growth(harness.worker(engine, redis_client).run_maintenance_tasks)
 
     assert queue.failed_job_registry.get_job_ids() == [request.id]
     assert Result.decode(redis_client.get(result_key(request.id))).error_code == "internal_error"

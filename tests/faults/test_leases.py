@@ -4,7 +4,6 @@ poison is capped, SIGTERM drains, the watchdog ends a hung forward pass. Real wo
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -21,32 +20,15 @@ from embedfleet.common.protocol import keys
 from embedfleet.common.request import EmbedRequest
 from embedfleet import Producer
 from tests.commands import ROOT, clean_env, embedfleet
-from tests.crashworker import token, vector
-from tests.fleet.test_queue import enqueue, rq_queue, wait_for
+from tests import harness
+from tests.commands import wait_for
+from tests.crashworker import LEASE, MODEL, token, vector, workers
+from tests.rqjobs import enqueue, rq_queue
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.nullmodel import NullModel
-from embedfleet.worker.serving.pipeline import BatchWorker
 from embedfleet.common.protocol.operations import RqSchema
 
-MODEL = "crashy"
-LEASE = 2.0
 BOUND = LEASE * 4 / 3  # the documented bound: the lease, then at most one beat (a third of it)
-
-
-@contextlib.contextmanager
-def workers(redis_url: str, count: int, *extra: str):
-    """`count` crash-worker processes; killed (SIGKILL) on the way out, whatever the test did."""
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.crashworker", redis_url, MODEL, "--lease", str(LEASE),
-                               *extra], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-             for _ in range(count)]
-    try:
-        yield procs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(10)
-            proc.stderr.close()
 
 
 def wait_for_workers(conn, count: int, timeout: float = 60) -> None:
@@ -66,7 +48,7 @@ def test_two_live_workers_recovering_the_same_dead_one_requeue_each_job_once(red
     requests = [EmbedRequest(model=MODEL, inputs=[f"t{i}"]) for i in range(200)]
     for request in requests:
         enqueue(redis_client, request)
-    dead = BatchWorker(engine, redis_client, max_jobs=200, lease=0.2)
+    dead = harness.worker(engine, redis_client, max_jobs=200, lease_seconds=0.2)
     assert dead.take_round(None).size == 200  # taken and started; then its heartbeat never runs
     time.sleep(0.3)  # the lease lapses
 

@@ -10,7 +10,6 @@ import redis
 
 from tests.harness import serve
 from tests.nullworker import null_engine
-from embedfleet.worker.serving.pipeline import BatchWorker
 
 STOP_SECONDS = 2.0  # well under the 4 s pause the stop lands in
 
@@ -18,9 +17,9 @@ STOP_SECONDS = 2.0  # well under the 4 s pause the stop lands in
 def test_a_worker_asked_to_stop_during_an_outage_stops_at_once(restartable_redis, caplog):
     caplog.set_level(logging.ERROR, logger="embedfleet.worker")
     connection = redis.Redis.from_url(restartable_redis.url)
-    worker = BatchWorker(null_engine(), connection, poll_timeout=1)
     try:
-        with serve(worker, stop_seconds=STOP_SECONDS):  # its exit stops the worker and waits STOP_SECONDS at most
+        # its exit stops the worker and waits STOP_SECONDS at most
+        with serve(null_engine(), connection, stop_seconds=STOP_SECONDS):
             restartable_redis.stop()
             deadline = time.monotonic() + 30
             while not any("Redis unreachable" in r.getMessage() and "retrying in 4 s" in r.getMessage()

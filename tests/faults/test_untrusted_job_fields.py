@@ -22,12 +22,12 @@ from embedfleet.common.protocol.keys import result_key
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet.common.serializer import MsgpackSerializer
+from tests import harness
 from tests.harness import burst
 from tests.nullworker import NULL
-from tests.fleet.test_queue import enqueue, rq_queue
+from tests.rqjobs import enqueue, rq_queue
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.nullmodel import NullModel
-from embedfleet.worker.serving.pipeline import BatchWorker
 
 ROOT = Path(__file__).resolve().parents[2]
 CANARY = "embedfleet_canary_module"
@@ -88,7 +88,7 @@ def test_maintenance_imports_and_calls_nothing_a_job_names(redis_client, canary,
     queue = rq_queue(redis_client, NULL)
     retried = hostile_job(redis_client, url, retries_left=2)  # abandoned with retries left: requeued
     failed = hostile_job(redis_client, url, retries_left=0)  # abandoned, none left: failed
-    BatchWorker(engine, redis_client, max_jobs=64).take_round(None)  # taken, then its worker "dies"
+    harness.worker(engine, redis_client, max_jobs=64).take_round(None)  # taken, then its worker "dies"
     for member in redis_client.zrange(queue.started_job_registry.key, 0, -1):
         redis_client.zadd(queue.started_job_registry.key, {member: 1})  # past its score: abandoned
     stuck = hostile_job(redis_client, url, retries_left=0)  # dequeued into the intermediate list, never started
@@ -97,7 +97,7 @@ def test_maintenance_imports_and_calls_nothing_a_job_names(redis_client, canary,
     redis_client.rpush(intermediate.key, stuck)
     redis_client.set(intermediate.get_first_seen_key(stuck), time.time() - 120)
 
-    rescuer = BatchWorker(engine, redis_client)
+    rescuer = harness.worker(engine, redis_client)
     rescuer.run_maintenance_tasks()
 
     assert not canary.exists() and CANARY not in sys.modules  # nothing imported, nothing called

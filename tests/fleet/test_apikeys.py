@@ -16,10 +16,9 @@ from embedfleet.producer.gateway.core.apikeys import ApiKey, KeyLimiter, parse_a
 from embedfleet.producer.gateway.core.errors import RateLimitedError
 from tests.commands import assert_one_line_error, clean_env, embedfleet
 from tests.gatewayserver import Server, settings
-from tests.harness import burst
+from tests.harness import burst, idle_worker
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.nullmodel import NullModel
-from embedfleet.worker.serving.pipeline import BatchWorker
 
 MODEL = "keyed"
 KEYS = {"sk-web": {"name": "web", "weight": 3}, "sk-batch": {"name": "batch", "weight": 1, "rate": 1, "burst": 2}}
@@ -128,8 +127,7 @@ def test_a_key_over_its_rate_gets_429_with_retry_after_and_others_go_on(keyed_ga
 def test_priority_and_deadline_over_http(redis_url, redis_client):
     """Jobs queued at the level they ask for; a bad priority is a 400 naming it; an expired job reads 504
     `expired` (the worker here only advertises, then serves in one burst)."""
-    worker = BatchWorker(Engine(NullModel("null:4", MODEL)), redis_client, poll_timeout=1)
-    worker.advertiser.advertise()
+    worker = idle_worker(Engine(NullModel("null:4", MODEL)), redis_client)
     server = Server(settings(redis_url))
     try:
         with httpx.Client(base_url=server.url, timeout=30) as http:
@@ -154,8 +152,7 @@ def test_priority_and_deadline_over_http(redis_url, redis_client):
 def test_without_keys_a_full_gateway_answers_429_until_a_request_is_answered(redis_url, redis_client):
     """--max-in-flight holds without API keys too (a flood gets 429, not memory growth); on by default."""
     assert settings(redis_url).max_in_flight == 1024
-    worker = BatchWorker(Engine(NullModel("null:4", MODEL)), redis_client, poll_timeout=1)
-    worker.advertiser.advertise()  # advertises only: the held requests wait until it serves a burst
+    worker = idle_worker(Engine(NullModel("null:4", MODEL)), redis_client)  # the held requests wait for its burst
     server = Server(settings(redis_url, max_in_flight=2))
     body = {"model": MODEL, "input": "held"}
     try:

@@ -7,10 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import subprocess
-import sys
-import time
 import uuid
 
 import httpx
@@ -25,16 +21,15 @@ from embedfleet.common.protocol import keys
 from embedfleet.common.redisserver import RedisServer, free_port
 from embedfleet import AsyncProducer, Producer
 from embedfleet.producer.gateway.batches import objects
-from embedfleet.producer.gateway.batches.store import LeaseLost, Store, now
+from embedfleet.producer.gateway.batches.store import Store, now
 from tests import gatewayserver
-from tests.commands import ROOT, clean_env
+from tests.batchapi import GatewayProcess, batch_file, lapsed_lease, output_lines, raw_lines, run_batch, wait_status
+from tests.commands import clean_env
 from tests.harness import Fleet
-from tests.fleet.test_keyspace import KeyRecorder, documented_patterns
+from tests.keyspace import KeyRecorder, documented_patterns
 from tests.tinymodels import sample_texts
 from embedfleet.worker.engine.engine import Engine
-from embedfleet.worker.engine.identity import folder_digest, model_identity
 from embedfleet.worker.engine.models.loader import load_model
-from embedfleet.worker.serving.cache import VectorCache
 from embedfleet.worker.serving.pipeline import BatchWorker
 
 MODEL = "tiny"
@@ -48,10 +43,7 @@ def serve_tiny(fleet: Fleet, folder: str) -> BatchWorker:
     route: that is the model's arithmetic, not the answer's encoding, which is what is compared.) It keeps rq's
     full records (--rq-records full): the finished registry and each job's `deliveries` are how these tests see
     that every line ran exactly once."""
-    model = load_model(folder, served_name=MODEL)
-    identity = model_identity(MODEL, folder_digest(folder), "float32", "cpu")
-    return fleet.serve(Engine(model), cache=VectorCache(fleet.redis, identity, model.caps.embedding_size),
-                       rq_records="full")
+    return fleet.serve(Engine(load_model(folder, served_name=MODEL)), rq_records="full")
 
 
 @pytest.fixture(scope="module")
@@ -83,39 +75,6 @@ def client(gateway):
 def http(gateway):
     with httpx.Client(base_url=gateway.url, timeout=30) as c:
         yield c
-
-
-def batch_file(bodies: list[dict], prefix: str = "req") -> bytes:
-    return b"".join(json.dumps({"custom_id": f"{prefix}-{i}", "method": "POST", "url": "/v1/embeddings",
-                                "body": body}).encode() + b"\n" for i, body in enumerate(bodies))
-
-
-def run_batch(client: openai.OpenAI, content: bytes, **create) -> openai.types.Batch:
-    uploaded = client.files.create(file=("batch.jsonl", content), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h",
-                                  **create)
-    assert batch.status == "validating" and batch.input_file_id == uploaded.id
-    return batch
-
-
-def wait_status(client: openai.OpenAI, batch_id: str, statuses: tuple[str, ...], timeout: float = 60,
-                until=None) -> openai.types.Batch:
-    """Poll the batch (as a client does) until it reaches one of `statuses` (or `until(batch)` holds)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in statuses or (until is not None and until(batch)):
-            return batch
-        assert time.monotonic() < deadline, f"batch still {batch.status}: {batch}"
-        time.sleep(0.1)
-
-
-def raw_lines(client: openai.OpenAI, file_id: str | None) -> list[bytes]:
-    return client.files.content(file_id).content.splitlines() if file_id else []
-
-
-def output_lines(client: openai.OpenAI, file_id: str | None) -> list[dict]:
-    return [json.loads(line) for line in raw_lines(client, file_id)]
 
 
 def assert_same_bytes(raw_line: bytes, answer: httpx.Response) -> None:
@@ -392,38 +351,6 @@ def test_listing_pages(client):
 
 # -- the Must show: a 2,000-line batch survives its gateway's SIGKILL -----------------------------------------
 
-class GatewayProcess:
-    """`python -m embedfleet.producer.gateway` as users run it, on a fixed port, its output in a log file."""
-
-    def __init__(self, redis_url: str, port: int, log_path, env: dict):
-        self.log_path = log_path
-        with open(log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "embedfleet.producer.gateway", "--redis-url", redis_url, "--port", str(port),
-                 "--batch-lease-seconds", "2", "--batch-poll-seconds", "0.2", "--log-level", "info"],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        self.url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert self.process.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.1)
-
-    def kill(self):
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(30)
-
-
 async def one_by_one(url: str, bodies: list[dict]) -> list[httpx.Response]:
     """Each body POSTed to /v1/embeddings on its own (32 at a time)."""
     limit = asyncio.Semaphore(32)
@@ -503,35 +430,6 @@ def test_a_lapsed_lease_writes_nothing_and_each_line_counts_once(redis_server):
         await connection.aclose()
 
     asyncio.run(scenario())
-
-
-async def lapsed_lease(store: Store) -> None:
-    """A lapsed lease's replica writes nothing, each line counts once (also on a cluster: test_cluster_batches)."""
-    connection, batch_id = store.connection, f"batch_{uuid.uuid4().hex}"
-    file_id = f"file-{uuid.uuid4().hex[:24]}"
-    await store.commit_file({"id": file_id, "created_at": now()}, store.file_writer(file_id, 1024), 60)
-    meta = {"id": batch_id, "created_at": now(), "expires_at": now() + 60, "input_file_id": file_id}
-    assert await store.claim(batch_id, "replica-a", 30)  # before it is listed: no runner may take it
-    assert await store.create_batch(meta)
-    assert not await store.claim(batch_id, "replica-b", 30)  # one driver at a time
-    assert await store.collect(batch_id, "replica-a", [(0, True, 3, b"{}"), (1, False, 0, b"{}")]) == 2
-    await connection.delete(store.lease_key(batch_id))  # replica a's lease lapsed ...
-    assert await store.claim(batch_id, "replica-b", 30)  # ... and b took the batch over
-    with pytest.raises(LeaseLost):
-        await store.collect(batch_id, "replica-a", [(2, True, 1, b"{}")])
-    with pytest.raises(LeaseLost):
-        await store.transition(batch_id, ("validating",), "in_progress", token="replica-a")
-    assert not await store.renew(batch_id, "replica-a", 30)
-    # b collects line 1 again (it cannot know a did) and line 2: only line 2 is new
-    assert await store.collect(batch_id, "replica-b", [(1, False, 0, b"{}"), (2, True, 4, b"{}")]) == 1
-    batch = await store.batch(batch_id)
-    assert (batch["completed"], batch["failed"], batch["input_tokens"]) == ("2", "1", "7")
-    assert await store.transition(batch_id, ("validating",), "in_progress", token="replica-b") is None
-    assert await store.transition(batch_id, ("validating",), "failed", token="replica-b") == "in_progress"
-    await store.release(batch_id, "replica-a")  # not a's to give back: b keeps it
-    assert await connection.get(store.lease_key(batch_id)) == b"replica-b"
-    await store.transition(batch_id, ("in_progress",), "failed", token="replica-b", end=True)
-    assert batch_id not in await store.active() and not await connection.exists(store.lease_key(batch_id))
 
 
 def test_a_batch_left_finalizing_by_a_dead_replica_is_finished_by_another(client, shared):

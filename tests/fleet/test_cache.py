@@ -15,27 +15,14 @@ from embedfleet.common.errors import StartupError
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet.producer.client.core import parse_worker_info
+from tests.cachedengine import Cached
 from tests.harness import burst
-from tests.fleet.test_queue import enqueue
+from tests.rqjobs import enqueue
 from tests.tinymodels import engine_for, sample_texts
 from embedfleet.worker.serving.cache import VectorCache, check_placement
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.identity import folder_digest, model_identity
-from embedfleet.worker.serving.pipeline import BatchWorker
 from embedfleet.worker.serving.steps import Steps
-
-
-class Cached(Steps):
-    """An engine with the fleet's cache around it, as the worker's steps run them; the counters are the
-    engine's own."""
-
-    forward_rows = property(lambda self: self.engine.forward_rows)
-    forward_passes = property(lambda self: self.engine.forward_passes)
-    model = property(lambda self: self.engine.model)
-    caps = property(lambda self: self.engine.caps)
-
-    def worker(self, connection, **kwargs) -> BatchWorker:
-        return BatchWorker(self.engine, connection, cache=self.cache, **kwargs)
 
 
 def cached_engine(folder: str, connection, name: str = "m") -> Cached:

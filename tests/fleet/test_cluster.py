@@ -12,31 +12,16 @@ import socket
 import numpy as np
 import openai
 import pytest
-import redis
 
 from embedfleet.common.protocol import keys
 from embedfleet.common.redisclient import connect
 from embedfleet.common.redisurls import cluster_tag
 from embedfleet import AsyncProducer, Producer
 from tests import gatewayserver
+from tests.clusterchecks import TEXTS, cosines, keys_by_master
 from tests.crashworker import CrashModel
 from tests.harness import Fleet, serve
 from tests.hashed import HASHED_INFO, MODEL, hashed_model
-
-TEXTS = ["Redis Cluster spreads slots over masters.", "A hash tag keeps a queue in one slot.", "short"]
-
-
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-
-
-def _keys_by_master(cluster) -> dict[int, list[bytes]]:
-    found = {}
-    for port in cluster.master_ports():
-        with redis.Redis(port=port) as client:
-            found[port] = list(client.scan_iter(count=1000))
-    return found
-
 
 @pytest.fixture(scope="module")
 def expected(minilm_engine, redis_server) -> np.ndarray:
@@ -75,11 +60,11 @@ def test_every_client_on_a_cluster_gives_one_plain_redis_vectors(minilm_engine, 
         connection.close()
     for path, got in answers.items():
         assert got.shape == expected.shape, path
-        assert _cosines(got, expected).min() >= 0.99999, path
+        assert cosines(got, expected).min() >= 0.99999, path
     tag = keys.slot_tag("minilm")
     assert keys.tag_of(request_id) == tag and keys.tag_of(async_id) == tag, "ids on a cluster carry the tag"
     # every key of the model's queues and requests lies on one master, in the tag's slot
-    tagged = {port: [k for k in found if tag.encode() in k] for port, found in _keys_by_master(redis_cluster).items()}
+    tagged = {port: [k for k in found if tag.encode() in k] for port, found in keys_by_master(redis_cluster).items()}
     holders = [port for port, found in tagged.items() if found]
     assert len(holders) == 1, f"the keys of tag {tag} lie on {len(holders)} masters: {tagged}"
     assert {keys.result_key(request_id).encode(), keys.result_key(async_id).encode(),
@@ -129,7 +114,7 @@ def test_models_with_distinct_tags_put_their_traffic_on_distinct_masters(cluster
         connection.close()
     assert {shape for found in answers.values() for _, shape in found} == {(2, 8)}
     holders = {port: {k for k in found if k.startswith(keys.RESULT_PREFIX.encode())}
-               for port, found in _keys_by_master(redis_cluster).items()}
+               for port, found in keys_by_master(redis_cluster).items()}
     for name, found in answers.items():
         on = {port for port, keys_ in holders.items() for request_id, _ in found
               if keys.result_key(request_id).encode() in keys_}
@@ -172,7 +157,7 @@ def test_the_vector_cache_and_in_flight_dedup_work_on_a_cluster(minilm_path, min
                                                                 caplog):
     """A worker with the fleet's cache on the cluster (its vectors in many slots, read per slot) and in-flight
     dedup (its markers in the requests' slot): the second time the same texts come, no forward pass runs."""
-    from tests.fleet.test_cache import Cached
+    from tests.cachedengine import Cached
     from embedfleet.worker.engine.engine import Engine
     from embedfleet.worker.engine.identity import folder_digest, model_identity
     from embedfleet.worker.serving.cache import VectorCache, check_placement
@@ -182,14 +167,14 @@ def test_the_vector_cache_and_in_flight_dedup_work_on_a_cluster(minilm_path, min
     engine = Cached(Engine(minilm_engine.model), VectorCache(connection, identity, 384))
     try:
         assert check_placement(connection, None) == ""  # the cluster's masters evict nothing
-        with serve(engine.worker(connection, poll_timeout=1)), Producer(cluster_url) as producer:
+        with serve(engine.worker(connection)), Producer(cluster_url) as producer:
             first = producer.embed(TEXTS, "minilm")
             passes = engine.forward_passes
             again = producer.embed(TEXTS, "minilm")
     finally:
         connection.close()
     assert engine.forward_passes == passes and engine.cache.hits == len(TEXTS)
-    assert _cosines(first, expected).min() >= 0.99999 and np.array_equal(again, first)
+    assert cosines(first, expected).min() >= 0.99999 and np.array_equal(again, first)
     assert not [r for r in caplog.records if "in-flight dedup skipped" in r.getMessage()]  # its script ran
 
 
@@ -235,7 +220,7 @@ def test_a_models_partitions_on_one_cluster_put_its_traffic_on_every_master(clus
         for connection in connections:
             connection.close()
     holders = {port: {k for k in found if k.startswith(keys.RESULT_PREFIX.encode())}
-               for port, found in _keys_by_master(redis_cluster).items()}
+               for port, found in keys_by_master(redis_cluster).items()}
     tags = {keys.tag_of(i) for i in ids}
     assert tags == {cluster_tag(url, "parted") for url in urls}, "placed on every partition"
     on = {tag: {port for port, found in holders.items() for i in ids

@@ -18,9 +18,8 @@ from embedfleet.common.redisserver import free_port
 from embedfleet.producer.gateway.batches.store import Store, now
 from tests import gatewayserver
 from tests.commands import clean_env
-from tests.fleet.test_batch_api import (GatewayProcess, batch_file, lapsed_lease, output_lines, run_batch,
-                                        wait_status)
-from tests.fleet.test_cluster import TEXTS, _cosines, _keys_by_master
+from tests.batchapi import GatewayProcess, batch_file, lapsed_lease, output_lines, run_batch, wait_status
+from tests.clusterchecks import TEXTS, cosines, keys_by_master
 from tests.harness import Fleet, serve
 from tests.tinymodels import sample_texts
 from embedfleet.worker.engine.engine import Engine
@@ -63,12 +62,12 @@ def test_a_batch_on_a_cluster_gives_one_plain_redis_vectors(minilm_engine, expec
     assert done.error_file_id is None
     got = np.array([line["response"]["body"]["data"][0]["embedding"]
                     for line in sorted(out, key=lambda line: int(line["custom_id"].split("-")[1]))])
-    assert got.shape == expected.shape and _cosines(got, expected).min() >= 0.99999
+    assert got.shape == expected.shape and cosines(got, expected).min() >= 0.99999
     tag = keys.slot_tag(MODEL)
     assert all(keys.tag_of(line["response"]["request_id"]) == tag for line in out), out[0]
     assert all(not keys.tag_of(line["id"]) and line["id"].startswith("batch_req_") for line in out)
     # the batch's and the output file's keys each lie on one master, in their own slot
-    found = _keys_by_master(redis_cluster)
+    found = keys_by_master(redis_cluster)
     for own in (keys.own_tag(i, True) for i in (batch.id, done.output_file_id, batch.input_file_id)):
         holders = [port for port, names in found.items() if any(own.encode() in name for name in names)]
         assert len(holders) == 1, f"the keys of {own} lie on {holders}"

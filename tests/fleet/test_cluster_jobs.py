@@ -11,7 +11,7 @@ import httpx
 
 from embedfleet.common.protocol import keys
 from embedfleet.common.redisclient import connect
-from tests.fleet.test_job_push import SECRET, Receiver
+from tests.webhooks import SECRET, Receiver
 from tests.gatewayserver import Server, settings
 from tests.harness import serve
 from tests.nullworker import NULL, null_engine

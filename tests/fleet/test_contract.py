@@ -26,9 +26,9 @@ from embedfleet.common.request import EmbedRequest, PartOf
 from embedfleet.common.result import Result
 from embedfleet.common.serializer import MsgpackSerializer
 from embedfleet import Producer
-from tests.harness import burst
-from tests.fleet.test_queue import engine, enqueue, rq_queue  # noqa: F401 - `engine` is a fixture
-from embedfleet.worker.serving.pipeline import BatchWorker
+from tests import harness
+from tests.harness import burst, idle_worker
+from tests.rqjobs import enqueue, rq_queue
 from embedfleet.worker.serving.rqpubsub import PromptSimpleWorker
 
 
@@ -73,12 +73,12 @@ def run_rq(conn, func) -> tuple[dict, Job]:
     return shapes(conn, job.id, queue.name, worker.name), job
 
 
-def run_ours(conn, engine, data: bytes | None, records: str = "full") -> tuple[dict, Job]:  # noqa: F811
+def run_ours(conn, engine, data: bytes | None, records: str = "full") -> tuple[dict, Job]:
     request = EmbedRequest(id="contractjob", model=engine.caps.name, inputs=["served"])
     job = enqueue(conn, request, *([data] if data else []), result_ttl=600, failure_ttl=900, job_timeout=60)
-    worker = BatchWorker(engine, conn, name="contractworker", rq_records=records)
-    burst(worker)
-    return shapes(conn, job.id, rq_queue(conn, engine.caps.name).name, worker.name), job
+    ours = harness.worker(engine, conn, name="contractworker", rq_records=records)
+    burst(ours)
+    return shapes(conn, job.id, rq_queue(conn, engine.caps.name).name, ours.name), job
 
 
 # Written by rq's SimpleWorker but not by ours, on purpose: callbacks and dependents (embedding jobs have
@@ -102,7 +102,7 @@ def api_view(conn, job_id: str) -> tuple:
 
 
 @pytest.mark.parametrize("served", [True, False], ids=["finished", "failed"])
-def test_our_scripts_leave_what_rq_leaves(engine, redis_client, served):  # noqa: F811
+def test_our_scripts_leave_what_rq_leaves(engine, redis_client, served):
     theirs, their_job = run_rq(redis_client, succeed if served else fail)
     their_view = api_view(redis_client, their_job.id)
     redis_client.flushall()
@@ -136,7 +136,7 @@ LEAN_FIELDS = {"successful_job_count", "total_working_time"}  # the worker's: fu
 
 
 @pytest.mark.parametrize("served", [True, False], ids=["finished", "failed"])
-def test_lean_records_are_full_less_what_nothing_reads(engine, redis_client, served):  # noqa: F811
+def test_lean_records_are_full_less_what_nothing_reads(engine, redis_client, served):
     """Lean's contract: every key it leaves is one full leaves, alike; it drops only LEAN_DROPS; rq's API
     still reads a failed job whole, and `rq info`'s queue and registry counts (its queues, claims, failures)."""
     full, _ = run_ours(redis_client, engine, None if served else b"not a request", records="full")
@@ -240,9 +240,8 @@ def test_every_way_a_request_ends_has_the_same_effects(long_model, redis_url, re
     from tests.tinymodels import WORDS
     from embedfleet.worker.engine.engine import Engine
 
-    worker = BatchWorker(Engine(long_model), redis_client, max_jobs=64, name="contractworker", chunks_per_job=2,
-                         rq_records=records)
-    worker.advertiser.advertise()
+    held = idle_worker(Engine(long_model), redis_client, max_jobs=64, name="contractworker", chunks_per_job=2,
+                       rq_records=records)  # every ending is queued before it serves
     reply = keys.reply_stream_key("contract")
     queue = keys.queue_name("contract")
     long_text = " ".join(WORDS[i % len(WORDS)] for i in range(7 * MAX_LEN))  # 7 chunks: 4 parts of <= 2
@@ -257,7 +256,7 @@ def test_every_way_a_request_ends_has_the_same_effects(long_model, redis_url, re
         assert producer.cancel(ids["cancelled"])
         while time.time() < EmbedRequest.decode(_request_bytes(redis_client, ids["expired"])).deadline:
             time.sleep(0.01)  # the expired one's deadline passes before any worker takes it
-        burst(worker)  # serves the round, then the spread request's parts at the queue's head
+        burst(held)  # serves the round, then the spread request's parts at the queue's head
 
     stream = [entry[1][b"id"].decode() for entry in redis_client.xrange(reply)]
     for ending, (code, status, registry) in ENDINGS.items():

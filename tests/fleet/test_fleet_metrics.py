@@ -17,13 +17,12 @@ from embedfleet.common.redisserver import free_port
 from embedfleet import Producer
 from tests.commands import ROOT, clean_env
 from tests.gatewayserver import Server, settings
-from tests.harness import burst
-from tests.fleet.test_queue import wait_for
+from tests.harness import burst, idle_worker
+from tests.commands import wait_for
 from tests.tinymodels import bert_mean, engine_for  # noqa: F401 - `bert_mean` is a fixture
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.serving.metrics import WorkerMetrics
 from embedfleet.worker.engine.models.nullmodel import NullModel
-from embedfleet.worker.serving.pipeline import BatchWorker
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
@@ -44,8 +43,7 @@ def test_worker_metrics_parse_and_move_when_work_is_done(bert_mean, redis_client
     port = free_port()
     metrics.serve(port, "127.0.0.1")
     url = f"http://127.0.0.1:{port}/metrics"
-    worker = BatchWorker(engine, redis_client, metrics=metrics)
-    worker.advertiser.advertise()
+    worker = idle_worker(engine, redis_client, metrics=metrics)  # the requests queue up: one burst serves them
     before = scrape(url)
     assert value(before, "embedfleet_worker_batches_total", model=model) == 0
 
@@ -91,8 +89,7 @@ def gateway(redis_url):
 def test_gateway_fleet_gauges_per_model_and_priority_move_with_the_queues(gateway, redis_client, redis_url):
     model = "gauged"
     engine = Engine(NullModel("null:4", model))
-    worker = BatchWorker(engine, redis_client, poll_timeout=1)
-    worker.advertiser.advertise()
+    worker = idle_worker(engine, redis_client)  # the queues fill while it is idle
     url = f"{gateway.url}/metrics"
     with Producer(redis_url) as producer:
         producer.submit_many([["a" * 40]] * 3, model, priority="bulk")

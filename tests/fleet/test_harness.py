@@ -9,9 +9,11 @@ import threading
 import pytest
 
 from embedfleet.common.request import EmbedRequest
+from tests import harness
 from tests.harness import burst, serve
 from tests.nullworker import NULL, null_engine
-from tests.fleet.test_queue import GatedEngine, enqueue
+from tests.heldpasses import GatedEngine
+from tests.rqjobs import enqueue
 from embedfleet.worker.serving.pipeline import BatchWorker
 
 
@@ -29,16 +31,16 @@ def broken(worker: BatchWorker, where: str) -> BatchWorker:
 
 @pytest.mark.parametrize("where", ["bootstrap", "loop"])  # before its advert, and after it
 def test_what_work_raised_is_raised_again(redis_client, where):
-    with pytest.raises(Boom, match=where), serve(broken(BatchWorker(null_engine(), redis_client), where)):
+    with pytest.raises(Boom, match=where), serve(broken(harness.worker(null_engine(), redis_client), where)):
         pass
     with pytest.raises(Boom, match=where):
-        burst(broken(BatchWorker(null_engine(), redis_client), where))
+        burst(broken(harness.worker(null_engine(), redis_client), where))
 
 
 def test_a_worker_that_does_not_end_fails_the_exit(redis_client):
     gated = GatedEngine(null_engine())  # a forward pass held until the test lets it go
     enqueue(redis_client, EmbedRequest(model=NULL, inputs=["held"]))
-    worker = BatchWorker(gated, redis_client, poll_timeout=1)
+    worker = harness.worker(gated, redis_client)
     try:
         with pytest.raises(AssertionError, match="did not return within 0.5 s"), \
                 serve(worker, stop_seconds=0.5):

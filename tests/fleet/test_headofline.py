@@ -14,7 +14,7 @@ from embedfleet.common.protocol import keys
 from embedfleet import Producer
 from tests.commands import ROOT
 from tests.harness import serve
-from tests.fleet.test_yield import Recorded
+from tests.heldpasses import Recorded
 from tests.tinymodels import sample_texts
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.loader import load_model

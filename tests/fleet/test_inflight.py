@@ -11,9 +11,10 @@ import redis
 from embedfleet.common.protocol.keys import inflight_key, result_key
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
+from tests import harness
 from tests.harness import burst, serve
-from tests.fleet.test_queue import enqueue
-from tests.fleet.test_queue_overhead import CountingConnection
+from tests.rqjobs import enqueue
+from tests.roundtrips import CountingConnection
 from tests.tinymodels import sample_texts
 from embedfleet.worker.serving.cache import VectorCache
 from embedfleet.worker.engine.engine import Engine
@@ -50,13 +51,12 @@ class Slowed:
 
 @pytest.fixture
 def twin(bert_mean, redis_client):
-    """A worker of the model files (so of the same identity as every other it builds), with its own loaded copy."""
-    identity = model_identity("m", folder_digest(bert_mean), "float32", "cpu")
+    """A worker of the model files (so of the same identity as every other it builds: the vector cache and
+    in-flight dedup as the settings make them), with its own loaded copy."""
 
     def worker(delay: float = 0.0, max_jobs: int = 1, gate=None, fail_to_one: bool = False) -> BatchWorker:
         model = Slowed(load_model(bert_mean, served_name="m"), delay, gate, fail_to_one)
-        cache = VectorCache(redis_client, identity, model.caps.embedding_size)
-        return BatchWorker(Engine(model), redis_client, cache=cache, max_jobs=max_jobs, poll_timeout=1)
+        return harness.worker(Engine(model), redis_client, max_jobs=max_jobs)
 
     return worker
 
@@ -192,8 +192,9 @@ def test_a_rounds_claims_go_with_its_cache_lookup_in_one_round_trip(twin, bert_m
     counting, other = (redis.Redis(connection_pool=redis.ConnectionPool.from_url(
         redis_url, connection_class=CountingConnection)) for _ in range(2))  # every send of either counted
     model = load_model(bert_mean, served_name="m")
-    shared = BatchWorker(Engine(model), counting, cache=VectorCache(counting, identity, model.caps.embedding_size))
-    apart = BatchWorker(Engine(model), counting, cache=VectorCache(other, identity, model.caps.embedding_size))
+    # caches of the test's own: one on the worker's counting client, one on a counting client of its own
+    shared = harness.worker(Engine(model), counting, cache=VectorCache(counting, identity, model.caps.embedding_size))
+    apart = harness.worker(Engine(model), counting, cache=VectorCache(other, identity, model.caps.embedding_size))
     counting.ping(), other.ping()  # their connections made (a new connection's set-up is not a round trip)
     sends = []
     for worker, text in ((shared, TEXTS[0]), (apart, TEXTS[1]), (shared, TEXTS[2])):

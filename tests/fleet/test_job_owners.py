@@ -17,7 +17,7 @@ from embedfleet.common.protocol import keys
 from embedfleet.producer.gateway.core.owners import fingerprint, may_see
 from tests.gatewayserver import Server, settings
 from tests.nullworker import NULL, null_worker
-from tests.fleet.test_job_push import read_events
+from tests.webhooks import read_events
 
 KEYS = {"sk-alice-0a1b": {"name": "alice"}, "sk-bob-2c3d": {"name": "bob"}}
 

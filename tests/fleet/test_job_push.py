@@ -12,68 +12,13 @@ import hmac
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
-import pytest
 
 from embedfleet.common.protocol import keys
 from tests.gatewayserver import Server, settings
 from tests.nullworker import NULL, null_worker
-
-SECRET = "webhook-s3cret"
-
-
-class Receiver:
-    """A loopback HTTP server that records each POST and answers with the next of `statuses` (then 200);
-    `connections` counts every TCP connection it accepted, requests or not."""
-
-    def __init__(self, statuses=()):
-        self.requests: list[dict] = []
-        self.statuses = list(statuses)
-        self.connections = 0
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                status = receiver.statuses.pop(0) if receiver.statuses else 200
-                receiver.requests.append({"headers": dict(self.headers), "body": body, "status": status,
-                                          "path": self.path})
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        class Counting(ThreadingHTTPServer):
-            def verify_request(self, request, client_address):
-                receiver.connections += 1
-                return True
-
-        self.server = Counting(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def wait_for(self, count: int, timeout: float = 30) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        while len(self.requests) < count:
-            assert time.monotonic() < deadline, f"{len(self.requests)} of {count} webhook requests came"
-            time.sleep(0.05)
-        return self.requests
-
-    def close(self):
-        self.server.shutdown()
-
-
-@pytest.fixture
-def receiver():
-    receiver = Receiver()
-    yield receiver
-    receiver.close()
-
+from tests.webhooks import SECRET, read_events
 
 def gateway(redis_url: str, **fields) -> Server:
     """A gateway that signs webhooks and may deliver them to the loopback receiver."""
@@ -150,20 +95,6 @@ def test_a_webhook_needs_a_secret_and_an_http_url(redis_url, receiver):
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "webhook"
     assert "--webhook-secret" in refused.json()["error"]["message"]
     assert bad_url.status_code == 400 and "webhook" in bad_url.json()["error"]["message"]
-
-
-def read_events(response: httpx.Response) -> list[tuple[str, dict]]:
-    """(event name, data) of each event of an SSE response, until the stream ends."""
-    events, name, data = [], None, None
-    for line in response.iter_lines():
-        if line.startswith("event: "):
-            name = line[7:]
-        elif line.startswith("data: "):
-            data = json.loads(line[6:])
-        elif line == "" and name is not None:
-            events.append((name, data))
-            name = data = None
-    return events
 
 
 def test_events_stream_each_job_once_from_any_replica(redis_url):

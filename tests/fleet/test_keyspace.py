@@ -7,9 +7,6 @@ docstring."""
 from __future__ import annotations
 
 import asyncio
-import re
-import threading
-import time
 
 import pytest
 import redis
@@ -17,59 +14,10 @@ import redis
 from embedfleet.common.protocol import keys, operations
 from embedfleet.common.redisserver import RedisServer
 from embedfleet import AsyncProducer, Producer
-from tests.harness import serve
-from embedfleet.worker.serving.pipeline import BatchWorker
+from tests.harness import idle_worker, serve
+from tests.keyspace import KeyRecorder, documented_patterns
 
 MAX_LEN = 32
-
-
-def documented_patterns() -> list[re.Pattern]:
-    """The key patterns in keys.py's docstring: the first column of each line naming an embedfleet: or rq:
-    key (several may share a line, comma-separated); <placeholders> match any text."""
-    patterns = []
-    for line in keys.__doc__.splitlines():
-        text = line.strip()
-        if not text.startswith(("embedfleet:", "rq:")):
-            continue
-        column = re.split(r"\s{2,}", text)[0]
-        for name in column.split(", "):
-            name = name.split(" ...")[0].strip()
-            regex = "".join(".+" if part.startswith("<") else re.escape(part)
-                            for part in re.split(r"(<[^>]+>)", name) if part)
-            patterns.append(re.compile(regex))
-    return patterns
-
-
-class KeyRecorder:
-    """Every key a keyspace notification names (writes and expiries), collected by a thread."""
-
-    def __init__(self, url: str):
-        self.client = redis.Redis.from_url(url)
-        self.client.config_set("notify-keyspace-events", "KA")
-        self.pubsub = self.client.pubsub()
-        self.pubsub.psubscribe("__keyspace@0__:*")
-        self.keys: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            message = self.pubsub.get_message(timeout=0.1)
-            if message and message["type"] == "pmessage":
-                self.keys.add(message["channel"].decode().split(":", 1)[1])
-
-    def stop(self) -> set[str]:
-        """Once every notification sent so far is read: a last message of our own, behind them all."""
-        self.client.publish("__keyspace@0__:sentinel", "x")
-        deadline = time.monotonic() + 30
-        while "sentinel" not in self.keys and time.monotonic() < deadline:
-            time.sleep(0.01)
-        self._stop.set()
-        self._thread.join(5)
-        self.pubsub.close()
-        self.client.close()
-        return self.keys
 
 
 @pytest.fixture(scope="module")
@@ -83,19 +31,14 @@ def long_folder(tmp_path_factory):
 def test_every_key_written_in_a_full_scenario_is_described_in_keys_py(long_folder):
     from tests.tinymodels import WORDS
     from embedfleet.worker.engine.engine import Engine
-    from embedfleet.worker.engine.identity import folder_digest, model_identity
     from embedfleet.worker.engine.models.loader import load_model
-    from embedfleet.worker.serving.cache import VectorCache
 
     with RedisServer() as server:
         recorder = KeyRecorder(server.url)
         conn = redis.Redis.from_url(server.url)
         model = load_model(long_folder, served_name="m", max_embed_len=8 * MAX_LEN)
-        cache = VectorCache(conn, model_identity("m", folder_digest(long_folder), "float32", "cpu"),
-                            model.caps.embedding_size)
-        worker = BatchWorker(Engine(model), conn, cache=cache, max_jobs=64, poll_timeout=1, lease=1.0,
-                             chunks_per_job=2)
-        worker.advertiser.advertise()
+        # the vector cache and in-flight dedup as the settings make them (on); requests queue up before it serves
+        worker = idle_worker(Engine(model), conn, max_jobs=64, lease_seconds=1.0, chunks_per_job=2)
         long_text = " ".join(WORDS[i % len(WORDS)] for i in range(7 * MAX_LEN))
         with Producer(server.url) as producer:
             cancelled = producer.submit(["never served"], "m")

@@ -10,7 +10,7 @@ import numpy as np
 
 from embedfleet.common.protocol import keys
 from embedfleet import AsyncProducer
-from embedfleet.producer.client.waiters import FIRST_READ, READ_BYTES, READ_CHUNK, read_size, result_bytes
+from embedfleet.producer.client.readsize import FIRST_READ, READ_BYTES, READ_CHUNK, read_size, result_bytes
 from tests.nullworker import NULL, null_worker
 
 DIMENSIONS = 1024

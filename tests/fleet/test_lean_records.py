@@ -23,7 +23,7 @@ import redis
 from embedfleet.common.protocol import keys
 from embedfleet import AsyncProducer, Producer
 from tests.nullworker import NULL, null_worker
-from tests.fleet.test_queue import wait_for
+from tests.commands import wait_for
 
 SYNC_REQUESTS, ASYNC_REQUESTS = 40, 256
 # the issue's targets; the counts today: 23 and ~7.5 (before issue 38: 82 and 32)

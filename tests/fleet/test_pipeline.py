@@ -19,14 +19,16 @@ from embedfleet.common.protocol.keys import notify_key, result_key
 from embedfleet.common.protocol.records import RQ_RECORDS
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
+from tests import harness
 from tests.harness import burst, serve
-from tests.fleet.test_queue import GatedEngine, enqueue, rq_queue, wait_for
+from tests.commands import wait_for
+from tests.heldpasses import GatedEngine
+from tests.rqjobs import enqueue, rq_queue
 from tests.tinymodels import sample_texts
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.loader import load_model
 from embedfleet.worker.engine.models.nullmodel import NullModel
 from embedfleet.worker.engine.probe import choose, probe_budget
-from embedfleet.worker.serving.pipeline import BatchWorker
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +56,7 @@ def test_no_job_is_lost_or_answered_twice(tiny, redis_client, jobs, max_jobs, re
             job.set_status(JobStatus.CANCELED)
         expected[request.id] = kind
 
-    worker = BatchWorker(tiny, redis_client, max_jobs=max_jobs, rq_records=records)
+    worker = harness.worker(tiny, redis_client, max_jobs=max_jobs, rq_records=records)
     burst(worker)
 
     queue = rq_queue(redis_client, "tiny")

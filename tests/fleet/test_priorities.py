@@ -19,8 +19,9 @@ from embedfleet.common.request import EmbedRequest
 from embedfleet.common.scheduling import estimate_tokens, priority_level
 from embedfleet.common.serializer import MsgpackSerializer
 from embedfleet import Producer
+from tests import harness
 from tests.harness import burst, serve
-from tests.fleet.test_queue import wait_for
+from tests.commands import wait_for
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.nullmodel import NullModel
 from embedfleet.worker.serving import levels as levels_module
@@ -45,9 +46,7 @@ def producer(redis_url):
 def advertised(engine, conn, **options) -> BatchWorker:
     """A registered, advertised worker that has not started serving: requests stay queued. It keeps rq's full
     records: the finished registry and the jobs' `ended_at` are how these tests see the order served."""
-    worker = BatchWorker(engine, conn, poll_timeout=1, rq_records="full", **options)
-    worker.advertiser.advertise()
-    return worker
+    return harness.idle_worker(engine, conn, rq_records="full", **options)
 
 
 class DeviceTime:
@@ -61,7 +60,7 @@ class DeviceTime:
         return None
 
     def __init__(self, engine, seconds: float):
-        self.engine, self.caps, self.seconds = engine, engine.caps, seconds
+        self.engine, self.caps, self.model, self.seconds = engine, engine.caps, engine.model, seconds
         self.prepare, self.finish, self.combine_parts = engine.prepare, engine.finish, engine.combine_parts
 
     def forward(self, work, between=None, **known):
@@ -111,7 +110,7 @@ def test_recover_return_and_cancel_put_a_job_back_on_its_own_queue(engine, produ
     advertised(engine, redis_client)
     first, second, third = producer.submit_many([["a"], ["b"], ["c"]], MODEL, priority="bulk")
     interactive = producer.submit(["i"], MODEL)
-    dead = BatchWorker(engine, redis_client, lease=0.2)
+    dead = harness.worker(engine, redis_client, lease_seconds=0.2)
     _, taken = dead.levels.take(3, None)  # interactive (a round of its own), then bulk's first two
     _, more = dead.levels.take(2, None)
     assert [t.id for t in taken + more] == [interactive, first, second]
@@ -122,7 +121,7 @@ def test_recover_return_and_cancel_put_a_job_back_on_its_own_queue(engine, produ
     assert sorted(requeued[:2]) == sorted([first, second]) and requeued[2:] == [third]
     assert rq(redis_client, INTERACTIVE).job_ids == [interactive]
 
-    draining = BatchWorker(engine, redis_client)
+    draining = harness.worker(engine, redis_client)
     _, taken = draining.levels.take(3, None)
     _, more = draining.levels.take(2, None)
     assert draining.levels.give_back(taken + more) == 3
@@ -204,7 +203,7 @@ def test_queued_tokens_follow_submit_take_cancel_and_requeue(engine, producer, r
     assert int(redis_client.get(counter)) == sum(estimates)
     assert producer.cancel(ids[2])
     assert int(redis_client.get(counter)) == estimates[0] + estimates[1]
-    worker = BatchWorker(engine, redis_client, lease=0.2)
+    worker = harness.worker(engine, redis_client, lease_seconds=0.2)
     _, taken = worker.levels.take(1, None)
     assert int(redis_client.get(counter)) == estimates[1]
     assert worker.levels.give_back(taken) == 1

@@ -21,16 +21,11 @@ from embedfleet.common.result import Result
 from embedfleet.common.serializer import MsgpackSerializer
 from embedfleet import AsyncProducer, Producer
 from embedfleet.producer.client.core import looked_at
+from tests import harness
 from tests.harness import burst
-from bench.corpus import stdlib_docstrings
-from embedfleet.worker.serving.pipeline import BatchWorker
+from tests.realtexts import corpus_texts
 
 ROUNDS = 25  # closes with a read in flight (before the fix, one of about ten hung)
-
-
-@pytest.fixture
-def engine(minilm_engine):
-    return minilm_engine
 
 
 @pytest.fixture(scope="module")
@@ -47,25 +42,13 @@ def producer(redis_url):
 @pytest.fixture
 def idle_worker(engine, redis_client):
     """A registered, advertised worker that has not started serving: requests stay pending."""
-    worker = BatchWorker(engine, redis_client, poll_timeout=1)
-    worker.advertiser.advertise()
-    return worker
+    return harness.idle_worker(engine, redis_client)
 
 
 @pytest.fixture
 def serving_worker(fleet, engine):
     """A worker serving in a thread until the test ends."""
     return fleet.serve(engine)
-
-
-def corpus_texts() -> list[str]:
-    """60 texts of varied length (real English: the bench corpus's docstrings, spread over its lengths), some far
-    beyond the model's 256 tokens."""
-    texts = sorted(stdlib_docstrings(), key=len)
-    picked = texts[:: len(texts) // 54][:54]
-    long = " ".join(picked[-5:] * 20)
-    return picked + [long, long[: len(long) // 2], "a", "short text", "another short one",
-                     " ".join(["many words"] * 400)]
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -161,13 +144,15 @@ def test_wait_longer_than_redis_py_default_socket_timeout(producer, idle_worker)
     assert time.monotonic() - started >= 6
 
 
-def test_wait_wakes_on_the_result_without_polling(producer, idle_worker, redis_client):
+def test_wait_wakes_on_the_result_without_polling(producer, engine, redis_client):
     def calls(command: str) -> int:
         return int(redis_client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 
+    # --no-cache: the GETs counted must be the waiter's; the worker's in-flight dedup reads its markers with GET
+    held = harness.idle_worker(engine, redis_client, cache=False)
     request_id = producer.submit("wake me up")
     gets, blmoves = calls("get"), calls("blmove")
-    late = threading.Timer(1.5, burst, args=(idle_worker,))  # the result lands later
+    late = threading.Timer(1.5, burst, args=(held,))  # the result lands later
     late.start()
     assert producer.wait(request_id, timeout=30).ok
     late.join(30)

@@ -2,61 +2,38 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
-import threading
 import time
 
 import numpy as np
 import pytest
 from pydantic import ValidationError
-from rq import Queue, Retry, Worker
+from rq import Retry, Worker
 from rq.job import JobStatus
 
 from embedfleet.common.codec import packb
 from embedfleet.common.protocol import operations
 from embedfleet.common.protocol.records import RQ_RECORDS
-from embedfleet.common.protocol.keys import (FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, LEASE_GRACE, MODELS_KEY,
-                                             RESULT_TTL, model_key, model_workers_key, notify_key, queue_name,
-                                             result_key)
+from embedfleet.common.protocol.keys import (LEASE_GRACE, MODELS_KEY, RESULT_TTL, model_key, model_workers_key,
+                                             notify_key, queue_name, result_key)
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet.common.serializer import MsgpackSerializer
+from tests import harness
 from tests.commands import wait_for
+from tests.faultymodels import PoisonedModel
 from tests.harness import burst, serve
+from tests.heldpasses import GatedEngine
 from tests.nullworker import null_engine
+from tests.rqjobs import enqueue, rq_queue, texts
 from tests.tinymodels import engine_for
 from embedfleet.worker.serving.advertise import Advertiser
 from embedfleet.worker.serving.config import WorkerSettings
 from embedfleet.worker.engine.engine import Engine
-from embedfleet.worker.engine.models.base import LoadedModel
 from embedfleet.worker.engine.models.loader import load_model
+from embedfleet.worker.serving.builder import build_worker
 from embedfleet.worker.serving.pipeline import BatchWorker
 from embedfleet.worker.serving.rqpubsub import PromptSimpleWorker
-
-
-@pytest.fixture
-def engine(minilm_engine):
-    return minilm_engine
-
-
-def rq_queue(conn, model: str) -> Queue:
-    return Queue(queue_name(model), connection=conn, serializer=MsgpackSerializer)
-
-
-def enqueue(conn, request: EmbedRequest, *args, queue: str | None = None, **job_kwargs):
-    """Enqueue as the producer does: one rq job per request, job id = request id, on the queue of the
-    request's model (args, options and the queue's model overridable)."""
-    options = {"ttl": JOB_TTL, "result_ttl": RESULT_TTL, "failure_ttl": FAILURE_TTL, "job_timeout": JOB_TIMEOUT,
-               **job_kwargs}
-    return rq_queue(conn, queue or request.model).enqueue(
-        JOB_FUNC, *(args or (request.encode(),)), job_id=request.id, description=f"embed {len(request.inputs)}",
-        **options)
-
-
-def texts(count: int) -> list[str]:
-    words = "red green blue fast slow cat dog river mountain quantum cloud paper".split()
-    return [" ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 9)) for i in range(count)]
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -72,7 +49,7 @@ def test_burst_serves_in_batches_and_matches_single_embeddings(engine, redis_cli
         enqueue(redis_client, request)
     passes = engine.forward_passes
 
-    assert burst(BatchWorker(engine, redis_client, max_jobs=64, rq_records=records))
+    assert burst(engine, redis_client, max_jobs=64, rq_records=records)
 
     assert engine.forward_passes - passes < len(requests)
     alone = {text: engine.run([EmbedRequest(model=engine.caps.name, inputs=[text])])[0].embeddings[0]
@@ -122,7 +99,7 @@ def test_malformed_messages_fail_clearly_and_the_batch_goes_on(engine, redis_cli
     enqueue(redis_client, good[2])
 
     reply = "embedfleet:replies:test"
-    worker = BatchWorker(engine, redis_client, max_jobs=64, rq_records=records)
+    worker = harness.worker(engine, redis_client, max_jobs=64, rq_records=records)
     burst(worker)
     assert worker.finishing.batches == 1  # everything above was one batch
 
@@ -162,29 +139,9 @@ def test_malformed_messages_fail_clearly_and_the_batch_goes_on(engine, redis_cli
 def test_reply_stream_gets_the_id(engine, redis_client):
     request = EmbedRequest(model=engine.caps.name, inputs=["hi"], reply_to="embedfleet:replies:test")
     enqueue(redis_client, request)
-    burst(BatchWorker(engine, redis_client))
+    burst(engine, redis_client)
     [(_, fields)] = redis_client.xrange("embedfleet:replies:test")
     assert fields == {b"id": request.id.encode()}
-
-
-class GatedEngine:
-    """The real engine, held inside its forward step until the test lets it go, to observe a busy worker.
-    Without a forward-pass shape: its rounds are cut by request count (max_jobs) alone."""
-
-    shaper = None
-
-    def shape(self):
-        return None
-
-    def __init__(self, engine):
-        self.engine, self.caps = engine, engine.caps
-        self.prepare, self.finish, self.combine_parts = engine.prepare, engine.finish, engine.combine_parts
-        self.entered, self.release = threading.Event(), threading.Event()
-
-    def forward(self, work, between=None, **known):
-        self.entered.set()
-        assert self.release.wait(20)
-        return self.engine.forward(work, between, **known)
 
 
 @pytest.mark.parametrize("records", RQ_RECORDS)
@@ -194,7 +151,7 @@ def test_worker_in_thread_is_registered_honestly_and_advertises(engine, redis_cl
     for request in requests:  # queued before the start, so that they land in one batch
         enqueue(redis_client, request)
     gated = GatedEngine(engine)
-    worker = BatchWorker(gated, redis_client, poll_timeout=1, heartbeat_interval=0.2, rq_records=records)
+    worker = harness.worker(gated, redis_client, heartbeat_interval=0.2, rq_records=records)
     with serve(worker, stop_seconds=10):  # its exit: stop(), then the thread must end within 10 s
         try:
             assert gated.entered.wait(10)
@@ -248,7 +205,7 @@ def test_the_started_registry_stays_a_skiplist_whatever_the_ids(redis_client):
     requests = [EmbedRequest(model="null", inputs=["one"]), EmbedRequest(id="a", model="null", inputs=["two"]),
                 EmbedRequest(id="b" * 60, model="null", inputs=["three"])]
     operations.enqueue(redis_client, operations.enqueue_args(queue_name("null"), requests))
-    worker = BatchWorker(null_engine(), redis_client, poll_timeout=1)
+    worker = harness.worker(null_engine(), redis_client)
     _, taken = worker.levels.take(8, None)
     assert sorted(t.id for t in taken) == sorted(r.id for r in requests)
     registry = rq_queue(redis_client, "null").started_job_registry
@@ -265,7 +222,7 @@ def test_leases_are_renewed_by_beats_and_only_until_the_job_timeout(engine, redi
     enqueue(redis_client, patient)  # JOB_TIMEOUT
     enqueue(redis_client, hasty, job_timeout=1)
     gated, lease = GatedEngine(engine), 0.9  # renewed every 0.3 s
-    worker = BatchWorker(gated, redis_client, poll_timeout=1, lease=lease)
+    worker = harness.worker(gated, redis_client, lease_seconds=lease)
     with serve(worker, stop_seconds=10):
         try:
             assert gated.entered.wait(10)
@@ -289,35 +246,16 @@ def test_a_result_ttl_under_one_second_is_refused(engine, redis_client):
     """(A job's own result_ttl is a TTL of its rq records, which only --rq-records full keeps.)"""
     for ttl in (0, -1):
         with pytest.raises(ValueError, match=r"result_ttl must be at least 1 second, got -?\d"):
-            BatchWorker(engine, redis_client, result_ttl=ttl)
+            build_worker(harness.settings(), engine, redis_client, result_ttl=ttl)  # past the settings' own check
         with pytest.raises(ValidationError, match="result_ttl"):
             WorkerSettings(result_ttl=ttl)
 
     request = EmbedRequest(model=engine.caps.name, inputs=["kept"])  # a job's own -1 gives way to the worker's
     job = enqueue(redis_client, request, result_ttl=-1)
-    burst(BatchWorker(engine, redis_client, result_ttl=100, rq_records="full"))
+    burst(engine, redis_client, result_ttl=100, rq_records="full")
     assert Result.decode(redis_client.get(result_key(request.id))).ok
     assert 0 < redis_client.ttl(result_key(request.id)) <= 100
     assert job.get_status() == JobStatus.FINISHED and 0 < redis_client.ttl(job.key) <= 100
-
-
-class FaultyModel(LoadedModel):
-    """A real loaded model whose subclasses inject a fault into the forward pass."""
-
-    @classmethod
-    def of(cls, model: LoadedModel) -> FaultyModel:
-        return cls(**{f.name: getattr(model, f.name) for f in dataclasses.fields(model)})
-
-
-class PoisonedModel(FaultyModel):
-    """Its forward pass raises whenever token POISON is in the batch, as a kernel bug on one input would."""
-
-    POISON = 66
-
-    def embed(self, token_lists, prompt_lengths=None):
-        if any(self.POISON in ids for ids in token_lists):
-            raise RuntimeError(f"token {self.POISON} crashes the kernel")
-        return super().embed(token_lists, prompt_lengths)
 
 
 @pytest.mark.parametrize("records", RQ_RECORDS)
@@ -332,7 +270,7 @@ def test_a_poisoned_request_fails_alone_retryably_and_its_neighbours_are_served(
     for request in healthy[3:]:
         enqueue(redis_client, request)
 
-    worker = BatchWorker(engine, redis_client, rq_records=records)
+    worker = harness.worker(engine, redis_client, rq_records=records)
     burst(worker)
     assert worker.finishing.batches == 2  # the poisoned job was requeued once by its Retry, and failed again
 
@@ -382,7 +320,7 @@ def test_a_beat_right_after_the_store_recreates_no_execution(engine, redis_clien
     for request in requests:
         enqueue(redis_client, request)
     # full: lean writes no execution records at all
-    burst(beat_after_store(BatchWorker(engine, redis_client, rq_records="full")))
+    burst(beat_after_store(harness.worker(engine, redis_client, rq_records="full")))
     assert all(Result.decode(redis_client.get(result_key(r.id))).ok for r in requests)
     assert not redis_client.keys("rq:execution*")
     assert rq_queue(redis_client, engine.caps.name).started_job_registry.get_job_ids() == []

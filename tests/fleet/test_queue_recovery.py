@@ -17,20 +17,21 @@ from embedfleet.common.protocol.records import RQ_RECORDS
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet import AsyncProducer
+from tests import harness
 from tests.harness import burst
-from tests.fleet.test_queue import engine, enqueue, rq_queue, wait_for  # noqa: F401 - `engine` is a fixture
+from tests.commands import wait_for
+from tests.rqjobs import enqueue, rq_queue
 from embedfleet.worker.serving.heartbeat import Heartbeat
-from embedfleet.worker.serving.pipeline import BatchWorker
 
 
 @pytest.mark.parametrize("records", RQ_RECORDS)
-def test_abandoned_batch_is_failed_or_retried_by_rq_maintenance(engine, redis_client, records):  # noqa: F811
+def test_abandoned_batch_is_failed_or_retried_by_rq_maintenance(engine, redis_client, records):
     model = engine.caps.name
     lost, retried = (EmbedRequest(model=model, inputs=[text]) for text in ("lost", "retried"))
     enqueue(redis_client, lost)
     enqueue(redis_client, retried, retry=Retry(max=1))
 
-    dead = BatchWorker(engine, redis_client, rq_records=records)  # takes the batch, marks it started, "dies"
+    dead = harness.worker(engine, redis_client, rq_records=records)  # takes the batch, marks it started, "dies"
     assert dead.take_round(None).size == 2  # started in Redis as it was taken
     queue = rq_queue(redis_client, model)
     assert set(queue.started_job_registry.get_job_ids()) == {lost.id, retried.id}
@@ -38,7 +39,7 @@ def test_abandoned_batch_is_failed_or_retried_by_rq_maintenance(engine, redis_cl
     for member in redis_client.zrange(queue.started_job_registry.key, 0, -1):  # its heartbeats stopped
         redis_client.zadd(queue.started_job_registry.key, {member: 1})
 
-    rescuer = BatchWorker(engine, redis_client, rq_records=records)
+    rescuer = harness.worker(engine, redis_client, rq_records=records)
     rescuer.run_maintenance_tasks()  # rq's StartedJobRegistry.cleanup, as every worker runs it
 
     assert queue.fetch_job(lost.id).get_status() == JobStatus.FAILED
@@ -54,9 +55,8 @@ def test_abandoned_batch_is_failed_or_retried_by_rq_maintenance(engine, redis_cl
 
 
 def test_an_async_waiter_is_woken_when_maintenance_fails_its_abandoned_request(
-        engine, redis_url, redis_client):  # noqa: F811
-    dead = BatchWorker(engine, redis_client)
-    dead.advertiser.advertise()  # the producer enqueues only for a served model
+        engine, redis_url, redis_client):
+    dead = harness.idle_worker(engine, redis_client)  # the producer enqueues only for a served model
 
     async def main():
         async with AsyncProducer(redis_url) as producer:  # waits on its reply stream, not on BLPOP
@@ -70,7 +70,7 @@ def test_an_async_waiter_is_woken_when_maintenance_fails_its_abandoned_request(
             waiter = asyncio.ensure_future(producer.wait(request_id, timeout=20))
             await asyncio.sleep(0.2)
             assert not waiter.done()
-            await asyncio.to_thread(BatchWorker(engine, redis_client).run_maintenance_tasks)
+            await asyncio.to_thread(harness.worker(engine, redis_client).run_maintenance_tasks)
             with pytest.raises(InternalError, match="died"):  # not TimeoutError: the reply stream woke it
                 await waiter
             return queue.fetch_job(request_id).get_status()
@@ -78,7 +78,7 @@ def test_an_async_waiter_is_woken_when_maintenance_fails_its_abandoned_request(
     assert asyncio.run(main()) == JobStatus.FAILED
 
 
-def test_ids_stranded_in_the_intermediate_list_are_failed_with_an_answer(engine, redis_client):  # noqa: F811
+def test_ids_stranded_in_the_intermediate_list_are_failed_with_an_answer(engine, redis_client):
     reply = "embedfleet:replies:test"
     request = EmbedRequest(model=engine.caps.name, inputs=["stranded"], reply_to=reply)
     enqueue(redis_client, request)
@@ -86,7 +86,7 @@ def test_ids_stranded_in_the_intermediate_list_are_failed_with_an_answer(engine,
     # rq's own dequeue (BLMOVE into the intermediate list) by a consumer that died before starting it
     assert redis_client.lmove(queue.key, queue.intermediate_queue_key, "LEFT", "RIGHT") == request.id.encode()
     intermediate = queue.intermediate_queue
-    rescuer = BatchWorker(engine, redis_client)
+    rescuer = harness.worker(engine, redis_client)
     rescuer.run_maintenance_tasks()  # rq first only notes when it saw the id ...
     assert redis_client.lrange(queue.intermediate_queue_key, 0, -1) == [request.id.encode()]
     redis_client.set(intermediate.get_first_seen_key(request.id), time.time() - 120)  # ... a minute ago

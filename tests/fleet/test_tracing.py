@@ -438,7 +438,7 @@ def test_spread_parts_are_under_their_request_and_batch_lines_link_to_their_batc
     """A long input spread over the fleet: each part's worker spans are children of its request's process
     span, in the caller's trace. A Batch API line: a trace of its own whose `batch line` span links to the span
     of the POST /v1/batches that created the batch, with the line's worker spans under it."""
-    from tests.parity.test_longinputs import MAX_LEN, words
+    from tests.longinputs import MAX_LEN, words
     from tests.tinymodels import save_tiny_bert, wrap_sentence_transformers
 
     folder = wrap_sentence_transformers(save_tiny_bert(str(tmp_path / "bert")), "mean", normalize=True,

@@ -4,7 +4,6 @@ every key the producer side creates expires. Workers are stood in for by tests.a
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -23,10 +22,10 @@ from embedfleet.common.serializer import MsgpackSerializer
 from embedfleet import AsyncProducer, Producer
 from embedfleet.common.protocol import operations
 from embedfleet.producer.gateway.core.service import save_job_options
+from tests.acls import documented_acl
 from tests.answers import MODEL, advertise, answer
 from tests.gatewayserver import Server, settings
 
-ACL_RECIPE = Path(__file__).resolve().parents[2] / "docs" / "security.md"  # the documented ACL users
 
 
 @pytest.fixture
@@ -188,20 +187,11 @@ def _batch_runs(gateway: Server, worker) -> dict:
     return batch.request_counts.model_dump()
 
 
-def documented_acl(passwords: dict[str, str]) -> list[list[str]]:
-    """The ACL SETUSER lines of docs/security.md, as commands, with the passwords filled in."""
-    lines = [line for line in ACL_RECIPE.read_text().splitlines() if line.startswith("ACL SETUSER ")]
-    assert len(lines) == 2, "the documented ACL recipe has moved: keep this test reading it"
-    return [[word.replace("PRODUCER_PASSWORD", passwords["producer"]).replace("WORKER_PASSWORD", passwords["worker"])
-             for word in line.split()] for line in lines]
-
-
 def test_the_documented_acl_recipe_runs_a_fleet(bert_mean):
     """Producer, AsyncProducer and gateway as `embedfleet-producer`, a worker batch as `embedfleet-worker`:
     everything works, Redis denied nothing, and each user is refused what it has no business doing."""
-    from tests.harness import burst
+    from tests.harness import burst, idle_worker, worker
     from tests.tinymodels import engine_for
-    from embedfleet.worker.serving.pipeline import BatchWorker
 
     passwords = {"producer": "p-secret", "worker": "w-secret"}
     with RedisServer() as server:
@@ -210,8 +200,7 @@ def test_the_documented_acl_recipe_runs_a_fleet(bert_mean):
             admin.execute_command(*command)
         as_producer = f"redis://embedfleet-producer:{passwords['producer']}@127.0.0.1:{server.port}/0"
         as_worker = f"redis://embedfleet-worker:{passwords['worker']}@127.0.0.1:{server.port}/0"
-        worker = BatchWorker(engine_for(bert_mean), redis.Redis.from_url(as_worker), poll_timeout=1)
-        worker.advertiser.advertise()
+        held = idle_worker(engine_for(bert_mean), redis.Redis.from_url(as_worker))  # serves once all are queued
         gateway = Server(settings(as_producer))
         try:
             with Producer(as_producer) as producer:
@@ -222,13 +211,13 @@ def test_the_documented_acl_recipe_runs_a_fleet(bert_mean):
                 async def async_side():
                     async with AsyncProducer(as_producer) as aproducer:
                         request_id = await aproducer.submit(["async"])
-                        await asyncio.to_thread(burst, worker)  # one burst serves all three
+                        await asyncio.to_thread(burst, held)  # one burst serves all three
                         return await aproducer.wait(request_id, timeout=30)
 
                 assert asyncio.run(async_side()).ok and producer.wait(waited, timeout=30).ok
             answered = httpx.get(f"{gateway.url}/v1/jobs/{job}", timeout=30)
             assert answered.status_code == 200 and answered.json()["status"] == "finished"
-            serving = BatchWorker(engine_for(bert_mean), redis.Redis.from_url(as_worker), poll_timeout=1)
+            serving = worker(engine_for(bert_mean), redis.Redis.from_url(as_worker))
             assert _batch_runs(gateway, serving) == {"total": 3, "completed": 3, "failed": 0}, admin.acl_log()
         finally:
             gateway.stop()

@@ -20,7 +20,7 @@ from embedfleet.common.protocol import keys
 from embedfleet import AsyncProducer, Producer
 from embedfleet.producer.client.core import CAPS_CACHE_SECONDS
 from tests.answers import MODEL, advertise, answer
-from tests.fleet.test_trust import documented_acl
+from tests.acls import documented_acl
 from tests.nullworker import NULL
 from tests.nullworker import null_worker as serving_null_worker
 WAITS = 10_000

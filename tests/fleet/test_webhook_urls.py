@@ -22,7 +22,7 @@ from embedfleet.common.protocol import keys
 from embedfleet.producer.gateway.jobs.webhookurls import WebhookPolicy, WebhookRefusedError, loggable, refusal
 from tests.gatewayserver import Server, settings
 from tests.nullworker import NULL, null_worker
-from tests.fleet.test_job_push import SECRET, Receiver
+from tests.webhooks import SECRET
 
 STRICT = WebhookPolicy()  # the default: https to public addresses only
 
@@ -167,13 +167,6 @@ def test_logs_name_a_webhook_by_scheme_host_and_port_only(url, logged):
 
 
 # -- over HTTP ---------------------------------------------------------------------------------------
-
-@pytest.fixture
-def receiver():
-    receiver = Receiver()
-    yield receiver
-    receiver.close()
-
 
 def gateway(redis_url: str, **fields) -> Server:
     return Server(settings(redis_url, webhook_secret=SECRET, webhook_sweep_seconds=0.2, **fields))

@@ -16,34 +16,13 @@ import redis
 from embedfleet.common.protocol import keys
 from embedfleet import Producer
 from tests.commands import clean_env, embedfleet
-from tests.harness import burst, serve
+from tests.harness import burst, idle_worker, serve
+from tests.heldpasses import Recorded
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.loader import load_model
 from embedfleet.worker.engine.shaper import Shape, Shaper
-from embedfleet.worker.serving.pipeline import BatchWorker
 
 MODEL = "yield"
-
-
-class Recorded:
-    """The real model, recording each forward pass's token ids; the passes numbered in `gates` wait for their
-    event, so that the test can act while the device is busy."""
-
-    def __init__(self, model, gates: dict[int, threading.Event]):
-        self._model, self.gates = model, gates
-        self.passes: list[list[list[int]]] = []
-        self.waiting = {number: threading.Event() for number in gates}
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-    def embed(self, token_lists, prompt_lengths=None, **pairs):
-        self.passes.append([list(ids) for ids in token_lists])
-        number = len(self.passes) - 1
-        if number in self.gates:
-            self.waiting[number].set()
-            assert self.gates[number].wait(60), f"the test never let pass {number} go"
-        return self._model.embed(token_lists, prompt_lengths, **pairs)
 
 
 @pytest.fixture
@@ -62,8 +41,7 @@ def test_a_bulk_round_pauses_between_passes_for_interactive_work_and_every_job_i
     model = Recorded(tiny, {1: first, 3: second})
     engine = Engine(model, max_batch_tokens=64, max_batch_size=4)  # 4 rows a pass: 8 passes a 32-text request
     # --rq-records full: the served jobs' `deliveries` is how this test sees that none ran twice
-    worker = BatchWorker(engine, redis_client, max_jobs=64, poll_timeout=1, rq_records="full")
-    worker.advertiser.advertise()
+    worker = idle_worker(engine, redis_client, max_jobs=64, rq_records="full")
     with Producer(redis_url) as producer:
         bulk = producer.submit_many([[words(32 * r + t) for t in range(32)] for r in range(3)], MODEL,
                                     priority="bulk")
@@ -108,9 +86,8 @@ def test_the_bulk_share_round_keeps_its_turn_and_interactive_work_still_runs_bet
     gate = threading.Event()
     model = Recorded(tiny, {1: gate})
     engine = Engine(model, max_batch_tokens=64, max_batch_size=4)
-    worker = BatchWorker(engine, redis_client, max_jobs=1, poll_timeout=1, bulk_share=2,  # round 2 of 2: bulk first
+    worker = idle_worker(engine, redis_client, max_jobs=1, bulk_share=2,  # round 2 of 2: bulk first
                          rq_records="full")  # the served jobs' `deliveries`: none ran twice
-    worker.advertiser.advertise()
     levels, may_take = worker.levels, threading.Event()
     real_take = levels.take
 
@@ -156,8 +133,7 @@ def test_the_bulk_share_round_keeps_its_turn_and_interactive_work_still_runs_bet
 
 def test_a_round_holds_a_few_passes_of_work_not_a_fixed_number_of_requests(tiny, redis_url, redis_client):
     engine = Engine(tiny, max_batch_tokens=128, max_batch_size=64)
-    worker = BatchWorker(engine, redis_client, max_jobs=64, poll_timeout=1)
-    worker.advertiser.advertise()
+    worker = idle_worker(engine, redis_client, max_jobs=64)
     with Producer(redis_url) as producer:
         ids = producer.submit_many([[words(16 * r + t) for t in range(16)] for r in range(40)], MODEL)
         round_ = worker.take_round(None)
@@ -172,9 +148,7 @@ def test_a_round_holds_a_few_passes_of_work_not_a_fixed_number_of_requests(tiny,
 
 def test_the_learned_shape_shows_in_status(tiny, redis_url, redis_client, tmp_path):
     shaper = Shaper(Shape(256, 4), min_tokens=64, max_tokens=4096, max_rows=64, source="probe")
-    worker = BatchWorker(Engine(tiny, shaper=shaper), redis_client, max_jobs=64, poll_timeout=1,
-                         heartbeat_interval=0.2)
-    worker.advertiser.advertise()
+    worker = idle_worker(Engine(tiny, shaper=shaper), redis_client, max_jobs=64, heartbeat_interval=0.2)
     with Producer(redis_url) as producer:
         ids = producer.submit_many([[words(8 * r + t) for t in range(8)] for r in range(20)], MODEL)
         with serve(worker):

@@ -16,7 +16,7 @@ from sentence_transformers.util.quantization import quantize_embeddings
 from transformers import AutoTokenizer
 
 from tests.livegateway import live_fleet
-from tests.parity.test_tasks import DOCS, QUERY
+from tests.taskengines import DOCS, QUERY
 from tests.tinymodels import save_tiny_bert, sample_texts, st_reference, wrap_sentence_transformers
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.loader import load_model

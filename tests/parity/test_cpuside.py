@@ -12,7 +12,7 @@ import torch
 
 from embedfleet.common.request import EmbedRequest
 from tests.harness import burst
-from tests.fleet.test_queue import enqueue
+from tests.rqjobs import enqueue
 from tests.tinymodels import sample_texts
 from embedfleet.worker.engine import stageclock
 from embedfleet.worker.engine.encode import token_ids

@@ -318,7 +318,7 @@ def test_a_row_whose_vector_is_not_finite_fails_its_request_alone(tmp_path):
 # --- a failed forward pass is retried in halves --------------------------------------------------------
 
 def test_a_failed_pass_is_retried_in_halves_so_only_the_poisoned_request_fails(bert_cls):
-    from tests.fleet.test_queue import PoisonedModel
+    from tests.faultymodels import PoisonedModel
 
     engine = Engine(PoisonedModel.of(load_model(bert_cls)))
     requests = [req([[2, 10 + i, 3], [2, 40 + i, 3]]) for i in range(7)]
@@ -333,7 +333,7 @@ def test_a_failed_pass_is_retried_in_halves_so_only_the_poisoned_request_fails(b
 
 
 def test_a_batch_too_big_for_the_device_still_runs_in_smaller_passes(bert_cls):
-    from tests.fleet.test_queue import FaultyModel
+    from tests.faultymodels import FaultyModel
 
     class SmallDevice(FaultyModel):
         def embed(self, token_lists, prompt_lengths=None):

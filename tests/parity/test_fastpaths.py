@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModel
 
 from embedfleet.common.request import EmbedRequest
-from tests.fleet.test_producer import corpus_texts
+from tests.realtexts import corpus_texts
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.loader import load_model
 

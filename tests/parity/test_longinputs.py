@@ -3,8 +3,6 @@ sentence-transformers, in one worker and spread over two, and every way a part c
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 import torch
@@ -14,52 +12,11 @@ from embedfleet.common.errors import DecodeError, InputTooLongError, InternalErr
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet import Producer
-from tests.harness import burst, serve
-from tests.tinymodels import WORDS, save_tiny_bert, st_reference, wrap_sentence_transformers
+from tests.harness import burst, idle_worker, one_round, serve
+from tests.longinputs import MAX_LEN, cosine, hand_reference, words
+from tests.tinymodels import st_reference
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.loader import load_model
-from embedfleet.worker.serving.pipeline import BatchWorker
-
-MAX_LEN = 32  # the tiny model's max length: 7x of it is still a fast test
-
-
-@pytest.fixture(scope="module")
-def long_model(tmp_path_factory):
-    """Tiny BERT, mean pooling, Normalize, max length 32; the worker's model allows 8x that in chunks."""
-    folder = wrap_sentence_transformers(save_tiny_bert(str(tmp_path_factory.mktemp("long"))), "mean",
-                                        normalize=True, max_seq_length=MAX_LEN)
-    return folder, load_model(folder, served_name="long", max_embed_len=8 * MAX_LEN)
-
-
-def words(tokens: int, seed: int = 0) -> str:
-    """A text of exactly `tokens` tokens with the special ones ([CLS], [SEP]): every word is one token."""
-    rng = random.Random(seed)
-    return " ".join(rng.choice(WORDS) for _ in range(tokens - 2))
-
-
-def hand_reference(folder: str, text: str, max_len: int = MAX_LEN) -> tuple[np.ndarray, int]:
-    """Chunk by hand (content tokens in runs of max_len - 2, each as [CLS] run [SEP]), embed each chunk with
-    sentence-transformers (its modules up to Normalize), token-count-weighted mean, normalise. Also returns
-    the tokens of all chunks."""
-    model = st_reference(folder, drop_normalize=True)
-    tokenizer = model.tokenizer
-    content = tokenizer(text, add_special_tokens=False)["input_ids"]
-    room = max_len - 2
-    chunks = [[tokenizer.cls_token_id, *content[i:i + room], tokenizer.sep_token_id]
-              for i in range(0, len(content), room)]
-    vectors = []
-    for ids in chunks:
-        features = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
-                    "token_type_ids": torch.zeros(1, len(ids), dtype=torch.long)}
-        with torch.no_grad():
-            vectors.append(model(features)["sentence_embedding"][0].double().numpy())
-    weights = np.array([len(ids) for ids in chunks], np.float64)
-    mean = (np.stack(vectors) * weights[:, None]).sum(0) / weights.sum()
-    return mean / np.linalg.norm(mean), int(weights.sum())
-
-
-def cosine(a, b) -> float:
-    return float(np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b))
 
 
 @pytest.mark.parametrize("multiple", [1, 2.5, 7])
@@ -103,33 +60,17 @@ def test_max_embed_len_is_bounded(long_model):
         load_model(folder, max_embed_len=1 << 21)
 
 
-def _worker(model, redis_client, name: str, chunks_per_job: int = 2, max_jobs: int = 1) -> BatchWorker:
-    worker = BatchWorker(Engine(model), redis_client, max_jobs=max_jobs, poll_timeout=1, name=name,
-                         chunks_per_job=chunks_per_job)
-    worker.advertiser.advertise()
-    return worker
-
-
-def _one_round(worker: BatchWorker) -> list[str]:
-    """Take, run and answer one round by hand; returns the ids it took."""
-    batch = worker.take_round(None)
-    assert batch is not None
-    if batch.work is not None:
-        worker.engine.forward(batch.work)
-    worker.finish_round(batch)
-    return [job.id for job in batch.runnable]
-
-
 def test_chunks_spread_over_two_workers_equal_the_reference(long_model, redis_url, redis_client):
     folder, model = long_model
-    first, second = _worker(model, redis_client, "first"), _worker(model, redis_client, "second")
+    first, second = (idle_worker(Engine(model), redis_client, max_jobs=1, name=name, chunks_per_job=2)
+                     for name in ("first", "second"))
     text = words(7 * MAX_LEN, seed=3)  # 222 content tokens: 8 chunks, + 1 short input: 5 parts of 2 rows
     with Producer(redis_url) as producer:
         request_id = producer.submit([text, "a short one"], "long", endianness="big")
-        assert _one_round(first) == [request_id]  # tokenised, spread: the parts are queued
+        assert one_round(first) == [request_id]  # tokenised, spread: the parts are queued
         assert producer.get(request_id) is None and producer.status(request_id) == "started"
         assert redis_client.llen(first.queue.key) == 5
-        part = _one_round(first)  # one part here, the rest on the second worker
+        part = one_round(first)  # one part here, the rest on the second worker
         assert burst(second)
         result = producer.wait(request_id, timeout=30)
     expected, tokens = hand_reference(folder, text)
@@ -158,6 +99,7 @@ class _FailingOnce:
     def __init__(self, model, poison: int):
         self.model, self.poison = model, poison
         self.caps, self.tokenizer, self.pooler = model.caps, model.tokenizer, model.pooler
+        self.module, self.device, self.folder = model.module, model.device, model.folder  # key the vector cache
 
     def embed(self, token_lists, prompt_lengths=None):
         if any(len(ids) == self.poison for ids in token_lists):
@@ -170,11 +112,11 @@ class _FailingOnce:
 
 def test_a_failed_part_fails_the_request_once_and_nothing_hangs(long_model, redis_url, redis_client):
     _, model = long_model
-    spreader = _worker(model, redis_client, "spreader")
+    spreader = idle_worker(Engine(model), redis_client, max_jobs=1, name="spreader", chunks_per_job=2)
     text = words(3 * (MAX_LEN - 2) + 9, seed=5)  # chunks of 32, 32, 32, 9 tokens: 2 parts, the 9 in the last
     with Producer(redis_url) as producer:
         request_id = producer.submit([text], "long")
-        _one_round(spreader)
+        one_round(spreader)
         burst(Engine(_FailingOnce(model, poison=9)), redis_client, max_jobs=4, name="failing")
         with pytest.raises(InternalError, match=r"chunk part 2 of 2 failed: forward pass failed"):
             producer.wait(request_id, timeout=10)
@@ -247,12 +189,12 @@ def test_late_chunking_bad_requests_say_what_is_allowed(long_model):
 def test_a_poisoned_part_fails_the_request_and_a_corrupt_plan_fails_only_its_request(long_model, redis_url,
                                                                                     redis_client):
     _, model = long_model
-    spreader = _worker(model, redis_client, "spreader", max_jobs=8)
+    spreader = idle_worker(Engine(model), redis_client, max_jobs=8, name="spreader", chunks_per_job=2)
     with Producer(redis_url) as producer:
         poisoned = producer.submit([words(3 * MAX_LEN, seed=1)], "long")
         corrupt = producer.submit([words(3 * MAX_LEN, seed=2)], "long")
         junk = producer.submit([words(3 * MAX_LEN, seed=3)], "long")
-        assert sorted(_one_round(spreader)) == sorted([poisoned, corrupt, junk])  # all spread, 2 parts each
+        assert sorted(one_round(spreader)) == sorted([poisoned, corrupt, junk])  # all spread, 2 parts each
         redis_client.hset(f"rq:job:{keys.part_id(junk, 1)}", "data", b"junk")  # a part whose data is unreadable
         # The workers of part 1 of one "died" with it three times: taken again, it is poison, never run.
         redis_client.hset(f"rq:job:{keys.part_id(poisoned, 0)}", "lapses", 3)

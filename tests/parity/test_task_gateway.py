@@ -16,7 +16,7 @@ from sentence_transformers import CrossEncoder
 from transformers import AutoModel, AutoTokenizer
 
 from embedfleet import Producer
-from tests.parity.test_tasks import DOCS, QUERY, TEXTS, engine
+from tests.taskengines import DOCS, QUERY, TEXTS, engine
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ submit for every task a model does not serve."""
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 import pytest
@@ -18,24 +17,14 @@ from embedfleet.common.protocol.keys import queue_name
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet import AsyncProducer, Producer
+from tests.harness import idle_worker
+from tests.taskengines import DOCS, QUERY, TEXTS, engine
 from tests.tinymodels import cosines, sample_texts
-from embedfleet.worker.engine.engine import Engine
-from embedfleet.worker.engine.models.loader import load_model
-from embedfleet.worker.serving.pipeline import BatchWorker
 
-QUERY = "weather in paris today"
-DOCS = sample_texts(7, seed=3)
-TEXTS = sample_texts(6, seed=4, max_words=40)
 SUPPORTED = {"emb": ["embed", "score", "token_embed", "tokenize", "detokenize"],
              "ce": ["score", "classify", "token_classify", "tokenize", "detokenize"],
              "clf": ["classify", "token_classify", "tokenize", "detokenize"],
              "colbert": ["token_embed", "score", "tokenize", "detokenize"]}
-
-
-@functools.cache
-def engine(folder: str, name: str) -> Engine:
-    # a small token budget: one request's rows spread over several forward passes
-    return Engine(load_model(folder, served_name=name), max_batch_tokens=256, max_batch_size=4)
 
 
 @pytest.fixture
@@ -224,8 +213,7 @@ def test_tasks_share_rounds_and_the_token_budget(tasks, bert_mean):
 
 
 def test_a_queued_score_request_is_cancelled_like_any(redis_client, redis_url, cross_encoder):
-    worker = BatchWorker(engine(cross_encoder, "ce"), redis_client, poll_timeout=1)
-    worker.advertiser.advertise()  # registered, not serving: the request stays queued
+    idle_worker(engine(cross_encoder, "ce"), redis_client)  # registered, not serving: the request stays queued
     with Producer(redis_url) as producer:
         request_id = producer.submit([QUERY], "ce", task="score", text_pair=[DOCS[0]])
         assert producer.cancel(request_id)

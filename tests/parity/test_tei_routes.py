@@ -234,7 +234,7 @@ KEY = "tei-key"
 @pytest.fixture(scope="module")
 def tiny_fleet(matryoshka_model, cross_encoder, classifier):
     from embedfleet.common.redisserver import RedisServer
-    from tests.parity.test_tasks import engine
+    from tests.taskengines import engine
 
     engines = [engine(matryoshka_model, "mrl"), engine(cross_encoder, "ce"), engine(classifier, "clf")]
     with RedisServer() as server, live_gateway(server.url, engines, api_key=KEY) as url, \

