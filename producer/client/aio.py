@@ -30,8 +30,10 @@ from embedfleet.common.result import Result
 from embedfleet.common.shards import ShardMap, resolve_shards
 from embedfleet.producer.client import reads, traced
 from embedfleet.producer.client.alink import Link
-from embedfleet.producer.client.core import (Placements, Served, build_request, by_url, chosen_ids, looked_at,
-                                             read_result, redis_errors, resolve_target, tagged_ids)
+from embedfleet.producer.client.core import (Served, build_request, by_url, chosen_ids, looked_at, read_result,
+                                             resolve_target, tagged_ids)
+from embedfleet.producer.client.redisfaults import redis_errors
+from embedfleet.producer.client.remembered import Placements
 from embedfleet.producer.client.exchanges import run_async
 from embedfleet.producer.client.placement import Placer, naming, place_async, unavailable
 from embedfleet.producer.client.surface import Surface

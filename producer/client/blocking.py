@@ -22,9 +22,10 @@ from embedfleet.common.result import Result
 from embedfleet.common.shards import ShardMap, resolve_shards
 from embedfleet.producer.client import reads, traced
 from embedfleet.producer.client.placement import Placer, naming, place, unavailable
-from embedfleet.producer.client.core import (Placements, Sent, Served, build_request, by_url, chosen_ids,
-                                             enqueue_args, looked_at, queue_full, read_result,
-                                             redis_errors as _redis_errors, resolve_target, tagged_ids)
+from embedfleet.producer.client.core import (Served, build_request, by_url, chosen_ids, enqueue_args, looked_at,
+                                             queue_full, read_result, resolve_target, tagged_ids)
+from embedfleet.producer.client.redisfaults import redis_errors as _redis_errors
+from embedfleet.producer.client.remembered import Placements, Sent
 from embedfleet.producer.client.exchanges import run
 from embedfleet.producer.client.surface import Surface
 from embedfleet.producer.client.syncwait import FIRST_BLOCK, SyncWaits

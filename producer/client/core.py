@@ -4,7 +4,6 @@ decoding results and job states (what they read from Redis, and what it means: p
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError as PydanticValidationError
@@ -24,7 +23,6 @@ from embedfleet.common.scheduling import DEFAULT_PRIORITY, priority_level, resol
 from embedfleet.common.result import Result
 from embedfleet.common.serializer import MsgpackSerializer
 from embedfleet.producer.client import traced
-from embedfleet.producer.client.redisfaults import redis_errors  # noqa: F401 - the clients' import of it
 
 SERIALIZER = MsgpackSerializer
 CAPS_CACHE_SECONDS = 2.0  # how long a producer trusts the advertised capabilities before re-reading them
@@ -55,53 +53,6 @@ class Served:
         self.known = set(known) | self.known | set(self.models) | set(models)
         self.models = models
         self.read_at = time.monotonic()
-
-
-REMEMBERED_IDS = 100_000  # request ids whose shard a sharded client remembers (others are looked up)
-
-
-class Placements:
-    """Request id -> the URL of the shard it was sent to, for the last REMEMBERED_IDS ids (a sharded client
-    asks every shard only for ids it did not send)."""
-
-    def __init__(self, size: int = REMEMBERED_IDS):
-        self.size = size
-        self._urls: OrderedDict[str, str] = OrderedDict()
-
-    def get(self, request_id: str) -> str | None:
-        return self._urls.get(request_id)
-
-    def remember(self, request_ids: list[str], url: str) -> None:
-        for request_id in request_ids:
-            self._urls[request_id] = url
-        while len(self._urls) > self.size:
-            self._urls.popitem(last=False)
-
-
-@dataclass(frozen=True)
-class SentTo:
-    """How a request this client submitted wakes: `stream`, its reply stream, or None: its notify list."""
-
-    stream: str | None
-
-
-class Sent:
-    """Request id -> SentTo, for the last REMEMBERED_IDS ids this client submitted: a wait on one of them
-    knows how it wakes without reading its job."""
-
-    def __init__(self, size: int = REMEMBERED_IDS):
-        self.size = size
-        self._ids: OrderedDict[str, SentTo] = OrderedDict()
-
-    def get(self, request_id: str) -> SentTo | None:
-        return self._ids.get(request_id)
-
-    def remember(self, request_ids: list[str], reply_to: str | None) -> None:
-        sent = SentTo(reply_to if keys.is_reply_stream_key(reply_to) else None)
-        for request_id in request_ids:
-            self._ids[request_id] = sent
-        while len(self._ids) > self.size:
-            self._ids.popitem(last=False)
 
 
 WORKER_FIELDS = {"model": str, "device": str, "dtype": str, "max_batch_tokens": int, "max_batch_size": int,

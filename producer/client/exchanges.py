@@ -1,7 +1,7 @@
 """How each client moves the bytes of a read (producer/client/reads.py): every exchange (one round trip) as one
 pipeline per Redis, its replies sent back into the read until it returns. A Redis that cannot be reached answers
 its error in place of each reply (a read of a partitioned model goes on with the others); Redis errors that the
-read raises become the clients' own (core.redis_errors)."""
+read raises become the clients' own (redisfaults.redis_errors)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 
 from embedfleet.common.errors import UnavailableError
 from embedfleet.common.shards import ShardMap
-from embedfleet.producer.client.core import redis_errors
+from embedfleet.producer.client.redisfaults import redis_errors
 from embedfleet.producer.client.placement import unavailable
 from embedfleet.producer.client.reads import Read, T
 

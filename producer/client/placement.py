@@ -26,7 +26,7 @@ from typing import TypeVar
 from embedfleet.common.errors import UnavailableError
 from embedfleet.common.redisclient import redact
 from embedfleet.common.shards import ShardMap
-from embedfleet.producer.client.core import redis_errors
+from embedfleet.producer.client.redisfaults import redis_errors
 
 T = TypeVar("T")
 
@@ -120,7 +120,7 @@ async def place_async(placer: Placer, order: list[str], send: Callable[[str], Aw
 
 
 def unavailable(shards: ShardMap, url: str, cause: Exception) -> UnavailableError:
-    """`cause` (an UnavailableError of core.redis_errors, a 503) naming the partition at `url`: which one of which
+    """`cause` (an UnavailableError of redis_errors, a 503) naming the partition at `url`: which one of which
     model; as it was for a Redis that is no partition."""
     named = [f"partition {urls.index(url) + 1} of {len(urls)} of model '{model}'"
              for model, urls in shards.shards.items() if url in urls and len(urls) > 1]
@@ -133,7 +133,7 @@ def unavailable(shards: ShardMap, url: str, cause: Exception) -> UnavailableErro
 
 @contextlib.contextmanager
 def naming(shards: ShardMap, url: str):
-    """Within it, an UnavailableError (from core.redis_errors) names the partition at `url` (`unavailable`)."""
+    """Within it, an UnavailableError (from redisfaults.redis_errors) names the partition at `url` (`unavailable`)."""
     try:
         yield
     except UnavailableError as exc:

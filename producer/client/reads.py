@@ -23,8 +23,9 @@ from embedfleet.common.redisurls import is_cluster
 from embedfleet.common.request import args_reply_to
 from embedfleet.common.result import Result
 from embedfleet.common.shards import ShardMap
-from embedfleet.producer.client.core import (SERIALIZER, Placements, job_state, model_of_queue, model_queue,
-                                             parse_models, parse_worker_info, read_result, result_state)
+from embedfleet.producer.client.core import (SERIALIZER, job_state, model_of_queue, model_queue, parse_models,
+                                             parse_worker_info, read_result, result_state)
+from embedfleet.producer.client.remembered import Placements
 
 T = TypeVar("T")
 Exchange = dict[str, list[tuple]]

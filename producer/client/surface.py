@@ -31,7 +31,8 @@ from embedfleet.common.params import PoolingParams
 from embedfleet.common.result import Result, SparseVector
 from embedfleet.common.shards import ShardMap
 from embedfleet.producer.client import fleetview, reads
-from embedfleet.producer.client.core import Placements, Served, not_submitted, pick_model
+from embedfleet.producer.client.core import Served, not_submitted, pick_model
+from embedfleet.producer.client.remembered import Placements
 from embedfleet.producer.client.fleet import LevelStats, level_stats
 from embedfleet.producer.client.tasks import check_rerank, rank, score_pairs
 

@@ -14,8 +14,9 @@ from embedfleet.common.protocol import keys, slotmoves
 from embedfleet.common.redisclient import block_for
 from embedfleet.common.result import Result
 from embedfleet.producer.client import traced
-from embedfleet.producer.client.core import PENDING, Sent, SentTo, lost_error, not_submitted, read_result
-from embedfleet.producer.client.core import redis_errors as _redis_errors
+from embedfleet.producer.client.core import PENDING, lost_error, not_submitted, read_result
+from embedfleet.producer.client.remembered import Sent, SentTo
+from embedfleet.producer.client.redisfaults import redis_errors as _redis_errors
 from embedfleet.producer.client.placement import naming
 from embedfleet.producer.client.reads import ok, wrong_type
 

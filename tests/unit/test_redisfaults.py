@@ -9,7 +9,7 @@ import redis
 from redis._parsers.base import BaseParser
 
 from embedfleet.common.errors import UnavailableError
-from embedfleet.producer.client.core import redis_errors
+from embedfleet.producer.client.redisfaults import redis_errors
 from embedfleet.producer.client.redisfaults import outage
 
 REPLIES = {  # Redis's reply -> what our message must say

@@ -11,7 +11,7 @@ import redis
 
 from embedfleet.common.errors import UnavailableError
 from embedfleet.common.protocol import slotmoves
-from embedfleet.producer.client.core import redis_errors
+from embedfleet.producer.client.redisfaults import redis_errors
 
 MOVING = [redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),
           redis.exceptions.AskError("3135 127.0.0.1:7001"),

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from embedfleet.common.errors import NotFoundError, ValidationError, echo
 from embedfleet.common.protocol import keys
 from embedfleet.producer.client import traced
-from embedfleet.producer.client.core import redis_errors
+from embedfleet.producer.client.redisfaults import redis_errors
 from embedfleet.producer.gateway.core.auth import require_key
 from embedfleet.producer.gateway.batches import objects
 from embedfleet.producer.gateway.batches.lines import ENDPOINT

@@ -19,7 +19,8 @@ from embedfleet.common.request import new_request_id, normalize_inputs
 from embedfleet.common.result import Result
 from embedfleet import AsyncProducer
 from embedfleet.producer.client.placement import naming
-from embedfleet.producer.client.core import pick_model, redis_errors
+from embedfleet.producer.client.core import pick_model
+from embedfleet.producer.client.redisfaults import redis_errors
 from embedfleet.producer.gateway.core.apikeys import KeyLimiter
 from embedfleet.producer.gateway.core.metrics import Metrics
 from embedfleet.producer.gateway.core.owners import may_see, no_such_job

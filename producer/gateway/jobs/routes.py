@@ -21,7 +21,7 @@ from embedfleet.producer.gateway.core import encoding
 from embedfleet.producer.gateway.core.auth import admit, require_key
 from embedfleet.producer.gateway.core.errors import JobNotCancellableError
 from embedfleet.producer.gateway.core.owners import no_such_job, owner_of
-from embedfleet.producer.client.core import redis_errors
+from embedfleet.producer.client.redisfaults import redis_errors
 from embedfleet.producer.gateway.jobs.schemas import JobBody
 from embedfleet.producer.gateway.core.service import Gateway, gateway
 
