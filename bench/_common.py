@@ -317,7 +317,7 @@ def prefill(redis_url: str, model: str, batches: list[list[str]], chunk: int = 2
     from embedfleet.common.protocol.keys import queue_name
     from embedfleet.common.params import PoolingParams
     from embedfleet.common.request import EmbedRequest
-    from embedfleet.common.protocol import operations
+    from embedfleet.common.protocol import enqueueing
 
     conn = redis.Redis.from_url(redis_url)
     ids = []
@@ -325,7 +325,7 @@ def prefill(redis_url: str, model: str, batches: list[list[str]], chunk: int = 2
         for start in range(0, len(batches), chunk):
             requests = [EmbedRequest(model=model, inputs=inputs, params=PoolingParams(**params))
                         for inputs in batches[start:start + chunk]]
-            operations.enqueue(conn, operations.enqueue_args(queue_name(model), requests))  # as the Producer does
+            enqueueing.enqueue(conn, enqueueing.enqueue_args(queue_name(model), requests))  # as the Producer does
             ids += [r.id for r in requests]
     finally:
         conn.close()

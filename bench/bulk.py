@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (REPO, RedisServer, describe_machine, load_corpus, model_path, ratio, start_worker,
                      table)
 
-from embedfleet.common.protocol.keys import PRIORITIES, queue_name
+from embedfleet.common.names import PRIORITIES
+from embedfleet.common.protocol.keys import queue_name
 
 MODEL = "null"
 

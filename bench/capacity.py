@@ -56,7 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _roundtrips
 from _common import (Process, RedisServer, describe_machine, load_corpus, short_texts, table, wait_advertised)
 
-from embedfleet.common.protocol import keys, scripts
+from embedfleet.common.policy import FAILURE_TTL, JOB_TTL, RESULT_TTL
+from embedfleet.common.protocol import scripts
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 
@@ -289,7 +290,7 @@ def rq_row(texts: list[list[str]]) -> dict:
 
         def one(inputs: list[str]) -> None:
             job = queue.enqueue("capacity.rq_job", EmbedRequest(model=NULL_NAME, inputs=inputs).encode(),
-                                result_ttl=keys.RESULT_TTL, ttl=keys.JOB_TTL, failure_ttl=keys.FAILURE_TTL)
+                                result_ttl=RESULT_TTL, ttl=JOB_TTL, failure_ttl=FAILURE_TTL)
             if job.latest_result(timeout=60) is None:
                 raise worker.fail("plain rq answered no job within 60 s")
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import redis
 from _common import Process, RedisServer, describe_machine, ratio, table
 
+from embedfleet.common.names import slot_tag
 from embedfleet.common.protocol import keys
 from embedfleet.common.redisclient import connect
 from embedfleet import AsyncProducer
@@ -37,7 +38,7 @@ def names_on_masters(url: str, count: int = 3) -> list[str]:
     """`count` model names whose hash tags lie on `count` distinct masters of the cluster at `url`."""
     client, chosen = connect(url), {}
     for index in range(1000):
-        chosen.setdefault(client.get_node_from_key(keys.slot_tag(f"bench{index}")).name, f"bench{index}")
+        chosen.setdefault(client.get_node_from_key(slot_tag(f"bench{index}")).name, f"bench{index}")
         if len(chosen) == count:
             break
     client.close()
@@ -48,7 +49,7 @@ def partitions_on_masters(url: str, model: str, count: int) -> list[str]:
     """`count` partition names of `model` whose hash tags lie on `count` distinct masters (tests/fleet's pick)."""
     client, chosen = connect(url), {}
     for index in range(1000):
-        chosen.setdefault(client.get_node_from_key(keys.slot_tag(model, f"p{index}")).name, f"p{index}")
+        chosen.setdefault(client.get_node_from_key(slot_tag(model, f"p{index}")).name, f"p{index}")
         if len(chosen) == count:
             break
     client.close()

@@ -36,6 +36,7 @@ import _roundtrips
 from _common import (Process, RedisServer, Timer, describe_machine, load_corpus, prefill, ratio,
                      redis_commands, short_texts, table, wait_all_results)
 
+from embedfleet.common.policy import FAILURE_TTL, JOB_TIMEOUT, JOB_TTL, RESULT_TTL
 from embedfleet.common.protocol import keys
 from embedfleet.common.protocol.keys import queue_name
 from embedfleet.common.request import EmbedRequest
@@ -120,8 +121,8 @@ class SimpleBurst:
     def fill(self, payloads: list[bytes]) -> None:
         from rq import Queue
 
-        self.queue.enqueue_many([Queue.prepare_data(noop, (p,), ttl=keys.JOB_TTL, result_ttl=keys.RESULT_TTL,
-                                                    failure_ttl=keys.FAILURE_TTL, timeout=keys.JOB_TIMEOUT)
+        self.queue.enqueue_many([Queue.prepare_data(noop, (p,), ttl=JOB_TTL, result_ttl=RESULT_TTL,
+                                                    failure_ttl=FAILURE_TTL, timeout=JOB_TIMEOUT)
                                  for p in payloads])
 
     def run(self) -> float:
@@ -174,9 +175,9 @@ def raw_serve(conn, blob: bytes, take: int = 64) -> float:
             conn.mget([f"raw:payload:{i}" for i in ids])  # the worker must read what it serves
             pipe = conn.pipeline(transaction=False)
             for request_id in ids:
-                pipe.set(keys.result_key(request_id), blob, ex=keys.RESULT_TTL)
+                pipe.set(keys.result_key(request_id), blob, ex=RESULT_TTL)
                 pipe.rpush(keys.notify_key(request_id), 1)
-                pipe.expire(keys.notify_key(request_id), keys.RESULT_TTL)
+                pipe.expire(keys.notify_key(request_id), RESULT_TTL)
             pipe.execute()
     return timer.seconds
 

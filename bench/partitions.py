@@ -31,8 +31,8 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Process, RedisServer, describe_machine, table
 
-from embedfleet.common.protocol import keys
 from embedfleet import AsyncProducer
+from embedfleet.common.protocol import keys
 
 NAME, MODEL = "null", "null:384"
 TARGETS = {2: 0.6, 3: 0.4}  # issue 39: each Redis's CPU per second, x one Redis alone

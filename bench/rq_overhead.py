@@ -19,7 +19,9 @@ import redis
 from rq import Queue
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from embedfleet.common.protocol.keys import FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, RESULT_TTL, queue_name
+from embedfleet.common.policy import FAILURE_TTL, JOB_TIMEOUT, JOB_TTL, RESULT_TTL
+from embedfleet.common.protocol.jobdata import JOB_FUNC
+from embedfleet.common.protocol.keys import queue_name
 from embedfleet.common.redisserver import RedisServer
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.serializer import MsgpackSerializer

@@ -35,8 +35,8 @@ import redis
 
 from bench._common import (REPO, Process, RedisServer, add_corpus_flags, describe_machine, load_corpus,
                            model_path, module_in, ratio, table, wait_advertised)
-from embedfleet.common.protocol import keys
 from embedfleet import Producer
+from embedfleet.common.protocol import keys, rqkeys
 
 NAME = "shaping"
 BEFORE = "bb06e1a"  # the tree before issue 30
@@ -84,7 +84,7 @@ def throughput(url: str, texts: list[str], per_request: int, seconds: float) -> 
     def feed(producer: Producer) -> None:
         sent = 0  # texts sent so far: each request takes the next `per_request` of the corpus, none repeated
         while not stop.is_set():
-            if conn.llen(keys.rq_queue_key(queue)) < 32:
+            if conn.llen(rqkeys.rq_queue_key(queue)) < 32:
                 batch = [[texts[(sent + i * per_request + j) % len(texts)] for j in range(per_request)]
                          for i in range(16)]
                 producer.submit_many(batch, NAME, truncate_prompt_tokens=-1)
@@ -96,7 +96,7 @@ def throughput(url: str, texts: list[str], per_request: int, seconds: float) -> 
         feeder = threading.Thread(target=feed, args=(producer,), daemon=True)
         feeder.start()
         time.sleep(min(2.0, seconds / 5))  # the queue fills, a round is under way
-        done, took = finished_rate(conn, keys.rq_finished_key(queue), seconds)
+        done, took = finished_rate(conn, rqkeys.rq_finished_key(queue), seconds)
         stop.set()
         feeder.join(10)
     conn.close()

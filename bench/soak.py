@@ -30,8 +30,9 @@ import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from embedfleet.common.protocol import keys  # noqa: E402
 from embedfleet.common.errors import EmbedfleetError, UnavailableError  # noqa: E402
+from embedfleet.common.policy import LEASE_SECONDS  # noqa: E402
+from embedfleet.common.protocol import keys  # noqa: E402
 from embedfleet.common.redisserver import RedisServer  # noqa: E402
 from embedfleet import Producer  # noqa: E402
 from tests.crashworker import token, vector  # noqa: E402
@@ -234,7 +235,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10)
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--rate", type=int, default=60, help="requests submitted per second")
-    parser.add_argument("--lease", type=float, default=keys.LEASE_SECONDS)
+    parser.add_argument("--lease", type=float, default=LEASE_SECONDS)
     parser.add_argument("--seed", type=int, default=1)
     Soak(parser.parse_args()).run()
 

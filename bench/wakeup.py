@@ -32,8 +32,9 @@ from _common import RedisServer, describe_machine, percentile, table
 
 import redis
 
-from embedfleet.common.protocol import keys, scripts
 from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.policy import RESULT_TTL
+from embedfleet.common.protocol import scripts
 from embedfleet.common.result import Result
 from embedfleet import AsyncProducer, Producer
 from embedfleet.worker.serving.advertise import Advertiser
@@ -55,7 +56,7 @@ class Writer:
                  for i in request_ids]
         pipe = self.connection.pipeline(transaction=True)
         for request_id, blob in zip(request_ids, blobs):
-            scripts.PUBLISH.queue(pipe, [], [request_id, blob, keys.RESULT_TTL, "0", self.reply_to], by_source=True)
+            scripts.PUBLISH.queue(pipe, [], [request_id, blob, RESULT_TTL, "0", self.reply_to], by_source=True)
         pipe.time()
         seconds, micros = pipe.execute()[-1]
         return seconds + micros / 1e6

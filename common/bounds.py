@@ -24,7 +24,7 @@ MAX_CHAR_OFFSET = INT32_MAX  # a character offset into a text, which is far shor
 MAX_TOKENS = MAX_EMBED_LEN  # the most tokens one input may have on any worker (--max-embed-len's ceiling)
 MAX_DIMENSIONS = 1 << 16  # the widest embedding models have 4,096 to 12,288 dimensions
 MAX_UNIX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z: a timestamp in milliseconds lies past it
-MAX_TIMEOUT = 10 * 365 * 24 * 3600  # seconds; a request waits in its queue a day at most (keys.JOB_TTL)
+MAX_TIMEOUT = 10 * 365 * 24 * 3600  # seconds; a request waits in its queue a day at most (policy.JOB_TTL)
 
 # The largest request a producer enqueues, msgpack-encoded (EmbedRequest.encode refuses more). It is twice
 # the gateway's default body limit (8 MiB of JSON, which never packs larger) and holds ~16 inputs of the

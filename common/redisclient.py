@@ -42,7 +42,7 @@ from redis.backoff import NoBackoff
 
 from embedfleet.common import fleetstate, packing
 from embedfleet.common.errors import StartupError
-from embedfleet.common.protocol import keys
+from embedfleet.common.protocol import keys, rqkeys
 # the URL helpers are imported from here by the entry points too (re-exported: hence F401)
 from embedfleet.common.redisurls import (CLUSTER_SCHEMES, SENTINEL_SCHEMES, check_url, cluster_tag,  # noqa: F401
                                          identity, is_cluster, is_cluster_client, is_sentinel, parse_cluster,
@@ -193,7 +193,7 @@ def _cluster_node(url: str) -> str:
 def _probe(pipe) -> None:
     probe_id = f"access-check-{uuid.uuid4().hex}"
     pipe.exists(keys.result_key(probe_id)).smembers(keys.MODELS_KEY)
-    pipe.llen(keys.rq_queue_key(keys.queue_name("access-check")))
+    pipe.llen(rqkeys.rq_queue_key(keys.queue_name("access-check")))
     pipe.execute_command("EVAL", "return 1", 0)  # may it run scripts (raw: a cluster's pipeline has no eval())
 
 

@@ -35,7 +35,7 @@ import redis.asyncio.cluster as aiocluster
 import redis.cluster
 
 from embedfleet.common.errors import StartupError
-from embedfleet.common.protocol import keys
+from embedfleet.common.names import slot_tag
 
 PLAIN_SCHEMES = ("redis", "rediss")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
@@ -182,7 +182,7 @@ def is_cluster_client(connection) -> bool:
 def cluster_tag(url: str, model: str) -> str:
     """The hash tag of `model`'s keys at `url`: '' on a plain Redis; on a Redis Cluster the model's, or its
     partition's when the URL names one (`#partition`: a model may have several partitions on one cluster)."""
-    return keys.slot_tag(model, urlsplit(url).fragment) if is_cluster(url) else ""
+    return slot_tag(model, urlsplit(url).fragment) if is_cluster(url) else ""
 
 
 def parse_cluster(url: str) -> tuple[list[tuple[str, int]], dict]:

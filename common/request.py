@@ -8,7 +8,6 @@ import uuid
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from embedfleet.common.protocol import keys
 from embedfleet.common.bounds import (CHARS_PER_TOKEN, INT32_MAX, MAX_REQUEST_BYTES, MAX_UNIX_TIME, long_text_problem,
                                       most_chars, text_limit, token_id_problem)
 from embedfleet.common.capabilities import ModelCapabilities
@@ -16,6 +15,7 @@ from embedfleet.common.chat import CHAT_INPUT, CHAT_TASKS, NO_TEMPLATE, UNTRUSTE
 from embedfleet.common.codec import check_text, packb, unpackb
 from embedfleet.common.errors import DecodeError, InputTooLongError, ValidationError
 from embedfleet.common.frozen import updated
+from embedfleet.common.names import valid_request_id
 from embedfleet.common.params import PoolingParams, from_wire
 from embedfleet.common.tracing import traceparent_problem, tracestate_problem
 
@@ -40,7 +40,7 @@ class PartOf(BaseModel):
     @field_validator("parent")
     @classmethod
     def _an_id(cls, value):
-        if not keys.valid_request_id(value):
+        if not valid_request_id(value):
             raise ValueError(f"`parent` must be a request id, got {value!r}")
         return value
 
@@ -318,26 +318,3 @@ def _first_misfit(value) -> str | None:
         if at is not None:
             return f"input {i}, position {at} is a {type(item[at]).__name__}, not a token id"
     return None
-
-
-def job_reply_to(job) -> str | None:
-    """The reply stream named in an rq job's request, or None (no args, unreadable job data, bytes that are
-    no request, or a `reply_to` outside the reply-stream key space): for every path that answers for a job
-    without running it. Job data is input: any shape may arrive here."""
-    try:
-        args = job.args
-    except Exception:  # noqa: BLE001 - rq raises DeserializationError, or anything for a corrupt hash
-        return None
-    return args_reply_to(args)
-
-
-def args_reply_to(args) -> str | None:
-    """The reply stream named by the request in an rq job's args (see job_reply_to), for a reader that
-    decoded the job's data itself."""
-    if not isinstance(args, (list, tuple)) or not args or not isinstance(args[0], bytes):
-        return None
-    try:
-        reply_to = EmbedRequest.decode(args[0]).reply_to
-    except DecodeError:
-        return None
-    return reply_to if keys.is_reply_stream_key(reply_to) else None

@@ -37,18 +37,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from embedfleet.common.protocol import keys
 from embedfleet.common.codec import packb, unpackb
 from embedfleet.common.dtypes import (FP8_DTYPES, bfloat16_bits_to_float32, fp8_bits_to_float32, from_bytes,
                                       resolve_endianness, to_bytes)
 from embedfleet.common.errors import DecodeError, EmbedfleetError, error_from_code
+from embedfleet.common.resultheader import Section, check_sections, check_task_shapes, section_fields, task_fields
 
 MAGIC = b"EFR"
 VERSION = 1
 SECTIONS_VERSION = 2  # a blob with `sections` (several arrays)
 _PREFIX = struct.Struct(">3sBI")
-# The numpy kinds a section may hold: floats, ints and the storage of bfloat16 / fp8 bits (Redis is input).
-_SECTION_KINDS = {"f2", "f4", "i1", "u1", "u2", "i4"}
 
 
 class SparseVector(NamedTuple):
@@ -60,24 +58,6 @@ class SparseVector(NamedTuple):
     def to_dict(self) -> dict[int, float]:
         """{token id: weight}, FlagEmbedding's `lexical_weights` shape (its keys are strings of the ids)."""
         return {int(i): float(v) for i, v in zip(self.indices, self.values)}
-
-
-@dataclass(frozen=True)
-class Section:
-    """One array of a version-2 blob (see the module docstring)."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    parts: tuple[int, ...] | None = None
-
-    @property
-    def nbytes(self) -> int:
-        return np.dtype(self.dtype).itemsize * math.prod(self.shape)
-
-    def header(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape),
-                **({"parts": list(self.parts)} if self.parts is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -298,18 +278,18 @@ class Result:
                 shape=tuple(head["shape"]), usage=Usage(head["usage"]["prompt_tokens"]),
                 data=bytes(raw[start + size:]), error_code=error.get("code"),
                 error_message=error.get("message"), error_param=error.get("param"),
-                finished_at=head["finished_at"], **_task_fields(head),
+                finished_at=head["finished_at"], **task_fields(head),
                 spans=None if head.get("spans") is None else tuple(tuple(int(v) for v in span)
                                                                   for span in head["spans"]),
-                **_section_fields(head, version))
+                **({} if version == VERSION else section_fields(head)))
             if result.parts is not None and (sum(result.parts) != result.shape[0] or min(result.parts, default=0) < 0):
                 raise ValueError(f"parts {list(result.parts)} do not add up to the {result.shape[0]} rows")
-            _check_task_shapes(result)
+            check_task_shapes(result)
             if result.spans is not None and (len(result.spans) != result.shape[0]
                                              or any(len(span) != 5 for span in result.spans)):
                 raise ValueError(f"{len(result.spans)} spans for {result.shape[0]} rows")
             if result.sections is not None:
-                _check_sections(result)
+                check_sections(result)
             elif result.ok:
                 result.stored  # noqa: B018 - checks that the bytes fit the declared shape and dtype
             return result
@@ -332,89 +312,3 @@ def inputs_answered(raw: bytes) -> int | None:
 # Result._built's defaults: each field's own (`usage` and `finished_at`, built per result, are set there)
 _DEFAULTS = {f.name: f.default for f in fields(Result) if f.default is not MISSING}
 _NO_USAGE = Usage()  # frozen: one instance serves every result that says no usage
-
-
-def _task_fields(head: dict) -> dict:
-    """The task header keys, checked for type: Redis is input."""
-    task, parts = head.get("task", "embed"), head.get("parts")
-    labels, items = head.get("labels", []), head.get("items")
-    if not isinstance(task, str):
-        raise ValueError(f"task must be a string, got {task!r}")
-    if parts is not None and not (isinstance(parts, list) and all(type(p) is int for p in parts)):
-        raise ValueError("parts must be a list of integers")
-    if not (isinstance(labels, list) and all(isinstance(label, str) for label in labels)):
-        raise ValueError("labels must be a list of strings")
-    if items is not None and not isinstance(items, list):
-        raise ValueError("items must be a list")
-    return {"task": task, "parts": None if parts is None else tuple(parts), "labels": tuple(labels),
-            "items": items}
-
-
-def _section_fields(head: dict, version: int) -> dict:
-    """A version-2 header's sections and vocab_size, checked for type (a version-1 blob has none)."""
-    sections, vocab = head.get("sections"), head.get("vocab_size")
-    if version == VERSION:
-        return {}
-    if not isinstance(sections, list) or not all(isinstance(s, dict) for s in sections):
-        raise ValueError("a version-2 blob needs its sections")
-    built = []
-    for s in sections:
-        name, dtype, shape, parts = s.get("name"), s.get("dtype"), s.get("shape"), s.get("parts")
-        if not (isinstance(name, str) and isinstance(dtype, str) and dtype[:1] in "<>|" and dtype[1:] in _SECTION_KINDS
-                and isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
-                and (parts is None or (isinstance(parts, list) and all(type(p) is int and p >= 0 for p in parts)))):
-            raise ValueError(f"section {s!r} is no (name, dtype, shape[, parts])")
-        built.append(Section(name, dtype, tuple(shape), None if parts is None else tuple(parts)))
-    if vocab is not None and type(vocab) is not int:
-        raise ValueError("vocab_size must be an integer")
-    return {"sections": tuple(built), "vocab_size": vocab}
-
-
-def _check_sections(result: Result) -> None:
-    """The sections fill the array bytes exactly; each one's parts cover its rows, one part per input."""
-    if sum(s.nbytes for s in result.sections) != len(result.data):
-        raise ValueError(f"sections of {sum(s.nbytes for s in result.sections)} bytes in {len(result.data)}")
-    for s in result.sections:
-        if s.parts is not None and (not s.shape or sum(s.parts) != s.shape[0] or len(s.parts) != result.shape[0]):
-            raise ValueError(f"section {s.name}: parts {list(s.parts)} do not cover its {s.shape} for "
-                             f"{result.shape[0]} inputs")
-
-
-def _check_task_shapes(result: Result) -> None:
-    """Labels name the columns, items answer the inputs one each (tokenize: ids, tokens, special flags and
-    offsets of one length): what readers index without further checks."""
-    if result.labels and (len(result.shape) != 2 or len(result.labels) != result.shape[1]):
-        raise ValueError(f"{len(result.labels)} labels for an array of shape {list(result.shape)}")
-    if result.items is None:
-        return
-    if not result.shape or len(result.items) != result.shape[0]:
-        raise ValueError(f"{len(result.items)} items for {result.shape[0] if result.shape else 0} inputs")
-    for item in result.items:
-        if result.task == "detokenize" and not isinstance(item, str):
-            raise ValueError("a detokenize item must be a string")
-        if result.task == "tokenize":
-            ids, tokens, special = (item.get(k) if isinstance(item, dict) else None
-                                    for k in ("ids", "tokens", "special"))
-            offsets = item.get("offsets")
-            if not (isinstance(ids, list) and all(type(i) is int for i in ids)
-                    and isinstance(tokens, list) and all(isinstance(t, str) for t in tokens)
-                    and isinstance(special, list) and all(isinstance(f, bool) for f in special)
-                    and len(ids) == len(tokens) == len(special)
-                    and (offsets is None or (isinstance(offsets, list) and len(offsets) == len(ids) and all(
-                        isinstance(o, list) and len(o) == 2 and all(type(v) is int for v in o) for o in offsets)))):
-                raise ValueError("a tokenize item must hold ids, tokens, special flags (and offsets) of one length")
-
-
-def publish(pipe, result: Result, ttl: int, reply_to: str | None = None, only_if_absent: bool = False) -> None:
-    """Queue on a Redis pipeline what makes a result visible, as the protocol's lib.lua `publish` does (tests'
-    stand-in worker, tests/answers.py): the blob and one wake-up, on the request's reply stream when it has one
-    (an AsyncProducer's request), else on its notify list. A gateway job's answer options
-    (keys.job_options_key), if any, now expire with the result."""
-    pipe.set(keys.result_key(result.id), result.encode(), ex=ttl, nx=only_if_absent)
-    if reply_to:
-        pipe.xadd(reply_to, {"id": result.id}, maxlen=keys.REPLY_STREAM_MAXLEN, approximate=True)
-        pipe.expire(reply_to, ttl)
-    else:
-        pipe.rpush(keys.notify_key(result.id), 1)
-        pipe.expire(keys.notify_key(result.id), ttl)
-    pipe.expire(keys.job_options_key(result.id), ttl)  # a gateway job's options go with its result

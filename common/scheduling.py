@@ -2,7 +2,7 @@
 not computed (issue #10).
 
 Priority follows vLLM's `priority` field (an integer, lower = served sooner, default 0) and also takes the
-level names. Levels are queues of the same model (common.protocol.keys.PRIORITIES, highest first):
+level names. Levels are queues of the same model (common.names.PRIORITIES, highest first):
 
     "interactive", None, or an integer <= 0   -> interactive (the model's queue as it always was)
     "bulk", or an integer >= 1                -> bulk        (<queue>@bulk)
@@ -24,14 +24,14 @@ import math
 
 from embedfleet.common.bounds import INT32_MAX, INT32_MIN, MAX_TIMEOUT, MAX_UNIX_TIME, shown
 from embedfleet.common.errors import ValidationError
-from embedfleet.common.protocol.keys import PRIORITIES
+from embedfleet.common.names import PRIORITIES
 from embedfleet.common.request import EmbedRequest
 
 DEFAULT_PRIORITY = PRIORITIES[0]
 
 
 def priority_level(priority: str | int | None) -> str:
-    """The level (one of common.protocol.keys.PRIORITIES) of a request's `priority`; raises ValidationError."""
+    """The level (one of common.names.PRIORITIES) of a request's `priority`; raises ValidationError."""
     if priority is None:
         return DEFAULT_PRIORITY
     if isinstance(priority, str):

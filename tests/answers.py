@@ -1,5 +1,5 @@
 """A model-free stand-in for a worker, for tests about the producer side: it advertises a model with the
-real Advertiser and answers queued requests the way a worker stores them (common.result.publish)."""
+real Advertiser and answers queued requests through the protocol's own publish (common/protocol/answering.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import numpy as np
 import redis
 from rq.job import Job
 
-from embedfleet.common.protocol import keys
 from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.policy import RESULT_TTL
+from embedfleet.common.protocol import answering
 from embedfleet.common.request import EmbedRequest
-from embedfleet.common.result import Result, publish
+from embedfleet.common.result import Result
 from embedfleet.common.serializer import MsgpackSerializer
 from embedfleet.worker.serving.advertise import Advertiser
 
@@ -24,11 +25,9 @@ def advertise(connection: redis.Redis) -> None:
 
 def answer(connection: redis.Redis, request_ids: list[str]) -> None:
     """Store a result for each id (row i of request r holds r's index), as a worker would."""
-    with connection.pipeline(transaction=False) as pipe:
-        for request_id in request_ids:
-            job = Job.fetch(request_id, connection=connection, serializer=MsgpackSerializer)
-            request = EmbedRequest.decode(job.args[0])
-            rows = np.full((len(request.inputs), CAPS.embedding_size), len(request.inputs), np.float32)
-            result = Result.success(request_id, MODEL, rows, "float32", "little", len(request.inputs))
-            publish(pipe, result, keys.RESULT_TTL, request.reply_to)
-        pipe.execute()
+    for request_id in request_ids:
+        job = Job.fetch(request_id, connection=connection, serializer=MsgpackSerializer)
+        request = EmbedRequest.decode(job.args[0])
+        rows = np.full((len(request.inputs), CAPS.embedding_size), len(request.inputs), np.float32)
+        result = Result.success(request_id, MODEL, rows, "float32", "little", len(request.inputs))
+        answering.publish(connection, result, RESULT_TTL, request.reply_to, only_if_absent=False)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from rq import Queue
 
-from embedfleet.common.protocol.keys import FAILURE_TTL, JOB_FUNC, JOB_TIMEOUT, JOB_TTL, RESULT_TTL, queue_name
+from embedfleet.common.policy import FAILURE_TTL, JOB_TIMEOUT, JOB_TTL, RESULT_TTL
+from embedfleet.common.protocol.jobdata import JOB_FUNC
+from embedfleet.common.protocol.keys import queue_name
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.serializer import MsgpackSerializer
 

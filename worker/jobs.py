@@ -1,8 +1,8 @@
-"""The rq job function (common.protocol.keys.JOB_FUNCS names it); only BatchWorker may serve it, in bulk."""
+"""The rq job function (common.protocol.jobdata.JOB_FUNCS names it); only BatchWorker may serve it, in bulk."""
 
 from __future__ import annotations
 
-from embedfleet.common.protocol.keys import JOB_FUNC
+from embedfleet.common.protocol.jobdata import JOB_FUNC
 
 
 class WrongWorkerError(RuntimeError):

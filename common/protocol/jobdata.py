@@ -1,6 +1,7 @@
-"""rq's `data` field of an embedfleet job: msgpack [func, instance, args, kwargs], zlib-compressed when it is
-larger than COMPRESS_ABOVE bytes, inflated with a cap. Shared by the producer (which writes it, and a cancel
-looking for the reply stream) and the worker (decoding what it took).
+"""rq's `data` field of an embedfleet job: msgpack [func, instance, args, kwargs] (func: JOB_FUNC), zlib-compressed
+when it is larger than COMPRESS_ABOVE bytes, inflated with a cap; and the reply stream its request names. Shared by
+the producer (which writes it, and a cancel looking for the reply stream: args_reply_to) and the worker (decoding
+what it took; job_reply_to for a job it answers without running).
 
 rq compresses every job's data and reads it back either way (`Job.restore`: zlib, or the bytes as they are). A
 one-text request is ~430 bytes of msgpack that zlib cuts by ~80, for a call on each side: ~6 us of the worker's
@@ -13,6 +14,14 @@ import zlib
 
 from embedfleet.common.bounds import MAX_REQUEST_BYTES
 from embedfleet.common.errors import DecodeError
+from embedfleet.common.protocol import keys
+from embedfleet.common.request import EmbedRequest
+
+# The rq job's function name, which producers write and the batch worker runs in bulk: a name on the wire, kept
+# as 0.1 wrote it (before its module moved to embedfleet.worker.jobs), so that producers and workers of either
+# version serve each other whichever is upgraded first. A worker takes the module's own name too.
+JOB_FUNC = "worker.jobs.embed"
+JOB_FUNCS = (JOB_FUNC, "embedfleet.worker.jobs.embed")
 
 # The most bytes a job's data may inflate to: the largest request a producer enqueues (MAX_REQUEST_BYTES, which
 # EmbedRequest.encode enforces on every path that enqueues: Producer, AsyncProducer, the gateway, the bulk CLI,
@@ -64,3 +73,26 @@ def inflate(data: bytes, limit: int = MAX_JOB_DATA) -> bytes:
     except zlib.error:
         return data  # rq reads uncompressed data too
     return b"".join(pieces) if inflater.eof else data  # an incomplete stream: rq's zlib.decompress fails too
+
+
+def job_reply_to(job) -> str | None:
+    """The reply stream named in an rq job's request, or None (no args, unreadable job data, bytes that are
+    no request, or a `reply_to` outside the reply-stream key space): for every path that answers for a job
+    without running it. Job data is input: any shape may arrive here."""
+    try:
+        args = job.args
+    except Exception:  # noqa: BLE001 - rq raises DeserializationError, or anything for a corrupt hash
+        return None
+    return args_reply_to(args)
+
+
+def args_reply_to(args) -> str | None:
+    """The reply stream named by the request in an rq job's args (see job_reply_to), for a reader that
+    decoded the job's data itself."""
+    if not isinstance(args, (list, tuple)) or not args or not isinstance(args[0], bytes):
+        return None
+    try:
+        reply_to = EmbedRequest.decode(args[0]).reply_to
+    except DecodeError:
+        return None
+    return reply_to if keys.is_reply_stream_key(reply_to) else None

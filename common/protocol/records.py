@@ -1,5 +1,6 @@
 """What the protocol's operations take and return: a taken job, the answer finish writes for it, a recovered
-claim. Plain data; common/protocol/operations.py turns them into script arguments and back."""
+claim. Plain data; the operations (claims.py, enqueueing.py, answering.py, ...) turn them into script arguments
+and back."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
 
-from embedfleet.common.protocol import keys
+from embedfleet.common.policy import JOB_TIMEOUT
 
 # What the scripts write of rq's own bookkeeping (the worker's --rq-records; docs/capacity.md says what each
 # records): the first is the default.
@@ -19,6 +20,11 @@ _RQ_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 def rq_time(stamp: datetime) -> str:
     return stamp.strftime(_RQ_TIME)
+
+
+def reply_text(raw) -> str:
+    """A value of a script's reply as text (bytes decoded, what is no UTF-8 escaped)."""
+    return raw.decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else str(raw)
 
 
 class Kind(Enum):
@@ -49,7 +55,7 @@ class Taken:
     kind: Kind
     execution: str = ""
     data: bytes = b""
-    timeout: float = float(keys.JOB_TIMEOUT)
+    timeout: float = float(JOB_TIMEOUT)
     result_ttl: int | None = None  # the job's own, when positive and bounded
     failure_ttl: int | None = None
     started: str = ""  # when take started it (unix seconds, as rq's execution records it)

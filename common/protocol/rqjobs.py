@@ -17,8 +17,9 @@ from datetime import datetime, timezone
 import redis
 from rq import Queue, Retry
 
-from embedfleet.common.protocol import keys
-from embedfleet.common.protocol.jobdata import deflate
+from embedfleet.common.policy import FAILURE_TTL, JOB_RETRIES, JOB_TIMEOUT, JOB_TTL, RESULT_TTL
+from embedfleet.common.protocol import rqkeys
+from embedfleet.common.protocol.jobdata import JOB_FUNC, deflate
 from embedfleet.common.protocol.records import rq_time
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.serializer import MsgpackSerializer
@@ -39,7 +40,7 @@ def rq_fields(queue: str, requests: list[EmbedRequest], retry: bool) -> list[dic
             _templates.clear()
         template = _templates[queue, retry] = built_by_rq(queue, [_PROTOTYPE], retry)[0]
     stamp = rq_time(datetime.now(timezone.utc))
-    return [{**template, "data": deflate(MsgpackSerializer.dumps([keys.JOB_FUNC, None, [r.encode()], {}])),
+    return [{**template, "data": deflate(MsgpackSerializer.dumps([JOB_FUNC, None, [r.encode()], {}])),
              "created_at": stamp, "enqueued_at": stamp, "description": description(r)} for r in requests]
 
 
@@ -51,8 +52,8 @@ def built_by_rq(queue: str, requests: list[EmbedRequest], retry: bool) -> list[d
     rq.enqueue_many([_job_data(r, retry) for r in requests], pipeline=pipe)
     fields: dict[str, dict] = {r.id: {} for r in requests}
     for args, _ in pipe.command_stack:
-        if args[0] == "HSET" and args[1].startswith(keys.RQ_JOB_PREFIX):
-            fields[args[1][len(keys.RQ_JOB_PREFIX):]].update(
+        if args[0] == "HSET" and args[1].startswith(rqkeys.RQ_JOB_PREFIX):
+            fields[args[1][len(rqkeys.RQ_JOB_PREFIX):]].update(
                 (name, _text(value)) for name, value in zip(args[2::2], args[3::2]) if value != "")
     return [fields[r.id] for r in requests]
 
@@ -66,9 +67,9 @@ def description(request: EmbedRequest) -> str:
 
 def _job_data(request: EmbedRequest, retry: bool):
     return Queue.prepare_data(
-        keys.JOB_FUNC, args=[request.encode()], job_id=request.id, timeout=keys.JOB_TIMEOUT,
-        result_ttl=keys.RESULT_TTL, ttl=keys.JOB_TTL, failure_ttl=keys.FAILURE_TTL,
-        retry=Retry(max=keys.JOB_RETRIES) if retry else None, description=description(request))
+        JOB_FUNC, args=[request.encode()], job_id=request.id, timeout=JOB_TIMEOUT,
+        result_ttl=RESULT_TTL, ttl=JOB_TTL, failure_ttl=FAILURE_TTL,
+        retry=Retry(max=JOB_RETRIES) if retry else None, description=description(request))
 
 
 def _text(value):

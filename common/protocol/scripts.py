@@ -1,5 +1,6 @@
 """The Lua scripts of the protocol, loaded one way: each file of scripts/ with lib.lua before it and the key
-prefixes of keys.py filled in, run by SHA (EVALSHA) and loaded again when the server lost it (a restart).
+prefixes and limits they name filled in ({{NAME}}: keys.py's, rqkeys.py's or common/names.py's), run by SHA (EVALSHA)
+and loaded again when the server lost it (a restart).
 
 Each script's header lists every key it touches (KEYS, and the keys it builds from ids) and its ARGV.
 """
@@ -14,19 +15,22 @@ import redis
 import redis.asyncio as aioredis
 import redis.cluster
 
-from embedfleet.common import packing
-from embedfleet.common.protocol import keys, slotmoves
+from embedfleet.common import names, packing
+from embedfleet.common.protocol import keys, rqkeys, slotmoves
 
 FOLDER = Path(__file__).with_name("scripts")
 _PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")
+_NAMED = (keys, rqkeys, names)  # where a script's {{NAME}} is defined
 
 
 def _filled(text: str) -> str:
     def value(match: re.Match) -> str:
         name = match.group(1)
-        if not hasattr(keys, name):
-            raise KeyError(f"{name} in a Lua script is not defined in common/protocol/keys.py")
-        return str(getattr(keys, name))
+        found = next((module for module in _NAMED if hasattr(module, name)), None)
+        if found is None:
+            raise KeyError(f"{name} in a Lua script is not defined in common/protocol/keys.py, rqkeys.py or "
+                           "common/names.py")
+        return str(getattr(found, name))
 
     return _PLACEHOLDER.sub(value, text)
 
@@ -121,6 +125,21 @@ def _send_to_slot(cluster: redis.cluster.RedisCluster, commands: list[tuple]) ->
 def _node_client(cluster: redis.cluster.RedisCluster, script: tuple) -> redis.Redis:
     """The client of the master that holds the slot of `script`'s first key (its third argument)."""
     return cluster.get_node_from_key(script[3]).redis_connection
+
+
+def bulk_limit(connection: redis.Redis) -> int | None:
+    """Redis's proto-max-bulk-len: the most bytes one value (one script argument) may have; None where CONFIG
+    GET is refused (an ACL user without @dangerous, a managed Redis that renames or hides CONFIG) or says
+    nothing. Raises what a Redis that does not answer raises."""
+    try:
+        found = connection.config_get("proto-max-bulk-len")
+    except redis.ResponseError:
+        return None
+    try:
+        value = int(found["proto-max-bulk-len"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return value if value > 0 else None
 
 
 def packed(connection, commands: list[tuple]) -> bytes:

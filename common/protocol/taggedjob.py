@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from rq.job import Job
 
-from embedfleet.common.protocol import keys
+from embedfleet.common.names import tag_of, valid_request_id
 
 
 class TaggedJob(Job):
     def __init__(self, id: str | None = None, connection=None, serializer=None):
-        tagged = id if id and keys.tag_of(id) and keys.valid_request_id(id) else None
+        tagged = id if id and tag_of(id) and valid_request_id(id) else None
         super().__init__(None if tagged else id, connection, serializer)
         if tagged:
             self._id = tagged

@@ -11,6 +11,7 @@ import redis
 from pydantic import Field
 from rq import Queue
 
+from embedfleet.common.names import untagged
 from embedfleet.common.protocol import keys
 from embedfleet.common.protocol.jobdata import inflate
 from embedfleet.common.protocol.taggedjob import TaggedJob
@@ -80,12 +81,12 @@ def _queues(connection: redis.Redis, model: str | None, tag: str) -> list[Queue]
         names = [keys.queue_name(model, tag=tag)]
     else:
         names = sorted(q.name for q in Queue.all(connection=connection, serializer=MsgpackSerializer)
-                       if keys.untagged(q.name).startswith(keys.queue_name("")))
+                       if untagged(q.name).startswith(keys.queue_name("")))
     return [Queue(name, connection=connection, serializer=MsgpackSerializer, job_class=TaggedJob) for name in names]
 
 
 def _model(queue: Queue) -> str:
-    return keys.untagged(queue.name)[len(keys.queue_name("")):]
+    return untagged(queue.name)[len(keys.queue_name("")):]
 
 
 def _read(connection: redis.Redis, queue: Queue, job_id: str) -> Failed | None:

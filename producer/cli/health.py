@@ -18,9 +18,10 @@ import urllib.request
 import redis
 from pydantic import Field
 
-from embedfleet.common.protocol import keys
 from embedfleet.common.config import Settings
 from embedfleet.common.errors import NoWorkerError, StartupError, UnavailableError
+from embedfleet.common.policy import ADVERTISE_TTL
+from embedfleet.common.protocol import keys
 from embedfleet.common.redisclient import connect, redact
 from embedfleet.producer.client.core import parse_worker_info
 from embedfleet.producer.client.placement import unavailable
@@ -60,12 +61,12 @@ def check_worker(settings: HealthSettings) -> str:
     where = "anywhere" if settings.any_host else f"on host {host}"
     what = f"model {settings.model}" if settings.model else "any model"
     raise NoWorkerError(f"unhealthy: no live worker {where} advertises {what} (beat within "
-                        f"{keys.ADVERTISE_TTL} s){''.join(down)}")
+                        f"{ADVERTISE_TTL} s){''.join(down)}")
 
 
 def _live_worker(settings: HealthSettings, connection: redis.Redis, url: str, host: str) -> str | None:
     """The healthy line for a live worker at `url` that the check accepts, else None."""
-    horizon = time.time() - keys.ADVERTISE_TTL
+    horizon = time.time() - ADVERTISE_TTL
     models = [settings.model] if settings.model else sorted(m.decode() for m in connection.smembers(keys.MODELS_KEY))
     for model in models:
         if not settings.shards.owns(url, model):

@@ -18,11 +18,12 @@ from pathlib import Path
 import redis
 from rq import SimpleWorker
 
-from embedfleet.common.protocol import keys
 from embedfleet.common.console import EXIT_INTERRUPTED
 from embedfleet.common.errors import StartupError
+from embedfleet.common.policy import ADVERTISE_TTL
 from embedfleet.common.ports import looks_like_path, port_free
 from embedfleet.common.processes import start_owned
+from embedfleet.common.protocol import keys
 from embedfleet.common.redisclient import connect
 from embedfleet.common.redisserver import RedisServer
 from embedfleet.common.serializer import MsgpackSerializer
@@ -129,7 +130,7 @@ class Fleet(FleetWatch, FleetStop):
                 if child.poll() is not None:
                     raise StartupError(f"{label} exited during start-up ({exit_reason(child.returncode)}); see "
                                        "its message above")
-            fresh = time.time() - keys.ADVERTISE_TTL
+            fresh = time.time() - ADVERTISE_TTL
             beating = connection.zrangebyscore(keys.model_workers_key(self.name), fresh, "+inf")
             # A worker with several engines (--replicas, --gpus) advertises them as <its name>-<gpuN-rM>.
             engines = self.settings.replicas or 1

@@ -10,8 +10,8 @@ import redis
 from rq import SimpleWorker
 
 from embedfleet.common import fleetstate
-from embedfleet.common.protocol import keys
 from embedfleet.common.errors import InternalError, StartupError
+from embedfleet.common.protocol import keys
 from embedfleet.common.redisclient import connect
 from embedfleet.common.serializer import MsgpackSerializer
 from embedfleet.common.restarts import Restarts, exit_reason

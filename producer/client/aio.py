@@ -23,8 +23,9 @@ import redis
 
 from embedfleet.common.errors import ResultTimeoutError, UnavailableError
 from embedfleet.common.fleetstate import resolve_redis_url
+from embedfleet.common.names import tag_of
 from embedfleet.common.params import PoolingParams
-from embedfleet.common.protocol import keys, operations, slotmoves
+from embedfleet.common.protocol import answering, keys, rqkeys, slotmoves
 from embedfleet.common.redisclient import check_access_async, cluster_tag, is_cluster
 from embedfleet.common.result import Result
 from embedfleet.common.shards import ShardMap, resolve_shards
@@ -87,7 +88,7 @@ class AsyncProducer(Surface, awaits=True):
 
     async def _link_of(self, request_id: str) -> Link:
         url = await self.url_of(request_id)
-        return self._link_at(url, keys.tag_of(request_id))
+        return self._link_at(url, tag_of(request_id))
 
     def _link_at(self, url: str, tag: str) -> Link:
         """The link of `url` for keys of hash tag `tag` (its own on a Redis Cluster, else the URL's one)."""
@@ -136,9 +137,9 @@ class AsyncProducer(Surface, awaits=True):
         return found
 
     async def _cancel_at(self, target: reads.Cancel, request_id: str) -> bool:
-        link = self._link_at(target.url, keys.tag_of(request_id))
+        link = self._link_at(target.url, tag_of(request_id))
         with redis_errors():
-            cancelled = await operations.cancel_async(link.redis, target.queue, target.answer, target.reply_to)
+            cancelled = await answering.cancel_async(link.redis, target.queue, target.answer, target.reply_to)
         if cancelled:
             link.hub.woke([request_id])  # its result is there now; its reply may come later
         return cancelled
@@ -147,7 +148,7 @@ class AsyncProducer(Surface, awaits=True):
         connection = await self.connection_of(request_id)  # (two keys: refused while their slot is being moved)
         with redis_errors():
             return bool(await slotmoves.while_moving_async(
-                lambda: connection.exists(keys.result_key(request_id), keys.rq_job_key(request_id))))
+                lambda: connection.exists(keys.result_key(request_id), rqkeys.rq_job_key(request_id))))
 
     # -- submit --------------------------------------------------------------------------------------
     @traced.submits

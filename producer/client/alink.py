@@ -25,7 +25,7 @@ class Link:
     url: str
     status: object  # the producer's status coroutine function
     max_queue_depth: int | None
-    tag: str = ""  # on a Redis Cluster: the hash tag of the models it serves (keys.slot_tag); '' else
+    tag: str = ""  # on a Redis Cluster: the hash tag of the models it serves (names.slot_tag); '' else
     shared: aioredis.Redis | None = None  # the command connections of the URL's first link, if not its own
     redis: aioredis.Redis = field(init=False)
     hub: WaitHub = field(init=False)

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import redis
 import redis.asyncio as aioredis
 
-from embedfleet.common.protocol import keys, operations, scripts, slotmoves
+from embedfleet.common.names import tag_of
+from embedfleet.common.protocol import enqueueing, keys, rqkeys, scripts, slotmoves
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.scheduling import DEFAULT_PRIORITY
 from embedfleet.producer.client.core import enqueue_args, queue_full
@@ -28,7 +29,7 @@ MAX_COALESCED = 2000  # requests per coalesced send
 @dataclass
 class _Submit:
     model: str
-    work: operations.Enqueue
+    work: enqueueing.Enqueue
     size: int
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -96,8 +97,8 @@ class Submitter:
             try:
                 if isinstance(reply, Exception):
                     raise reply
-                operations.check_enqueued(reply)
-            except operations.QueueFull as full:
+                enqueueing.check_enqueued(reply)
+            except enqueueing.QueueFull as full:
                 item.done.set_exception(queue_full(item.model, full.depth, self.max_queue_depth))
             except Exception as exc:  # noqa: BLE001 - this caller's own error (an id in use, a refused write)
                 item.done.set_exception(exc)
@@ -151,10 +152,10 @@ class Submitter:
         listed = []  # a tagged queue (Redis Cluster) goes into rq:queues outside its script (another slot)
         for group in groups:
             works = [batch[i].work for i in group]
-            keys_, args = operations.round_args(works, announce=works[0].queue not in self._announced)
+            keys_, args = enqueueing.round_args(works, announce=works[0].queue not in self._announced)
             scripts.ENQUEUE.queue(pipe, keys_, args, by_source)
-            if keys.tag_of(works[0].queue) and works[0].queue not in self._announced:
-                listed.append(keys.rq_queue_key(works[0].queue))
+            if tag_of(works[0].queue) and works[0].queue not in self._announced:
+                listed.append(rqkeys.rq_queue_key(works[0].queue))
         if listed:
-            pipe.sadd(keys.RQ_QUEUES, *listed)
+            pipe.sadd(rqkeys.RQ_QUEUES, *listed)
         return (await pipe.execute(raise_on_error=False))[:len(groups)]

@@ -14,8 +14,9 @@ import redis
 from embedfleet.common import tracing
 from embedfleet.common.errors import UnavailableError
 from embedfleet.common.fleetstate import resolve_redis_url
+from embedfleet.common.names import tag_of
 from embedfleet.common.params import PoolingParams
-from embedfleet.common.protocol import keys, operations, scripts, slotmoves
+from embedfleet.common.protocol import answering, enqueueing, keys, rqkeys, scripts, slotmoves
 from embedfleet.common.redisclient import block_for, check_access, cluster_tag, connect
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
@@ -110,7 +111,7 @@ class Producer(SyncWaits, Surface):
 
     def _cancel_at(self, target: reads.Cancel, request_id: str) -> bool:
         with _redis_errors():
-            return operations.cancel(self.links[target.url], target.queue, target.answer, target.reply_to)
+            return answering.cancel(self.links[target.url], target.queue, target.answer, target.reply_to)
 
     # -- submit (and one request submitted and waited for in one round trip) ---------------------------
     @traced.submits
@@ -130,7 +131,7 @@ class Producer(SyncWaits, Surface):
         return ids
 
     def _prepare(self, batches, model, params, reply_to, text_pair, priority, deadline, timeout, request_ids,
-                 fields) -> tuple[str, list[str | None], Callable[[str, list[int]], tuple[operations.Enqueue,
+                 fields) -> tuple[str, list[str | None], Callable[[str, list[int]], tuple[enqueueing.Enqueue,
                                                                                          list[EmbedRequest]]]]:
         """(model name, the caller's ids, (URL, indices of `batches`) -> the enqueue and the requests there) of a
         submit, checked; no I/O but the adverts. The requests are built per URL they are placed on (once each): on a
@@ -143,9 +144,9 @@ class Producer(SyncWaits, Surface):
         caps, level, when = resolve_target(model, served, self._served.known, priority, deadline, timeout,
                                            self.where)
         name = caps if isinstance(caps, str) else caps.name
-        built: dict[tuple[str, tuple[int, ...]], tuple[operations.Enqueue, list[EmbedRequest]]] = {}
+        built: dict[tuple[str, tuple[int, ...]], tuple[enqueueing.Enqueue, list[EmbedRequest]]] = {}
 
-        def build(url: str, indices: list[int]) -> tuple[operations.Enqueue, list[EmbedRequest]]:
+        def build(url: str, indices: list[int]) -> tuple[enqueueing.Enqueue, list[EmbedRequest]]:
             if (url, tuple(indices)) not in built:
                 tag = cluster_tag(url, name)
                 ids = tagged_ids([chosen[i] for i in indices], tag)
@@ -158,20 +159,20 @@ class Producer(SyncWaits, Surface):
 
         return name, chosen, build
 
-    def _enqueue_args(self, url: str, work: operations.Enqueue) -> tuple[list, list]:
+    def _enqueue_args(self, url: str, work: enqueueing.Enqueue) -> tuple[list, list]:
         """The enqueue script's KEYS and ARGV (rq:queues is told of the queue on its first use)."""
-        return operations.round_args([work], announce=(url, work.queue) not in self._announced)
+        return enqueueing.round_args([work], announce=(url, work.queue) not in self._announced)
 
-    def _enqueued(self, name: str, url: str, work: operations.Enqueue, requests: list[EmbedRequest],
+    def _enqueued(self, name: str, url: str, work: enqueueing.Enqueue, requests: list[EmbedRequest],
                   reply_to: str | None, reply: list) -> list[str]:
         """The ids, once the script's reply says they are enqueued; else QueueFullError or DuplicateRequestError."""
         try:
-            operations.check_enqueued(reply)
-        except operations.QueueFull as full:
+            enqueueing.check_enqueued(reply)
+        except enqueueing.QueueFull as full:
             raise queue_full(name, full.depth, self.max_queue_depth) from None
-        if (url, work.queue) not in self._announced and keys.tag_of(work.queue):  # the script could not
+        if (url, work.queue) not in self._announced and tag_of(work.queue):  # the script could not
             with _redis_errors():
-                self.links[url].sadd(keys.RQ_QUEUES, keys.rq_queue_key(work.queue))  # (another slot)
+                self.links[url].sadd(rqkeys.RQ_QUEUES, rqkeys.rq_queue_key(work.queue))  # (another slot)
         self._announced.add((url, work.queue))
         ids = [r.id for r in requests]
         self._sent.remember(ids, reply_to)
@@ -202,7 +203,7 @@ class Producer(SyncWaits, Surface):
         result.raise_for_error()
         return result
 
-    def _ask_exchange(self, url: str, work: operations.Enqueue, requests: list[EmbedRequest], timeout: float) -> tuple:
+    def _ask_exchange(self, url: str, work: enqueueing.Enqueue, requests: list[EmbedRequest], timeout: float) -> tuple:
         """(the enqueue's reply, the result if it landed within FIRST_BLOCK) of `_ask`'s one round trip."""
         request_id = requests[0].id
         connection, notify = self.links[url], keys.notify_key(request_id)

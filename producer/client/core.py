@@ -10,13 +10,15 @@ from pydantic import ValidationError as PydanticValidationError
 from rq.job import JobStatus
 
 from embedfleet.common.chat import CHAT_INPUT
-from embedfleet.common.protocol import keys, operations
 from embedfleet.common.capabilities import ModelCapabilities
 from embedfleet.common.codec import unpackb
 from embedfleet.common.errors import (NO_WORKER_HINT, DecodeError, NotFoundError, NoWorkerError, QueueFullError,
                                       UnavailableError, UnknownModelError, ValidationError, echo, invalid_request)
 from embedfleet.common.fleetstate import DEFAULT_REDIS_URL
+from embedfleet.common.names import (MAX_REQUEST_ID_LENGTH, PRIORITIES, tag_of, tagged_request_id, untagged,
+                                     valid_request_id)
 from embedfleet.common.params import PoolingParams
+from embedfleet.common.protocol import enqueueing, keys
 from embedfleet.common.redisclient import cluster_tag, redact
 from embedfleet.common.request import EmbedRequest, normalize_inputs
 from embedfleet.common.scheduling import DEFAULT_PRIORITY, priority_level, resolve_deadline
@@ -189,15 +191,15 @@ def _public_names(errors: list[dict]) -> list[dict]:
 
 
 def tagged_ids(chosen: list[str | None], tag: str) -> list[str | None]:
-    """On a Redis Cluster (`tag`: the model's hash tag, keys.slot_tag): new ids in the model's slot, and a
+    """On a Redis Cluster (`tag`: the model's hash tag, names.slot_tag): new ids in the model's slot, and a
     chosen id must carry the tag; on a plain Redis (`tag` '') `chosen` as it is."""
     if not tag:
         return chosen
-    wrong = [i for i in chosen if i is not None and keys.tag_of(i) != tag]
+    wrong = [i for i in chosen if i is not None and tag_of(i) != tag]
     if wrong:
         raise ValidationError(f"request id {wrong[0]!r} lacks its model's hash tag {tag}: on a Redis Cluster a "
-                              f"chosen id is {tag} followed by [A-Za-z0-9_-] (keys.slot_tag)", param="request_ids")
-    return [keys.tagged_request_id(tag) if i is None else i for i in chosen]
+                              f"chosen id is {tag} followed by [A-Za-z0-9_-] (names.slot_tag)", param="request_ids")
+    return [tagged_request_id(tag) if i is None else i for i in chosen]
 
 
 def chosen_ids(request_ids: list[str] | None, count: int) -> list[str | None]:
@@ -211,9 +213,9 @@ def chosen_ids(request_ids: list[str] | None, count: int) -> list[str | None]:
     if len(request_ids) != count:
         raise ValidationError(f"{len(request_ids)} request ids for {count} requests: give one id per request",
                               param="request_ids")
-    bad = [i for i in request_ids if not keys.valid_request_id(i)]
+    bad = [i for i in request_ids if not valid_request_id(i)]
     if bad:
-        raise ValidationError(f"request id {echo(repr(bad[0]))} is not valid: 1 to {keys.MAX_REQUEST_ID_LENGTH} "
+        raise ValidationError(f"request id {echo(repr(bad[0]))} is not valid: 1 to {MAX_REQUEST_ID_LENGTH} "
                               "letters, digits, '_' or '-'", param="request_ids")
     if len(set(request_ids)) != count:
         raise ValidationError("the request ids repeat: each request needs its own id", param="request_ids")
@@ -221,12 +223,12 @@ def chosen_ids(request_ids: list[str] | None, count: int) -> list[str | None]:
 
 
 def enqueue_args(queue: str, requests: list[EmbedRequest], max_depth: int | None = None,
-                 fresh: bool = False) -> operations.Enqueue:
-    """The enqueue of `requests` on `queue` (common/protocol/operations.py); `fresh`: their ids are new random
+                 fresh: bool = False) -> enqueueing.Enqueue:
+    """The enqueue of `requests` on `queue` (common/protocol/enqueueing.py); `fresh`: their ids are new random
     ones (none chosen by the caller), which the script does not look up. A request that cannot be encoded
     fails here, as the caller's own ValidationError, before any I/O."""
     try:
-        return operations.enqueue_args(queue, requests, max_depth=max_depth, fresh=fresh)
+        return enqueueing.enqueue_args(queue, requests, max_depth=max_depth, fresh=fresh)
     except (OverflowError, TypeError, ValueError) as exc:  # msgpack refused a value the models let through
         raise ValidationError(f"the request cannot be encoded: {exc}", param="input") from exc
 
@@ -296,10 +298,10 @@ def model_queue(url: str, model: str, priority: str = "interactive") -> str:
 
 
 def model_of_queue(queue: str) -> str:
-    queue = keys.untagged(queue)  # (a Redis Cluster's queue names carry the model's hash tag)
+    queue = untagged(queue)  # (a Redis Cluster's queue names carry the model's hash tag)
     prefix = keys.queue_name("")
     model = queue[len(prefix):] if queue.startswith(prefix) else queue
-    for level in keys.PRIORITIES[1:]:  # a lower level's queue: <queue>@<level>
+    for level in PRIORITIES[1:]:  # a lower level's queue: <queue>@<level>
         if queue == keys.queue_name(model.removesuffix(f"@{level}"), level):
             return model.removesuffix(f"@{level}")
     return model

@@ -8,7 +8,8 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from embedfleet.common.protocol import keys
+from embedfleet.common.names import PRIORITIES, valid_request_id
+from embedfleet.common.protocol import keys, rqkeys
 from embedfleet.common.shards import ShardMap
 from embedfleet.producer.client.core import model_queue
 from embedfleet.producer.client.reads import Read, answered
@@ -19,7 +20,7 @@ _RQ_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"  # rq's utcformat, as `enqueued_at` is stored
 @dataclass(frozen=True)
 class LevelStats:
     model: str
-    priority: str  # one of common.protocol.keys.PRIORITIES
+    priority: str  # one of common.names.PRIORITIES
     depth: int  # job ids waiting
     queued_tokens: int  # the producers' estimate (common.scheduling.estimate_tokens), 0 when unknown
     oldest_age: float | None  # seconds since the job at the head was (re)queued; None when empty or unknown
@@ -32,20 +33,20 @@ def level_stats(shards: ShardMap, model: str, now: float | None = None) -> Read[
 
     def commands(url: str) -> list[tuple]:  # (on a Redis Cluster each partition's queues carry its tag)
         found = []
-        for level in keys.PRIORITIES:
+        for level in PRIORITIES:
             queue = model_queue(url, model, level)
-            found += [("LLEN", keys.rq_queue_key(queue)), ("GET", keys.queued_tokens_key(queue)),
-                      ("LINDEX", keys.rq_queue_key(queue), 0)]
+            found += [("LLEN", rqkeys.rq_queue_key(queue)), ("GET", keys.queued_tokens_key(queue)),
+                      ("LINDEX", rqkeys.rq_queue_key(queue), 0)]
         return found
 
     raws = answered((yield {url: commands(url) for url in shards.partitions(model)}))
     heads = {url: [_text(raw[i + 2]) for i in range(0, len(raw), 3)] for url, raw in raws.items()}
-    readable = {url: [h for h in found if h and keys.valid_request_id(h)] for url, found in heads.items()}
-    asked = {url: [("HGET", keys.rq_job_key(h), "enqueued_at") for h in found] for url, found in readable.items()
+    readable = {url: [h for h in found if h and valid_request_id(h)] for url, found in heads.items()}
+    asked = {url: [("HGET", rqkeys.rq_job_key(h), "enqueued_at") for h in found] for url, found in readable.items()
              if found}
     stamps = (yield asked) if asked else {}
     out = []
-    for index, level in enumerate(keys.PRIORITIES):
+    for index, level in enumerate(PRIORITIES):
         depth = tokens = 0
         ages = []
         for url, raw in raws.items():

@@ -21,7 +21,7 @@ so both show the same facts.
                url (redacted), error (a Redis that is no such partition and cannot be reached fails the read)
 
 Failures of the last hour are the ids in rq's failed registries whose score (failure time + the job's
-failure_ttl, keys.FAILURE_TTL for every job a Producer enqueues) is within the last hour, up to
+failure_ttl, policy.FAILURE_TTL for every job a Producer enqueues) is within the last hour, up to
 FAILED_SAMPLE per queue (the newest), grouped by the error code of their stored answer (`unknown` when it
 has gone); any more are counted as `more_not_read`.
 Everything read is input: an unreadable advert, job or answer is skipped or counted as unknown.
@@ -36,7 +36,9 @@ from rq.utils import utcparse
 
 from embedfleet.common.capabilities import ModelCapabilities
 from embedfleet.common.errors import DecodeError
-from embedfleet.common.protocol import keys
+from embedfleet.common.names import PRIORITIES, valid_request_id
+from embedfleet.common.policy import ADVERTISE_TTL, FAILURE_TTL
+from embedfleet.common.protocol import keys, rqkeys
 from embedfleet.common.redisclient import redact
 from embedfleet.common.result import Result
 from embedfleet.common.shards import ShardMap
@@ -64,7 +66,7 @@ def snapshot(shards: ShardMap, now: float | None = None) -> Read[dict]:
         found_models, found_workers = _parse(url, plan, iter(map(reads.ok, second[url])), now)
         models += [{**model, "redis": redact(url)} for model in found_models]
         workers += found_workers
-    return {"time": now, "redis": redact(shards.default), "priorities": list(keys.PRIORITIES),
+    return {"time": now, "redis": redact(shards.default), "priorities": list(PRIORITIES),
             "models": sorted(_whole(models, workers), key=lambda m: m["name"]), "workers": workers,
             "unreachable": [{"model": model, "partition": urls.index(url) + 1, "of": len(urls), "url": redact(url),
                              "error": str(error)} for url, error in down.items()
@@ -111,17 +113,18 @@ def _tokens(raw) -> int | None:
 def _first(url: str, names: list[str], now: float) -> list[tuple]:
     """Per model: its advert, its live workers, and per priority level the queue's depth and head, what is
     in progress, the newest failures of the last hour (and how many) and the queued-tokens counter."""
-    recent = now - FAILURE_WINDOW + keys.FAILURE_TTL
+    recent = now - FAILURE_WINDOW + FAILURE_TTL
     commands = []
     for name in names:
         commands += [("GET", keys.model_key(name)),
-                     ("ZRANGEBYSCORE", keys.model_workers_key(name), now - keys.ADVERTISE_TTL, "+inf", "WITHSCORES")]
-        for priority in keys.PRIORITIES:
+                     ("ZRANGEBYSCORE", keys.model_workers_key(name), now - ADVERTISE_TTL, "+inf", "WITHSCORES")]
+        for priority in PRIORITIES:
             queue = model_queue(url, name, priority)
-            commands += [("LLEN", keys.rq_queue_key(queue)), ("LINDEX", keys.rq_queue_key(queue), 0),
-                         ("ZCARD", keys.rq_wip_key(queue)),
-                         ("ZREVRANGEBYSCORE", keys.rq_failed_key(queue), "+inf", recent, "LIMIT", 0, FAILED_SAMPLE),
-                         ("ZCOUNT", keys.rq_failed_key(queue), recent, "+inf"), ("GET", keys.queued_tokens_key(queue))]
+            commands += [("LLEN", rqkeys.rq_queue_key(queue)), ("LINDEX", rqkeys.rq_queue_key(queue), 0),
+                         ("ZCARD", rqkeys.rq_wip_key(queue)),
+                         ("ZREVRANGEBYSCORE", rqkeys.rq_failed_key(queue), "+inf", recent, "LIMIT", 0, FAILED_SAMPLE),
+                         ("ZCOUNT", rqkeys.rq_failed_key(queue), recent, "+inf"),
+                         ("GET", keys.queued_tokens_key(queue))]
     return commands
 
 
@@ -135,7 +138,7 @@ def _plans(names: list[str], first, seen: set[tuple[str, bytes]]) -> list[tuple]
                 seen.add((name, worker))
                 beats.append((worker, float(beat)))
         queues = [(priority, next(first), next(first), next(first), next(first), next(first), next(first))
-                  for priority in keys.PRIORITIES]
+                  for priority in PRIORITIES]
         plans.append((name, caps_raw, beats, queues))
     return plans
 
@@ -146,9 +149,9 @@ def _second(plans: list[tuple]) -> list[tuple]:
     for _, _, beats, queues in plans:
         commands += [("GET", keys.worker_info_key(reads.text(worker))) for worker, _ in beats]
         for _, _, head, _, failed, _, _ in queues:
-            if head is not None and keys.valid_request_id(head):
-                commands.append(("HGET", keys.rq_job_key(head.decode()), "enqueued_at"))
-            commands += [("GET", keys.result_key(i.decode())) for i in failed if keys.valid_request_id(i)]
+            if head is not None and valid_request_id(head):
+                commands.append(("HGET", rqkeys.rq_job_key(head.decode()), "enqueued_at"))
+            commands += [("GET", keys.result_key(i.decode())) for i in failed if valid_request_id(i)]
     return commands
 
 
@@ -162,12 +165,12 @@ def _parse(url: str, plans: list[tuple], second, now: float) -> tuple[list[dict]
                 live.append(_worker(info, now - beat))
         rows, failures = [], {}
         for priority, depth, head, in_progress, failed, failed_count, tokens in queues:
-            enqueued = next(second) if head is not None and keys.valid_request_id(head) else None
+            enqueued = next(second) if head is not None and valid_request_id(head) else None
             rows.append({"priority": priority, "queue": model_queue(url, name, priority), "depth": depth,
                          "in_progress": in_progress, "oldest_age_s": _age(enqueued, now) if depth else None,
                          "queued_tokens": _tokens(tokens) if depth else 0})
             for request_id in failed:
-                code = _code(next(second)) if keys.valid_request_id(request_id) else "unknown"
+                code = _code(next(second)) if valid_request_id(request_id) else "unknown"
                 failures[code] = failures.get(code, 0) + 1
             if failed_count > len(failed):  # past FAILED_SAMPLE: counted, their codes not read
                 failures[UNREAD] = failures.get(UNREAD, 0) + failed_count - len(failed)

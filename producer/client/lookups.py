@@ -12,7 +12,7 @@ import redis
 from rq.job import Job
 
 from embedfleet.common.errors import EmbedfleetError, NotFoundError, UnavailableError
-from embedfleet.common.protocol import keys
+from embedfleet.common.protocol import keys, rqkeys
 from embedfleet.producer.client.core import PENDING, lost_error, not_submitted
 from embedfleet.producer.client.reads import wrong_type
 from embedfleet.producer.client.readsize import READ_CHUNK
@@ -128,5 +128,5 @@ class Lookups:
 
 def _not_a_job(request_id: str, refusal: Exception) -> NotFoundError:
     """An id whose rq job key holds something else than a job hash: no request of ours has that id."""
-    return NotFoundError(f"no request with id {request_id}: its job key {keys.rq_job_key(request_id)} holds no job "
+    return NotFoundError(f"no request with id {request_id}: its job key {rqkeys.rq_job_key(request_id)} holds no job "
                          f"({refusal})", param="id")

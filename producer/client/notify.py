@@ -19,6 +19,7 @@ import uuid
 import redis
 import redis.asyncio as aioredis
 
+from embedfleet.common.policy import RESULT_TTL
 from embedfleet.common.protocol import keys, slotmoves
 from embedfleet.common.redisclient import MAX_BLOCK, bounded, close_async
 from embedfleet.producer.client.redisfaults import OUTAGES  # unreachable, or down for now (CLUSTERDOWN)
@@ -143,7 +144,7 @@ class NotifyListener:
                 popped = await self.connection.blpop([self.kick, *watched], timeout=MAX_BLOCK)
                 if popped is not None and popped[0].decode() != self.kick:  # hand it on, for other waiters
                     await self.connection.pipeline(transaction=False).rpush(popped[0], 1).expire(
-                        popped[0], keys.RESULT_TTL).execute()
+                        popped[0], RESULT_TTL).execute()
             except OUTAGES as exc:
                 log.warning("notify lists: Redis cannot answer (%s); retrying in %.1f s", exc, backoff)
                 await asyncio.sleep(backoff)

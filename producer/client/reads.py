@@ -17,10 +17,11 @@ import redis
 from rq.job import JobStatus
 
 from embedfleet.common.errors import CancelledError, DecodeError, NotFoundError, echo
-from embedfleet.common.protocol import keys
-from embedfleet.common.protocol.jobdata import inflate
+from embedfleet.common.names import valid_request_id
+from embedfleet.common.policy import ADVERTISE_TTL
+from embedfleet.common.protocol import keys, rqkeys
+from embedfleet.common.protocol.jobdata import args_reply_to, inflate
 from embedfleet.common.redisurls import is_cluster
-from embedfleet.common.request import args_reply_to
 from embedfleet.common.result import Result
 from embedfleet.common.shards import ShardMap
 from embedfleet.producer.client.core import (SERIALIZER, job_state, model_of_queue, model_queue, parse_models,
@@ -103,7 +104,7 @@ def worker_names(shards: ShardMap, model: str, now: float) -> Read[dict[str, lis
     """{URL: the names of `model`'s live workers first listed there}, over its partitions that answer. A name is
     listed once: partitions on one Redis Cluster (`#p0`, `#p1`) share the model's list of workers (their queues
     have a tag each, its adverts none), so each of them lists every worker of all of them."""
-    replies = yield {url: [("ZRANGEBYSCORE", keys.model_workers_key(model), now - keys.ADVERTISE_TTL, "+inf")]
+    replies = yield {url: [("ZRANGEBYSCORE", keys.model_workers_key(model), now - ADVERTISE_TTL, "+inf")]
                      for url in shards.partitions(model)}
     seen: set[str] = set()
     names: dict[str, list[str]] = {}
@@ -138,7 +139,7 @@ def _values(url: str, replies: list) -> list:
 
 def queue_depth(shards: ShardMap, model: str) -> Read[int]:
     """Requests queued for `model` at the default priority, summed over its partitions that answer."""
-    replies = yield {url: [("LLEN", keys.rq_queue_key(model_queue(url, model)))] for url in shards.partitions(model)}
+    replies = yield {url: [("LLEN", rqkeys.rq_queue_key(model_queue(url, model)))] for url in shards.partitions(model)}
     return sum(ok(got[0]) for got in answered(replies).values())
 
 
@@ -151,9 +152,9 @@ def locate(shards: ShardMap, placed: Placements, request_id: str) -> Read[str]:
     url = placed.get(request_id)
     if url is not None:
         return url
-    if keys.valid_request_id(request_id):
+    if valid_request_id(request_id):
         urls = shards.urls()
-        replies = yield {u: [("EXISTS", keys.result_key(request_id), keys.rq_job_key(request_id))] for u in urls}
+        replies = yield {u: [("EXISTS", keys.result_key(request_id), rqkeys.rq_job_key(request_id))] for u in urls}
         up = answered(replies)
         for url in up:
             if ok(replies[url][0]):
@@ -176,10 +177,10 @@ def status(shards: ShardMap, placed: Placements, request_id: str) -> Read[str]:
     """queued | started | finished | failed | cancelled | not_found, in one exchange on the request's shard (two
     for a job finished without a result: a spread request's)."""
     url = yield from locate(shards, placed, request_id)
-    valid = keys.valid_request_id(request_id)  # no other id is one of ours (and rq refuses to look it up)
+    valid = valid_request_id(request_id)  # no other id is one of ours (and rq refuses to look it up)
     commands = [("GET", keys.result_key(request_id))]
     if valid:
-        commands.append(("HGET", keys.rq_job_key(request_id), "status"))
+        commands.append(("HGET", rqkeys.rq_job_key(request_id), "status"))
     replies = (yield {url: commands})[url]
     result = read_result(request_id, ok(replies[0]))
     if result is not None:
@@ -200,7 +201,7 @@ def status(shards: ShardMap, placed: Placements, request_id: str) -> Read[str]:
 
 @dataclass(frozen=True)
 class Cancel:
-    """What a cancel hands to common.protocol.operations.cancel: where, which queue, the answer, its stream."""
+    """What a cancel hands to common.protocol.answering.cancel: where, which queue, the answer, its stream."""
 
     url: str
     queue: str
@@ -211,11 +212,11 @@ class Cancel:
 def cancel(shards: ShardMap, placed: Placements, request_id: str) -> Read[Cancel | None]:
     """The cancel of `request_id`, read from its job; None for a request answered already (a served job's hash
     may be gone: its result is its record); NotFoundError for an id with neither."""
-    if not keys.valid_request_id(request_id):
+    if not valid_request_id(request_id):
         raise NotFoundError(f"no request with id {echo(repr(request_id))}")
     url = yield from locate(shards, placed, request_id)
     # HGETs, not one HMGET: the README's producer ACL grants HGET
-    replies = yield {url: [*(("HGET", keys.rq_job_key(request_id), name) for name in ("origin", "reply_to", "data")),
+    replies = yield {url: [*(("HGET", rqkeys.rq_job_key(request_id), name) for name in ("origin", "reply_to", "data")),
                            ("EXISTS", keys.result_key(request_id))]}
     if wrong_type(replies[url][0]):  # its job key holds no hash: no job of ours
         replies[url][:3] = [None, None, None]

@@ -19,6 +19,8 @@ import uuid
 import redis
 import redis.asyncio as aioredis
 
+from embedfleet.common.names import valid_request_id
+from embedfleet.common.policy import RESULT_TTL
 from embedfleet.common.protocol import keys, slotmoves
 from embedfleet.common.redisclient import CLOSE_TIMEOUT, MAX_BLOCK, bounded, close_async
 from embedfleet.producer.client.redisfaults import OUTAGES  # unreachable, or down for now (CLUSTERDOWN)
@@ -89,7 +91,7 @@ class ReplyListener:
     async def _kick(self) -> None:
         try:
             await self.commands.pipeline(transaction=False).xadd(self.stream, {"kick": 1}).expire(
-                self.stream, keys.RESULT_TTL).execute()
+                self.stream, RESULT_TTL).execute()
         except (redis.ConnectionError, redis.TimeoutError):
             pass  # the XREAD fails too, and its reconnect looks at every id
 
@@ -149,7 +151,7 @@ class ReplyListener:
                     elif name in self._streams:
                         self._streams[name][0] = entry_id
                     request_id = fields.get(b"id", b"")
-                    if keys.valid_request_id(request_id):  # a wake-up; the hub trusts only the result
+                    if valid_request_id(request_id):  # a wake-up; the hub trusts only the result
                         woke.append(request_id.decode())
                     elif own and b"kick" not in fields:
                         log.warning("reply stream %s: entry %s names no request id; ignored", self.stream, entry_id)

@@ -106,7 +106,7 @@ class Surface(abc.ABC):
 
     @abc.abstractmethod
     def _cancel_at(self, target: reads.Cancel, request_id: str) -> Step:
-        """cancel()'s write (common.protocol.operations.cancel)."""
+        """cancel()'s write (common.protocol.answering.cancel)."""
 
     @abc.abstractmethod
     def _exists(self, request_id: str) -> Step:

@@ -10,7 +10,7 @@ import time
 import redis
 
 from embedfleet.common.errors import NotFoundError, ResultTimeoutError
-from embedfleet.common.protocol import keys, slotmoves
+from embedfleet.common.protocol import keys, rqkeys, slotmoves
 from embedfleet.common.redisclient import block_for
 from embedfleet.common.result import Result
 from embedfleet.producer.client import traced
@@ -59,7 +59,7 @@ class SyncWaits:
             return None, sent.stream
         with _redis_errors():
             raw, field, job = connection.pipeline(transaction=False).get(keys.result_key(request_id)) \
-                .hget(keys.rq_job_key(request_id), "reply_to").exists(keys.rq_job_key(request_id)) \
+                .hget(rqkeys.rq_job_key(request_id), "reply_to").exists(rqkeys.rq_job_key(request_id)) \
                 .execute(raise_on_error=False)
             if wrong_type(field):  # its job key holds no hash (Redis is input): no job of ours there
                 field, job = None, False
@@ -83,7 +83,7 @@ class SyncWaits:
             def look(first: bool = first, left: float = left) -> list:
                 pipe = connection.pipeline(transaction=False)
                 if first:  # (two keys: refused while their slot is being moved, then sent again)
-                    pipe.exists(keys.result_key(request_id), keys.rq_job_key(request_id))
+                    pipe.exists(keys.result_key(request_id), rqkeys.rq_job_key(request_id))
                 return ([True] if not first else []) + pipe.blmove(
                     notify, notify, min(block_for(left), FIRST_BLOCK) if first else block_for(left), "LEFT",
                     "LEFT").get(keys.result_key(request_id)).execute()
@@ -148,5 +148,5 @@ class SyncWaits:
         connection = self.connection_of(request_id)  # (two keys: refused while their slot is being moved)
         with _redis_errors():
             return bool(slotmoves.while_moving(
-                lambda: connection.exists(keys.result_key(request_id), keys.rq_job_key(request_id)), connection))
+                lambda: connection.exists(keys.result_key(request_id), rqkeys.rq_job_key(request_id)), connection))
 

@@ -28,8 +28,9 @@ from collections.abc import Awaitable, Callable
 import redis
 import redis.asyncio as aioredis
 
-from embedfleet.common.protocol import keys, slotmoves
 from embedfleet.common.errors import DecodeError, EmbedfleetError, UnavailableError
+from embedfleet.common.policy import JOB_TTL
+from embedfleet.common.protocol import keys, slotmoves
 from embedfleet.common.result import Result
 from embedfleet.producer.client.core import read_result
 from embedfleet.producer.client.lookups import OUTAGE_RECHECK, Lookups
@@ -308,6 +309,6 @@ class WaitHub(Lookups):
 
     def _prune(self) -> None:
         """Ids whose job expired unserved never get a result: forget them after the job's TTL."""
-        horizon = time.monotonic() - keys.JOB_TTL
+        horizon = time.monotonic() - JOB_TTL
         if self._own and next(iter(self._own.values())) < horizon:
             self._own = {i: t for i, t in self._own.items() if t >= horizon}

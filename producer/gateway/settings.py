@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, PrivateAttr, model_validator
 
 from embedfleet.common.config import Settings
-from embedfleet.common.protocol import keys
+from embedfleet.common.protocol import batchkeys
 from embedfleet.common.tracing import OTLP_ENDPOINT_HELP
 from embedfleet.producer.gateway.core.apikeys import ApiKey, parse_api_keys
 from embedfleet.producer.gateway.jobs.webhookurls import WebhookPolicy
@@ -73,7 +73,7 @@ class GatewaySettings(Settings):
                                         "in memory while it streams into Redis)")
     batch_in_flight: int = Field(256, ge=1, description="lines of one batch submitted and not yet answered, at "
                                  "most (the rest wait in Redis, not in the queue)")
-    batch_lease_seconds: float = Field(keys.BATCH_LEASE, gt=0, description="a replica's claim on a batch it "
+    batch_lease_seconds: float = Field(batchkeys.BATCH_LEASE, gt=0, description="a replica's claim on a batch it "
                                        "drives lasts this long without a renewal (renewed every third): a "
                                        "replica that dies frees its batches for another this soon")
     batch_max_running: int = Field(4, ge=0, description="batches one gateway replica drives at once (0: it "

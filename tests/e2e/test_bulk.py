@@ -24,8 +24,9 @@ import pyarrow.parquet as pq
 import pytest
 from rq.suspension import resume, suspend
 
+from embedfleet.common.names import PRIORITIES
 from embedfleet.common.protocol import scripts
-from embedfleet.common.protocol.keys import PRIORITIES, queue_name
+from embedfleet.common.protocol.keys import queue_name
 from embedfleet.producer.cli.bulk.checkpoint import Checkpoint, checkpoint_path, records
 from tests.commands import ROOT, assert_one_line_error, clean_env, embedfleet, running, wait_for
 from tests.crashworker import token, vector

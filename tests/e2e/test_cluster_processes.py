@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from embedfleet.common.names import slot_tag
 from embedfleet.common.protocol import keys
 from embedfleet.common.redisserver import free_port
 from tests.commands import clean_env, embedfleet
@@ -31,7 +32,7 @@ def test_a_worker_gateway_and_status_run_on_a_cluster_url(cluster_url, tmp_path)
         gateway_log, worker_log = stop(gateway), stop(worker)
     assert "Traceback" not in worker_log + gateway_log, (worker_log + gateway_log)[-3000:]
     (model,) = [m for m in json.loads(status.stdout)["models"] if m["name"] == MODEL]
-    assert model["queues"][0]["queue"] == keys.queue_name(MODEL, tag=keys.slot_tag(MODEL))
+    assert model["queues"][0]["queue"] == keys.queue_name(MODEL, tag=slot_tag(MODEL))
 
 
 def test_failed_on_a_cluster_none_of_whose_nodes_answers_says_so_in_one_line(tmp_path):

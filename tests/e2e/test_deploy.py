@@ -16,8 +16,8 @@ import pytest
 import redis
 import yaml
 
-from embedfleet.common.protocol import keys
 from embedfleet.common.codec import unpackb
+from embedfleet.common.protocol import keys
 from embedfleet.common.redisserver import free_port
 from tests.commands import ROOT, assert_one_line_error, clean_env, embedfleet
 from tests.secureredis import embedfleet_process, stop

@@ -14,8 +14,8 @@ from rich.console import Console
 from rq.job import JobStatus
 
 from embedfleet.common.codec import packb
-from embedfleet.common.protocol import keys
 from embedfleet import Producer
+from embedfleet.common.protocol import keys
 from embedfleet.producer.cli.statusview import _workers
 from embedfleet.producer.client.core import parse_worker_info
 from tests.commands import clean_env, wait_for

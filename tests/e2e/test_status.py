@@ -15,7 +15,9 @@ import pytest
 from rq import Queue
 from rq.suspension import resume, suspend
 
-from embedfleet.common.protocol.keys import FAILURE_TTL, JOB_FUNC, model_workers_key, queue_name, worker_info_key
+from embedfleet.common.policy import FAILURE_TTL
+from embedfleet.common.protocol.jobdata import JOB_FUNC
+from embedfleet.common.protocol.keys import model_workers_key, queue_name, worker_info_key
 from embedfleet.common.serializer import MsgpackSerializer
 from embedfleet import Producer
 from tests.commands import ROOT, clean_env, embedfleet

@@ -20,8 +20,9 @@ import redis
 from rq import SimpleWorker
 from sentence_transformers import SentenceTransformer
 
-from embedfleet.common.protocol import keys
 from embedfleet.common.capabilities import ModelCapabilities
+from embedfleet.common.policy import ADVERTISE_TTL
+from embedfleet.common.protocol import keys
 from embedfleet.common.redisserver import RedisServer, free_port
 from embedfleet.common.serializer import MsgpackSerializer
 from embedfleet import Producer
@@ -99,7 +100,7 @@ def plant_stale_advert(data_dir: Path, model: str) -> None:
     with RedisServer(data_dir / "redis", appendonly=True) as server:
         client = redis.Redis.from_url(server.url)
         caps = ModelCapabilities(name=model, max_model_len=48, embedding_size=32, vocab_size=1000)
-        client.set(keys.model_key(model), caps.encode(), ex=keys.ADVERTISE_TTL)
+        client.set(keys.model_key(model), caps.encode(), ex=ADVERTISE_TTL)
         client.zadd(keys.model_workers_key(model), {"dead-worker": time.time()})
         client.sadd(keys.MODELS_KEY, model)
         SimpleWorker([keys.queue_name(model)], name="dead-worker", connection=client,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import redis
 
-from embedfleet.common.protocol import keys
+from embedfleet.common.protocol import keys, rqkeys
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet import Producer
@@ -89,9 +89,9 @@ def test_a_result_over_redis_limit_fails_once_with_the_sizes_and_its_round_mates
         assert "fewer inputs" in message and "embed_dtype" in message, message
         for request_id in (small, other):  # its round-mates
             assert producer.wait(request_id, timeout=20).shape == (1, DIM)
-        job = connection.hgetall(keys.rq_job_key(big))
+        job = connection.hgetall(rqkeys.rq_job_key(big))
         assert job[b"status"] == b"failed" and job[b"deliveries"] == b"1" and job.get(b"lapses", b"0") == b"0", job
-        assert connection.zcard(keys.rq_wip_key(keys.queue_name(MODEL))) == 0  # nothing left to lapse
+        assert connection.zcard(rqkeys.rq_wip_key(keys.queue_name(MODEL))) == 0  # nothing left to lapse
         # what the message advises: the same inputs in float16 fit (768 KB), and the worker serves on
         halved = producer.submit(big_texts, MODEL, embed_dtype="float16")
         assert producer.wait(halved, timeout=20).shape == (1000, DIM)
@@ -113,7 +113,7 @@ def test_a_redis_that_hides_its_limit_still_fails_only_the_request_it_refuses(se
         assert "Redis refuses values of that size" in failed.error_message and "embed_dtype" in failed.error_message
         for request_id in (small, other):
             assert producer.wait(request_id, timeout=20).shape == (1, DIM)
-        job = connection.hgetall(keys.rq_job_key(big))
+        job = connection.hgetall(rqkeys.rq_job_key(big))
         assert job[b"status"] == b"failed" and job[b"deliveries"] == b"1" and job.get(b"lapses", b"0") == b"0", job
         # what the refusal taught it: the next result as large fails before the script, the worker serves on
         again = producer.submit([f"text {i}" for i in range(2000)], MODEL)

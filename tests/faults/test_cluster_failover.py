@@ -11,7 +11,8 @@ import time
 import pytest
 import redis
 
-from embedfleet.common.protocol import keys
+from embedfleet.common.names import slot_tag, tagged_request_id
+from embedfleet.common.protocol import keys, rqkeys
 from embedfleet.common.redisclient import connect
 from tests.clusterload import AFTER_FAILOVER, FAILOVER_AFTER, Load
 from tests.harness import serve, worker
@@ -64,7 +65,7 @@ def _master_of(port: int) -> str | None:
 def test_a_master_failed_over_mid_load_loses_no_accepted_request(cluster, caplog):
     from embedfleet.worker.engine.engine import Engine
 
-    tag = keys.slot_tag(MODEL)
+    tag = slot_tag(MODEL)
     connection = connect(cluster.url)
     engine = Engine(hashed_model(SECONDS_PER_TEXT), max_batch_tokens=64, max_batch_size=64)
     info = {**HASHED_INFO, "host": socket.gethostname()}
@@ -97,11 +98,11 @@ def test_rqs_own_cleanup_reads_a_lapsed_claim_of_a_tagged_id(cluster_url):
     connection = connect(cluster_url)
     try:
         rescuer = worker(Engine(hashed_model(0), max_batch_tokens=64, max_batch_size=64), connection)
-        queue = keys.queue_name(MODEL, tag=keys.slot_tag(MODEL))
-        request_id = keys.tagged_request_id(keys.slot_tag(MODEL))
-        connection.hset(keys.rq_job_key(request_id), mapping={"status": "started", "origin": queue})
-        connection.zadd(keys.rq_wip_key(queue), {f"{request_id}:lapsed": 1})  # its lease ended long ago
+        queue = keys.queue_name(MODEL, tag=slot_tag(MODEL))
+        request_id = tagged_request_id(slot_tag(MODEL))
+        connection.hset(rqkeys.rq_job_key(request_id), mapping={"status": "started", "origin": queue})
+        connection.zadd(rqkeys.rq_wip_key(queue), {f"{request_id}:lapsed": 1})  # its lease ended long ago
         rescuer.clean_registries()
-        assert connection.zcard(keys.rq_wip_key(queue)) == 0
+        assert connection.zcard(rqkeys.rq_wip_key(queue)) == 0
     finally:
         connection.close()

@@ -17,7 +17,7 @@ import pytest
 import redis
 import redis.cluster
 
-from embedfleet.common.protocol import keys
+from embedfleet.common.names import slot_tag
 from embedfleet.common.redisclient import connect
 from embedfleet.common.errors import EmbedfleetError
 from embedfleet import AsyncProducer, Producer
@@ -159,7 +159,7 @@ class EmbedLoad(PacedLoad):
 
 @pytest.mark.parametrize("loader", [PacedLoad, AsyncLoad, EmbedLoad], ids=["Producer", "AsyncProducer", "embed"])
 def test_the_models_slot_moved_mid_load_loses_no_accepted_request(cluster, caplog, loader):
-    tag = keys.slot_tag(MODEL)
+    tag = slot_tag(MODEL)
     slot = redis.cluster.key_slot(tag.encode())
     connection = connect(cluster.url)
     engine = Engine(hashed_model(SECONDS_PER_TEXT), max_batch_tokens=64, max_batch_size=64)
@@ -192,7 +192,7 @@ def test_waits_outlast_redis_pys_own_retries_while_their_slot_moves(cluster, cap
     missing keys gets TRYAGAIN there for as long as the move lasts, far past the ~0.4 s redis-py follows it on
     its own. The waits read again until the move ends, and are answered once a worker serves them."""
     caplog.set_level(logging.INFO, logger="embedfleet.producer.client.waiters")
-    tag = keys.slot_tag(MODEL)
+    tag = slot_tag(MODEL)
     slot = redis.cluster.key_slot(tag.encode())
     connection = connect(cluster.url)
     worker = _advertised_worker(connection)  # (served only once the move is over)
@@ -243,7 +243,7 @@ def _held_by_a_move(cluster, connection, call, got: list) -> tuple[int, int, thr
     """Start moving MODEL's slot, run `call()` in a thread (what it returns appended to `got`), and return once
     the two nodes refused 24 commands with TRYAGAIN since, past redis-py's own retries (~8 a give-up), asserting
     that `call` still runs. Returns (source, target, the thread); `end_move` ends the move."""
-    tag = keys.slot_tag(MODEL)
+    tag = slot_tag(MODEL)
     source = connection.get_node_from_key(tag).port
     target = next(p for p in cluster.master_ports() if p != source)
     start_move(redis.cluster.key_slot(tag.encode()), source, target)
@@ -267,7 +267,7 @@ def test_get_many_waits_for_its_slots_move_to_end(cluster):
         with Producer(cluster.url) as producer:
             request_ids = [producer.submit([f"text {index}"], MODEL) for index in range(4)]
             source, target, reader = _held_by_a_move(cluster, connection, lambda: producer.get_many(request_ids), got)
-            slot = redis.cluster.key_slot(keys.slot_tag(MODEL).encode())
+            slot = redis.cluster.key_slot(slot_tag(MODEL).encode())
             assert end_move(cluster.master_ports(), slot, source, target) > 0
             reader.join(30)
             assert got == [[None] * 4]
@@ -287,7 +287,7 @@ def test_a_sync_wait_outlasts_redis_pys_own_retries_while_its_slot_moves(cluster
             request_id = producer.submit(["text"], MODEL)
             source, target, waiter = _held_by_a_move(
                 cluster, connection, lambda: producer.wait(request_id, timeout=60), got)
-            slot = redis.cluster.key_slot(keys.slot_tag(MODEL).encode())
+            slot = redis.cluster.key_slot(slot_tag(MODEL).encode())
             assert end_move(cluster.master_ports(), slot, source, target) > 0
             with serve(worker):
                 waiter.join(60)

@@ -12,8 +12,9 @@ import redis
 from rq import Queue
 from rq.job import JobStatus
 
-from embedfleet.common.protocol import keys
 from embedfleet.common.errors import UnavailableError
+from embedfleet.common.policy import JOB_RETRIES
+from embedfleet.common.protocol import keys
 from embedfleet.common.serializer import MsgpackSerializer
 from embedfleet import Producer
 from tests.harness import burst, idle_worker, serve
@@ -62,7 +63,7 @@ def test_jobs_of_a_worker_killed_mid_batch_are_retried_by_the_next_worker(
         if records == "lean":  # a served job's answer is its record
             assert job is None
             continue
-        retries = keys.JOB_RETRIES - 1 if request_id in started else keys.JOB_RETRIES
+        retries = JOB_RETRIES - 1 if request_id in started else JOB_RETRIES
         assert job.get_status() == JobStatus.FINISHED and job.retries_left == retries
 
 

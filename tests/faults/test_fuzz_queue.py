@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from embedfleet.common.codec import packb
 from embedfleet.common.errors import EmbedfleetError
-from embedfleet.common.protocol.keys import JOB_FUNC, result_key
+from embedfleet.common.protocol.jobdata import JOB_FUNC
+from embedfleet.common.protocol.keys import result_key
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet import Producer

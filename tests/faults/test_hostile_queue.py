@@ -8,8 +8,10 @@ import zlib
 from rq.job import Job
 
 from embedfleet.common.codec import packb
-from embedfleet.common.protocol.keys import FAILURE_TTL, JOB_FUNC, RESULT_TTL, notify_key, result_key
-from embedfleet.common.request import EmbedRequest, job_reply_to
+from embedfleet.common.policy import FAILURE_TTL, RESULT_TTL
+from embedfleet.common.protocol.jobdata import JOB_FUNC, job_reply_to
+from embedfleet.common.protocol.keys import notify_key, result_key
+from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet.common.serializer import MsgpackSerializer
 from tests import harness

@@ -10,7 +10,8 @@ import zlib
 from rq.job import Job
 
 from embedfleet.common.codec import packb
-from embedfleet.common.protocol.keys import JOB_FUNC, result_key
+from embedfleet.common.protocol.jobdata import JOB_FUNC, MAX_JOB_DATA
+from embedfleet.common.protocol.keys import result_key
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet.common.serializer import MsgpackSerializer
@@ -20,7 +21,6 @@ from tests.nullworker import NULL
 from tests.rqjobs import enqueue, rq_queue, texts
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.nullmodel import NullModel
-from embedfleet.common.protocol.jobdata import MAX_JOB_DATA
 
 SMALL = 4096  # bytes an error blob, or rq's failure record, may take
 

@@ -16,7 +16,9 @@ import pytest
 import redis
 from rq.job import JobStatus
 
+from embedfleet.common.policy import MAX_DELIVERIES
 from embedfleet.common.protocol import keys
+from embedfleet.common.protocol.claims import RqSchema
 from embedfleet.common.request import EmbedRequest
 from embedfleet import Producer
 from tests.commands import ROOT, clean_env, embedfleet
@@ -26,7 +28,6 @@ from tests.crashworker import LEASE, MODEL, token, vector, workers
 from tests.rqjobs import enqueue, rq_queue
 from embedfleet.worker.engine.engine import Engine
 from embedfleet.worker.engine.models.nullmodel import NullModel
-from embedfleet.common.protocol.operations import RqSchema
 
 BOUND = LEASE * 4 / 3  # the documented bound: the lease, then at most one beat (a third of it)
 
@@ -119,7 +120,7 @@ def test_a_request_that_kills_every_worker_ends_poison_and_can_be_requeued(redis
         first.wait(30)
     assert first.returncode == -signal.SIGKILL
     queue = rq_queue(redis_client, MODEL)
-    for _ in range(keys.MAX_DELIVERIES + 1):  # each new worker recovers the last one's claim, takes, dies
+    for _ in range(MAX_DELIVERIES + 1):  # each new worker recovers the last one's claim, takes, dies
         if queue.fetch_job(poison).get_status() == JobStatus.FAILED:
             break
         with workers(redis_url, 1) as [worker]:
@@ -127,7 +128,7 @@ def test_a_request_that_kills_every_worker_ends_poison_and_can_be_requeued(redis
                      30)
     job = queue.fetch_job(poison)
     assert job.get_status() == JobStatus.FAILED
-    assert redis_client.hget(job.key, "lapses") == str(keys.MAX_DELIVERIES).encode()
+    assert redis_client.hget(job.key, "lapses") == str(MAX_DELIVERIES).encode()
     with pytest.raises(Exception, match="taken 3 times") as caught:
         producer.wait(poison, timeout=5)
     assert caught.value.code == "poison"

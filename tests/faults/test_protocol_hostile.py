@@ -2,7 +2,7 @@
 and key a script reads, a wrong type or value in ONE job leaves every other job of the same round answered
 and in its place, and the bad one ends in a queue or a registry, failed with a reason where it cannot run.
 Run under hypothesis over field names and values, against a real redis-server, through the protocol's own
-operations (common/protocol/operations.py) - the same calls the worker and the clients make.
+operations (common/protocol/: claims, enqueueing, answering) - the same calls the worker and the clients make.
 
 (Everything a producer with the documented ACL rights (docs/security.md) can write is fair game: job hashes,
 notify lists, reply streams, result keys, a gateway job's options, the queued-tokens counter.)
@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from embedfleet.common.errors import DecodeError
-from embedfleet.common.protocol import keys, operations
-from embedfleet.common.protocol.operations import RqSchema, take_from
+from embedfleet.common.protocol import answering, enqueueing, keys, rqkeys
+from embedfleet.common.protocol.claims import RqSchema, take_from
 from embedfleet.common.protocol.records import RQ_RECORDS, Answer, Kind, Outcome
 from embedfleet.common.request import EmbedRequest, PartOf
 from embedfleet.common.result import Result
@@ -70,7 +70,7 @@ class Round:
         self.ids = [r.id for r in self.requests]
         self.victim = self.ids[ROUND // 2]
         self.others = [i for i in self.ids if i != self.victim]
-        operations.enqueue(conn, operations.enqueue_args(self.queue, self.requests))
+        enqueueing.enqueue(conn, enqueueing.enqueue_args(self.queue, self.requests))
         self.schema = RqSchema(conn, self.queue, f"worker-{self.model}", result_ttl=600, lease=30, records=records)
 
     def take(self):
@@ -95,14 +95,15 @@ class Round:
     def place_of(self, job_id: str) -> set[str]:
         """Where the id is: queued, claimed, finished, failed, canceled (a registry or the queue)."""
         places = set()
-        queue, wip = keys.rq_queue_key(self.queue), keys.rq_wip_key(self.queue)
+        queue, wip = rqkeys.rq_queue_key(self.queue), rqkeys.rq_wip_key(self.queue)
         if self.conn.type(queue) == b"list" and job_id.encode() in self.conn.lrange(queue, 0, -1):
             places.add("queued")
         if self.conn.type(wip) == b"zset" and any(m.decode().startswith(job_id + ":")
                                                    for m in self.conn.zrange(wip, 0, -1)):
             places.add("claimed")
-        for name, key in (("finished", keys.rq_finished_key(self.queue)), ("failed", keys.rq_failed_key(self.queue)),
-                          ("canceled", keys.rq_canceled_key(self.queue))):
+        for name, key in (("finished", rqkeys.rq_finished_key(self.queue)),
+                          ("failed", rqkeys.rq_failed_key(self.queue)),
+                          ("canceled", rqkeys.rq_canceled_key(self.queue))):
             if self.conn.type(key) == b"zset" and self.conn.zscore(key, job_id) is not None:
                 places.add(name)
         return places
@@ -119,8 +120,8 @@ class Round:
             return False
         if self.records == "full":
             return self.place_of(job_id) == {"finished"} and \
-                self.conn.hget(keys.rq_job_key(job_id), "status") == b"finished"
-        return self.place_of(job_id) == set() and not self.conn.exists(keys.rq_job_key(job_id))
+                self.conn.hget(rqkeys.rq_job_key(job_id), "status") == b"finished"
+        return self.place_of(job_id) == set() and not self.conn.exists(rqkeys.rq_job_key(job_id))
 
     def assert_others_served(self) -> None:
         for job_id in self.others:
@@ -139,7 +140,7 @@ TAKE_FIELDS = ("data", "status", "timeout", "result_ttl", "failure_ttl", "lapses
 @given(field=st.sampled_from(TAKE_FIELDS), value=VALUES, records=RECORDS)
 def test_take_a_bad_field_fails_one_job_alone(redis_client, field, value, records):
     round_ = Round(redis_client, records)
-    redis_client.hset(keys.rq_job_key(round_.victim), field, value)
+    redis_client.hset(rqkeys.rq_job_key(round_.victim), field, value)
     taken = round_.take()
     assert set(taken) == set(round_.ids)  # every id of the round was read in the one atomic take
     assert all(taken[i].kind is Kind.STARTED for i in round_.others)
@@ -147,18 +148,18 @@ def test_take_a_bad_field_fails_one_job_alone(redis_client, field, value, record
     if victim.kind is Kind.BAD:
         assert field in victim.reason
     if field.endswith("_callback_name") and victim.claimed:  # blanked as it is taken: never imported by anyone
-        assert redis_client.hget(keys.rq_job_key(round_.victim), field) == b""
+        assert redis_client.hget(rqkeys.rq_job_key(round_.victim), field) == b""
     round_.schema.finish(round_.answers(taken), 0.1)
     round_.assert_others_served()
     places = round_.place_of(round_.victim)
     if victim.kind is Kind.BAD:
         assert places == {"failed"} and round_.answered(round_.victim).error_code == "decode_error"
-        assert field.encode() in zlib.decompress(redis_client.hget(keys.rq_job_key(round_.victim), "exc_info"))
+        assert field.encode() in zlib.decompress(redis_client.hget(rqkeys.rq_job_key(round_.victim), "exc_info"))
     elif victim.kind is Kind.STARTED:
         assert round_.served(round_.victim)
     else:  # what the field now says: cancelled, already ended, or no data (rq drops such an entry)
         assert victim.kind in (Kind.CANCELED, Kind.STALE, Kind.MISSING), victim.kind
-    assert not redis_client.exists(keys.rq_queue_key(round_.queue))  # nothing left behind in the queue
+    assert not redis_client.exists(rqkeys.rq_queue_key(round_.queue))  # nothing left behind in the queue
 
 
 @EXAMPLES
@@ -166,10 +167,10 @@ def test_take_a_bad_field_fails_one_job_alone(redis_client, field, value, record
        kind=st.sampled_from(TYPES), records=RECORDS)
 def test_take_a_key_of_a_foreign_type_loses_no_job(redis_client, key, kind, records):
     round_ = Round(redis_client, records)
-    target = {"job": keys.rq_job_key(round_.victim), "executions": keys.RQ_EXECUTIONS_PREFIX + round_.victim,
-              "tokens": keys.queued_tokens_key(round_.queue), "canceled": keys.rq_canceled_key(round_.queue),
-              "worker": keys.rq_worker_key(round_.schema.worker_name),
-              "worker_executions": keys.rq_worker_executions_key(round_.schema.worker_name)}[key]
+    target = {"job": rqkeys.rq_job_key(round_.victim), "executions": rqkeys.RQ_EXECUTIONS_PREFIX + round_.victim,
+              "tokens": keys.queued_tokens_key(round_.queue), "canceled": rqkeys.rq_canceled_key(round_.queue),
+              "worker": rqkeys.rq_worker_key(round_.schema.worker_name),
+              "worker_executions": rqkeys.rq_worker_executions_key(round_.schema.worker_name)}[key]
     plant(redis_client, target, kind)
     taken = round_.take()
     round_.schema.finish(round_.answers(taken), 0.1)
@@ -190,7 +191,7 @@ FINISH_FIELDS = ("retries_left", "enqueue_at_front_on_retry", "status")
 def test_finish_a_bad_field_answers_every_other_job(redis_client, field, value, retry, records):
     round_ = Round(redis_client, records)
     taken = round_.take()
-    redis_client.hset(keys.rq_job_key(round_.victim), field, value)  # changed while the job runs
+    redis_client.hset(rqkeys.rq_job_key(round_.victim), field, value)  # changed while the job runs
     outcome = (lambda i: Outcome.RETRY if i == round_.victim else Outcome.FINISHED) if retry else \
         (lambda i: Outcome.FINISHED)
     done = round_.schema.finish(round_.answers(taken, outcome), 0.1)
@@ -213,11 +214,11 @@ def test_finish_a_key_of_a_foreign_type_answers_every_other_job(redis_client, ke
     round_ = Round(redis_client, records)
     taken = round_.take()
     reply = round_.reply = keys.reply_stream_key(uuid.uuid4().hex)
-    target = {"job": keys.rq_job_key(round_.victim), "results": keys.RQ_RESULTS_PREFIX + round_.victim,
-              "executions": keys.RQ_EXECUTIONS_PREFIX + round_.victim, "notify": keys.notify_key(round_.victim),
+    target = {"job": rqkeys.rq_job_key(round_.victim), "results": rqkeys.RQ_RESULTS_PREFIX + round_.victim,
+              "executions": rqkeys.RQ_EXECUTIONS_PREFIX + round_.victim, "notify": keys.notify_key(round_.victim),
               "result": keys.result_key(round_.victim), "options": keys.job_options_key(round_.victim),
-              "reply": reply, "wip": keys.rq_wip_key(round_.queue), "finished": keys.rq_finished_key(round_.queue),
-              "worker": keys.rq_worker_key(round_.schema.worker_name)}[key]
+              "reply": reply, "wip": rqkeys.rq_wip_key(round_.queue), "finished": rqkeys.rq_finished_key(round_.queue),
+              "worker": rqkeys.rq_worker_key(round_.schema.worker_name)}[key]
     plant(redis_client, target, kind)
     answers = round_.answers(taken)
     for answer in answers:
@@ -243,16 +244,16 @@ def test_finish_a_key_of_a_foreign_type_answers_every_other_job(redis_client, ke
 def test_recover_a_bad_field_requeues_every_job_once(redis_client, field, value, records):
     round_ = Round(redis_client, records)
     taken = round_.take()
-    redis_client.hset(keys.rq_job_key(round_.victim), field, value)
-    wip = keys.rq_wip_key(round_.queue)
+    redis_client.hset(rqkeys.rq_job_key(round_.victim), field, value)
+    wip = rqkeys.rq_wip_key(round_.queue)
     redis_client.zadd(wip, dict.fromkeys(redis_client.zrange(wip, 0, -1), 0))  # their worker died: lapsed
     recovered = round_.schema.recover()
-    queued = [i.decode() for i in redis_client.lrange(keys.rq_queue_key(round_.queue), 0, -1)]
+    queued = [i.decode() for i in redis_client.lrange(rqkeys.rq_queue_key(round_.queue), 0, -1)]
     assert set(round_.others) <= {r.id for r in recovered} and set(round_.others) <= set(queued)
     assert len(queued) == len(set(queued))  # each once
     assert redis_client.zcard(wip) == 0  # no claim left behind
     for job_id in round_.others:
-        assert redis_client.hget(keys.rq_job_key(job_id), "lapses") == b"1"
+        assert redis_client.hget(rqkeys.rq_job_key(job_id), "lapses") == b"1"
     if field == "status" and value not in ("started", b"started"):
         assert round_.victim not in queued  # not started any more: its claim only was removed
     else:
@@ -272,15 +273,15 @@ def test_cancel_a_hostile_key_or_field_cancels_only_its_own(redis_client, key, k
     round_ = Round(redis_client, records)
     reply = keys.reply_stream_key(uuid.uuid4().hex)
     if key == "queue_entry":
-        redis_client.hset(keys.rq_job_key(round_.victim), "tokens", value)
+        redis_client.hset(rqkeys.rq_job_key(round_.victim), "tokens", value)
     else:
-        plant(redis_client, {"job": keys.rq_job_key(round_.victim), "tokens": keys.queued_tokens_key(round_.queue),
-                             "canceled": keys.rq_canceled_key(round_.queue), "notify": keys.notify_key(round_.victim),
+        plant(redis_client, {"job": rqkeys.rq_job_key(round_.victim), "tokens": keys.queued_tokens_key(round_.queue),
+                             "canceled": rqkeys.rq_canceled_key(round_.queue), "notify": keys.notify_key(round_.victim),
                              "result": keys.result_key(round_.victim), "reply": reply}[key], kind)
     answer = Result.failure(round_.victim, round_.model, DecodeError("cancelled", b""))
-    assert operations.cancel(redis_client, round_.queue, answer, reply) is True
-    assert operations.cancel(redis_client, round_.queue, answer, reply) is False  # once
-    queued = [i.decode() for i in redis_client.lrange(keys.rq_queue_key(round_.queue), 0, -1)]
+    assert answering.cancel(redis_client, round_.queue, answer, reply) is True
+    assert answering.cancel(redis_client, round_.queue, answer, reply) is False  # once
+    queued = [i.decode() for i in redis_client.lrange(rqkeys.rq_queue_key(round_.queue), 0, -1)]
     assert queued == round_.others  # the others are untouched, in their order
     if key != "result" or kind == "string":
         assert redis_client.get(keys.result_key(round_.victim)) is not None or key == "result"
@@ -311,9 +312,9 @@ def test_join_a_bad_join_state_answers_its_request_and_no_other(redis_client, fi
         redis_client.hset(keys.chunks_key(victim), field, value)
     blob = Result.success("x", model, np.ones((1, 4), np.float32), "float32", "little", 3).encode()
     for part in bad_parts:  # must never raise, whatever the state holds
-        joined = operations.join(redis_client, victim, part.part_of.index, blob, True)
+        joined = answering.join(redis_client, victim, part.part_of.index, blob, True)
         assert joined.code in (-1, 0, 1, 2, 3)
-    codes = [operations.join(redis_client, other, p.part_of.index, blob, True).code for p in good_parts]
+    codes = [answering.join(redis_client, other, p.part_of.index, blob, True).code for p in good_parts]
     assert codes == [0, 0, 1]  # the other spread request completes, untouched
 
 
@@ -322,13 +323,13 @@ def test_a_planted_callback_is_blanked_at_take_and_a_bad_round_stays_whole(redis
     """The documented producer rights can write any job hash: a take still never stops half-way, whatever a
     round holds at once (several bad jobs, a foreign-typed claim registry for another queue)."""
     round_ = Round(redis_client, records)
-    redis_client.hset(keys.rq_job_key(round_.ids[0]), mapping={"failure_callback_name": "this.s", "deliveries": "x"})
-    redis_client.hset(keys.rq_job_key(round_.ids[1]), "lapses", "-3")
-    redis_client.hset(keys.rq_job_key(round_.ids[2]), "timeout", "nan")
+    redis_client.hset(rqkeys.rq_job_key(round_.ids[0]), mapping={"failure_callback_name": "this.s", "deliveries": "x"})
+    redis_client.hset(rqkeys.rq_job_key(round_.ids[1]), "lapses", "-3")
+    redis_client.hset(rqkeys.rq_job_key(round_.ids[2]), "timeout", "nan")
     taken = round_.take()
     assert [taken[i].kind for i in round_.ids[:3]] == [Kind.BAD, Kind.BAD, Kind.BAD]
     assert all(taken[i].kind is Kind.STARTED for i in round_.ids[3:])
-    assert redis_client.hget(keys.rq_job_key(round_.ids[0]), "failure_callback_name") == b""
+    assert redis_client.hget(rqkeys.rq_job_key(round_.ids[0]), "failure_callback_name") == b""
     round_.schema.finish(round_.answers(taken), 0.1)
     for job_id in round_.ids[:3]:
         assert round_.place_of(job_id) == {"failed"}
@@ -340,8 +341,8 @@ def test_a_planted_callback_is_blanked_at_take_and_a_bad_round_stays_whole(redis
 def test_a_queue_key_of_a_foreign_type_is_left_alone(redis_client, kind):
     round_ = Round(redis_client)
     other = Round(redis_client)
-    plant(redis_client, keys.rq_queue_key(round_.queue), kind)
+    plant(redis_client, rqkeys.rq_queue_key(round_.queue), kind)
     suspended, taken = take_from([round_.schema, other.schema], ROUND * 3, None)
     assert {t.id for t in taken} == set(other.ids)  # the next level is still served
     with pytest.raises(redis.ResponseError, match="no list"):  # an enqueue says what is wrong, writes nothing
-        operations.enqueue(redis_client, operations.enqueue_args(round_.queue, [EmbedRequest(model="m", inputs=["x"])]))
+        enqueueing.enqueue(redis_client, enqueueing.enqueue_args(round_.queue, [EmbedRequest(model="m", inputs=["x"])]))

@@ -22,6 +22,7 @@ from redis.retry import Retry
 from embedfleet import AsyncProducer, Producer
 from embedfleet.common.capabilities import ModelCapabilities
 from embedfleet.common.errors import ResultTimeoutError, UnavailableError
+from embedfleet.common.names import slot_tag
 from embedfleet.common.protocol import keys
 from embedfleet.common.redisclient import ACL_GRANT, connect
 from embedfleet.common.redisserver import RedisServer
@@ -123,7 +124,7 @@ def _bystander(cluster: LocalCluster, connection) -> int:
     """The port of a master that holds none of the model's keys: killed, it takes the whole cluster down
     (cluster-require-full-coverage), and the model's own masters answer CLUSTERDOWN."""
     used = {connection.get_node_from_key(key).port for key in (
-        keys.slot_tag(MODEL), keys.MODELS_KEY, keys.model_key(MODEL), keys.model_workers_key(MODEL))}
+        slot_tag(MODEL), keys.MODELS_KEY, keys.model_key(MODEL), keys.model_workers_key(MODEL))}
     return next(port for port in cluster.master_ports() if port not in used)
 
 

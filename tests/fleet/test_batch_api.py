@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from rq.suspension import resume, suspend
 
 from embedfleet.common.errors import DuplicateRequestError, ValidationError
-from embedfleet.common.protocol import keys
+from embedfleet.common.protocol import batchkeys, keys, rqkeys
 from embedfleet.common.redisserver import RedisServer, free_port
 from embedfleet import AsyncProducer, Producer
 from embedfleet.producer.gateway.batches import objects
@@ -109,7 +109,7 @@ def test_a_chosen_request_id_runs_once_and_is_refused_again(gateway, shared):
         producer.submit(["x"], MODEL, request_id="no spaces")
     with pytest.raises(ValidationError, match="repeat"):
         producer.submit_many([["a"], ["b"]], MODEL, request_ids=["same", "same"])
-    assert connection.hget(keys.rq_job_key(first), "deliveries") == b"1"
+    assert connection.hget(rqkeys.rq_job_key(first), "deliveries") == b"1"
 
     async def again_async():
         async with AsyncProducer(gateway.redis_url) as aproducer:
@@ -119,7 +119,7 @@ def test_a_chosen_request_id_runs_once_and_is_refused_again(gateway, shared):
             assert (await aproducer.wait("my-own-id-2", 30)).embeddings.shape[0] == 1
 
     asyncio.run(again_async())
-    assert connection.hget(keys.rq_job_key(first), "deliveries") == b"1"
+    assert connection.hget(rqkeys.rq_job_key(first), "deliveries") == b"1"
 
 
 # -- end to end -----------------------------------------------------------------------------------------------
@@ -133,7 +133,7 @@ def test_small_batch_end_to_end(client, http, shared):
                                    extra_body={"expires_after": {"anchor": "created_at", "seconds": 3600}})
     assert uploaded.purpose == "batch" and uploaded.filename == "mine.jsonl"
     assert uploaded.expires_at == uploaded.created_at + 3600
-    assert 3590 <= connection.ttl(keys.file_key(uploaded.id)) <= 3600
+    assert 3590 <= connection.ttl(batchkeys.file_key(uploaded.id)) <= 3600
     assert client.files.retrieve(uploaded.id) == uploaded
     assert uploaded.id in [f.id for f in client.files.list()]
     assert client.files.content(uploaded.id).content == batch_file(bodies)
@@ -157,8 +157,8 @@ def test_small_batch_end_to_end(client, http, shared):
     assert output.purpose == "batch_output" and output.bytes == len(client.files.content(output.id).content)
     assert batch.id in [b.id for b in client.batches.list(limit=100)]
     # the work keys went with the end; the lines ran at bulk priority
-    assert not connection.exists(keys.batch_lines_key(batch.id), keys.batch_input_key(batch.id))
-    assert connection.zscore(keys.rq_finished_key(BULK_QUEUE), keys.batch_line_request_id(batch.id, 0))
+    assert not connection.exists(batchkeys.batch_lines_key(batch.id), batchkeys.batch_input_key(batch.id))
+    assert connection.zscore(rqkeys.rq_finished_key(BULK_QUEUE), batchkeys.batch_line_request_id(batch.id, 0))
     assert client.files.delete(uploaded.id).deleted
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(uploaded.id)
@@ -250,7 +250,7 @@ def test_refusals_at_create(client, shared):
 
 def ran(connection: redis.Redis, request_ids: list[str]) -> list[bool]:
     """Whether each request was computed: in the bulk queue's finished registry."""
-    finished = keys.rq_finished_key(BULK_QUEUE)
+    finished = rqkeys.rq_finished_key(BULK_QUEUE)
     return [connection.zscore(finished, i) is not None for i in request_ids]
 
 
@@ -273,9 +273,9 @@ def test_cancel_keeps_what_finished_and_cancels_what_is_queued(client, shared):
     assert {line["error"]["code"] for line in errors} == {"batch_cancelled"}
     assert all(line["response"] is None for line in errors)
     assert all(ran(connection, [line["response"]["request_id"] for line in out]))
-    cancelled_ids = [keys.batch_line_request_id(batch.id, int(line["custom_id"].split("-")[1])) for line in errors]
+    cancelled_ids = [batchkeys.batch_line_request_id(batch.id, int(line["custom_id"].split("-")[1])) for line in errors]
     assert not any(ran(connection, cancelled_ids))  # nothing cancelled was computed ...
-    assert connection.llen(keys.rq_queue_key(BULK_QUEUE)) == 0  # ... nor left in the queue
+    assert connection.llen(rqkeys.rq_queue_key(BULK_QUEUE)) == 0  # ... nor left in the queue
     resume(connection)
     assert client.batches.cancel(batch.id).status == "cancelled"  # again: the same answer
     finished = wait_status(client, run_batch(client, batch_file(bodies[:1])).id, ("completed",))
@@ -292,16 +292,16 @@ def test_expiry(shared, bert_mean):
             batch = run_batch(client, batch_file([{"model": MODEL, "input": f"late {i}"} for i in range(5)]),
                               output_expires_after={"anchor": "created_at", "seconds": 7200})
             assert batch.expires_at == batch.created_at + 1
-            assert keys.BATCH_TTL - 10 <= connection.ttl(keys.batch_key(batch.id)) <= keys.BATCH_TTL
+            assert batchkeys.BATCH_TTL - 10 <= connection.ttl(batchkeys.batch_key(batch.id)) <= batchkeys.BATCH_TTL
             done = wait_status(client, batch.id, ("expired",))
             assert done.expired_at and done.output_file_id is None
             assert done.request_counts.model_dump() == {"total": 5, "completed": 0, "failed": 5}
             errors = output_lines(client, done.error_file_id)
             assert {line["error"]["code"] for line in errors} == {"batch_expired"}
-            assert connection.llen(keys.rq_queue_key(BULK_QUEUE)) == 0
+            assert connection.llen(rqkeys.rq_queue_key(BULK_QUEUE)) == 0
             error_file = client.files.retrieve(done.error_file_id)
             assert error_file.expires_at == error_file.created_at + 7200  # output_expires_after
-            assert 7190 <= connection.ttl(keys.file_key(error_file.id)) <= 7200
+            assert 7190 <= connection.ttl(batchkeys.file_key(error_file.id)) <= 7200
     finally:
         resume(connection)
         server.stop()
@@ -377,13 +377,13 @@ def test_a_gateway_killed_mid_batch_loses_nothing_and_runs_nothing_twice(tmp_pat
                 wait_status(client, batch.id, ("completed",), until=lambda b: b.request_counts.completed >= 200)
                 gateway.kill()
                 # the gateway is gone: where the batch stood is read from Redis
-                counts = {k: int(v) for k, v in connection.hgetall(keys.batch_key(batch.id)).items()
+                counts = {k: int(v) for k, v in connection.hgetall(batchkeys.batch_key(batch.id)).items()
                           if k in (b"completed", b"failed")}
-                status = connection.hget(keys.batch_key(batch.id), "status")
+                status = connection.hget(batchkeys.batch_key(batch.id), "status")
                 assert status == b"in_progress" and counts[b"completed"] < 2000, (status, counts)
                 pipe = connection.pipeline()
                 for i in range(2000):
-                    pipe.exists(keys.rq_job_key(keys.batch_line_request_id(batch.id, i)))
+                    pipe.exists(rqkeys.rq_job_key(batchkeys.batch_line_request_id(batch.id, i)))
                 submitted = sum(pipe.execute())
                 # lines submitted and not yet collected died with it: the new gateway must neither lose nor
                 # resubmit them (its submits with the same ids are refused as duplicates, and it waits)
@@ -398,19 +398,20 @@ def test_a_gateway_killed_mid_batch_loses_nothing_and_runs_nothing_twice(tmp_pat
             assert [line["custom_id"] for line in lines] == [f"req-{i}" for i in range(2000)]
 
             # every line ran exactly once: 2,000 jobs, each finished, each taken by a worker once
-            ids = [keys.batch_line_request_id(batch.id, i) for i in range(2000)]
+            ids = [batchkeys.batch_line_request_id(batch.id, i) for i in range(2000)]
             assert [line["response"]["request_id"] for line in lines] == ids
-            finished = {m.decode() for m in connection.zrange(keys.rq_finished_key(BULK_QUEUE), 0, -1)}
+            finished = {m.decode() for m in connection.zrange(rqkeys.rq_finished_key(BULK_QUEUE), 0, -1)}
             assert finished == set(ids)
             pipe = connection.pipeline()
             for request_id in ids:
-                pipe.hget(keys.rq_job_key(request_id), "deliveries")
+                pipe.hget(rqkeys.rq_job_key(request_id), "deliveries")
             assert set(pipe.execute()) == {b"1"}
-            assert connection.zcard(keys.rq_failed_key(BULK_QUEUE)) == 0
+            assert connection.zcard(rqkeys.rq_failed_key(BULK_QUEUE)) == 0
 
             written, patterns = recorder.stop() - {"sentinel"}, documented_patterns()
-            assert {keys.batch_key(batch.id), keys.batch_lease_key(batch.id), keys.batch_lines_key(batch.id),
-                    keys.batch_input_key(batch.id), keys.file_key(done.output_file_id)} <= written
+            assert {batchkeys.batch_key(batch.id), batchkeys.batch_lease_key(batch.id),
+                    batchkeys.batch_lines_key(batch.id), batchkeys.batch_input_key(batch.id),
+                    batchkeys.file_key(done.output_file_id)} <= written
             assert not {k for k in written if not any(p.fullmatch(k) for p in patterns)}
 
             # byte for byte what /v1/embeddings answers for the same bodies sent one by one
@@ -452,7 +453,7 @@ def test_a_batch_left_finalizing_by_a_dead_replica_is_finished_by_another(client
         await store.transition(batch_id, ("validating",), "in_progress", token="dead-replica", total=2)
         await store.collect(batch_id, "dead-replica", [(0, True, 1, ok_line), (1, False, 0, bad_line)])
         await store.transition(batch_id, ("in_progress",), "finalizing", token="dead-replica", finalizing_at=now())
-        await connection.delete(keys.batch_lease_key(batch_id))  # its lease lapses
+        await connection.delete(batchkeys.batch_lease_key(batch_id))  # its lease lapses
         await connection.aclose()
 
     asyncio.run(die_while_finalizing())

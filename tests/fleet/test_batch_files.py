@@ -20,7 +20,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from embedfleet.common.protocol import keys
+from embedfleet.common.protocol import batchkeys
 from embedfleet.producer.gateway.batches import lines as batchlines
 from embedfleet.producer.gateway.batches import objects
 from embedfleet.producer.gateway.batches.store import Store, now
@@ -87,14 +87,14 @@ def test_big_files_are_stored_in_parts_and_read_back_whole(served_small_redis):
         uploaded = client.files.create(file=("big.jsonl", content), purpose="batch")
         assert uploaded.bytes == len(content)
         assert client.files.content(uploaded.id).content == content  # streamed back from its parts
-        assert max(stored_values(connection, keys.file_key(uploaded.id))) <= PART
+        assert max(stored_values(connection, batchkeys.file_key(uploaded.id))) <= PART
         batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
         done = wait_ended(client, batch.id)
         assert done.status == "completed", done
         assert done.request_counts.completed == 100 and done.error_file_id is None
         output = client.files.content(done.output_file_id).content
         assert len(output) > 3 * PART and client.files.retrieve(done.output_file_id).bytes == len(output)
-        values = stored_values(connection, keys.file_key(done.output_file_id))
+        values = stored_values(connection, batchkeys.file_key(done.output_file_id))
         assert len(values) > 3 and max(values) <= PART
         lines = [json.loads(line) for line in output.split(b"\n") if line]
         assert [line["custom_id"] for line in lines] == [f"req-{i}" for i in range(100)]
@@ -130,7 +130,7 @@ def test_an_output_redis_refuses_fails_the_batch_with_a_reason_in_one_drive(serv
         assert sum("cannot be stored" in m for m in messages) == 1
         assert not any("taken up again" in m or "lease" in m for m in messages)
         assert not connection.keys("embedfleet:file:*:upload") and not connection.exists(
-            keys.batch_lines_key(batch.id))
+            batchkeys.batch_lines_key(batch.id))
     finally:
         server.stop()
         connection.close()
@@ -175,7 +175,7 @@ def test_past_its_window_a_batch_expires_from_any_state(served_small_redis):
         await store.collect(finalizing, "dead-replica", [(0, True, 1, ok_line), (1, True, 1, ok_line)])
         await store.transition(finalizing, ("in_progress",), "finalizing", token="dead-replica")
         for batch_id in (finalizing, validating):
-            await connection.delete(keys.batch_lease_key(batch_id))
+            await connection.delete(batchkeys.batch_lease_key(batch_id))
         await connection.aclose()
 
     try:

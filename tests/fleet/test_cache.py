@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import redis
 
-from embedfleet.common.protocol.keys import cache_key, result_key, worker_info_key
 from embedfleet.common.params import EMBED_DTYPES, PACKED_DTYPES
+from embedfleet.common.protocol.keys import cache_key, result_key, worker_info_key
 from embedfleet.common.redisserver import RedisServer
 from embedfleet.common.errors import StartupError
 from embedfleet.common.request import EmbedRequest

@@ -21,7 +21,7 @@ import pytest
 
 from embedfleet.common.capabilities import ModelCapabilities
 from embedfleet.common.errors import EmbedfleetError
-from embedfleet.common.protocol import keys
+from embedfleet.common.protocol import rqkeys
 from embedfleet.common.request import new_request_id
 from embedfleet.common.result import Result
 from embedfleet import AsyncProducer, Producer
@@ -136,7 +136,7 @@ def started_then_finished(face: Face, fleet) -> dict:
 
 def failed(face: Face, fleet) -> dict:
     request_id = face("submit", "a", "idle")
-    fleet.redis.hset(keys.rq_job_key(request_id), "data", b"not rq job data")  # what no producer writes
+    fleet.redis.hset(rqkeys.rq_job_key(request_id), "data", b"not rq job data")  # what no producer writes
     burst(fleet.idle)  # answers it failed, never run
     return {"status": face("status", request_id), "wait": face("wait", request_id, 30),
             "get": face("get", request_id)}

@@ -13,6 +13,7 @@ import numpy as np
 import openai
 import pytest
 
+from embedfleet.common.names import slot_tag, tag_of
 from embedfleet.common.protocol import keys
 from embedfleet.common.redisclient import connect
 from embedfleet.common.redisurls import cluster_tag
@@ -61,8 +62,8 @@ def test_every_client_on_a_cluster_gives_one_plain_redis_vectors(minilm_engine, 
     for path, got in answers.items():
         assert got.shape == expected.shape, path
         assert cosines(got, expected).min() >= 0.99999, path
-    tag = keys.slot_tag("minilm")
-    assert keys.tag_of(request_id) == tag and keys.tag_of(async_id) == tag, "ids on a cluster carry the tag"
+    tag = slot_tag("minilm")
+    assert tag_of(request_id) == tag and tag_of(async_id) == tag, "ids on a cluster carry the tag"
     # every key of the model's queues and requests lies on one master, in the tag's slot
     tagged = {port: [k for k in found if tag.encode() in k] for port, found in keys_by_master(redis_cluster).items()}
     holders = [port for port, found in tagged.items() if found]
@@ -76,7 +77,7 @@ def _names_on_each_master(cluster_client, count: int) -> list[str]:
     chosen: dict[str, str] = {}
     for index in range(1000):
         name = f"spread{index}"
-        node = cluster_client.get_node_from_key(keys.slot_tag(name)).name
+        node = cluster_client.get_node_from_key(slot_tag(name)).name
         chosen.setdefault(node, name)
         if len(chosen) == count:
             return list(chosen.values())
@@ -128,7 +129,7 @@ def test_a_chosen_id_without_its_models_tag_is_refused_on_a_cluster(request_id, 
     from embedfleet.producer.client.core import tagged_ids
 
     with pytest.raises(ValidationError, match="hash tag"):
-        tagged_ids([request_id], keys.slot_tag("minilm"))
+        tagged_ids([request_id], slot_tag("minilm"))
 
 
 def test_queue_depths_and_the_fleet_view_read_a_clusters_tagged_queues(cluster_url):
@@ -149,7 +150,7 @@ def test_queue_depths_and_the_fleet_view_read_a_clusters_tagged_queues(cluster_u
     assert depth > 0 and stats[0].depth > 0
     (model,) = [m for m in view["models"] if m["name"] == MODEL]
     interactive = model["queues"][0]
-    assert interactive["queue"] == keys.queue_name(MODEL, tag=keys.slot_tag(MODEL)) and interactive["depth"] > 0
+    assert interactive["queue"] == keys.queue_name(MODEL, tag=slot_tag(MODEL)) and interactive["depth"] > 0
     assert len(answers) == 12
 
 
@@ -182,7 +183,7 @@ def _partitions_on_each_master(cluster_client, model: str, count: int) -> list[s
     """`count` partition names of `model` whose tags lie on `count` distinct masters."""
     chosen: dict[str, str] = {}
     for index in range(1000):
-        chosen.setdefault(cluster_client.get_node_from_key(keys.slot_tag(model, f"p{index}")).name, f"p{index}")
+        chosen.setdefault(cluster_client.get_node_from_key(slot_tag(model, f"p{index}")).name, f"p{index}")
         if len(chosen) == count:
             return list(chosen.values())
     raise AssertionError("no partition names found on every master")
@@ -221,9 +222,9 @@ def test_a_models_partitions_on_one_cluster_put_its_traffic_on_every_master(clus
             connection.close()
     holders = {port: {k for k in found if k.startswith(keys.RESULT_PREFIX.encode())}
                for port, found in keys_by_master(redis_cluster).items()}
-    tags = {keys.tag_of(i) for i in ids}
+    tags = {tag_of(i) for i in ids}
     assert tags == {cluster_tag(url, "parted") for url in urls}, "placed on every partition"
     on = {tag: {port for port, found in holders.items() for i in ids
-                if keys.tag_of(i) == tag and keys.result_key(i).encode() in found} for tag in tags}
+                if tag_of(i) == tag and keys.result_key(i).encode() in found} for tag in tags}
     assert all(len(ports) == 1 for ports in on.values()), on
     assert len({port for ports in on.values() for port in ports}) == 3, f"the partitions' masters: {on}"

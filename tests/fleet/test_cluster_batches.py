@@ -1,7 +1,7 @@
 """OpenAI's Batch API on a real Redis Cluster of three masters (tests/rediscluster.py, issue 39), through the real
 `openai` client against a gateway whose --redis-url is the cluster: a JSONL file uploaded, a batch created and
 run, its output file downloaded with the vectors one plain Redis gives; a cancel cancels what is queued. A
-file's and a batch's keys each lie in one slot of their own (keys.own_tag), a line's request id carries its
+file's and a batch's keys each lie in one slot of their own (batchkeys.own_tag), a line's request id carries its
 model's hash tag (its queue's slot)."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import numpy as np
 import openai
 import pytest
 
-from embedfleet.common.protocol import keys
+from embedfleet.common.names import slot_tag, tag_of
+from embedfleet.common.protocol import batchkeys, keys, rqkeys
 from embedfleet.common.redisclient import connect, connect_async
 from embedfleet.common.redisserver import free_port
 from embedfleet.producer.gateway.batches.store import Store, now
@@ -63,12 +64,12 @@ def test_a_batch_on_a_cluster_gives_one_plain_redis_vectors(minilm_engine, expec
     got = np.array([line["response"]["body"]["data"][0]["embedding"]
                     for line in sorted(out, key=lambda line: int(line["custom_id"].split("-")[1]))])
     assert got.shape == expected.shape and cosines(got, expected).min() >= 0.99999
-    tag = keys.slot_tag(MODEL)
-    assert all(keys.tag_of(line["response"]["request_id"]) == tag for line in out), out[0]
-    assert all(not keys.tag_of(line["id"]) and line["id"].startswith("batch_req_") for line in out)
+    tag = slot_tag(MODEL)
+    assert all(tag_of(line["response"]["request_id"]) == tag for line in out), out[0]
+    assert all(not tag_of(line["id"]) and line["id"].startswith("batch_req_") for line in out)
     # the batch's and the output file's keys each lie on one master, in their own slot
     found = keys_by_master(redis_cluster)
-    for own in (keys.own_tag(i, True) for i in (batch.id, done.output_file_id, batch.input_file_id)):
+    for own in (batchkeys.own_tag(i, True) for i in (batch.id, done.output_file_id, batch.input_file_id)):
         holders = [port for port, names in found.items() if any(own.encode() in name for name in names)]
         assert len(holders) == 1, f"the keys of {own} lie on {holders}"
     assert cluster_client.files.retrieve(done.output_file_id).bytes > 0
@@ -91,7 +92,7 @@ def test_a_cancel_on_a_cluster_cancels_what_is_queued(minilm_engine, cluster_url
         done = wait_status(cluster_client, batch.id, ("cancelled",))
         out, errors = output_lines(cluster_client, done.output_file_id), output_lines(cluster_client,
                                                                                       done.error_file_id)
-        queues = connection.llen(keys.rq_queue_key(keys.queue_name(MODEL, "bulk", keys.slot_tag(MODEL))))
+        queues = connection.llen(rqkeys.rq_queue_key(keys.queue_name(MODEL, "bulk", slot_tag(MODEL))))
     finally:
         connection.close()
     counts = done.request_counts
@@ -127,7 +128,7 @@ def test_a_gateway_killed_mid_batch_on_a_cluster_loses_nothing_and_runs_nothing_
     """test_batch_api's kill test on the cluster: the gateway process is killed mid-batch, a new one takes the
     batch over (lease, then the same tagged line ids: its submits of lines already queued are refused as
     duplicates) and every line runs exactly once."""
-    tag = keys.slot_tag(TINY)
+    tag = slot_tag(TINY)
     connection = connect(cluster_url)
     port, env, log = free_port(), clean_env(tmp_path / "cache"), tmp_path / "gateway.log"
     bodies = [{"model": TINY, "input": text} for text in sample_texts(600, seed=11)]
@@ -139,10 +140,10 @@ def test_a_gateway_killed_mid_batch_on_a_cluster_loses_nothing_and_runs_nothing_
                 batch = run_batch(client, batch_file(bodies))
                 wait_status(client, batch.id, ("completed",), until=lambda b: b.request_counts.completed >= 50)
                 gateway.kill()
-                held = connection.hgetall(keys.batch_key(batch.id, True))
+                held = connection.hgetall(batchkeys.batch_key(batch.id, True))
                 assert held[b"status"] == b"in_progress", held
                 collected = int(held[b"completed"]) + int(held[b"failed"])
-                submitted = sum(connection.exists(keys.rq_job_key(tag + keys.batch_line_request_id(batch.id, i)))
+                submitted = sum(connection.exists(rqkeys.rq_job_key(tag + batchkeys.batch_line_request_id(batch.id, i)))
                                 for i in range(600))
                 assert submitted > collected, (submitted, collected)  # lines in flight died with the gateway
                 gateway = GatewayProcess(cluster_url, port, log, env)
@@ -152,11 +153,11 @@ def test_a_gateway_killed_mid_batch_on_a_cluster_loses_nothing_and_runs_nothing_
         assert done.request_counts.model_dump() == {"total": 600, "completed": 600, "failed": 0}
         assert "of 600 lines to run" in log.read_text()  # the restarted gateway took the batch over
         assert [line["custom_id"] for line in out] == [f"req-{i}" for i in range(600)]
-        ids = [tag + keys.batch_line_request_id(batch.id, i) for i in range(600)]
+        ids = [tag + batchkeys.batch_line_request_id(batch.id, i) for i in range(600)]
         assert [line["response"]["request_id"] for line in out] == ids
-        finished = keys.rq_finished_key(keys.queue_name(TINY, "bulk", tag))
+        finished = rqkeys.rq_finished_key(keys.queue_name(TINY, "bulk", tag))
         assert {m.decode() for m in connection.zrange(finished, 0, -1)} >= set(ids)
-        assert {connection.hget(keys.rq_job_key(i), "deliveries") for i in ids} == {b"1"}  # each ran once
+        assert {connection.hget(rqkeys.rq_job_key(i), "deliveries") for i in ids} == {b"1"}  # each ran once
     finally:
         if gateway is not None:
             gateway.stop()

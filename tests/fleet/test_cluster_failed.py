@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 
-from embedfleet.common.protocol import keys
+from embedfleet.common.names import slot_tag, tag_of
+from embedfleet.common.protocol import keys, rqkeys
 from embedfleet.common.redisclient import connect
 from embedfleet import Producer
 from embedfleet.producer.cli import failed
@@ -22,8 +23,8 @@ def _failed_jobs(cluster_url: str, count: int) -> list[str]:
         with Producer(cluster_url) as producer:
             ids = [producer.submit([f"bad {i}"], NULL, priority="bulk") for i in range(count)]
         for request_id in ids:
-            connection.hset(keys.rq_job_key(request_id), "data", b"not a job")
-        registry = keys.rq_failed_key(keys.queue_name(NULL, "bulk", keys.slot_tag(NULL)))
+            connection.hset(rqkeys.rq_job_key(request_id), "data", b"not a job")
+        registry = rqkeys.rq_failed_key(keys.queue_name(NULL, "bulk", slot_tag(NULL)))
         with serve(null_engine(), connection, rq_records="full"):
             deadline = time.monotonic() + 60
             while connection.zcard(registry) < count:
@@ -36,7 +37,7 @@ def _failed_jobs(cluster_url: str, count: int) -> list[str]:
 
 def test_failed_lists_shows_requeues_and_purges_on_a_cluster(cluster_url, capsys):
     requeued, purged = _failed_jobs(cluster_url, 2)
-    assert keys.tag_of(requeued) == keys.slot_tag(NULL)
+    assert tag_of(requeued) == slot_tag(NULL)
     assert failed.run(["list", "--redis-url", cluster_url]) == 0
     listed = capsys.readouterr().out
     assert requeued in listed and purged in listed and "2 failed request(s)" in listed
@@ -48,14 +49,14 @@ def test_failed_lists_shows_requeues_and_purges_on_a_cluster(cluster_url, capsys
     capsys.readouterr()
     connection = connect(cluster_url)
     try:
-        queue = keys.rq_queue_key(keys.queue_name(NULL, "bulk", keys.slot_tag(NULL)))
+        queue = rqkeys.rq_queue_key(keys.queue_name(NULL, "bulk", slot_tag(NULL)))
         assert connection.lrange(queue, 0, -1) == [requeued.encode()]
         assert not connection.exists(keys.result_key(requeued))  # its error answer gone: a waiter gets the new one
         assert failed.run(["list", "--model", NULL, "--redis-url", cluster_url]) == 0  # its tagged queue
         capsys.readouterr()
         assert failed.run(["purge", "--redis-url", cluster_url]) == 0
         assert "purged 1 failed request(s)" in capsys.readouterr().out
-        assert not connection.exists(keys.rq_job_key(purged))
+        assert not connection.exists(rqkeys.rq_job_key(purged))
         assert failed.run(["list", "--redis-url", cluster_url]) == 0
         assert "no failed requests" in capsys.readouterr().out
     finally:

@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from embedfleet.common.protocol import keys
+from embedfleet.common.names import slot_tag, tag_of
 from embedfleet.common.redisclient import connect
 from tests.webhooks import SECRET, Receiver
 from tests.gatewayserver import Server, settings
@@ -44,6 +44,6 @@ def test_async_jobs_and_their_webhooks_on_a_cluster(cluster_url):
         server.stop()
         connection.close()
         receiver.close()
-    assert keys.tag_of(plain) == keys.tag_of(hooked) == keys.slot_tag(NULL)
+    assert tag_of(plain) == tag_of(hooked) == slot_tag(NULL)
     assert [len(a["data"]) for a in answers] == [2, 2], answers
     assert delivered["headers"]["X-Embedfleet-Job"] == hooked

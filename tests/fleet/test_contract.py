@@ -21,7 +21,9 @@ from rq.job import Job, JobStatus
 from rq.results import Result as RqResult
 
 from embedfleet.common.errors import CancelledError
-from embedfleet.common.protocol import jobdata, keys, operations, rqjobs
+from embedfleet.common.policy import MAX_DELIVERIES, RESULT_TTL
+from embedfleet.common.protocol import answering, enqueueing, jobdata, keys, rqjobs, rqkeys
+from embedfleet.common.protocol.jobdata import JOB_FUNC
 from embedfleet.common.request import EmbedRequest, PartOf
 from embedfleet.common.result import Result
 from embedfleet.common.serializer import MsgpackSerializer
@@ -186,7 +188,7 @@ def test_the_job_hash_a_producer_writes_is_rqs_own_field_by_field(retry):
         job = Job(request.id, connection=redis.Redis(host="embedfleet-contract.invalid"),
                   serializer=MsgpackSerializer)
         job.restore({b"data": ours["data"], b"created_at": ours["created_at"].encode(), b"status": b"queued"})
-        assert (job.func_name, job.args) == (keys.JOB_FUNC, [request.encode()])
+        assert (job.func_name, job.args) == (JOB_FUNC, [request.encode()])
         for stamp in stamps:
             assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", ours[stamp]), ours[stamp]
 
@@ -198,9 +200,9 @@ def test_a_cancel_leaves_what_rqs_job_cancel_leaves(redis_client):
     theirs = queue.enqueue(succeed, b"x", job_id="theirs")
     theirs.cancel()
     request = EmbedRequest(id="ours", model="contract", inputs=["x"])
-    operations.enqueue(redis_client, operations.enqueue_args("embedfleet.contract", [request]))
+    enqueueing.enqueue(redis_client, enqueueing.enqueue_args("embedfleet.contract", [request]))
     answer = Result.failure("ours", "contract", CancelledError("cancelled"))
-    assert operations.cancel(redis_client, "embedfleet.contract", answer, None)
+    assert answering.cancel(redis_client, "embedfleet.contract", answer, None)
     for job_id in ("theirs", "ours"):
         job = Job.fetch(job_id, connection=redis_client, serializer=MsgpackSerializer)
         assert job.get_status() == JobStatus.CANCELED
@@ -251,8 +253,8 @@ def test_every_way_a_request_ends_has_the_same_effects(long_model, redis_url, re
                for ending in ENDINGS}
         for request_id in ids.values():  # what the gateway keeps for an async job, until its result expires
             asyncio.run(_save_options(redis_url, request_id))
-        redis_client.hset(keys.rq_job_key(ids["failed"]), "data", b"not rq job data")
-        redis_client.hset(keys.rq_job_key(ids["poison"]), "lapses", keys.MAX_DELIVERIES)
+        redis_client.hset(rqkeys.rq_job_key(ids["failed"]), "data", b"not rq job data")
+        redis_client.hset(rqkeys.rq_job_key(ids["poison"]), "lapses", MAX_DELIVERIES)
         assert producer.cancel(ids["cancelled"])
         while time.time() < EmbedRequest.decode(_request_bytes(redis_client, ids["expired"])).deadline:
             time.sleep(0.01)  # the expired one's deadline passes before any worker takes it
@@ -269,21 +271,21 @@ def test_every_way_a_request_ends_has_the_same_effects(long_model, redis_url, re
         assert not redis_client.exists(keys.notify_key(request_id)), ending  # and no other
         assert 0 < redis_client.ttl(keys.job_options_key(request_id)) <= redis_client.ttl(result_key), ending
         if records == "lean" and ending == "served":  # its answer is its record
-            assert not redis_client.exists(keys.rq_job_key(request_id))
+            assert not redis_client.exists(rqkeys.rq_job_key(request_id))
             assert redis_client.zscore(f"rq:{registry}:{queue}", request_id) is None
             continue
         job = Job.fetch(request_id, connection=redis_client, serializer=MsgpackSerializer)
         assert job.get_status() == status, ending
         if records == "full" or registry != "finished":  # lean keeps no finished registry
             assert redis_client.zscore(f"rq:{registry}:{queue}", request_id) is not None, ending
-        assert 0 < redis_client.ttl(keys.rq_job_key(request_id)), ending
-    assert 0 < redis_client.ttl(reply) <= keys.RESULT_TTL
-    assert redis_client.zcard(keys.rq_wip_key(queue)) == 0 and redis_client.llen(keys.rq_queue_key(queue)) == 0
+        assert 0 < redis_client.ttl(rqkeys.rq_job_key(request_id)), ending
+    assert 0 < redis_client.ttl(reply) <= RESULT_TTL
+    assert redis_client.zcard(rqkeys.rq_wip_key(queue)) == 0 and redis_client.llen(rqkeys.rq_queue_key(queue)) == 0
     assert not redis_client.exists(keys.chunks_key(ids["joined"]))  # the join state went with the answer
     parts = [k.decode().removeprefix("rq:job:") for k in redis_client.keys(f"rq:job:{ids['joined']}-p*")]
     assert len(parts) == 4 and not any(redis_client.exists(keys.result_key(p)) for p in parts)  # never answered alone
     if records == "full":
-        assert {m.decode() for m in redis_client.zrange(keys.rq_finished_key(queue), 0, -1)} >= set(parts)
+        assert {m.decode() for m in redis_client.zrange(rqkeys.rq_finished_key(queue), 0, -1)} >= set(parts)
     assert redis_client.get(keys.queued_tokens_key(queue)) is None  # the parts were counted, and taken off
 
 
@@ -292,7 +294,7 @@ async def _save_options(redis_url: str, request_id: str) -> None:
 
     connection = aioredis.Redis.from_url(redis_url)
     try:
-        await operations.save_job_options(connection, request_id, '{"encoding_format": "float"}')
+        await answering.save_job_options(connection, request_id, '{"encoding_format": "float"}')
     finally:
         await connection.aclose()
 

@@ -12,8 +12,8 @@ from collections import Counter
 import pytest
 import redis
 
-from embedfleet.common.protocol import keys
 from embedfleet import Producer
+from embedfleet.common.protocol import keys
 from tests.answers import MODEL, advertise, answer
 from tests.gatewayserver import Server, settings
 

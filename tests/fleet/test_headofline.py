@@ -10,8 +10,8 @@ import sys
 import threading
 import time
 
-from embedfleet.common.protocol import keys
 from embedfleet import Producer
+from embedfleet.common.protocol import keys, rqkeys
 from tests.commands import ROOT
 from tests.harness import serve
 from tests.heldpasses import Recorded
@@ -45,7 +45,7 @@ def test_a_one_text_request_behind_a_2048_input_one_is_answered_first(redis_url,
             texts = [f"sentence {i} of the big request, about {('rivers', 'hills', 'clouds')[i % 3]}"
                      for i in range(2048)]
             big = producer.submit(texts, MODEL)
-            job = keys.rq_job_key(big)
+            job = rqkeys.rq_job_key(big)
             wait_for(lambda: redis_client.hget(job, "status") == b"started", 60, "the big request's round", proc)
             small = producer.submit(["a small question"], MODEL)
             assert producer.wait(small, timeout=120).shape == (1, 384)
@@ -53,7 +53,7 @@ def test_a_one_text_request_behind_a_2048_input_one_is_answered_first(redis_url,
             assert producer.wait(big, timeout=120).shape == (2048, 384)
         assert not big_answered_first, "the one-text request waited for the whole 2,048-input round"
         assert redis_client.hget(job, "deliveries") == b"1"  # paused and resumed, not given back and run again
-        ended = [redis_client.hget(keys.rq_job_key(i), "ended_at") for i in (small, big)]
+        ended = [redis_client.hget(rqkeys.rq_job_key(i), "ended_at") for i in (small, big)]
         assert ended[0] < ended[1], ended
     finally:
         proc.kill()
@@ -95,4 +95,4 @@ def test_work_behind_a_long_round_cuts_in_between_its_passes_and_never_starves_i
     assert max(gaps) <= CUT_IN_PASSES, (passes, gaps)
     for request_id in [*small, big]:
         assert redis_client.lrange(keys.notify_key(request_id), 0, -1) == [b"1"]
-        assert redis_client.hget(keys.rq_job_key(request_id), "deliveries") == b"1"
+        assert redis_client.hget(rqkeys.rq_job_key(request_id), "deliveries") == b"1"

@@ -11,7 +11,7 @@ import asyncio
 import pytest
 import redis
 
-from embedfleet.common.protocol import keys, operations
+from embedfleet.common.protocol import answering, claims, keys
 from embedfleet.common.redisserver import RedisServer
 from embedfleet import AsyncProducer, Producer
 from tests.harness import idle_worker, serve
@@ -44,7 +44,7 @@ def test_every_key_written_in_a_full_scenario_is_described_in_keys_py(long_folde
             cancelled = producer.submit(["never served"], "m")
             assert producer.cancel(cancelled)
             # a worker that dies holding a round: its claims lapse and the live worker requeues them
-            dead = operations.RqSchema(conn, keys.queue_name("m"), "dead-worker", result_ttl=60, lease=0.2)
+            dead = claims.RqSchema(conn, keys.queue_name("m"), "dead-worker", result_ttl=60, lease=0.2)
             lost = producer.submit_many([["lost one"], ["lost two"]], "m")
             assert {t.id for t in dead.take(8, None)[1]} == set(lost)
             ids = producer.submit_many([["same text"], ["same text"], [long_text]], "m")
@@ -53,7 +53,7 @@ def test_every_key_written_in_a_full_scenario_is_described_in_keys_py(long_folde
             async def async_side():
                 async with AsyncProducer(server.url) as aproducer:
                     request_id = await aproducer.submit(["from asyncio"], "m")
-                    await operations.save_job_options(aproducer.redis, request_id, "{}")
+                    await answering.save_job_options(aproducer.redis, request_id, "{}")
                     return await aproducer.wait(request_id, timeout=60)
 
             with serve(worker):

@@ -8,8 +8,8 @@ import re
 
 import numpy as np
 
-from embedfleet.common.protocol import keys
 from embedfleet import AsyncProducer
+from embedfleet.common.protocol import keys
 from embedfleet.producer.client.readsize import FIRST_READ, READ_BYTES, READ_CHUNK, read_size, result_bytes
 from tests.nullworker import NULL, null_worker
 

@@ -20,8 +20,9 @@ import threading
 
 import redis
 
-from embedfleet.common.protocol import keys
 from embedfleet import AsyncProducer, Producer
+from embedfleet.common.policy import RESULT_TTL
+from embedfleet.common.protocol import keys, rqkeys
 from tests.nullworker import NULL, null_worker
 from tests.commands import wait_for
 
@@ -76,7 +77,7 @@ def test_rq_info_lists_the_queues_a_lean_fleet_uses_even_after_redis_lost_the_li
     with null_worker(redis_url) as worker, Producer(redis_url) as producer:
         ids = producer.submit_many([["a"], ["b"]], NULL)
         assert f"queue {queue} 2, 0 executing, 0 finished, 0 failed" in rq_info(redis_url)
-        redis_client.delete(keys.RQ_QUEUES)  # Redis lost it (the producer listed it once, and is done)
+        redis_client.delete(rqkeys.RQ_QUEUES)  # Redis lost it (the producer listed it once, and is done)
         worker.recover()  # what each beat of a worker runs (every third of its lease)
         assert f"queue {queue} 2, 0 executing" in rq_info(redis_url)
         worker.serve()
@@ -126,4 +127,4 @@ def test_the_wake_up_stays_for_every_sync_waiter_of_one_request(redis_url):
         for thread in threads:
             thread.join(40)
         assert [r.id for r in results] == [request_id] * 2
-        wait_for(lambda: 0 < redis.Redis.from_url(redis_url).ttl(keys.notify_key(request_id)) <= keys.RESULT_TTL)
+        wait_for(lambda: 0 < redis.Redis.from_url(redis_url).ttl(keys.notify_key(request_id)) <= RESULT_TTL)

@@ -10,7 +10,7 @@ import contextlib
 import pytest
 import redis
 
-from embedfleet.common.protocol import keys
+from embedfleet.common.protocol import keys, rqkeys
 from embedfleet.common.redisserver import RedisServer
 from embedfleet import AsyncProducer, Producer
 from embedfleet.producer.client.fleet import level_stats
@@ -29,7 +29,7 @@ def _jobs_on(urls: list[str]) -> list[int]:
     counts = []
     for url in urls:
         with redis.Redis.from_url(url) as client:
-            counts.append(sum(1 for _ in client.scan_iter(keys.rq_job_key("*"), count=1000)))
+            counts.append(sum(1 for _ in client.scan_iter(rqkeys.rq_job_key("*"), count=1000)))
     return counts
 
 
@@ -154,7 +154,7 @@ def test_a_chosen_id_has_one_home_whoever_submits_it_and_is_never_accepted_twice
     for url in urls:
         with redis.Redis.from_url(url) as client:
             for request_id in ids:
-                if client.exists(keys.rq_job_key(request_id)):
+                if client.exists(rqkeys.rq_job_key(request_id)):
                     where.setdefault(request_id, []).append(url)
     assert where == {i: [partition_of(urls, i)] for i in ids}  # once each, on its home
     assert {len(v) for v in where.values()} == {1} and len({v[0] for v in where.values()}) == 3  # spread

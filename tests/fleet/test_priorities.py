@@ -13,8 +13,8 @@ import pytest
 from rq import Queue
 from rq.job import Job, JobStatus
 
-from embedfleet.common.protocol import keys
 from embedfleet.common.errors import ExpiredError, ValidationError
+from embedfleet.common.protocol import keys
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.scheduling import estimate_tokens, priority_level
 from embedfleet.common.serializer import MsgpackSerializer

@@ -13,10 +13,12 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from sentence_transformers import SentenceTransformer
 
-from embedfleet.common.protocol import keys
 from embedfleet.common.errors import (CancelledError, InputTooLongError, NotFoundError, NoWorkerError, TimeoutError,
                                       UnavailableError, UnknownModelError, ValidationError)
 from embedfleet.common.params import PoolingParams
+from embedfleet.common.policy import RESULT_TTL
+from embedfleet.common.protocol import keys
+from embedfleet.common.protocol.jobdata import JOB_FUNC
 from embedfleet.common.result import Result
 from embedfleet.common.serializer import MsgpackSerializer
 from embedfleet import AsyncProducer, Producer
@@ -103,8 +105,8 @@ def test_pending_request_get_none_wait_times_out_then_result_expires(producer, i
     assert result.ok and result.model == "minilm" and result.embeddings.shape == (1, 384)
     assert result.usage.prompt_tokens == 5  # [CLS] pending for now [SEP]
     assert producer.status(request_id) == "finished"
-    assert 0 < redis_client.ttl(keys.result_key(request_id)) <= keys.RESULT_TTL
-    assert 0 < redis_client.ttl(keys.notify_key(request_id)) <= keys.RESULT_TTL
+    assert 0 < redis_client.ttl(keys.result_key(request_id)) <= RESULT_TTL
+    assert 0 < redis_client.ttl(keys.notify_key(request_id)) <= RESULT_TTL
 
 
 def test_our_timeout_is_the_builtin_timeout_error(producer, idle_worker):
@@ -228,7 +230,7 @@ def test_over_long_input_fails_alone_with_the_limit(producer, idle_worker):
 def test_malformed_message_fails_its_job_and_the_worker_goes_on(producer, idle_worker, redis_client):
     good = producer.submit(["before"])
     queue = Queue(keys.queue_name("minilm"), connection=redis_client, serializer=MsgpackSerializer)
-    queue.enqueue(keys.JOB_FUNC, b"\xc1 not msgpack", job_id="garbage")
+    queue.enqueue(JOB_FUNC, b"\xc1 not msgpack", job_id="garbage")
     after = producer.submit(["after"])
     burst(idle_worker)
 

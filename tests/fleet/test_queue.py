@@ -12,10 +12,11 @@ from rq import Retry, Worker
 from rq.job import JobStatus
 
 from embedfleet.common.codec import packb
-from embedfleet.common.protocol import operations
+from embedfleet.common.policy import RESULT_TTL
+from embedfleet.common.protocol import enqueueing
+from embedfleet.common.protocol.keys import MODELS_KEY, model_key, model_workers_key, notify_key, queue_name, result_key
 from embedfleet.common.protocol.records import RQ_RECORDS
-from embedfleet.common.protocol.keys import (LEASE_GRACE, MODELS_KEY, RESULT_TTL, model_key, model_workers_key,
-                                             notify_key, queue_name, result_key)
+from embedfleet.common.protocol.rqkeys import LEASE_GRACE
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet.common.serializer import MsgpackSerializer
@@ -204,7 +205,7 @@ def test_the_started_registry_stays_a_skiplist_whatever_the_ids(redis_client):
     rq's tools still read each member as a job id and an execution id."""
     requests = [EmbedRequest(model="null", inputs=["one"]), EmbedRequest(id="a", model="null", inputs=["two"]),
                 EmbedRequest(id="b" * 60, model="null", inputs=["three"])]
-    operations.enqueue(redis_client, operations.enqueue_args(queue_name("null"), requests))
+    enqueueing.enqueue(redis_client, enqueueing.enqueue_args(queue_name("null"), requests))
     worker = harness.worker(null_engine(), redis_client)
     _, taken = worker.levels.take(8, None)
     assert sorted(t.id for t in taken) == sorted(r.id for r in requests)

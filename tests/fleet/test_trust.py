@@ -12,15 +12,16 @@ import redis
 from rq import Queue
 from rq.job import Job
 
-from embedfleet.common.protocol import keys
 from embedfleet.common.errors import DecodeError, DuplicateRequestError, TimeoutError
+from embedfleet.common.policy import JOB_TTL, RESULT_TTL
+from embedfleet.common.protocol import enqueueing, keys
+from embedfleet.common.protocol.jobdata import job_reply_to
 from embedfleet.common.redisclient import connect_async
 from embedfleet.common.redisserver import RedisServer
-from embedfleet.common.request import EmbedRequest, job_reply_to
+from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet.common.serializer import MsgpackSerializer
 from embedfleet import AsyncProducer, Producer
-from embedfleet.common.protocol import operations
 from embedfleet.producer.gateway.core.service import save_job_options
 from tests.acls import documented_acl
 from tests.answers import MODEL, advertise, answer
@@ -46,7 +47,7 @@ def test_an_enqueue_under_an_id_in_use_is_refused(producer, redis_client):
     for used in (finished, pending):
         thief = EmbedRequest(id=used, model=MODEL, inputs=["someone else's text"])
         with pytest.raises(DuplicateRequestError, match=used):
-            operations.enqueue(producer.redis, operations.enqueue_args(  # all or none
+            enqueueing.enqueue(producer.redis, enqueueing.enqueue_args(  # all or none
                 keys.queue_name(MODEL), [EmbedRequest(model=MODEL, inputs=["fresh"]), thief]))
     assert redis_client.get(keys.result_key(finished)) == stored
     assert queue(producer).job_ids == [finished, pending]  # the fresh request went in with nobody
@@ -109,7 +110,7 @@ def test_a_jobs_options_expire_with_its_result(redis_url, redis_client, producer
     server = Server(settings(redis_url))
     try:
         job_id = _gateway_job(server, {"input": "text", "model": MODEL, "encoding_format": "base64"})
-        assert redis_client.ttl(keys.job_options_key(job_id)) > keys.RESULT_TTL  # while it waits
+        assert redis_client.ttl(keys.job_options_key(job_id)) > RESULT_TTL  # while it waits
         answer(redis_client, [job_id])
         assert 0 < redis_client.ttl(keys.job_options_key(job_id)) <= redis_client.ttl(keys.result_key(job_id))
         assert httpx.get(f"{server.url}/v1/jobs/{job_id}", timeout=30).json()["status"] == "finished"
@@ -158,7 +159,7 @@ def test_every_key_the_producer_side_creates_expires(redis_url, redis_client, pr
     forever = {key.decode() for key in redis_client.scan_iter() if redis_client.ttl(key) == -1}
     assert forever <= set(SHARED), f"keys without a TTL: {sorted(forever - set(SHARED))}"
     longest = max(redis_client.ttl(key) for key in redis_client.scan_iter())
-    assert longest <= keys.JOB_TTL + keys.RESULT_TTL
+    assert longest <= JOB_TTL + RESULT_TTL
 
 
 def _batch_runs(gateway: Server, worker) -> dict:

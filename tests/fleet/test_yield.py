@@ -13,8 +13,8 @@ import time
 import pytest
 import redis
 
-from embedfleet.common.protocol import keys
 from embedfleet import Producer
+from embedfleet.common.protocol import keys, rqkeys
 from tests.commands import clean_env, embedfleet
 from tests.harness import burst, idle_worker, serve
 from tests.heldpasses import Recorded
@@ -72,8 +72,8 @@ def test_a_bulk_round_pauses_between_passes_for_interactive_work_and_every_job_i
     assert own[0] < position < own[-1] and position + 1 in own, (own, position)  # it went on right after
     for request_id in [interactive, *bulk]:  # answered once, on every path a waiter listens to
         assert redis_client.lrange(keys.notify_key(request_id), 0, -1) == [b"1"]
-    assert all(redis_client.hget(keys.rq_job_key(r), "deliveries") == b"1" for r in bulk)  # none run twice
-    assert redis_client.zcard(keys.rq_wip_key(keys.queue_name(MODEL, "bulk"))) == 0
+    assert all(redis_client.hget(rqkeys.rq_job_key(r), "deliveries") == b"1" for r in bulk)  # none run twice
+    assert redis_client.zcard(rqkeys.rq_wip_key(keys.queue_name(MODEL, "bulk"))) == 0
     assert redis_client.get(keys.queued_tokens_key(keys.queue_name(MODEL, "bulk"))) is None
 
 
@@ -128,7 +128,7 @@ def test_the_bulk_share_round_keeps_its_turn_and_interactive_work_still_runs_bet
     assert "interactive work arrived" not in caplog.text  # the share's round was set aside, not sent back
     for request_id in (interactive, first, second):
         assert redis_client.lrange(keys.notify_key(request_id), 0, -1) == [b"1"]
-        assert redis_client.hget(keys.rq_job_key(request_id), "deliveries") == b"1"
+        assert redis_client.hget(rqkeys.rq_job_key(request_id), "deliveries") == b"1"
 
 
 def test_a_round_holds_a_few_passes_of_work_not_a_fixed_number_of_requests(tiny, redis_url, redis_client):

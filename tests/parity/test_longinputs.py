@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from embedfleet.common.protocol import keys
 from embedfleet.common.errors import DecodeError, InputTooLongError, InternalError
+from embedfleet.common.protocol import keys
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from embedfleet import Producer

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from embedfleet.common.errors import StartupError
-from embedfleet.common.protocol import keys, operations
+from embedfleet.common.protocol import enqueueing, keys, rqkeys
 from embedfleet.common.request import EmbedRequest
 from tests.commands import ROOT, clean_env
 from tests.tinymodels import _bert_vocab
@@ -45,7 +45,7 @@ def test_a_worker_on_a_folder_without_its_tokenizer_exits_with_the_line_and_answ
     for name in TOKENIZER_FILES:
         os.remove(copy / name)
     queued = EmbedRequest(model="broken", inputs=["The cat sits on the mat."])
-    operations.enqueue(redis_client, operations.enqueue_args(keys.queue_name("broken"), [queued]))
+    enqueueing.enqueue(redis_client, enqueueing.enqueue_args(keys.queue_name("broken"), [queued]))
     done = subprocess.run([sys.executable, "-m", "embedfleet.worker", "--redis-url", redis_url, "--model", str(copy),
                            "--served-model-name", "broken", "--poll-timeout", "1", "--probe-seconds", "0.2"],
                           env=clean_env(tmp_path / "xdg"), cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -55,7 +55,7 @@ def test_a_worker_on_a_folder_without_its_tokenizer_exits_with_the_line_and_answ
                            "vocab.txt is needed"), done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert not redis_client.exists(keys.model_workers_key("broken"))  # never advertised
-    assert redis_client.lrange(keys.rq_queue_key(keys.queue_name("broken")), 0, -1) == [queued.id.encode()]
+    assert redis_client.lrange(rqkeys.rq_queue_key(keys.queue_name("broken")), 0, -1) == [queued.id.encode()]
     assert not redis_client.exists(keys.result_key(queued.id))  # still queued, for a sound worker
 
 

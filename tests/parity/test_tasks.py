@@ -170,10 +170,10 @@ def test_every_unsupported_task_fails_at_submit_naming_the_supported_ones(tasks,
 def test_the_worker_verifies_the_task_again(tasks):
     """A request that skipped the producer's check (an older producer, a hand-made job) is refused by the
     worker with the same message, alone."""
-    from embedfleet.common.protocol import keys, operations
+    from embedfleet.common.protocol import enqueueing
 
     request = EmbedRequest(model="emb", inputs=["a"], params={"task": "classify"})
-    operations.enqueue(tasks.redis, operations.enqueue_args(keys.queue_name("emb"), [request]))
+    enqueueing.enqueue(tasks.redis, enqueueing.enqueue_args(queue_name("emb"), [request]))
     with pytest.raises(ValidationError, match=r"Unsupported task: 'classify'. Model 'emb' supports"):
         tasks.wait(request.id)
     assert tasks.embed(["a"], "emb").shape == (1, 32)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from embedfleet.common.protocol import keys
+from embedfleet.common.names import slot_tag, tag_of, tagged_request_id, untagged, valid_request_id
+from embedfleet.common.protocol import keys, rqkeys
 from embedfleet.common.redisclient import is_cluster, parse_cluster, with_tls
 
 
@@ -23,26 +24,26 @@ def test_a_malformed_cluster_url_says_the_form(url):
 
 
 def test_a_models_keys_share_its_tag_and_plain_names_keep_theirs():
-    tag = keys.slot_tag("minilm")
-    request_id = keys.tagged_request_id(tag)
-    assert keys.valid_request_id(request_id) and keys.tag_of(request_id) == tag
+    tag = slot_tag("minilm")
+    request_id = tagged_request_id(tag)
+    assert valid_request_id(request_id) and tag_of(request_id) == tag
     assert keys.queue_name("minilm", "bulk", tag) == tag + keys.queue_name("minilm", "bulk")
-    assert keys.untagged(keys.queue_name("minilm", tag=tag)) == "embedfleet.minilm"
+    assert untagged(keys.queue_name("minilm", tag=tag)) == "embedfleet.minilm"
     assert keys.queue_name("minilm") == "embedfleet.minilm"  # a plain Redis: unchanged
     assert keys.is_reply_stream_key(keys.reply_stream_key(request_id))
-    assert keys.rq_suspended_key() == "rq:suspended" and keys.rq_suspended_key(tag).endswith(tag)
+    assert rqkeys.rq_suspended_key() == "rq:suspended" and rqkeys.rq_suspended_key(tag).endswith(tag)
 
 
 @pytest.mark.parametrize("bad", ["{}abc", "{a b}abc", "{x}", "{" + "a" * 17 + "}abc", "abc{x}", "{x}{y}abc"])
 def test_an_id_with_a_malformed_tag_is_no_request_id(bad):
-    assert not keys.valid_request_id(bad)
+    assert not valid_request_id(bad)
 
 
 def test_a_partition_of_a_cluster_url_has_a_tag_of_its_own():
     from embedfleet.common.redisurls import cluster_tag
 
     url = "redis+cluster://h:7000,h:7001"
-    assert cluster_tag(url, "m") == keys.slot_tag("m") != cluster_tag(url + "#p1", "m") == keys.slot_tag("m", "p1")
+    assert cluster_tag(url, "m") == slot_tag("m") != cluster_tag(url + "#p1", "m") == slot_tag("m", "p1")
     assert cluster_tag("redis://h:6379/0", "m") == "" and cluster_tag("redis://h:6379/0#p1", "m") == ""
     assert parse_cluster(url + "#p1") == parse_cluster(url)  # the partition is ours, not the client's
 

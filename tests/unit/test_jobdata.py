@@ -50,7 +50,7 @@ def test_small_data_goes_as_it_is_and_is_read_without_zlib(monkeypatch):
 
 @pytest.mark.parametrize("func", ["worker.jobs.embed", "embedfleet.worker.jobs.embed"])
 def test_a_worker_serves_the_job_function_under_either_name(func):
-    """Producers write the wire name of 0.1 (keys.JOB_FUNC); a worker takes the module's own name too, so either
+    """Producers write the wire name of 0.1 (jobdata.JOB_FUNC); a worker takes the module's own name too, so either
     side can be upgraded first."""
     from embedfleet.common.protocol.jobdata import deflate
     from embedfleet.common.request import EmbedRequest

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from embedfleet.common.protocol import keys
+from embedfleet.common.names import slot_tag, tag_of, untagged
+from embedfleet.common.protocol import batchkeys
 from embedfleet.common.redisurls import cluster_tag
 from embedfleet.common.shards import ShardMap, parse_shards
 from embedfleet.producer.client.placement import Placer, partition_of, unavailable
@@ -104,13 +105,13 @@ def test_a_batch_lines_id_on_a_cluster_carries_the_tag_of_the_partition_it_goes_
     """A batch line's id (fixed before its submit: a replica taking the batch over submits it again under the
     same id) must land on the partition whose hash tag it carries; on a plain Redis it is as it always was."""
     plain = ["redis://127.0.0.1:6379/0", "redis://127.0.0.1:6380/0"]
-    assert request_id_of("batch_x", 7, "m", plain) == keys.batch_line_request_id("batch_x", 7) == "batch_x-7"
+    assert request_id_of("batch_x", 7, "m", plain) == batchkeys.batch_line_request_id("batch_x", 7) == "batch_x-7"
     one = ["redis+cluster://127.0.0.1:7000"]
-    assert request_id_of("batch_x", 7, "m", one) == keys.slot_tag("m") + "batch_x-7"
+    assert request_id_of("batch_x", 7, "m", one) == slot_tag("m") + "batch_x-7"
     assert request_id_of("batch_x", 7, None, one) == "batch_x-7"  # no model known: the submit says why
     three = [f"redis+cluster://127.0.0.1:7000#p{i}" for i in range(3)]
     for index in range(300):
         request_id = request_id_of("batch_x", index, "m", three)
         assert request_id == request_id_of("batch_x", index, "m", three)  # fixed
-        assert keys.tag_of(request_id) == cluster_tag(partition_of(three, request_id), "m")
-        assert keys.untagged(request_id).startswith(f"batch_x-{index}")
+        assert tag_of(request_id) == cluster_tag(partition_of(three, request_id), "m")
+        assert untagged(request_id).startswith(f"batch_x-{index}")

@@ -11,8 +11,9 @@ from redis.cluster import RedisCluster
 
 from embedfleet.common.capabilities import ModelCapabilities
 from embedfleet.common.codec import packb
-from embedfleet.common.protocol import operations
-from embedfleet.common.protocol.keys import ADVERTISE_TTL, MODELS_KEY, model_key, model_workers_key, worker_info_key
+from embedfleet.common.policy import ADVERTISE_TTL
+from embedfleet.common.protocol import adverts
+from embedfleet.common.protocol.keys import MODELS_KEY, model_key, model_workers_key, worker_info_key
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class Advertiser:
     def withdraw(self) -> bool:
         """Removes this worker; deletes the model's capabilities if no live worker serves it. True if deleted."""
         name = self.caps.name
-        deleted = operations.withdraw(self.connection, name, self.worker_name, time.time() - self.ttl)
+        deleted = adverts.withdraw(self.connection, name, self.worker_name, time.time() - self.ttl)
         self.connection.delete(worker_info_key(self.worker_name))
         log.info("worker %s: withdrew model %s%s", self.worker_name, name,
                  " (no worker left, capabilities removed)" if deleted else "")

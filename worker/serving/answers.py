@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from embedfleet.common.errors import (CancelledError, DecodeError, EmbedfleetError, ExpiredError, InternalError,
                                       PoisonError, ResultTooLargeError)
-from embedfleet.common.protocol.keys import JOB_FUNC
+from embedfleet.common.protocol.jobdata import JOB_FUNC
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result, inputs_answered
 from embedfleet.worker.serving.jobdata import decode_job

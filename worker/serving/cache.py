@@ -27,8 +27,9 @@ import numpy as np
 import redis
 from redis.cluster import RedisCluster
 
-from embedfleet.common.protocol import keys
 from embedfleet.common.errors import StartupError
+from embedfleet.common.policy import CACHE_TTL
+from embedfleet.common.protocol import keys
 from embedfleet.common.redisclient import check_access, connect
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class VectorCache:
         one), so that the cache never fills the queue's Redis up to its limit.
     """
 
-    def __init__(self, connection: redis.Redis, identity: str, width: int, *, ttl: int = keys.CACHE_TTL,
+    def __init__(self, connection: redis.Redis, identity: str, width: int, *, ttl: int = CACHE_TTL,
                  max_memory: float = 0.8):
         self.connection = connection
         self.identity = identity

@@ -6,8 +6,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from embedfleet.common.protocol import keys
 from embedfleet.common.config import Settings
+from embedfleet.common.policy import (CACHE_TTL, DRAIN_TIMEOUT, LEASE_SECONDS, MAX_DELIVERIES, MAX_LEASE_SECONDS,
+                                      RESULT_TTL)
 from embedfleet.common.tracing import OTLP_ENDPOINT_HELP
 
 
@@ -61,18 +62,18 @@ class WorkerSettings(Settings):
                                               "folder (docs/models.md)")
     matryoshka_dims: list[int] | None = Field(None, description="Matryoshka dimensions, where the model's config "
                                                                 "names none")
-    result_ttl: int = Field(keys.RESULT_TTL, ge=1, description="seconds a result is kept in Redis")
+    result_ttl: int = Field(RESULT_TTL, ge=1, description="seconds a result is kept in Redis")
     poll_timeout: int = Field(5, description="seconds one blocking take waits")
     burst: bool = Field(False, description="exit once the queue is empty")
     name: str | None = Field(None, description="rq worker name; default: a unique one per start")
-    lease_seconds: float = Field(keys.LEASE_SECONDS, gt=0, le=keys.MAX_LEASE_SECONDS,
+    lease_seconds: float = Field(LEASE_SECONDS, gt=0, le=MAX_LEASE_SECONDS,
                                  description="a taken job's claim lives this long unrenewed")
     rq_records: Literal["lean", "full"] = Field(
         "lean", description="rq's own records to write: lean (what rq's tools and embedfleet read) or full "
                             "(also all rq's worker writes; docs/capacity.md)")
-    max_deliveries: int = Field(keys.MAX_DELIVERIES, ge=1, description="fail as poison a request whose worker died "
+    max_deliveries: int = Field(MAX_DELIVERIES, ge=1, description="fail as poison a request whose worker died "
                                                                        "with it N times")
-    drain_timeout: float = Field(keys.DRAIN_TIMEOUT, gt=0, description="seconds SIGTERM's drain may take")
+    drain_timeout: float = Field(DRAIN_TIMEOUT, gt=0, description="seconds SIGTERM's drain may take")
     watchdog_seconds: float = Field(120.0, gt=0, description="a forward round's deadline, plus "
                                     "--watchdog-per-token; past it: exit 70")
     watchdog_per_token: float | None = Field(None, ge=0, description="seconds per padded token of that "
@@ -94,7 +95,7 @@ class WorkerSettings(Settings):
                               "stop (0: any)")
     cache: bool = Field(True, description="reuse the vectors this model computed before (docs/cache.md)")
     cache_url: str | None = Field(None, description="a Redis of its own for the cache; default: the queue's")
-    cache_ttl: int = Field(keys.CACHE_TTL, ge=1, description="seconds a cached vector lives")
+    cache_ttl: int = Field(CACHE_TTL, ge=1, description="seconds a cached vector lives")
     cache_max_memory: float = Field(0.8, gt=0, le=1, description="pause cache writes past this fraction of its "
                                                                  "Redis's maxmemory")
 

@@ -30,9 +30,11 @@ from dataclasses import dataclass
 
 import redis
 
-from embedfleet.common.protocol import keys, operations, scripts
 from embedfleet.common.codec import packb
 from embedfleet.common.errors import DecodeError
+from embedfleet.common.names import tag_of, valid_request_id
+from embedfleet.common.policy import INFLIGHT_TTL
+from embedfleet.common.protocol import dedup, keys, scripts
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 
@@ -69,7 +71,7 @@ class Claim:
                 reply = scripts.INFLIGHT_ATTACH(connection, list(self.markers), [self.ttl, *self.ids])
             elif isinstance(reply, Exception):
                 raise reply
-            self.leaders = operations.attach_reply(reply)
+            self.leaders = dedup.attach_reply(reply)
         except redis.RedisError as exc:
             log.warning("in-flight dedup skipped for a round (%s)", exc)
 
@@ -88,7 +90,7 @@ class InFlight:
     stage (attach, poll), the finish and forward stages (release) and the heartbeat (renew): the markers it
     leads are under a lock; the parked followers are the take stage's alone."""
 
-    def __init__(self, connection: redis.Redis, identity: str, ttl: int = keys.INFLIGHT_TTL):
+    def __init__(self, connection: redis.Redis, identity: str, ttl: int = INFLIGHT_TTL):
         self.connection = connection
         self.identity = identity
         self.ttl = ttl
@@ -110,7 +112,7 @@ class InFlight:
         claim = self.claim(requests)
         if claim.markers:
             try:
-                claim.leaders = operations.inflight_attach(self.connection, list(claim.markers), claim.ids,
+                claim.leaders = dedup.inflight_attach(self.connection, list(claim.markers), claim.ids,
                                                            self.ttl)
             except redis.RedisError as exc:  # no dedup this round; the requests still run
                 log.warning("in-flight dedup skipped for a round (%s)", exc)
@@ -122,7 +124,7 @@ class InFlight:
         markers: dict[str, list[int]] = {}  # marker -> this round's positions that have it, first first
         for position, request in enumerate(requests):
             if request.cache and request.part_of is None:  # a part answers into its request's join, not alone
-                marker = keys.inflight_key(request_digest(self.identity, request), keys.tag_of(request.id))
+                marker = keys.inflight_key(request_digest(self.identity, request), tag_of(request.id))
                 markers.setdefault(marker, []).append(position)
         return Claim(markers, [requests[p[0]].id for p in markers.values()], self.ttl)
 
@@ -137,7 +139,7 @@ class InFlight:
             if not leader:  # the first leads; the others of this round ride on the engine's in-round dedup
                 with self._lock:
                     self.leading[requests[positions[0]].id] = marker
-            elif keys.valid_request_id(leader):
+            elif valid_request_id(leader):
                 for position in positions:
                     self.parked.append(Parked(jobs[position], requests[position], leader, marker, now))
                     parked.add(position)
@@ -189,7 +191,7 @@ class InFlight:
         if not done:
             return
         try:
-            operations.inflight_release(self.connection, [m for m, _ in done], [i for _, i in done])
+            dedup.inflight_release(self.connection, [m for m, _ in done], [i for _, i in done])
         except redis.RedisError as exc:  # the markers lapse within INFLIGHT_TTL
             log.warning("could not release %d in-flight markers (%s)", len(done), exc)
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import reprlib
 
-from embedfleet.common.protocol.jobdata import inflate
 from embedfleet.common.codec import unpackb
 from embedfleet.common.errors import DecodeError, ValidationError
-from embedfleet.common.protocol.keys import JOB_FUNC, JOB_FUNCS
+from embedfleet.common.protocol.jobdata import JOB_FUNC, JOB_FUNCS, inflate
 from embedfleet.common.request import EmbedRequest
 
 _QUOTED = 80  # characters of job data an error message may quote

@@ -28,8 +28,8 @@ from collections import defaultdict
 
 from redis import Redis
 
-from embedfleet.common.protocol import keys
-from embedfleet.common.protocol.operations import RqSchema, take_from
+from embedfleet.common.policy import LEASE_SECONDS, RECOVER_LIMIT
+from embedfleet.common.protocol.claims import RqSchema, take_from
 from embedfleet.common.protocol.records import RQ_RECORDS, Answer, Finished, Recovered, Taken
 
 BULK_SHARE = 4  # default --bulk-share: one round in this many reads the lowest level first
@@ -40,7 +40,7 @@ class Levels:
     """RqSchemas of one worker over `queues` (highest level first), with the take order of the share."""
 
     def __init__(self, connection: Redis, queues: list[str], worker_name: str, *, result_ttl: int,
-                 lease: float = keys.LEASE_SECONDS, share: int = BULK_SHARE, records: str = RQ_RECORDS[0]):
+                 lease: float = LEASE_SECONDS, share: int = BULK_SHARE, records: str = RQ_RECORDS[0]):
         if share < 2:
             raise ValueError(f"the bulk share must be at least 2 (one round in N reads bulk first), got {share}")
         self.connection = connection
@@ -147,7 +147,7 @@ class Levels:
     def refresh(self, held: list[Taken]) -> int:
         return sum(self._schema(queue).refresh(group) for queue, group in _by_queue(held, _queue_of).items())
 
-    def recover(self, limit: int = keys.RECOVER_LIMIT) -> list[Recovered]:
+    def recover(self, limit: int = RECOVER_LIMIT) -> list[Recovered]:
         return [r for schema in self.order for r in schema.recover(limit)]
 
     def give_back(self, jobs: list[Taken]) -> int:

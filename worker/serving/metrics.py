@@ -13,8 +13,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 from prometheus_client.core import CounterMetricFamily
 
-from embedfleet.common.protocol import keys
-from embedfleet.common.protocol.keys import PRIORITIES, queue_name
+from embedfleet.common.names import PRIORITIES, untagged
+from embedfleet.common.protocol.keys import queue_name
 
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                    300.0, 1800.0)
@@ -59,7 +59,7 @@ class WorkerMetrics:
         histogram is looked up once per queue, not per request)."""
         child = self._waits.get(queue)
         if child is None:
-            level = self._levels.get(keys.untagged(queue), "other")  # (a Redis Cluster's queues carry a tag)
+            level = self._levels.get(untagged(queue), "other")  # (a Redis Cluster's queues carry a tag)
             child = self._waits[queue] = self.queue_wait.labels(self.model, level)
         child.observe(max(0.0, seconds))
 

@@ -39,10 +39,12 @@ from rq.job import JobStatus
 from rq.worker import SimpleWorker, WorkerStatus
 
 from embedfleet.common.errors import InternalError
-from embedfleet.common.protocol import operations
-from embedfleet.common.protocol.keys import HEARTBEAT_INTERVAL, MAINTENANCE_INTERVAL, PRIORITIES, queue_name, slot_tag
+from embedfleet.common.names import PRIORITIES, slot_tag
+from embedfleet.common.policy import HEARTBEAT_INTERVAL, MAINTENANCE_INTERVAL
+from embedfleet.common.protocol import answering
+from embedfleet.common.protocol.jobdata import job_reply_to
+from embedfleet.common.protocol.keys import queue_name
 from embedfleet.common.redisclient import MAX_BLOCK, is_cluster_client
-from embedfleet.common.request import job_reply_to
 from embedfleet.common.result import Result
 from embedfleet.common.serializer import MsgpackSerializer
 from embedfleet.worker.engine import stageclock
@@ -284,5 +286,5 @@ class BatchWorker(PromptUnsubscribe, SimpleWorker):
 
     def _answer_failed(self, job, message: str) -> None:
         """An internal_error blob unless the request has an answer, on every path a waiter may listen to."""
-        operations.publish(self.connection, Result.failure(job.id, self.engine.caps.name, InternalError(message)),
+        answering.publish(self.connection, Result.failure(job.id, self.engine.caps.name, InternalError(message)),
                            self.result_ttl, job_reply_to(job), only_if_absent=True)

@@ -27,10 +27,12 @@ import numpy as np
 import redis
 from redis import Redis
 
-from embedfleet.common.protocol import keys, operations
 from embedfleet.common.codec import packb, unpackb
 from embedfleet.common.errors import EmbedfleetError, InternalError
+from embedfleet.common.names import valid_request_id
 from embedfleet.common.params import PoolingParams
+from embedfleet.common.policy import RESULT_TTL_BOUND
+from embedfleet.common.protocol import answering, enqueueing, keys, rqkeys
 from embedfleet.common.request import EmbedRequest, PartOf
 from embedfleet.common.result import Result
 from embedfleet.worker.serving import answers
@@ -122,13 +124,13 @@ class ChunkJobs:
             pipe.hsetnx(key, "parts", len(parts))
             pipe.expire(key, keys.CHUNKS_TTL)
             for part in parts:
-                pipe.exists(keys.rq_job_key(part.id))
+                pipe.exists(rqkeys.rq_job_key(part.id))
             exists = pipe.execute()[3:]
         queue = job.queue if job.queue in self.queues else self.queues[0]
         missing = [part for part, there in zip(parts, exists) if not there]
         if missing:
-            parts_on_queue = operations.enqueue_args(queue, missing, at_front=True, retry=False)
-            operations.enqueue(self.connection, parts_on_queue)
+            parts_on_queue = enqueueing.enqueue_args(queue, missing, at_front=True, retry=False)
+            enqueueing.enqueue(self.connection, parts_on_queue)
         self.spread_requests += 1
         log.info("request %s: %d chunks spread over the fleet as %d parts", request.id,
                  len(prepared.token_lists), len(parts))
@@ -140,7 +142,7 @@ class ChunkJobs:
         """A job answered without running (poisoned, cancelled, undecodable): which part of which request
         it is, from its request or, where its data is unreadable, from its id (`parts` then unknown: 0)."""
         found = _PART_ID.fullmatch(taken.id)
-        if found is None or not keys.valid_request_id(found[1]):
+        if found is None or not valid_request_id(found[1]):
             return None
         try:
             return decode_job(taken.id, taken.data, self.model).part_of
@@ -158,7 +160,7 @@ class ChunkJobs:
             blob = Result.failure(part.parent, self.model, type(error)(
                 f"chunk part {part.index + 1}{f' of {part.parts}' if part.parts else ''} failed: {error.message}",
                 param=error.param)).encode()
-        joined = operations.join(self.connection, part.parent, part.index, blob, ok)
+        joined = answering.join(self.connection, part.parent, part.index, blob, ok)
         if joined.code == 1:
             self._answer(part.parent, joined.fields)
         elif joined.code == 2:
@@ -214,8 +216,8 @@ class ChunkJobs:
         except (KeyError, EmbedfleetError):
             pass  # the answer still lands under its id; only the reply-stream wake-up is lost
         ttl = plan.get("result_ttl")
-        ttl = ttl if isinstance(ttl, int) and 0 < ttl <= keys.RESULT_TTL_BOUND else self.result_ttl
-        operations.publish(self.connection, result, ttl, reply_to, only_if_absent=True,
+        ttl = ttl if isinstance(ttl, int) and 0 < ttl <= RESULT_TTL_BOUND else self.result_ttl
+        answering.publish(self.connection, result, ttl, reply_to, only_if_absent=True,
                            done_with=keys.chunks_key(result.id))
         log.info("request %s: answered from its parts (%s)", result.id, result.status)
 

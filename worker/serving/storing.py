@@ -26,7 +26,7 @@ import time
 import redis
 from redis import Redis
 
-from embedfleet.common.protocol import operations
+from embedfleet.common.protocol import scripts
 from embedfleet.common.protocol.records import Answer, Finished
 from embedfleet.worker.serving import answers as answering
 from embedfleet.worker.serving.levels import Levels
@@ -56,7 +56,7 @@ class BulkLimit:
         """The limit, read again when it may have changed. Raises what a Redis that does not answer raises."""
         now = time.monotonic()
         if not self._config_refused and (self._read_at is None or now - self._read_at >= self.reread):
-            found = operations.bulk_limit(self.connection)
+            found = scripts.bulk_limit(self.connection)
             if found is None:
                 log.warning("Redis refuses CONFIG GET proto-max-bulk-len: assuming its default of %d bytes (not "
                             "asked again); an answer that Redis refuses still fails its request alone",

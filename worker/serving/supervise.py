@@ -3,7 +3,7 @@ processes (`python -m embedfleet.worker`, one per GPU and replica), and this kee
 
 A child that dies (a crash, SIGKILL, the watchdog's exit 70) is started again under a new name after a pause that
 doubles with each quick death (common/restarts.py, as `embedfleet up` does); the jobs it held come back when their
-leases lapse (common/protocol/operations.py `recover`, run by every live worker). One that keeps dying within a
+leases lapse (common/protocol/claims.py `recover`, run by every live worker). One that keeps dying within a
 minute of its start (--max-restarts in a row) stops the others and the supervisor exits with its code, so that a
 container restarts whole rather than crash-looping a child unnoticed. A child that exits 0 (--burst), or 130 (it
 drained after a SIGINT of its own), is done.

@@ -2,7 +2,7 @@
 
 Every job a worker holds is in rq's started registry under a lease (common/protocol/keys.py) that the heartbeat
 renews every third of the lease, also during a long forward pass; the same beat requeues any worker's lapsed
-claims (common/protocol/operations.py `recover`) and runs the watchdog: a forward pass past its deadline (from
+claims (common/protocol/claims.py `recover`) and runs the watchdog: a forward pass past its deadline (from
 its token count) ends the process with WATCHDOG_EXIT so that its supervisor restarts it, and its jobs are
 recovered by their lapsed leases. A job whose workers died with it MAX_DELIVERIES times is failed as poison
 when it is taken again, never run (worker/serving/rounds.py).
@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from embedfleet.common.protocol.keys import RECOVER_LIMIT
+from embedfleet.common.policy import RECOVER_LIMIT
 from embedfleet.worker.engine.seam import ServingEngine
 from embedfleet.worker.serving.advertise import Advertiser
 from embedfleet.worker.serving.heartbeat import Watchdog

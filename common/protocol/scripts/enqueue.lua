@@ -15,7 +15,7 @@
 --       4 '1' = SADD the queue's key into rq:queues; then per caller: its number of jobs, then per job: id,
 --       '1' = check that the id is unused (a caller-given id) / '0' (a producer's new random id), estimated
 --       tokens, number of field/value pairs N, then the N pairs (rq's job hash, as rq builds it:
---       common/protocol/operations.py)
+--       common/protocol/rqjobs.py)
 -- Returns one reply per caller: {1} (enqueued), {0, id} (that id is in use: nothing of it enqueued) or
 -- {-1, depth} (the queue held `depth` ids and these would pass the limit: nothing of it enqueued).
 

@@ -6,7 +6,8 @@
 -- reply stream, rq's result stream, a job's executions) goes through pcall, so that a key of a foreign
 -- type costs that one write, never the script.
 --
--- Key prefixes are filled in from common/protocol/keys.py when the scripts are loaded (double-braced names).
+-- Key prefixes and limits are filled in from common/protocol/keys.py, rqkeys.py and common/names.py when the
+-- scripts are loaded (double-braced names: common/protocol/scripts.py).
 
 local RESULT, NOTIFY, OPTIONS = '{{RESULT_PREFIX}}', '{{NOTIFY_PREFIX}}', '{{JOB_OPTIONS_PREFIX}}'
 local JOB, EXECUTION, EXECUTIONS = '{{RQ_JOB_PREFIX}}', '{{RQ_EXECUTION_PREFIX}}', '{{RQ_EXECUTIONS_PREFIX}}'

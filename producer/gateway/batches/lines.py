@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pydantic import ValidationError as PydanticValidationError
 
 from embedfleet.common.errors import EmbedfleetError, PayloadTooLargeError, ValidationError, echo, invalid_request
-from embedfleet.common.protocol import keys
+from embedfleet.common.names import untagged
+from embedfleet.common.protocol import batchkeys
 from embedfleet.common.redisurls import cluster_tag
 from embedfleet.producer.client.placement import partition_of
 from embedfleet.producer.gateway.core.errors import error_response, status_of
@@ -90,9 +91,9 @@ class Reader:
             self.errors.append(FileError("empty_file", "the file holds no requests: one JSON object per line, "
                                                        f"each with custom_id, method POST, url {self.endpoint} "
                                                        "and body"))
-        if len(self.lines) > keys.MAX_BATCH_LINES:
+        if len(self.lines) > batchkeys.MAX_BATCH_LINES:
             self.errors.append(FileError("too_many_requests", f"the file holds {len(self.lines)} requests; a batch "
-                                                              f"holds at most {keys.MAX_BATCH_LINES}"))
+                                                              f"holds at most {batchkeys.MAX_BATCH_LINES}"))
         return self.lines, self.errors
 
     def _read(self, raw: bytes) -> None:
@@ -184,12 +185,12 @@ def _dump(value) -> bytes:
 
 
 def request_id_of(batch_id: str, index: int, model: str | None, partitions: list[str]) -> str:
-    """The request id line `index` runs as (keys.batch_line_request_id), fixed before its submit so that every
+    """The request id line `index` runs as (batchkeys.batch_line_request_id), fixed before its submit so that every
     replica submits it under the same id. On a Redis Cluster (`partitions`: the URLs of `model`) it starts
     with the hash tag of the model's partition it goes to (cluster_tag: that partition's queue slot); a model
     in several partitions sends a chosen id to partition_of(id), so the id is the first, in a fixed order (a
     `-<n>` suffix after the first round), whose own tag is that of the partition it goes to."""
-    base = keys.batch_line_request_id(batch_id, index)
+    base = batchkeys.batch_line_request_id(batch_id, index)
     tags = [cluster_tag(url, model) for url in partitions] if model is not None else []
     if not any(tags):
         return base
@@ -203,7 +204,7 @@ def request_id_of(batch_id: str, index: int, model: str | None, partitions: list
 
 def line_id(request_id: str) -> str:
     """The output line's `id` (batch_req_...): the request id without its hash tag and `batch_` prefix."""
-    return f"batch_req_{keys.untagged(request_id).removeprefix('batch_')}"
+    return f"batch_req_{untagged(request_id).removeprefix('batch_')}"
 
 
 def answered(line: Line, request_id: str, status_code: int, body: bytes) -> bytes:

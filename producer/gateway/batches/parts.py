@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 
-from embedfleet.common.protocol import keys
+from embedfleet.common.protocol import batchkeys
 
 
 class PartWriter:
@@ -48,8 +48,8 @@ class PartWriter:
         part = bytes(self.buffer[:size])
         del self.buffer[:size]
         async with self.connection.pipeline(transaction=False) as pipe:
-            pipe.hset(self.key, keys.file_part_field(self.parts), part)
-            pipe.expire(self.key, keys.FILE_UPLOAD_TTL)
+            pipe.hset(self.key, batchkeys.file_part_field(self.parts), part)
+            pipe.expire(self.key, batchkeys.FILE_UPLOAD_TTL)
             await pipe.execute()
         self.parts += 1
 
@@ -74,7 +74,7 @@ async def read_parts(connection: aioredis.Redis, key: str) -> AsyncIterator[byte
             yield data
         return
     for index in range(parts):
-        part = await connection.hget(key, keys.file_part_field(index))
+        part = await connection.hget(key, batchkeys.file_part_field(index))
         if part is None:  # the file expired or was deleted while it was read
             raise FileNotFoundError(key)
         yield part

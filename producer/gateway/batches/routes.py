@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from embedfleet.common.errors import NotFoundError, ValidationError, echo
-from embedfleet.common.protocol import keys
+from embedfleet.common.protocol import batchkeys
 from embedfleet.producer.client import traced
 from embedfleet.producer.client.redisfaults import redis_errors
 from embedfleet.producer.gateway.core.auth import require_key
@@ -42,7 +42,7 @@ class ExpiresAfter(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     anchor: Literal["created_at"]
-    seconds: int = Field(ge=keys.FILE_TTL_MIN, le=keys.FILE_TTL_MAX)
+    seconds: int = Field(ge=batchkeys.FILE_TTL_MIN, le=batchkeys.FILE_TTL_MAX)
 
 
 class BatchBody(BaseModel):
@@ -136,14 +136,15 @@ def _upload_ttl(fields: dict[str, str]) -> int:
                               "Batch API only (purpose=batch)", param="purpose")
     anchor, seconds = fields.get("expires_after[anchor]"), fields.get("expires_after[seconds]")
     if anchor is None and seconds is None:
-        return keys.FILE_TTL
+        return batchkeys.FILE_TTL
     try:
         ttl = int(seconds) if seconds is not None else None
     except ValueError:
         ttl = None
-    if anchor != "created_at" or ttl is None or not keys.FILE_TTL_MIN <= ttl <= keys.FILE_TTL_MAX:
-        raise ValidationError(f"expires_after needs anchor 'created_at' and seconds from {keys.FILE_TTL_MIN} "
-                              f"to {keys.FILE_TTL_MAX}, got anchor {echo(repr(anchor))}, seconds {echo(repr(seconds))}",
+    if anchor != "created_at" or ttl is None or not batchkeys.FILE_TTL_MIN <= ttl <= batchkeys.FILE_TTL_MAX:
+        raise ValidationError(f"expires_after needs anchor 'created_at' and seconds from {batchkeys.FILE_TTL_MIN} "
+                              f"to {batchkeys.FILE_TTL_MAX}, got anchor {echo(repr(anchor))}, "
+                              f"seconds {echo(repr(seconds))}",
                               param="expires_after")
     return ttl
 

@@ -14,7 +14,7 @@ import uuid
 import redis
 
 from embedfleet.common.errors import EmbedfleetError
-from embedfleet.common.protocol import keys
+from embedfleet.common.protocol import batchkeys
 from embedfleet.producer.gateway.batches.drive import Drive
 from embedfleet.producer.gateway.batches.store import BatchGone, LeaseLost, Store
 
@@ -33,7 +33,7 @@ class Runner:
         self.in_flight = settings.batch_in_flight
         self.poll = settings.batch_poll_seconds
         self.max_running = settings.batch_max_running
-        self.output_ttl = keys.FILE_TTL
+        self.output_ttl = batchkeys.FILE_TTL
         self.driving: dict[str, asyncio.Task] = {}
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None

@@ -5,7 +5,7 @@ batch*.lua), so that a change is checked against the state it changes (a cancel 
 runner's `completed`; a line is counted once) and, for a runner, against its lease: a replica that lost its
 lease writes nothing.
 
-On a Redis Cluster (`clustered`) each file's and each batch's keys are one slot of their own (keys.own_tag), the
+On a Redis Cluster (`clustered`) each file's and each batch's keys are one slot of their own (batchkeys.own_tag), the
 indexes another: a transaction holds one object's keys and the index is written after it (a listing drops ids
 whose object is gone; a runner forgets an ended batch it finds active), a batch's input is copied part by part
 (COPY cannot cross slots), and an ending batch leaves the active index in a second step. On a plain Redis every
@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 import redis
 import redis.asyncio as aioredis
 
-from embedfleet.common.protocol import keys, scripts
+from embedfleet.common.protocol import batchkeys, scripts
 from embedfleet.producer.gateway.batches.parts import PartWriter, read_parts
 
 MAX_LISTED = 10_000  # ids one listing reads (OpenAI's own cap on a file listing's page)
@@ -49,24 +49,24 @@ class Store:
         self.clustered = clustered
 
     def file_key(self, file_id: str) -> str:
-        return keys.file_key(file_id, self.clustered)
+        return batchkeys.file_key(file_id, self.clustered)
 
     def batch_key(self, batch_id: str) -> str:
-        return keys.batch_key(batch_id, self.clustered)
+        return batchkeys.batch_key(batch_id, self.clustered)
 
     def input_key(self, batch_id: str) -> str:
-        return keys.batch_input_key(batch_id, self.clustered)
+        return batchkeys.batch_input_key(batch_id, self.clustered)
 
     def lines_key(self, batch_id: str) -> str:
-        return keys.batch_lines_key(batch_id, self.clustered)
+        return batchkeys.batch_lines_key(batch_id, self.clustered)
 
     def lease_key(self, batch_id: str) -> str:
-        return keys.batch_lease_key(batch_id, self.clustered)
+        return batchkeys.batch_lease_key(batch_id, self.clustered)
 
     # -- files ------------------------------------------------------------------------------------
     def file_writer(self, file_id: str, part_bytes: int) -> PartWriter:
         """A writer of the file's bytes, part by part, under its staging key (commit_file puts it in place)."""
-        return PartWriter(self.connection, keys.file_upload_key(file_id, self.clustered), part_bytes)
+        return PartWriter(self.connection, batchkeys.file_upload_key(file_id, self.clustered), part_bytes)
 
     async def commit_file(self, meta: dict, writer: PartWriter, ttl: int) -> None:
         """The written file in place with its meta (`bytes` and `parts` from the writer), listed."""
@@ -99,16 +99,16 @@ class Store:
     async def delete_file(self, file_id: str) -> None:
         if self.clustered:  # two slots: the file goes first (an index member without its file is dropped)
             await self.connection.delete(self.file_key(file_id))
-            await self.connection.zrem(keys.FILES_KEY, file_id)
+            await self.connection.zrem(batchkeys.FILES_KEY, file_id)
             return
         async with self.connection.pipeline(transaction=True) as pipe:
-            pipe.delete(keys.file_key(file_id))
-            pipe.zrem(keys.FILES_KEY, file_id)
+            pipe.delete(batchkeys.file_key(file_id))
+            pipe.zrem(batchkeys.FILES_KEY, file_id)
             await pipe.execute()
 
     async def list_files(self) -> list[dict]:
         """Every stored file's meta, oldest first (ids whose file expired are dropped from the index)."""
-        return await self._listed(keys.FILES_KEY, self.file_key, "meta")
+        return await self._listed(batchkeys.FILES_KEY, self.file_key, "meta")
 
     # -- batches ----------------------------------------------------------------------------------
     async def create_batch(self, meta: dict) -> bool:
@@ -121,8 +121,8 @@ class Store:
         async with self.connection.pipeline(transaction=True) as pipe:
             pipe.hset(key, mapping={"meta": json.dumps(meta), "status": "validating", "total": 0,
                                     "completed": 0, "failed": 0, "input_tokens": 0})
-            pipe.expire(key, keys.BATCH_TTL)
-            pipe.expire(self.input_key(batch_id), keys.BATCH_TTL)
+            pipe.expire(key, batchkeys.BATCH_TTL)
+            pipe.expire(self.input_key(batch_id), batchkeys.BATCH_TTL)
             if not self.clustered:
                 _index_batch(pipe, batch_id, created)
             await pipe.execute()
@@ -145,8 +145,8 @@ class Store:
             index = 0
             async for part in read_parts(self.connection, source):
                 async with self.connection.pipeline(transaction=True) as pipe:
-                    pipe.hset(target, keys.file_part_field(index), part)
-                    pipe.expire(target, keys.FILE_UPLOAD_TTL)
+                    pipe.hset(target, batchkeys.file_part_field(index), part)
+                    pipe.expire(target, batchkeys.FILE_UPLOAD_TTL)
                     await pipe.execute()
                 index += 1
         except FileNotFoundError:
@@ -161,7 +161,7 @@ class Store:
         return _batch(raw) if raw else None
 
     async def list_batches(self) -> list[dict]:
-        return await self._listed(keys.BATCHES_KEY, self.batch_key, None)
+        return await self._listed(batchkeys.BATCHES_KEY, self.batch_key, None)
 
     def input_parts(self, batch_id: str) -> AsyncIterator[bytes]:
         """The batch's input file, part by part (FileNotFoundError once it is gone)."""
@@ -177,7 +177,7 @@ class Store:
         # on a Redis Cluster the active index is another slot: the script gets a stand-in of the batch's slot
         # (an absent key: its ZREM does nothing) and the batch leaves the index once it ended (a replica that
         # dies between finds it ended and forgets it: Runner's Drive.run)
-        active = self.batch_key(batch_id) + ":active" if self.clustered else keys.ACTIVE_BATCHES_KEY
+        active = self.batch_key(batch_id) + ":active" if self.clustered else batchkeys.ACTIVE_BATCHES_KEY
         reply = await scripts.BATCH_TRANSITION.run_async(
             self.connection, [self.batch_key(batch_id), active, self.lease_key(batch_id), *work],
             [batch_id, token, " ".join(before), after, "1" if end else "0", *pairs])
@@ -192,10 +192,10 @@ class Store:
 
     async def forget(self, batch_id: str) -> None:
         """Take an ended (or vanished) batch out of the active set."""
-        await self.connection.zrem(keys.ACTIVE_BATCHES_KEY, batch_id)
+        await self.connection.zrem(batchkeys.ACTIVE_BATCHES_KEY, batch_id)
 
     async def active(self) -> list[str]:
-        return [_text(i) for i in await self.connection.zrange(keys.ACTIVE_BATCHES_KEY, 0, MAX_LISTED - 1)]
+        return [_text(i) for i in await self.connection.zrange(batchkeys.ACTIVE_BATCHES_KEY, 0, MAX_LISTED - 1)]
 
     # -- a runner's lease and its collected lines --------------------------------------------------
     async def claim(self, batch_id: str, token: str, lease: float) -> bool:
@@ -260,15 +260,15 @@ class Store:
 
 
 def _index_file(pipe, file_id: str) -> None:
-    pipe.zadd(keys.FILES_KEY, {file_id: _ms()})
+    pipe.zadd(batchkeys.FILES_KEY, {file_id: _ms()})
     # no file outlives FILE_TTL_MAX: older members are gone files (a listing only reads the newest)
-    pipe.zremrangebyscore(keys.FILES_KEY, "-inf", f"({_ms() - keys.FILE_TTL_MAX * 1000}")
+    pipe.zremrangebyscore(batchkeys.FILES_KEY, "-inf", f"({_ms() - batchkeys.FILE_TTL_MAX * 1000}")
 
 
 def _index_batch(pipe, batch_id: str, created: int) -> None:
-    pipe.zadd(keys.BATCHES_KEY, {batch_id: created})
-    pipe.zadd(keys.ACTIVE_BATCHES_KEY, {batch_id: created})
-    pipe.zremrangebyscore(keys.BATCHES_KEY, "-inf", f"({created - keys.BATCH_TTL * 1000}")  # expired ones
+    pipe.zadd(batchkeys.BATCHES_KEY, {batch_id: created})
+    pipe.zadd(batchkeys.ACTIVE_BATCHES_KEY, {batch_id: created})
+    pipe.zremrangebyscore(batchkeys.BATCHES_KEY, "-inf", f"({created - batchkeys.BATCH_TTL * 1000}")  # expired ones
 
 
 def _batch(raw: dict) -> dict:

@@ -11,10 +11,10 @@ from fastapi import Request
 
 from pydantic import ValidationError as PydanticValidationError
 
-from embedfleet.common.protocol import keys, operations, slotmoves
 from embedfleet.common.capabilities import ModelCapabilities
 from embedfleet.common.errors import EmbedfleetError, ResultTimeoutError, ValidationError, invalid_request
 from embedfleet.common.params import PoolingParams
+from embedfleet.common.protocol import answering, keys, slotmoves
 from embedfleet.common.request import new_request_id, normalize_inputs
 from embedfleet.common.result import Result
 from embedfleet import AsyncProducer
@@ -173,7 +173,7 @@ def empty_result(caps: ModelCapabilities, params: PoolingParams) -> Result:
 async def save_job_options(connection, request_id: str, options: str) -> None:
     """Keep a job's answer options until its result expires (the protocol's publish gives them the result's
     TTL when it lands; see common/protocol/keys.py)."""
-    await operations.save_job_options(connection, request_id, options)
+    await answering.save_job_options(connection, request_id, options)
 
 
 def gateway(request: Request) -> Gateway:

@@ -21,8 +21,8 @@ import time
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
-from embedfleet.common.protocol import keys
 from embedfleet.common.errors import EmbedfleetError, NotFoundError, ResultTimeoutError, ValidationError
+from embedfleet.common.names import MAX_REQUEST_ID_LENGTH, valid_request_id
 from embedfleet.producer.gateway.core.auth import require_key
 from embedfleet.producer.gateway.jobs.results import job_body, unsettled_body
 from embedfleet.producer.gateway.core.owners import no_such_job, owner_of
@@ -40,9 +40,9 @@ def parse_ids(ids: str, limit: int) -> list[str]:
     if len(wanted) > limit:
         raise ValidationError(f"`ids` names {len(wanted)} jobs; one stream follows at most {limit} (open "
                               "several)", param="ids")
-    bad = next((i for i in wanted if not keys.valid_request_id(i)), None)
+    bad = next((i for i in wanted if not valid_request_id(i)), None)
     if bad is not None:
-        raise ValidationError(f"`ids`: {bad[:80]!r} is no job id: a job id is 1 to {keys.MAX_REQUEST_ID_LENGTH} "
+        raise ValidationError(f"`ids`: {bad[:80]!r} is no job id: a job id is 1 to {MAX_REQUEST_ID_LENGTH} "
                               "letters, digits, '_' or '-'", param="ids")
     return wanted
 

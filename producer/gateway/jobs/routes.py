@@ -14,6 +14,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from embedfleet.common.names import MAX_REQUEST_ID_LENGTH, valid_request_id
 from embedfleet.common.protocol import keys
 from embedfleet.common.redisclient import is_cluster
 from embedfleet.common.errors import EmbedfleetError, InternalError, NotFoundError, UnavailableError, ValidationError
@@ -31,8 +32,8 @@ PENDING = ("queued", "started")
 
 def _known_shape(job_id: str) -> str:
     """`job_id` if it can name a job; anything else (`*`, `%00`, a space, ...) is no job of ours: a 404."""
-    if not keys.valid_request_id(job_id):
-        raise NotFoundError(f"no such job: a job id is 1 to {keys.MAX_REQUEST_ID_LENGTH} letters, digits, "
+    if not valid_request_id(job_id):
+        raise NotFoundError(f"no such job: a job id is 1 to {MAX_REQUEST_ID_LENGTH} letters, digits, "
                             "'_' or '-'", param="id")
     return job_id
 

@@ -37,8 +37,9 @@ import redis
 import redis.asyncio as aioredis
 from rq.job import Job
 
-from embedfleet.common.protocol import keys
 from embedfleet.common.errors import DecodeError
+from embedfleet.common.names import valid_request_id
+from embedfleet.common.protocol import keys
 from embedfleet.common.redisclient import MAX_BLOCK, close_async
 from embedfleet.producer.client.core import read_result
 from embedfleet.producer.gateway.jobs.results import job_body
@@ -122,7 +123,7 @@ class Deliveries:
                 for entry_id, fields in entries:
                     last_id = entry_id
                     job_id = fields.get(b"id", b"")
-                    if keys.valid_request_id(job_id):
+                    if valid_request_id(job_id):
                         self._spawn(job_id.decode())
 
     async def _sweep(self) -> None:
