@@ -80,10 +80,15 @@ def test_every_block_of_the_readme_runs_as_written(tmp_path):
 
 
 def test_the_readme_says_how_many_tests_there_are():
-    """The README's count of the suite within 15% of what pytest collects."""
-    said = re.search(r"the suite: ~([\d,]+) tests, about (\d+) min", (ROOT / "README.md").read_text())
-    assert said, "the README's `make test` line"
-    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
-                               cwd=ROOT, capture_output=True, text=True, timeout=600)
-    count = int(re.search(r"(\d+) tests? collected", collected.stdout).group(1))
-    assert abs(int(said.group(1).replace(",", "")) - count) <= 0.15 * count, (said.group(0), count)
+    """The README's counts of the suite and of `make test-fast` (the modules not marked slow) within 15% of what
+    pytest collects."""
+    text = (ROOT / "README.md").read_text()
+    for line, marks in ((r"the suite: ~([\d,]+) tests, about (\d+) min", []),
+                        (r"the edit-test loop: ~([\d,]+) tests without the slow modules, about (\d+) min",
+                         ["-m", "not slow"])):
+        said = re.search(line, text)
+        assert said, f"the README's line {line!r}"
+        collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                    *marks], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        count = int(re.search(r"(\d+)(?:/\d+)? tests? collected", collected.stdout).group(1))
+        assert abs(int(said.group(1).replace(",", "")) - count) <= 0.15 * count, (said.group(0), count)
