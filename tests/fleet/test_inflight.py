@@ -8,7 +8,7 @@ import time
 import pytest
 import redis
 
-from embedfleet.common.protocol.keys import inflight_key, result_key
+from embedfleet.common.protocol.keys import inflight_key, queue_name, result_key
 from embedfleet.common.request import EmbedRequest
 from embedfleet.common.result import Result
 from tests import harness
@@ -54,9 +54,10 @@ def twin(bert_mean, redis_client):
     """A worker of the model files (so of the same identity as every other it builds: the vector cache and
     in-flight dedup as the settings make them), with its own loaded copy."""
 
-    def worker(delay: float = 0.0, max_jobs: int = 1, gate=None, fail_to_one: bool = False) -> BatchWorker:
+    def worker(delay: float = 0.0, max_jobs: int = 1, gate=None, fail_to_one: bool = False,
+               **options) -> BatchWorker:
         model = Slowed(load_model(bert_mean, served_name="m"), delay, gate, fail_to_one)
-        return harness.worker(Engine(model), redis_client, max_jobs=max_jobs)
+        return harness.worker(Engine(model), redis_client, max_jobs=max_jobs, **options)
 
     return worker
 
@@ -212,9 +213,11 @@ def test_a_follower_in_a_round_with_others_parks_and_they_run(twin, redis_client
     """Claims are answered after the round is tokenised: a round where one request follows a request in flight
     elsewhere is prepared again without it; it parks, the others run, and the cache counts each input once."""
     leader = EmbedRequest(model="m", inputs=TEXTS[:2])
-    enqueue(redis_client, leader)
+    # The leader's worker serves a queue of its own: its take stage runs ahead of its gated forward pass and
+    # would otherwise take the follower itself (a race with `second`'s round, lost now and then under load).
+    enqueue(redis_client, leader, queue="m-leader")
     device = threading.Event()
-    first, second = twin(gate=device), twin(max_jobs=2)
+    first, second = twin(gate=device, queue=queue_name("m-leader")), twin(max_jobs=2)
     with serve(first, burst=True, stop_seconds=60):
         marker = inflight_key(request_digest(first.inflight.identity, leader))
         deadline = time.monotonic() + 60
