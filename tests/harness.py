@@ -9,7 +9,9 @@ fails the test, and what `work()` raised is raised again."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
+import traceback
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -77,9 +79,17 @@ class ServingThread(threading.Thread):
     def end(self, timeout: float) -> None:
         """Join within `timeout` s; fail if the thread still runs, raise again what work() raised."""
         self.join(timeout)
-        assert not self.is_alive(), f"worker {self.worker.name}: work() did not return within {timeout:g} s"
+        assert not self.is_alive(), (f"worker {self.worker.name}: work() did not return within {timeout:g} s; "
+                                     f"where this process's threads are:\n{thread_stacks()}")
         if self.error is not None:
             raise self.error
+
+
+def thread_stacks() -> str:
+    """Every thread's name and stack now: what a worker that does not stop waits on."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    return "\n".join(f"--- {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
+                     for ident, frame in sys._current_frames().items())
 
 
 @contextlib.contextmanager
