@@ -63,12 +63,12 @@ up: $(STAMP)
 	$(VENV)/bin/embedfleet up $(ARGS)
 
 # The suite in TEST_WORKERS processes, a test module to each at a time (its module fixtures are built once);
-# TEST_WORKERS=0 runs it in this one process. ~1,400 tests: about 17 minutes with 2 processes on 2 idle cores.
+# TEST_WORKERS=0 runs it in this one process. ~1,400 tests: about 10 minutes with 2 processes on 2 idle cores.
 # test-fast: the edit-test loop, without the modules marked slow (tests/conftest.py): ~870 tests, about 2 minutes.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 test: $(STAMP)
-	@echo "make: running the test suite (about 17 minutes on 2 idle cores, 25-45 on a busy machine)"
+	@echo "make: running the test suite (about 10 minutes on 2 idle cores, longer on a busy machine)"
 	REQUIRE_TOOLS=$(REQUIRE_TOOLS) $(PY) -m pytest -q $(XDIST)
 
 test-fast: $(STAMP)
