@@ -180,7 +180,11 @@ class AsyncProducer(Surface, awaits=True):
                 self._placed.remember(ids, url)
             return indices, ids
 
-        placed = await asyncio.gather(*(group(order, indices) for order, indices in self._placer.plan(name, chosen)))
+        plan = self._placer.plan(name, chosen)
+        if len(plan) == 1:  # one partition (the usual case): awaited as it is, no task to schedule
+            placed = [await group(*plan[0])]
+        else:
+            placed = await asyncio.gather(*(group(order, indices) for order, indices in plan))
         ids: list[str] = [""] * len(batches)
         for indices, group_ids in placed:
             for index, request_id in zip(indices, group_ids):
