@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from typing import NamedTuple
 
 from pydantic import Field
@@ -15,8 +14,10 @@ from rich.text import Text
 
 from embedfleet.common import fleetstate
 from embedfleet.common.config import Settings
+from embedfleet.common.console import EXIT_INTERRUPTED
 from embedfleet.common.errors import NO_WORKER_HINT
 from embedfleet.common.redisclient import redact
+from embedfleet.producer.cli.ctrlc import CtrlC
 
 DOC = """Served models and their queues per priority (depth, oldest job's age, in progress), live workers (host,
 device and its CPU threads, dtype, batch budget, state, the round on the device, texts/s over the last minute,
@@ -86,15 +87,21 @@ def run(settings: StatusSettings, as_json: bool = False) -> int:
         if settings.watch is None:
             console.print(render(producer.fleet(), settings))
             return 0
-        if not console.is_terminal:  # a pipe or a file gets one snapshot after the other
-            while True:
-                console.print(render(producer.fleet(), settings))
-                time.sleep(settings.watch)
-        # redrawn in place, so every line must fit the screen: --wide's rows too
-        with Live(render(producer.fleet(), settings), console=Console(), auto_refresh=False) as live:
-            while True:
-                time.sleep(settings.watch)
-                live.update(render(producer.fleet(), settings), refresh=True)
+        # Until Ctrl-C, noted and acted on between refreshes (CtrlC): raised inside a Redis read, Python's
+        # KeyboardInterrupt was now and then lost there, and the watch went on
+        with CtrlC() as ctrl_c:
+            if not console.is_terminal:  # a pipe or a file gets one snapshot after the other
+                while not ctrl_c.pressed:
+                    console.print(render(producer.fleet(), settings))
+                    ctrl_c.sleep(settings.watch)
+                return EXIT_INTERRUPTED
+            # redrawn in place, so every line must fit the screen: --wide's rows too
+            with Live(render(producer.fleet(), settings), console=Console(), auto_refresh=False) as live:
+                ctrl_c.sleep(settings.watch)
+                while not ctrl_c.pressed:
+                    live.update(render(producer.fleet(), settings), refresh=True)
+                    ctrl_c.sleep(settings.watch)
+            return EXIT_INTERRUPTED
 
 
 def render(fleet: dict, settings: StatusSettings) -> Group:

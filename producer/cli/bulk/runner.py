@@ -27,6 +27,7 @@ from embedfleet.producer.cli.bulk import sinks
 from embedfleet.producer.cli.bulk.checkpoint import Checkpoint, checkpoint_path, fingerprint
 from embedfleet.producer.cli.bulk.progress import Progress
 from embedfleet.producer.cli.bulk.sources import Source, Unit
+from embedfleet.producer.cli.ctrlc import CtrlC
 from embedfleet.producer.client.blocking import Producer
 from embedfleet.producer.client.core import pick_model
 
@@ -273,36 +274,6 @@ class Window:
             with contextlib.suppress(EmbedfleetError):
                 self.producer.cancel(request_id)
         return 0
-
-
-class CtrlC:
-    """SIGINT during the run: noted, and acted on between the run's steps, never raised in the middle of one.
-
-    Python's own KeyboardInterrupt is raised wherever the main thread is: inside a submit (its requests queued,
-    their ids not logged), between a Redis command and its reply (left on a pooled connection), inside a
-    __del__ (where Python drops it, and the run goes on waiting), or while hiredis packs an int argument (int ->
-    str looks for signals; hiredis 3.5 does not check that PyObject_Repr failed, and the process segfaults:
-    about 1 Ctrl-C in 10 that lands during a busy run, in our tries). Blocking SIGINT does not hold it back
-    either: the mask is the main thread's, so the kernel hands the signal to another thread (numpy's OpenBLAS
-    pool), and Python runs the handler in the main thread all the same, mid-step. The first Ctrl-C sets
-    `pressed` and puts back the default action, so that a second one ends the process at once, whatever it
-    waits for (the checkpoint's records are whole writes: a rerun resumes, as after a kill)."""
-
-    def __init__(self):
-        self.pressed = False
-        self._previous = None
-
-    def __enter__(self) -> CtrlC:
-        self._previous = signal.signal(signal.SIGINT, self._note)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if not self.pressed:
-            signal.signal(signal.SIGINT, self._previous)
-
-    def _note(self, signum, frame) -> None:
-        self.pressed = True
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _locate(err: EmbedfleetError, unit: Unit) -> str:
