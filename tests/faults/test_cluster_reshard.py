@@ -91,17 +91,9 @@ class PacedLoad(Paced, Load):
     """The failover test's load (a Producer's submits and waits), paced."""
 
 
-class AsyncLoad(Paced, threading.Thread):
+class AsyncLoad(Paced, Load):
     """Load's loop through an AsyncProducer: WINDOW requests in flight (submit, then wait), until AFTER_FAILOVER
-    more were accepted after `failed_over` (MAX_REQUESTS at most)."""
-
-    def __init__(self, url: str):
-        super().__init__(daemon=True)
-        self.url = url
-        self.accepted: list[str] = []
-        self.answers: dict[str, tuple] = {}
-        self.refused: list[EmbedfleetError] = []
-        self.started, self.failed_over = threading.Event(), threading.Event()
+    more were accepted after `failed_over` (MAX_REQUESTS at most); Load's state, its own run."""
 
     def run(self) -> None:
         asyncio.run(self._run())
